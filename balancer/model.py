@@ -1,0 +1,153 @@
+"""Observations in, actions out: the vocabulary between the balancer and its callers.
+
+The live loop (orchestrator/) and the simulator (balancer/sim/) build the same
+observations and apply the same actions, so a benchmark says something about
+production. Every action carries a human-readable ``reason`` that becomes an Event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from balancer.topology import Topology
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """What was measured at one node over the last interval."""
+
+    node: str
+    level: float  # queued bytes / capacity, in [0, 1]
+    buffered_bytes: float
+    in_rate: float  # bytes per second into the node's pool
+    out_rate: float  # bytes per second processed and sent on
+    flagged: bool = False
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's view of a whole run. ``time_s`` is the only clock decisions use."""
+
+    time_s: float
+    interval_s: float
+    topology: Topology
+    nodes: Mapping[str, NodeObservation]
+
+    def level(self, node: str) -> float:
+        return self.nodes[node].level
+
+
+@dataclass(frozen=True)
+class Action:
+    """Base of every decision; ``kind`` names it in JSON and in the event timeline."""
+
+    kind: ClassVar[str] = "action"
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        payload = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            payload[f.name] = _jsonable(value)
+        return payload
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, tuple | list | frozenset | set):
+        items = sorted(value) if isinstance(value, frozenset | set) else value
+        return [_jsonable(v) for v in items]
+    return value
+
+
+@dataclass(frozen=True)
+class SetFlag(Action):
+    kind: ClassVar[str] = "set_flag"
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class ClearFlag(Action):
+    kind: ClassVar[str] = "clear_flag"
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class SetThresholds(Action):
+    kind: ClassVar[str] = "set_thresholds"
+    node: str = ""
+    high_water: float = 0.0
+    low_water: float = 0.0
+
+
+@dataclass(frozen=True)
+class SetRate(Action):
+    """Upstream ``node`` now sends at ``coefficient`` times its maximum rate."""
+
+    kind: ClassVar[str] = "set_rate"
+    node: str = ""
+    coefficient: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepwiseSignal(Action):
+    """A message for the ZooKeeper task-message queue (stepwise-backpressure.md)."""
+
+    kind: ClassVar[str] = "stepwise_signal"
+    signal: Literal["slow", "restore"] = "slow"
+    target: str = ""
+    origin: str = ""
+
+
+@dataclass(frozen=True)
+class SetSpeed(Action):
+    """A task's speed after a stepwise signal was applied."""
+
+    kind: ClassVar[str] = "set_speed"
+    node: str = ""
+    speed: float = 1.0
+    origin_speed: float = 1.0
+    in_backpressure: bool = False
+
+
+@dataclass(frozen=True)
+class SetShares(Action):
+    """Traffic shares of ``upstream`` per downstream node; they sum to 1."""
+
+    kind: ClassVar[str] = "set_shares"
+    upstream: str = ""
+    shares: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartMigration(Action):
+    """Send ``share`` of what ``branch_node`` routes into ``heavy`` through ``light``."""
+
+    kind: ClassVar[str] = "start_migration"
+    branch_node: str = ""
+    heavy: tuple[str, ...] = ()
+    light: tuple[str, ...] = ()
+    share: float = 1.0
+    backpressure_node: str = ""
+    scores: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StopMigration(Action):
+    kind: ClassVar[str] = "stop_migration"
+    branch_node: str = ""
+    heavy: tuple[str, ...] = ()
+    backpressure_node: str = ""
+
+
+@dataclass(frozen=True)
+class ScaleOutRequest(Action):
+    """Ask the management side for one more parallel instance of ``stage``."""
+
+    kind: ClassVar[str] = "scale_out_request"
+    stage: str = ""
+    upstream: str = ""

@@ -1,0 +1,131 @@
+"""The pipeline graph as the balancer sees it: nodes, links, stages.
+
+Built once per run (or per hot-rescale epoch) and shared by every decision, so the
+adjacency is computed up front: decisions over 1,000 nodes must stay in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+NodeKind = Literal["source", "operator", "sink"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node of the pipeline (one operator instance)."""
+
+    id: str
+    kind: NodeKind = "operator"
+    stage: str = ""
+    capacity_bytes: float = 64 * 1024 * 1024
+    mergeable: bool = True
+    max_rate_bps: float = 0.0  # bytes per second; 0 means unlimited
+
+    @property
+    def stage_name(self) -> str:
+        return self.stage or self.id
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A directed link; bandwidth in bytes per second, 0 means unlimited."""
+
+    src: str
+    dst: str
+    bandwidth_bps: float = 0.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """An acyclic graph of nodes and links (validated where it is built)."""
+
+    nodes: tuple[NodeSpec, ...]
+    links: tuple[LinkSpec, ...]
+    _by_id: Mapping[str, NodeSpec] = field(init=False, repr=False, compare=False)
+    _up: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _down: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _links: Mapping[tuple[str, str], LinkSpec] = field(
+        init=False, repr=False, compare=False
+    )
+    _stages: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _order: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_id = {n.id: n for n in self.nodes}
+        up: dict[str, list[str]] = {n.id: [] for n in self.nodes}
+        down: dict[str, list[str]] = {n.id: [] for n in self.nodes}
+        for link in self.links:
+            down[link.src].append(link.dst)
+            up[link.dst].append(link.src)
+        stages: dict[str, list[str]] = {}
+        for node in self.nodes:
+            stages.setdefault(node.stage_name, []).append(node.id)
+        object.__setattr__(self, "_by_id", by_id)
+        object.__setattr__(self, "_up", {k: tuple(v) for k, v in up.items()})
+        object.__setattr__(self, "_down", {k: tuple(v) for k, v in down.items()})
+        object.__setattr__(self, "_links", {(lk.src, lk.dst): lk for lk in self.links})
+        object.__setattr__(self, "_stages", {k: tuple(v) for k, v in stages.items()})
+        object.__setattr__(self, "_order", _topological_order(self.nodes, down, up))
+
+    @classmethod
+    def build(
+        cls, nodes: Iterable[NodeSpec], links: Iterable[LinkSpec]
+    ) -> Topology:
+        return cls(nodes=tuple(nodes), links=tuple(links))
+
+    def node(self, node_id: str) -> NodeSpec:
+        return self._by_id[node_id]
+
+    def has_node(self, node_id: str) -> bool:
+        return node_id in self._by_id
+
+    def upstreams(self, node_id: str) -> tuple[str, ...]:
+        return self._up[node_id]
+
+    def downstreams(self, node_id: str) -> tuple[str, ...]:
+        return self._down[node_id]
+
+    def link(self, src: str, dst: str) -> LinkSpec:
+        return self._links[(src, dst)]
+
+    def stage_members(self, stage: str) -> tuple[str, ...]:
+        return self._stages.get(stage, ())
+
+    @property
+    def stages(self) -> Mapping[str, tuple[str, ...]]:
+        return self._stages
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Node ids in topological order (sources first); ties keep declaration order."""
+        return self._order
+
+    def sources(self) -> tuple[str, ...]:
+        return tuple(n for n in self._order if not self._up[n])
+
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(n for n in self._order if not self._down[n])
+
+
+def _topological_order(
+    nodes: tuple[NodeSpec, ...],
+    down: Mapping[str, list[str]],
+    up: Mapping[str, list[str]],
+) -> tuple[str, ...]:
+    indegree = {n.id: len(up[n.id]) for n in nodes}
+    ready = [n.id for n in nodes if indegree[n.id] == 0]
+    order: list[str] = []
+    while ready:
+        current = ready.pop(0)
+        order.append(current)
+        for nxt in down[current]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if len(order) != len(nodes):
+        stuck = sorted(n for n, d in indegree.items() if d > 0)
+        raise ValueError(f"topology has a cycle through {', '.join(stuck)}")
+    return tuple(order)
