@@ -47,9 +47,7 @@ class Topology:
     _by_id: Mapping[str, NodeSpec] = field(init=False, repr=False, compare=False)
     _up: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _down: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
-    _links: Mapping[tuple[str, str], LinkSpec] = field(
-        init=False, repr=False, compare=False
-    )
+    _links: Mapping[tuple[str, str], LinkSpec] = field(init=False, repr=False, compare=False)
     _stages: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _order: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -71,9 +69,7 @@ class Topology:
         object.__setattr__(self, "_order", _topological_order(self.nodes, down, up))
 
     @classmethod
-    def build(
-        cls, nodes: Iterable[NodeSpec], links: Iterable[LinkSpec]
-    ) -> Topology:
+    def build(cls, nodes: Iterable[NodeSpec], links: Iterable[LinkSpec]) -> Topology:
         return cls(nodes=tuple(nodes), links=tuple(links))
 
     def node(self, node_id: str) -> NodeSpec:
