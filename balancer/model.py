@@ -25,6 +25,17 @@ class NodeObservation:
     in_rate: float  # bytes per second into the node's pool
     out_rate: float  # bytes per second processed and sent on
     flagged: bool = False
+    # The task state the node last wrote (stepwise-backpressure.md): speed as a
+    # fraction of its maximum, the speed it had before backpressure, and whether it is
+    # in backpressure. The balancer reads it back to know which slow-downs took effect.
+    speed: float = 1.0
+    origin_speed: float = 1.0
+    in_backpressure: bool = False
+    # Bytes at the head of the node's queue (what it sends next, at most one interval at
+    # its full output bandwidth) per downstream its default routing names (the data's
+    # tag). Proportional migration plans from it: the ledger knows the tags of queued
+    # segments, so the coming mix is measured, not guessed.
+    head_by_route: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,8 @@ class Observation:
     interval_s: float
     topology: Topology
     nodes: Mapping[str, NodeObservation]
+    # Nodes a hot scale-in is emptying: their traffic share may go to zero.
+    draining: frozenset[str] = frozenset()
 
     def level(self, node: str) -> float:
         return self.nodes[node].level
@@ -121,6 +134,18 @@ class SetShares(Action):
     kind: ClassVar[str] = "set_shares"
     upstream: str = ""
     shares: Mapping[str, float] = field(default_factory=dict)
+    # The interchangeable group (stage) the shares split; an upstream feeding several
+    # stages has one set of shares per stage.
+    stage: str = ""
+
+
+@dataclass(frozen=True)
+class SetCredits(Action):
+    """Bytes ``upstream`` may send to each downstream until the next grant (credit-based)."""
+
+    kind: ClassVar[str] = "set_credits"
+    upstream: str = ""
+    credits: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,9 @@ class StartMigration(Action):
     share: float = 1.0
     backpressure_node: str = ""
     scores: Mapping[str, float] = field(default_factory=dict)
+    # Split of the migrated data among several light branches, keyed by each light
+    # branch's first node, fractions summing to 1; empty means all of it goes to light[0].
+    targets: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

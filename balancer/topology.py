@@ -36,6 +36,7 @@ class LinkSpec:
     src: str
     dst: str
     bandwidth_bps: float = 0.0
+    latency_s: float = 0.0  # one-way propagation delay, added after serialisation
 
 
 @dataclass(frozen=True)

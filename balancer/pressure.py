@@ -1,0 +1,475 @@
+"""Backpressure relief by migrating data to light branches (shared/spec/pressure-migration.md).
+
+Every balancer tick :func:`migration_step` looks at the observation and decides which
+branch nodes send part of a heavy branch's data through other branches:
+
+1. *Detection*: a node is a backpressure node when its queue usage ``Q`` is above
+   ``bp_threshold`` **and** more bytes came in than went out over the tick.
+2. *Tracing*: from a backpressure node walk upstream to the first *branch node* (a node
+   with more than one downstream); the path from that branch node's child down to the
+   backpressure node is the *heavy branch*.
+3. *Scoring*: every branch leaving the branch node gets the pressure score
+   ``P = (alpha*Q + (1-alpha)*gap) / b**beta`` (normalised, see :func:`pressure_score`).
+4. *Light branch*: the lowest score among the branches that are not heavy.
+5. *Recovery*: every ``recovery_check`` ticks a backpressure node whose ``Q`` is below
+   ``recovery_threshold`` gets its branch back (:class:`StopMigration`); otherwise the
+   migration goes on.
+
+``policy.migration`` picks the plan: ``"pressure"`` is the published mechanism above
+(all of ``migration_share`` to one light branch, triggered at ``bp_threshold``);
+``"proportional"`` is ours (:func:`proportional_plan`): it keeps every branch fed at its
+capacity by moving only the predicted excess of each branch, spread over all branches with
+spare capacity; ``"off"`` ends any migration still running.
+
+A *branch* of a branch node ``b`` starts at one child ``c`` of ``b`` and follows the chain
+of nodes below ``c`` while each has exactly one downstream that has exactly one upstream;
+its links are ``b -> c``, the chain's links and the links leaving the chain's last node
+(into the merge node). This is the "path of nodes and links" the score is computed over;
+the heavy branch reported in the action is the spec's path from ``c`` to the backpressure
+node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from balancer.model import (
+    Action,
+    NodeObservation,
+    Observation,
+    StartMigration,
+    StopMigration,
+)
+from balancer.policy import Policy
+from balancer.topology import Topology
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch leaving ``branch_node``: its nodes (first the child) and links."""
+
+    branch_node: str
+    nodes: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+
+    @property
+    def child(self) -> str:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A migration under way: ``share`` of what ``branch_node`` routes into ``heavy[0]``
+    goes to the light branches ``targets`` (first node -> fraction of the moved data)."""
+
+    branch_node: str
+    heavy: tuple[str, ...]
+    backpressure_node: str
+    light: tuple[str, ...]
+    share: float
+    targets: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigrationState:
+    """What :func:`migration_step` remembers between ticks.
+
+    ``tick`` counts calls (the recovery check runs when it is a multiple of
+    ``recovery_check``); ``active`` holds one entry per heavy branch being relieved, so the
+    BP list is the entries' ``backpressure_node``.
+    """
+
+    tick: int = 0
+    active: tuple[Migration, ...] = ()
+
+    @property
+    def bp_list(self) -> tuple[str, ...]:
+        return tuple(m.backpressure_node for m in self.active)
+
+
+def migration_step(
+    observation: Observation, state: MigrationState, policy: Policy
+) -> tuple[list[Action], MigrationState]:
+    """One balancer tick of data migration; see the module docstring."""
+    if policy.migration == "pressure":
+        return _pressure_step(observation, state, policy)
+    if policy.migration == "proportional":
+        return _proportional_step(observation, state, policy)
+    stops = [_stop(m, "migration is off for this run") for m in state.active]
+    return stops, MigrationState(tick=state.tick + 1)
+
+
+# --- detection, tracing, branches --------------------------------------------------------
+
+
+def is_backpressure_node(node: NodeObservation, policy: Policy) -> bool:
+    """``Q > bp_threshold`` and input faster than output over the last tick."""
+    return node.level > policy.bp_threshold and node.in_rate > node.out_rate
+
+
+def trace_heavy_branch(topology: Topology, bp_node: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(branch_node, heavy path from its child down to bp_node)``, or None.
+
+    None when walking up meets a source or a merge (a node with several upstreams)
+    before any branch node: then no single branch carries the pressure and there is
+    nothing to migrate away from.
+    """
+    path = [bp_node]
+    current = bp_node
+    while True:
+        ups = topology.upstreams(current)
+        if len(ups) != 1:
+            return None
+        parent = ups[0]
+        if len(topology.downstreams(parent)) > 1:
+            return parent, tuple(reversed(path))
+        path.append(parent)
+        current = parent
+
+
+def branches_of(topology: Topology, branch_node: str) -> tuple[Branch, ...]:
+    """Every branch leaving ``branch_node``, in the order of its downstream links."""
+    branches = []
+    for child in topology.downstreams(branch_node):
+        nodes = [child]
+        links = [(branch_node, child)]
+        current = child
+        while True:
+            downs = topology.downstreams(current)
+            if len(downs) != 1 or len(topology.upstreams(downs[0])) != 1:
+                links.extend((current, d) for d in downs)
+                break
+            links.append((current, downs[0]))
+            current = downs[0]
+            nodes.append(current)
+        branches.append(Branch(branch_node, tuple(nodes), tuple(links)))
+    return tuple(branches)
+
+
+def branch_capacity(topology: Topology, branch: Branch) -> float:
+    """The branch's bottleneck in bytes per second (``math.inf`` when nothing limits it).
+
+    The minimum over its entry and chain links, the total of the links leaving its last
+    node, and the emulated processing limit of its nodes: a node that can process only
+    ``r`` bytes per second narrows the path exactly like a link of bandwidth ``r``.
+    """
+    last = branch.nodes[-1]
+    exits = [lk for lk in branch.links if lk[0] == last]
+    path_links = [lk for lk in branch.links if lk[0] != last]
+    limits = [_bandwidth(topology, src, dst) for src, dst in path_links]
+    if exits:
+        limits.append(sum(_bandwidth(topology, src, dst) for src, dst in exits))
+    limits.extend(topology.node(n).max_rate_bps or math.inf for n in branch.nodes)
+    return min(limits)
+
+
+def _bandwidth(topology: Topology, src: str, dst: str) -> float:
+    return topology.link(src, dst).bandwidth_bps or math.inf
+
+
+# --- the score ----------------------------------------------------------------------------
+
+
+def pressure_score(
+    queue_usage: float, rate_gap: float, bandwidth_ratio: float, alpha: float, beta: float
+) -> float:
+    """Branch pressure ``P = (alpha*Q + (1-alpha)*gap) / b**beta``, on normalised inputs.
+
+    The published formula mixes units (a fraction, bytes per second, bits per second);
+    the product normalises every input so that ``alpha`` really weighs queue usage
+    against the rate gap (ADR: normalised pressure score):
+
+    * ``queue_usage`` Q in [0, 1]: the fullest queue of the branch;
+    * ``rate_gap`` in [-1, 1]: (bytes in - bytes out) per second divided by the branch's
+      input capacity (the bandwidth of the link into the branch);
+    * ``bandwidth_ratio`` b in (0, 1]: the branch's bottleneck divided by the largest
+      bottleneck among the branches competing at the same branch node.
+
+    The numerator is negative for a branch draining faster than it fills. Dividing a
+    negative numerator by ``b**beta < 1`` would make a narrow draining branch look
+    *lighter* than a wide one in the same state; so a negative numerator is multiplied by
+    ``b**beta`` instead. The score is then non-decreasing in Q and in the gap and
+    non-increasing in b for every input (strictly decreasing in b unless the numerator is
+    0), and equals the published form whenever the branch is filling.
+    """
+    numerator = alpha * queue_usage + (1.0 - alpha) * rate_gap
+    factor = bandwidth_ratio**beta
+    return numerator / factor if numerator >= 0 else numerator * factor
+
+
+def score_branches(
+    observation: Observation, branches: Iterable[Branch], policy: Policy
+) -> dict[str, float]:
+    """Pressure score of each branch, keyed by its first node (see :func:`pressure_score`).
+
+    Unlimited bottlenecks count as the largest finite one among the competitors (or all
+    as 1 when none is finite), so an unlimited branch gets ``b = 1``.
+    """
+    branches = tuple(branches)
+    topology = observation.topology
+    capacities = [branch_capacity(topology, b) for b in branches]
+    finite = [c for c in capacities if math.isfinite(c)]
+    widest = max(finite, default=1.0)
+    scores = {}
+    for branch, capacity in zip(branches, capacities, strict=True):
+        nodes = [observation.nodes[n] for n in branch.nodes]
+        queue_usage = max(n.level for n in nodes)
+        in_rate, out_rate = nodes[0].in_rate, nodes[-1].out_rate
+        entry = topology.link(branch.branch_node, branch.child).bandwidth_bps
+        # An unlimited entry link has no capacity to compare with: the larger of the two
+        # rates then stands for it, which still keeps the gap within [-1, 1].
+        scale = entry or max(in_rate, out_rate)
+        gap = (in_rate - out_rate) / scale if scale > 0 else 0.0
+        gap = min(1.0, max(-1.0, gap))
+        ratio = (capacity if math.isfinite(capacity) else widest) / widest
+        scores[branch.child] = pressure_score(queue_usage, gap, ratio, policy.alpha, policy.beta)
+    return scores
+
+
+# --- the published mechanism ----------------------------------------------------------------
+
+
+def _pressure_step(
+    observation: Observation, state: MigrationState, policy: Policy
+) -> tuple[list[Action], MigrationState]:
+    topology = observation.topology
+    tick = state.tick + 1
+    actions: list[Action] = []
+    active = list(state.active)
+
+    if tick % policy.recovery_check == 0:
+        relieved = [
+            m for m in active if observation.level(m.backpressure_node) < policy.recovery_threshold
+        ]
+        for m in relieved:
+            level = observation.level(m.backpressure_node)
+            actions.append(
+                _stop(
+                    m,
+                    f"{m.backpressure_node} relieved: Q {level:.2f} < "
+                    f"{policy.recovery_threshold:.2f}, default routing restored",
+                )
+            )
+            active.remove(m)
+
+    detected: list[tuple[str, str, tuple[str, ...]]] = []
+    for node_id in topology.order:
+        if is_backpressure_node(observation.nodes[node_id], policy):
+            traced = trace_heavy_branch(topology, node_id)
+            if traced is not None:
+                detected.append((node_id, *traced))
+
+    heavy = {(m.branch_node, m.heavy[0]) for m in active}
+    heavy.update((b, path[0]) for _, b, path in detected)
+
+    for bp_node, branch_node, path in detected:
+        if any(m.branch_node == branch_node and m.heavy[0] == path[0] for m in active):
+            continue  # already relieving this branch: keep migrating, keep monitoring
+        planned = _plan_light(observation, branch_node, heavy, policy)
+        if planned is None:
+            continue
+        light, scores = planned
+        migration = Migration(branch_node, path, bp_node, light.nodes, policy.migration_share, {})
+        active.append(migration)
+        node = observation.nodes[bp_node]
+        actions.append(
+            _start(
+                migration,
+                scores,
+                f"{bp_node} in backpressure (Q {node.level:.2f} > {policy.bp_threshold:.2f}, "
+                f"in {node.in_rate:.0f} > out {node.out_rate:.0f} B/s): "
+                f"{policy.migration_share:.0%} of {branch_node}->{path[0]} goes to "
+                f"{light.child} (lowest pressure {scores[light.child]:.3f})",
+            )
+        )
+
+    # A light branch that has since become heavy must not keep receiving the excess.
+    for index, m in enumerate(active):
+        if (m.branch_node, m.light[0]) not in heavy:
+            continue
+        planned = _plan_light(observation, m.branch_node, heavy, policy)
+        if planned is None:
+            continue
+        light, scores = planned
+        moved = Migration(m.branch_node, m.heavy, m.backpressure_node, light.nodes, m.share, {})
+        active[index] = moved
+        actions.append(
+            _start(
+                moved,
+                scores,
+                f"light branch {m.light[0]} became heavy: {m.branch_node}->{m.heavy[0]} "
+                f"now goes to {light.child} (lowest pressure {scores[light.child]:.3f})",
+            )
+        )
+
+    return actions, MigrationState(tick=tick, active=tuple(active))
+
+
+def _plan_light(
+    observation: Observation,
+    branch_node: str,
+    heavy: set[tuple[str, str]],
+    policy: Policy,
+) -> tuple[Branch, dict[str, float]] | None:
+    """The light branch of ``branch_node`` and every branch's score, or None if none is."""
+    topology = observation.topology
+    branches = branches_of(topology, branch_node)
+    scores = score_branches(observation, branches, policy)
+    candidates = [
+        b for b in branches if (branch_node, b.child) not in heavy and _mergeable(topology, b.nodes)
+    ]
+    if not candidates:
+        return None
+    # min() keeps the first of equal scores: ties go to the first downstream link.
+    return min(candidates, key=lambda b: scores[b.child]), scores
+
+
+def _mergeable(topology: Topology, nodes: Iterable[str]) -> bool:
+    # A stage whose operator cannot merge partial results never takes migrated data.
+    return all(topology.node(n).mergeable for n in nodes)
+
+
+def _start(migration: Migration, scores: Mapping[str, float], reason: str) -> StartMigration:
+    return StartMigration(
+        reason=reason,
+        branch_node=migration.branch_node,
+        heavy=migration.heavy,
+        light=migration.light,
+        share=migration.share,
+        backpressure_node=migration.backpressure_node,
+        scores=dict(scores),
+        targets=dict(migration.targets),
+    )
+
+
+def _stop(migration: Migration, reason: str) -> StopMigration:
+    return StopMigration(
+        reason=reason,
+        branch_node=migration.branch_node,
+        heavy=migration.heavy,
+        backpressure_node=migration.backpressure_node,
+    )
+
+
+# --- ours: proportional migration -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    """How much of one branch's routed data moves, and where (see :func:`proportional_plan`)."""
+
+    child: str
+    share: float
+    targets: Mapping[str, float]
+
+
+def proportional_plan(
+    demand: Mapping[str, float],
+    capacity: Mapping[str, float],
+    levels: Mapping[str, float],
+    buffers: Mapping[str, float],
+    interval_s: float,
+    target_level: float,
+) -> list[BranchPlan]:
+    """Split the coming data of one branch node so every branch runs at its capacity.
+
+    ``demand``: bytes per second the branch node is about to route into each branch by
+    default (its data's tags); ``capacity``: each branch's bottleneck (bytes/s);
+    ``levels``/``buffers``: queue usage and size (bytes) of each branch's first node.
+
+    Each branch is offered its capacity corrected by half its queue's distance to
+    ``target_level`` per interval: a fuller queue is offered less, an emptier one more,
+    so queues settle mid-way (never full, which would stall the branch node; never empty,
+    which would idle the branch). Half the distance, not all of it, because the level
+    seen now is one interval old: a full correction would overshoot and oscillate.
+    A branch keeps as much of its own data as it is offered; the excess ``e_i`` of every
+    overloaded branch is spread over the branches with spare room ``s_j`` in proportion
+    to that room. Only the excess moves, so the migrated share stays the minimum the
+    capacities require. When the excess exceeds the room, each heavy branch moves its
+    proportional part of the room and the rest waits in its own queue.
+    """
+    offered = {}
+    for child, cap in capacity.items():
+        correction = 0.5 * (target_level - levels[child]) * buffers[child] / interval_s
+        offered[child] = max(0.0, cap + correction)
+    excess = {c: max(0.0, demand.get(c, 0.0) - offered[c]) for c in capacity}
+    room = {c: max(0.0, offered[c] - demand.get(c, 0.0)) for c in capacity}
+    total_excess, total_room = sum(excess.values()), sum(room.values())
+    if total_excess <= 0 or total_room <= 0:
+        return []
+    moved = min(total_excess, total_room)
+    targets = {c: r / total_room for c, r in room.items() if r > 0}
+    return [
+        BranchPlan(child, (e / total_excess) * moved / demand[child], targets)
+        for child, e in excess.items()
+        if e > 0
+    ]
+
+
+def _proportional_step(
+    observation: Observation, state: MigrationState, policy: Policy
+) -> tuple[list[Action], MigrationState]:
+    topology = observation.topology
+    actions: list[Action] = []
+    active: list[Migration] = []
+    previous = {(m.branch_node, m.heavy[0]): m for m in state.active}
+
+    for branch_node in topology.order:
+        if len(topology.downstreams(branch_node)) < 2:
+            continue
+        branches = [b for b in branches_of(topology, branch_node) if _mergeable(topology, b.nodes)]
+        head = observation.nodes[branch_node].head_by_route
+        if len(branches) < 2 or not head:
+            continue  # nothing to choose between, or no measure of the coming data
+        plan = _plan_for(observation, branch_node, branches, head, policy)
+        scores = score_branches(observation, branches, policy)
+        by_child = {b.child: b for b in branches}
+        for item in plan:
+            key = (branch_node, item.child)
+            share = round(item.share, 2)
+            targets = {c: round(f, 2) for c, f in item.targets.items()}
+            if share <= 0:
+                continue
+            light = by_child[max(targets, key=lambda c: targets[c])].nodes
+            migration = Migration(branch_node, (item.child,), item.child, light, share, targets)
+            active.append(migration)
+            old = previous.pop(key, None)
+            if old is not None and (old.share, dict(old.targets)) == (share, targets):
+                continue  # same plan as last tick: nothing for the router to change
+            spread = ", ".join(f"{c} {f:.0%}" for c, f in targets.items())
+            actions.append(
+                _start(
+                    migration,
+                    scores,
+                    f"predicted excess of {branch_node}->{item.child} over its capacity: "
+                    f"{share:.0%} of it goes to {spread} by spare capacity",
+                )
+            )
+    for m in previous.values():
+        actions.append(_stop(m, f"{m.branch_node}->{m.heavy[0]} fits its capacity again"))
+    return actions, MigrationState(tick=state.tick + 1, active=tuple(active))
+
+
+def _plan_for(
+    observation: Observation,
+    branch_node: str,
+    branches: list[Branch],
+    head: Mapping[str, float],
+    policy: Policy,
+) -> list[BranchPlan]:
+    topology = observation.topology
+    interval = observation.interval_s
+    capacity = {b.child: branch_capacity(topology, b) for b in branches}
+    total_capacity = sum(capacity.values())
+    coming = sum(head.get(c, 0.0) for c in capacity)
+    if coming <= 0 or not math.isfinite(total_capacity):
+        return []
+    # The branch node cannot send more than the branches can take together, nor more
+    # than it holds: the coming mix, scaled to that rate, is the demand per branch.
+    rate = min(total_capacity, coming / interval)
+    demand = {c: rate * head.get(c, 0.0) / coming for c in capacity}
+    levels = {c: observation.level(c) for c in capacity}
+    buffers = {c: topology.node(c).capacity_bytes for c in capacity}
+    return proportional_plan(demand, capacity, levels, buffers, interval, policy.recovery_threshold)

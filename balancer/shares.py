@@ -1,0 +1,197 @@
+"""Water-level rebalancing of traffic shares (shared/spec/watermark-flags.md, last part).
+
+Each balancer tick, every upstream looks at each group of its direct downstreams that are
+interchangeable (same stage, mergeable operator) and moves ``balance_step`` of the share
+of the fullest member to the members with lower levels:
+
+    levels  0.50  0.20  0.20          shares  1/3   1/3   1/3
+    heavy    ^                   ->           0.300 0.350 0.350
+
+The freed share is split in proportion to how much lower each receiver's level is than
+the heavy node's (equal gaps, equal parts), so the emptiest peers get the most.
+
+Invariants: a group's shares sum to 1; no member goes below ``min_share`` unless it is
+being drained (then its share goes to 0 at once and its peers absorb it). When a group
+has more than ``1 / min_share`` members the floor is the equal share ``1 / n`` instead,
+since ``n * min_share`` would exceed the whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+from balancer.model import Action, Observation, SetShares
+from balancer.policy import Policy
+from balancer.topology import Topology
+
+# Key of one upstream's shares towards one downstream stage.
+GroupKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a tick does to one group, before it is applied to one upstream's shares."""
+
+    heavy: str
+    heavy_level: float
+    weights: Mapping[str, float]  # receiver -> fraction of the freed share
+
+
+def rebalance(
+    upstream: str,
+    stage: str,
+    levels: Mapping[str, float],
+    shares: Mapping[str, float] | None,
+    *,
+    policy: Policy,
+    draining: Set[str] = frozenset(),
+) -> tuple[list[Action], dict[str, float]]:
+    """One tick of ``upstream``'s shares over ``stage``'s members (the keys of ``levels``).
+
+    ``shares`` are the shares in force, or None for the default equal split; shares for a
+    different set of members (the stage was rescaled) restart from the equal split.
+    """
+    plan = _plan(levels, draining)
+    return _apply(upstream, stage, levels, shares, policy=policy, draining=draining, plan=plan)
+
+
+def shares_tick(
+    observation: Observation,
+    shares: Mapping[GroupKey, Mapping[str, float]],
+    policy: Policy,
+) -> tuple[list[Action], dict[GroupKey, dict[str, float]]]:
+    """:func:`rebalance` for every upstream and each of its interchangeable groups.
+
+    A group with an unobserved member keeps its shares until every level is known.
+    """
+    actions: list[Action] = []
+    new_shares: dict[GroupKey, dict[str, float]] = {}
+    nodes, draining = observation.nodes, observation.draining
+    plans: dict[tuple[str, ...], tuple[dict[str, float], _Plan | None]] = {}
+    for upstream, stage, members in interchangeable_groups(observation.topology):
+        key = (upstream, stage)
+        current = shares.get(key)
+        if not all(m in nodes for m in members):
+            if current is not None:
+                new_shares[key] = dict(current)
+            continue
+        # Every upstream of a fully connected stage sees the same levels: plan once.
+        if members not in plans:
+            levels = {m: nodes[m].level for m in members}
+            plans[members] = (levels, _plan(levels, draining))
+        levels, plan = plans[members]
+        group_actions, new_shares[key] = _apply(
+            upstream, stage, levels, current, policy=policy, draining=draining, plan=plan
+        )
+        actions.extend(group_actions)
+    return actions, new_shares
+
+
+def interchangeable_groups(topology: Topology) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(upstream, stage, members)`` for every stage an upstream feeds through 2+ nodes.
+
+    Only mergeable stages qualify: a keyed, non-mergeable operator must see all of a
+    key's records, so its traffic cannot be shifted between instances.
+    """
+    groups: list[tuple[str, str, tuple[str, ...]]] = []
+    for upstream in topology.order:
+        by_stage: dict[str, list[str]] = {}
+        for down in topology.downstreams(upstream):
+            spec = topology.node(down)
+            if spec.mergeable:
+                by_stage.setdefault(spec.stage_name, []).append(down)
+        groups.extend(
+            (upstream, stage, tuple(members))
+            for stage, members in by_stage.items()
+            if len(members) > 1
+        )
+    return groups
+
+
+def _plan(levels: Mapping[str, float], draining: Set[str]) -> _Plan | None:
+    active = [m for m in levels if m not in draining]
+    if not active:
+        return None
+    heavy = max(active, key=lambda m: levels[m])
+    heavy_level = levels[heavy]
+    gaps = {m: heavy_level - levels[m] for m in active if levels[m] < heavy_level}
+    total = sum(gaps.values())
+    if not gaps:
+        return _Plan(heavy, heavy_level, {})
+    return _Plan(heavy, heavy_level, {m: gap / total for m, gap in gaps.items()})
+
+
+def _apply(
+    upstream: str,
+    stage: str,
+    levels: Mapping[str, float],
+    shares: Mapping[str, float] | None,
+    *,
+    policy: Policy,
+    draining: Set[str],
+    plan: _Plan | None,
+) -> tuple[list[Action], dict[str, float]]:
+    members = list(levels)
+    previous = dict(shares) if shares is not None else {m: 1.0 / len(members) for m in members}
+    if plan is None:
+        # Draining every member would stop the stage; keep routing as it is.
+        return [], previous
+    why: list[str] = []
+    if set(previous) == set(members):
+        new = dict(previous)
+    else:
+        new = {m: 1.0 / len(members) for m in members}
+        why.append(f"members of stage {stage} changed: shares reset to equal")
+
+    active = [m for m in members if m not in draining]
+    floor = min(policy.min_share, 1.0 / len(members))
+    drained = [m for m in members if m in draining and new[m] > 0.0]
+    if drained:
+        _drain(new, drained, active)
+        why.append(f"draining {', '.join(drained)}: their share moved to peers")
+    lifted = [m for m in active if new[m] < floor]
+    if lifted:
+        _lift(new, lifted, active, floor)
+        why.append(f"{', '.join(lifted)} raised to the minimum share {floor:.3f}")
+
+    moved = min(policy.balance_step * new[plan.heavy], new[plan.heavy] - floor)
+    if plan.weights and moved > 0.0:
+        new[plan.heavy] -= moved
+        for receiver, weight in plan.weights.items():
+            new[receiver] += moved * weight
+        lowest = min(levels[m] for m in plan.weights)
+        why.append(
+            f"{plan.heavy} has the highest level {plan.heavy_level:.2f} (lowest peer "
+            f"{lowest:.2f}): {moved:.3f} of its share moved to "
+            f"{len(plan.weights)} lower-level peer(s)"
+        )
+
+    if new == previous:
+        return [], new
+    # Renormalise so rounding error cannot accumulate over a long run.
+    total = sum(new.values())
+    new = {m: value / total for m, value in new.items()}
+    return [SetShares(reason="; ".join(why), upstream=upstream, shares=dict(new), stage=stage)], new
+
+
+def _drain(shares: dict[str, float], drained: list[str], active: list[str]) -> None:
+    freed = sum(shares[m] for m in drained)
+    for m in drained:
+        shares[m] = 0.0
+    # Peers keep their relative split; if they all had nothing, they split it evenly.
+    base = sum(shares[m] for m in active)
+    for m in active:
+        shares[m] += freed * (shares[m] / base if base > 0.0 else 1.0 / len(active))
+
+
+def _lift(shares: dict[str, float], lifted: list[str], active: list[str], floor: float) -> None:
+    # A member back from draining (a rolled-back scale-in) starts at the floor; the
+    # members above the floor pay for it in proportion to their excess.
+    deficit = sum(floor - shares[m] for m in lifted)
+    donors = [m for m in active if shares[m] > floor]
+    excess = sum(shares[m] - floor for m in donors)
+    for m in donors:
+        shares[m] -= deficit * (shares[m] - floor) / excess
+    for m in lifted:
+        shares[m] = floor

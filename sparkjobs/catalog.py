@@ -1,0 +1,164 @@
+"""The operators a pipeline node can run, with their parameters and validation.
+
+Declared without importing pyspark, so the console can validate a topology on a
+machine that never starts Spark. Each operator's implementation lives beside it in
+``sparkjobs/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+NodeKind = Literal["source", "operator", "sink"]
+AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
+FORMATS = ("jsonl", "csv", "parquet")
+IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+Check = Callable[[Any], str | None]
+
+
+def _field_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not value or not set(value) <= IDENTIFIER_CHARS:
+        return f"must be a field name (letters, digits, _), got {value!r}"
+    return None
+
+
+def _expression(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return f"must be a non-empty Spark SQL expression, got {value!r}"
+    if ";" in value:
+        return "must be a single expression (no ';')"
+    return None
+
+
+def _number(low: float, high: float) -> Check:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {value!r}"
+        if not low <= value <= high:
+            return f"must be between {low:g} and {high:g}, got {value:g}"
+        return None
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(value: Any) -> str | None:
+        if value not in choices:
+            return f"must be one of {', '.join(choices)}, got {value!r}"
+        return None
+
+    return check
+
+
+def _aggregates(value: Any) -> str | None:
+    if not isinstance(value, list) or not value:
+        return f"must be a non-empty list drawn from {', '.join(AGGREGATES)}"
+    unknown = [v for v in value if v not in AGGREGATES]
+    if unknown:
+        return f"unknown aggregate(s) {', '.join(map(str, unknown))}; use {', '.join(AGGREGATES)}"
+    return None
+
+
+def _expressions(value: Any) -> str | None:
+    if not isinstance(value, list) or not value:
+        return "must be a non-empty list of Spark SQL expressions"
+    for item in value:
+        problem = _expression(item)
+        if problem:
+            return problem
+    return None
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    default: Any
+    check: Check
+    help: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    name: str
+    kind: NodeKind
+    description: str
+    params: Mapping[str, ParamSpec]
+    mergeable: bool = True
+    stateful: bool = False
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: spec.default for name, spec in self.params.items()}
+
+
+OPERATORS: Mapping[str, OperatorSpec] = {
+    spec.name: spec
+    for spec in (
+        OperatorSpec(
+            "read",
+            "source",
+            "Reads JSON lines, CSV or Parquet, cuts it into segments and routes each "
+            "record by a field.",
+            {
+                "format": ParamSpec("jsonl", _one_of(FORMATS), "input format"),
+                "route_by": ParamSpec("key", _field_name, "field whose value picks the branch"),
+                "segment_mb": ParamSpec(1.0, _number(0.001, 256), "segment size in MB"),
+            },
+        ),
+        OperatorSpec(
+            "filter",
+            "operator",
+            "Keeps the records for which a Spark SQL condition holds.",
+            {"condition": ParamSpec(None, _expression, "Spark SQL condition", required=True)},
+        ),
+        OperatorSpec(
+            "project",
+            "operator",
+            "Computes columns from Spark SQL expressions.",
+            {"columns": ParamSpec(None, _expressions, "Spark SQL expressions", required=True)},
+        ),
+        OperatorSpec(
+            "aggregate",
+            "operator",
+            "Per-key partial aggregates that merge exactly (avg as sum and count, distinct "
+            "count as the set of values).",
+            {
+                "key": ParamSpec("key", _field_name, "grouping field"),
+                "value": ParamSpec("value", _field_name, "numeric field"),
+                "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
+                "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+            },
+        ),
+        OperatorSpec(
+            "merge",
+            "sink",
+            "Merges partial aggregates into the run's result table, each segment once.",
+            {},
+        ),
+    )
+}
+
+
+def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list[str]:
+    """Problems with ``params`` for ``operator`` on a node of ``kind``, one per line."""
+    spec = OPERATORS.get(operator)
+    if spec is None:
+        return [f"unknown operator {operator!r}; known: {', '.join(sorted(OPERATORS))}"]
+    problems = []
+    if spec.kind != kind:
+        problems.append(f"operator {operator!r} runs on {spec.kind} nodes, not {kind} nodes")
+    for name in params:
+        if name not in spec.params:
+            allowed = ", ".join(spec.params) or "none"
+            problems.append(f"unknown parameter {name!r} for {operator} (allowed: {allowed})")
+    for name, pspec in spec.params.items():
+        if name not in params:
+            if pspec.required:
+                problems.append(f"parameter {name!r} is required ({pspec.help})")
+            continue
+        problem = pspec.check(params[name])
+        if problem:
+            problems.append(f"parameter {name!r} {problem}")
+    return problems

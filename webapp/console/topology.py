@@ -1,0 +1,259 @@
+"""Validation of a pipeline document (the YAML topology format, or the editor's form).
+
+Every problem is reported at once with where it is (``nodes[2].params.condition``,
+``edges[0].to``), so a user fixes a file in one pass. Nothing here touches the
+database: saving happens only after this returns no problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.service import Policy, validate_params, validate_policy
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+KINDS = ("source", "operator", "sink")
+NODE_KEYS = {"name", "kind", "stage", "operator", "params", "buffer_mb", "max_rate_mbps"}
+EDGE_KEYS = {"from", "to", "bandwidth_mbps"}
+TOP_KEYS = {"name", "description", "policy", "policy_overrides", "nodes", "edges"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    location: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}"
+
+
+class TopologyError(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) -> list[Problem]:
+    """Every problem of a pipeline document; an empty list means it can be saved.
+
+    ``base_policy`` holds the values the overrides apply to (the named or default
+    policy); without it the shipped defaults are assumed.
+    """
+    if not isinstance(doc, Mapping):
+        return [Problem("(document)", "must be a mapping with name, nodes and edges")]
+    problems = [Problem(key, "unknown key") for key in doc if key not in TOP_KEYS]
+    name = doc.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        problems.append(Problem("name", f"must be a name (letters, digits, _ . -), got {name!r}"))
+    problems += _check_policy(doc, base_policy)
+    nodes = doc.get("nodes")
+    edges = doc.get("edges", [])
+    if not isinstance(nodes, list) or not nodes:
+        problems.append(Problem("nodes", "must be a non-empty list of nodes"))
+        return problems
+    if not isinstance(edges, list):
+        problems.append(Problem("edges", "must be a list of edges"))
+        return problems
+    names, kinds, node_problems = _check_nodes(nodes)
+    problems += node_problems
+    pairs, edge_problems = _check_edges(edges, names)
+    problems += edge_problems
+    problems += _check_shape(names, kinds, pairs)
+    problems += _check_stages(nodes)
+    return problems
+
+
+def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[Problem]:
+    overrides = doc.get("policy_overrides", {}) or {}
+    if not isinstance(overrides, Mapping):
+        return [Problem("policy_overrides", "must be a mapping of parameter: value")]
+    policy = doc.get("policy")
+    problems = []
+    if policy is not None and not isinstance(policy, str):
+        problems.append(Problem("policy", f"must be the name of a policy, got {policy!r}"))
+    merged = {**(base if base is not None else Policy().to_dict()), **overrides}
+    for problem in validate_policy(merged):
+        param, _, message = problem.partition(": ")
+        problems.append(Problem(f"policy_overrides.{param}", message))
+    return problems
+
+
+def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Problem]]:
+    problems: list[Problem] = []
+    names: list[str] = []
+    kinds: dict[str, str] = {}
+    for i, node in enumerate(nodes):
+        at = f"nodes[{i}]"
+        if not isinstance(node, Mapping):
+            problems.append(Problem(at, "must be a mapping"))
+            continue
+        problems += [Problem(f"{at}.{k}", "unknown key") for k in node if k not in NODE_KEYS]
+        name = node.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            problems.append(Problem(f"{at}.name", f"must be a node name, got {name!r}"))
+            continue
+        at = f"nodes[{i}] ({name})"
+        if name in kinds:
+            problems.append(Problem(f"{at}.name", f"duplicate node name {name!r}"))
+            continue
+        kind = node.get("kind")
+        if kind not in KINDS:
+            problems.append(Problem(f"{at}.kind", f"must be one of {', '.join(KINDS)}"))
+            kind = "operator"
+        names.append(name)
+        kinds[name] = kind
+        operator = node.get("operator", _default_operator(kind))
+        params = node.get("params", {}) or {}
+        if not isinstance(params, Mapping):
+            problems.append(Problem(f"{at}.params", "must be a mapping"))
+        else:
+            for message in validate_params(operator, kind, params):
+                problems.append(Problem(f"{at}.params", message))
+        problems += _check_number(node, "buffer_mb", at, minimum=0.001, default=64.0)
+        problems += _check_number(node, "max_rate_mbps", at, minimum=0.0, default=0.0)
+    return names, kinds, problems
+
+
+def _default_operator(kind: str) -> str:
+    return {"source": "read", "sink": "merge"}.get(kind, "")
+
+
+def _check_number(
+    item: Mapping[str, Any], key: str, at: str, *, minimum: float, default: float
+) -> list[Problem]:
+    value = item.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return [Problem(f"{at}.{key}", f"must be a number, got {value!r}")]
+    if value < minimum:
+        return [Problem(f"{at}.{key}", f"must be at least {minimum:g}, got {value:g}")]
+    return []
+
+
+def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, str]], list[Problem]]:
+    known = set(names)
+    problems: list[Problem] = []
+    pairs: list[tuple[str, str]] = []
+    for i, edge in enumerate(edges):
+        at = f"edges[{i}]"
+        if not isinstance(edge, Mapping):
+            problems.append(Problem(at, "must be a mapping with from and to"))
+            continue
+        problems += [Problem(f"{at}.{k}", "unknown key") for k in edge if k not in EDGE_KEYS]
+        src, dst = edge.get("from"), edge.get("to")
+        ok = True
+        for end, value in (("from", src), ("to", dst)):
+            if value not in known:
+                problems.append(Problem(f"{at}.{end}", f"unknown node {value!r}"))
+                ok = False
+        problems += _check_number(edge, "bandwidth_mbps", at, minimum=0.0, default=0.0)
+        if not ok:
+            continue
+        if src == dst:
+            problems.append(Problem(at, f"links {src!r} to itself"))
+        elif (src, dst) in pairs:
+            problems.append(Problem(at, f"duplicate edge {src} -> {dst}"))
+        else:
+            pairs.append((src, dst))
+    return pairs, problems
+
+
+def _check_shape(
+    names: list[str], kinds: Mapping[str, str], pairs: list[tuple[str, str]]
+) -> list[Problem]:
+    down: dict[str, list[str]] = {n: [] for n in names}
+    up: dict[str, list[str]] = {n: [] for n in names}
+    for src, dst in pairs:
+        down[src].append(dst)
+        up[dst].append(src)
+    problems: list[Problem] = []
+    sources = [n for n in names if kinds[n] == "source"]
+    sinks = [n for n in names if kinds[n] == "sink"]
+    if not sources:
+        problems.append(Problem("nodes", "no source node (kind: source)"))
+    if not sinks:
+        problems.append(Problem("nodes", "no sink node (kind: sink)"))
+    for n in names:
+        if kinds[n] == "source" and up[n]:
+            problems.append(Problem(f"node {n}", f"a source has no inputs, but {up[n]} feed it"))
+        if kinds[n] == "sink" and down[n]:
+            problems.append(Problem(f"node {n}", f"a sink has no outputs, but feeds {down[n]}"))
+    cycle = find_cycle(names, down)
+    if cycle:
+        problems.append(Problem("edges", "cycle " + " -> ".join([*cycle, cycle[0]])))
+        return problems
+    reached = _reach(sources, down)
+    problems += [
+        Problem(f"node {n}", "unreachable from any source") for n in names if n not in reached
+    ]
+    feeds_sink = _reach(sinks, up)
+    problems += [
+        Problem(f"node {n}", "its data never reaches a sink")
+        for n in names
+        if n in reached and n not in feeds_sink
+    ]
+    return problems
+
+
+def find_cycle(names: list[str], down: Mapping[str, list[str]]) -> list[str] | None:
+    """The nodes of one cycle in order, or None when the graph is acyclic."""
+    colour = dict.fromkeys(names, 0)  # 0 new, 1 on the current path, 2 done
+    for start in names:
+        if colour[start]:
+            continue
+        path: list[str] = []
+        stack: list[tuple[str, int]] = [(start, 0)]
+        while stack:
+            node, index = stack.pop()
+            if index == 0:
+                colour[node] = 1
+                path.append(node)
+            children = down[node]
+            if index < len(children):
+                stack.append((node, index + 1))
+                child = children[index]
+                if colour[child] == 1:
+                    return path[path.index(child) :]
+                if colour[child] == 0:
+                    stack.append((child, 0))
+            else:
+                colour[node] = 2
+                path.pop()
+    return None
+
+
+def _reach(starts: list[str], step: Mapping[str, list[str]]) -> set[str]:
+    seen = set(starts)
+    frontier = list(starts)
+    while frontier:
+        for nxt in step[frontier.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen
+
+
+def _check_stages(nodes: list[Any]) -> list[Problem]:
+    """Nodes of one stage are interchangeable: same kind, operator and parameters."""
+    first: dict[str, tuple[int, Any, Any, Any]] = {}
+    problems = []
+    for i, node in enumerate(nodes):
+        if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
+            continue
+        stage = node.get("stage") or node["name"]
+        signature = (node.get("kind"), node.get("operator"), node.get("params") or {})
+        if stage in first:
+            j, *sig = first[stage]
+            if tuple(sig) != signature:
+                problems.append(
+                    Problem(
+                        f"nodes[{i}] ({node['name']}).stage",
+                        f"stage {stage!r} mixes different operators or parameters "
+                        f"(compare nodes[{j}])",
+                    )
+                )
+        else:
+            first[stage] = (i, *signature)
+    return problems

@@ -1,0 +1,13 @@
+"""Fast, isolated settings for pytest; services come from the launcher fixture."""
+
+from __future__ import annotations
+
+from webapp.settings.base import *  # noqa: F403
+
+SECRET_KEY = "test-only-not-secret"
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
