@@ -14,7 +14,9 @@ its downstreams is still full or draining.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from balancer.model import Action, Observation, SetCredits, SetRate
 from balancer.policy import MB, Policy
@@ -58,24 +60,25 @@ def credit_step(
         / (len(topology.upstreams(node_id)) or 1)
         for node_id, node in nodes.items()
     }
+    # Upstreams of one shuffle feed the same downstreams and so get the same credits:
+    # build each distinct grant once and share it (actions are read-only).
+    grants: dict[tuple[str, ...], tuple[Mapping[str, float], str]] = {}
     actions: list[Action] = []
     for upstream in topology.order:
         downstreams = topology.downstreams(upstream)
         if not downstreams:
             continue
-        credits = {d: share_of_free.get(d, 0.0) for d in downstreams}
-        tightest = min(credits, key=lambda d: credits[d])
-        actions.append(
-            SetCredits(
-                reason=(
-                    f"free queue space of {len(credits)} downstream(s), shared with their "
-                    f"other upstreams: {sum(credits.values()) / MB:.2f} MB in all, "
-                    f"least {credits[tightest] / MB:.2f} MB to {tightest}"
-                ),
-                upstream=upstream,
-                credits=credits,
+        if downstreams not in grants:
+            credits = MappingProxyType({d: share_of_free.get(d, 0.0) for d in downstreams})
+            tightest = min(credits, key=credits.__getitem__)
+            grants[downstreams] = (
+                credits,
+                f"free queue space of {len(credits)} downstream(s), shared with their "
+                f"other upstreams: {sum(credits.values()) / MB:.2f} MB in all, "
+                f"least {credits[tightest] / MB:.2f} MB to {tightest}",
             )
-        )
+        credits, reason = grants[downstreams]
+        actions.append(SetCredits(reason=reason, upstream=upstream, credits=credits))
     return actions, CreditState(now)
 
 

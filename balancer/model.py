@@ -31,11 +31,13 @@ class NodeObservation:
     speed: float = 1.0
     origin_speed: float = 1.0
     in_backpressure: bool = False
-    # Bytes at the head of the node's queue (what it sends next, at most one interval at
-    # its full output bandwidth) per downstream its default routing names (the data's
-    # tag). Proportional migration plans from it: the ledger knows the tags of queued
-    # segments, so the coming mix is measured, not guessed.
+    # Per downstream that the default routing names (the data's tag): bytes at the head
+    # of the node's queue (what it sends next, at most one buffer capacity of it), and
+    # bytes per second that entered the node over the interval. Proportional migration
+    # plans from them: the ledger knows the tags of queued and arriving segments, so the
+    # coming mix is measured, not guessed.
     head_by_route: Mapping[str, float] = field(default_factory=dict)
+    in_rate_by_route: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -368,44 +368,56 @@ class BranchPlan:
 def proportional_plan(
     demand: Mapping[str, float],
     capacity: Mapping[str, float],
-    levels: Mapping[str, float],
-    buffers: Mapping[str, float],
-    interval_s: float,
-    target_level: float,
+    *,
+    queued: Mapping[str, float],
+    horizon_s: float,
 ) -> list[BranchPlan]:
-    """Split the coming data of one branch node so every branch runs at its capacity.
+    """Split the coming data of one branch node so that every branch stays busy and all
+    would finish together.
 
     ``demand``: bytes per second the branch node is about to route into each branch by
     default (its data's tags); ``capacity``: each branch's bottleneck (bytes/s);
-    ``levels``/``buffers``: queue usage and size (bytes) of each branch's first node.
+    ``queued``: bytes waiting in each branch's first queue.
 
-    Each branch is offered its capacity corrected by half its queue's distance to
-    ``target_level`` per interval: a fuller queue is offered less, an emptier one more,
-    so queues settle mid-way (never full, which would stall the branch node; never empty,
-    which would idle the branch). Half the distance, not all of it, because the level
-    seen now is one interval old: a full correction would overshoot and oscillate.
-    A branch keeps as much of its own data as it is offered; the excess ``e_i`` of every
-    overloaded branch is spread over the branches with spare room ``s_j`` in proportion
-    to that room. Only the excess moves, so the migrated share stays the minimum the
-    capacities require. When the excess exceeds the room, each heavy branch moves its
-    proportional part of the room and the rest waits in its own queue.
+    Branch ``i`` is offered its part of the demand by capacity, ``c_i * D / C``, plus
+    the correction that brings its queue to the common drain time ``Q / C`` (``Q`` all
+    queued bytes) within ``horizon_s``: ``(c_i * Q / C - q_i) / horizon_s``. The
+    corrections sum to zero, so together the offers take exactly the demand. Equal drain
+    *times*, not equal queue fractions: when the data runs out every branch empties at
+    once, instead of a narrow branch working alone through a full queue while the wide
+    ones idle. A branch keeps as much of its own data as it is offered; the excess of the
+    others goes to the branches with room, in proportion to that room. Only the excess
+    moves, so the migrated share is the least the capacities and queues require.
     """
-    offered = {}
-    for child, cap in capacity.items():
-        correction = 0.5 * (target_level - levels[child]) * buffers[child] / interval_s
-        offered[child] = max(0.0, cap + correction)
-    excess = {c: max(0.0, demand.get(c, 0.0) - offered[c]) for c in capacity}
-    room = {c: max(0.0, offered[c] - demand.get(c, 0.0)) for c in capacity}
-    total_excess, total_room = sum(excess.values()), sum(room.values())
-    if total_excess <= 0 or total_room <= 0:
+    total_demand = sum(demand.values())
+    total_capacity = sum(capacity.values())
+    if total_demand <= 0 or total_capacity <= 0 or horizon_s <= 0:
         return []
-    moved = min(total_excess, total_room)
+    drain_s = sum(queued.values()) / total_capacity
+    offered = {
+        c: max(0.0, cap * total_demand / total_capacity + (cap * drain_s - queued[c]) / horizon_s)
+        for c, cap in capacity.items()
+    }
+    # A queue far above its share can push its offer below zero; the clipped offers are
+    # rescaled so that together they still take the whole demand.
+    scale = total_demand / sum(offered.values())
+    offered = {c: o * scale for c, o in offered.items()}
+    import os
+
+    band = float(os.environ.get("BAND", "0")) * horizon_s
+    keep = {
+        c: offered[c]
+        + max(0.0, capacity[c] * (drain_s + band) - queued[c]) / horizon_s
+        - max(0.0, capacity[c] * drain_s - queued[c]) / horizon_s * 0
+        for c in capacity
+    }
+    excess = {c: max(0.0, demand.get(c, 0.0) - keep[c]) for c in capacity}
+    room = {c: max(0.0, offered[c] - demand.get(c, 0.0)) for c in capacity}
+    total_room = sum(room.values())
+    if sum(excess.values()) <= 0 or total_room <= 0:
+        return []
     targets = {c: r / total_room for c, r in room.items() if r > 0}
-    return [
-        BranchPlan(child, (e / total_excess) * moved / demand[child], targets)
-        for child, e in excess.items()
-        if e > 0
-    ]
+    return [BranchPlan(child, e / demand[child], targets) for child, e in excess.items() if e > 0]
 
 
 def _proportional_step(
@@ -420,10 +432,9 @@ def _proportional_step(
         if len(topology.downstreams(branch_node)) < 2:
             continue
         branches = [b for b in branches_of(topology, branch_node) if _mergeable(topology, b.nodes)]
-        head = observation.nodes[branch_node].head_by_route
-        if len(branches) < 2 or not head:
-            continue  # nothing to choose between, or no measure of the coming data
-        plan = _plan_for(observation, branch_node, branches, head, policy)
+        if len(branches) < 2:
+            continue  # nothing to choose between
+        plan = _plan_for(observation, branch_node, branches, policy)
         scores = score_branches(observation, branches, policy)
         by_child = {b.child: b for b in branches}
         for item in plan:
@@ -443,8 +454,8 @@ def _proportional_step(
                 _start(
                     migration,
                     scores,
-                    f"predicted excess of {branch_node}->{item.child} over its capacity: "
-                    f"{share:.0%} of it goes to {spread} by spare capacity",
+                    f"predicted excess of {branch_node}->{item.child} over what it can "
+                    f"take: {share:.0%} of it goes to {spread} by spare capacity",
                 )
             )
     for m in previous.values():
@@ -453,23 +464,28 @@ def _proportional_step(
 
 
 def _plan_for(
-    observation: Observation,
-    branch_node: str,
-    branches: list[Branch],
-    head: Mapping[str, float],
-    policy: Policy,
+    observation: Observation, branch_node: str, branches: list[Branch], policy: Policy
 ) -> list[BranchPlan]:
+    head = observation.nodes[branch_node].head_by_route
     topology = observation.topology
-    interval = observation.interval_s
     capacity = {b.child: branch_capacity(topology, b) for b in branches}
-    total_capacity = sum(capacity.values())
-    coming = sum(head.get(c, 0.0) for c in capacity)
-    if coming <= 0 or not math.isfinite(total_capacity):
+    if not all(map(math.isfinite, capacity.values())):
         return []
-    # The branch node cannot send more than the branches can take together, nor more
-    # than it holds: the coming mix, scaled to that rate, is the demand per branch.
-    rate = min(total_capacity, coming / interval)
-    demand = {c: rate * head.get(c, 0.0) / coming for c in capacity}
-    levels = {c: observation.level(c) for c in capacity}
-    buffers = {c: topology.node(c).capacity_bytes for c in capacity}
-    return proportional_plan(demand, capacity, levels, buffers, interval, policy.recovery_threshold)
+    # Imbalances are corrected over the time the tightest queue takes to drain from full
+    # to the recovery threshold: slow enough not to swing a queue from full to relieved
+    # on one noisy estimate, fast enough to act within a few ticks.
+    horizon_s = (1 - policy.recovery_threshold) * min(
+        topology.node(c).capacity_bytes / capacity[c] for c in capacity
+    )
+    # What is coming per branch: what arrives (last interval's rate) plus what is queued
+    # at the head, spread over the horizon. The branch node cannot send more than the
+    # branches take together, so the demand is that mix scaled to at most their total.
+    arriving = observation.nodes[branch_node].in_rate_by_route
+    coming = {c: arriving.get(c, 0.0) + head.get(c, 0.0) / horizon_s for c in capacity}
+    total = sum(coming.values())
+    if total <= 0:
+        return []
+    rate = min(sum(capacity.values()), total)
+    demand = {c: rate * v / total for c, v in coming.items()}
+    queued = {c: observation.nodes[c].buffered_bytes for c in capacity}
+    return proportional_plan(demand, capacity, queued=queued, horizon_s=horizon_s)

@@ -16,7 +16,7 @@ branch even when the floor equals k_min (otherwise that policy could never scale
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from balancer.model import Action, Observation, ScaleOutRequest, SetRate
@@ -42,7 +42,7 @@ class RateState:
 
 def rate_step(
     upstream: str,
-    flagged: Set[str],
+    flagged: frozenset[str],
     topology: Topology,
     *,
     time_s: float,
@@ -56,8 +56,9 @@ def rate_step(
     ):
         return [], state
 
-    flagged_down = [d for d in topology.downstreams(upstream) if d in flagged]
-    count, previous, k = len(flagged_down), state.flagged_count, state.coefficient
+    downstreams = topology.downstreams(upstream)
+    count = len(flagged.intersection(downstreams))
+    previous, k = state.flagged_count, state.coefficient
     change = f"flagged downstreams {previous} -> {count}"
     actions: list[Action] = []
     new_k = k
@@ -82,13 +83,14 @@ def rate_step(
                 )
             )
         else:
+            flagged_down = [d for d in downstreams if d in flagged]
             actions.extend(_scale_out_requests(upstream, flagged_down, topology, k, policy))
     return actions, RateState(new_k, count, time_s)
 
 
 def rate_tick(
     observation: Observation,
-    flagged: Set[str],
+    flagged: frozenset[str],
     states: Mapping[str, RateState],
     policy: Policy,
 ) -> tuple[list[Action], dict[str, RateState]]:

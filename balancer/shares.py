@@ -31,10 +31,17 @@ GroupKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class _Plan:
-    """What a tick does to one group, before it is applied to one upstream's shares."""
+    """What one tick does to a group: the same for every upstream feeding it, so a fully
+    connected stage is planned once and only applied per upstream."""
 
+    members: tuple[str, ...]
+    active: tuple[str, ...]  # members not being drained
+    draining: tuple[str, ...]
+    floor: float
+    balance_step: float
     heavy: str
     heavy_level: float
+    lowest_level: float
     weights: Mapping[str, float]  # receiver -> fraction of the freed share
 
 
@@ -52,8 +59,11 @@ def rebalance(
     ``shares`` are the shares in force, or None for the default equal split; shares for a
     different set of members (the stage was rescaled) restart from the equal split.
     """
-    plan = _plan(levels, draining)
-    return _apply(upstream, stage, levels, shares, policy=policy, draining=draining, plan=plan)
+    members = tuple(levels)
+    plan = _plan(members, levels, draining, policy)
+    if plan is None:
+        return [], _in_force(members, shares)
+    return _apply(upstream, stage, shares, plan)
 
 
 def shares_tick(
@@ -68,22 +78,23 @@ def shares_tick(
     actions: list[Action] = []
     new_shares: dict[GroupKey, dict[str, float]] = {}
     nodes, draining = observation.nodes, observation.draining
-    plans: dict[tuple[str, ...], tuple[dict[str, float], _Plan | None]] = {}
+    plans: dict[tuple[str, ...], _Plan | None] = {}
     for upstream, stage, members in interchangeable_groups(observation.topology):
         key = (upstream, stage)
         current = shares.get(key)
-        if not all(m in nodes for m in members):
+        if members not in plans:
+            if all(m in nodes for m in members):
+                levels = {m: nodes[m].level for m in members}
+                plans[members] = _plan(members, levels, draining, policy)
+            else:
+                plans[members] = None
+        plan = plans[members]
+        if plan is None:
+            # Unobserved members, or every member draining: keep routing as it is.
             if current is not None:
                 new_shares[key] = dict(current)
             continue
-        # Every upstream of a fully connected stage sees the same levels: plan once.
-        if members not in plans:
-            levels = {m: nodes[m].level for m in members}
-            plans[members] = (levels, _plan(levels, draining))
-        levels, plan = plans[members]
-        group_actions, new_shares[key] = _apply(
-            upstream, stage, levels, current, policy=policy, draining=draining, plan=plan
-        )
+        group_actions, new_shares[key] = _apply(upstream, stage, current, plan)
         actions.extend(group_actions)
     return actions, new_shares
 
@@ -94,76 +105,77 @@ def interchangeable_groups(topology: Topology) -> list[tuple[str, str, tuple[str
     Only mergeable stages qualify: a keyed, non-mergeable operator must see all of a
     key's records, so its traffic cannot be shifted between instances.
     """
-    groups: list[tuple[str, str, tuple[str, ...]]] = []
-    for upstream in topology.order:
-        by_stage: dict[str, list[str]] = {}
-        for down in topology.downstreams(upstream):
-            spec = topology.node(down)
-            if spec.mergeable:
-                by_stage.setdefault(spec.stage_name, []).append(down)
-        groups.extend(
-            (upstream, stage, tuple(members))
-            for stage, members in by_stage.items()
-            if len(members) > 1
-        )
-    return groups
+    by_stage = topology.downstreams_by_stage
+    return [
+        (upstream, stage, members)
+        for upstream in topology.order
+        for stage, members in by_stage[upstream].items()
+        if len(members) > 1 and topology.node(members[0]).mergeable
+    ]
 
 
-def _plan(levels: Mapping[str, float], draining: Set[str]) -> _Plan | None:
-    active = [m for m in levels if m not in draining]
+def _plan(
+    members: tuple[str, ...], levels: Mapping[str, float], draining: Set[str], policy: Policy
+) -> _Plan | None:
+    active = tuple(m for m in members if m not in draining)
     if not active:
+        # Draining every member would stop the stage.
         return None
-    heavy = max(active, key=lambda m: levels[m])
+    heavy = max(active, key=levels.__getitem__)
     heavy_level = levels[heavy]
     gaps = {m: heavy_level - levels[m] for m in active if levels[m] < heavy_level}
     total = sum(gaps.values())
-    if not gaps:
-        return _Plan(heavy, heavy_level, {})
-    return _Plan(heavy, heavy_level, {m: gap / total for m, gap in gaps.items()})
+    return _Plan(
+        members=members,
+        active=active,
+        draining=tuple(m for m in members if m in draining),
+        floor=min(policy.min_share, 1.0 / len(members)),
+        balance_step=policy.balance_step,
+        heavy=heavy,
+        heavy_level=heavy_level,
+        lowest_level=min((levels[m] for m in gaps), default=heavy_level),
+        weights={m: gap / total for m, gap in gaps.items()},
+    )
+
+
+def _in_force(members: tuple[str, ...], shares: Mapping[str, float] | None) -> dict[str, float]:
+    if shares is None:
+        return dict.fromkeys(members, 1.0 / len(members))
+    return dict(shares)
 
 
 def _apply(
-    upstream: str,
-    stage: str,
-    levels: Mapping[str, float],
-    shares: Mapping[str, float] | None,
-    *,
-    policy: Policy,
-    draining: Set[str],
-    plan: _Plan | None,
+    upstream: str, stage: str, shares: Mapping[str, float] | None, plan: _Plan
 ) -> tuple[list[Action], dict[str, float]]:
-    members = list(levels)
-    previous = dict(shares) if shares is not None else {m: 1.0 / len(members) for m in members}
-    if plan is None:
-        # Draining every member would stop the stage; keep routing as it is.
-        return [], previous
+    members = plan.members
+    previous = _in_force(members, shares)
     why: list[str] = []
-    if set(previous) == set(members):
+    if previous.keys() == set(members):
         new = dict(previous)
     else:
-        new = {m: 1.0 / len(members) for m in members}
+        new = dict.fromkeys(members, 1.0 / len(members))
         why.append(f"members of stage {stage} changed: shares reset to equal")
 
-    active = [m for m in members if m not in draining]
-    floor = min(policy.min_share, 1.0 / len(members))
-    drained = [m for m in members if m in draining and new[m] > 0.0]
+    floor = plan.floor
+    drained = [m for m in plan.draining if new[m] > 0.0]
     if drained:
-        _drain(new, drained, active)
+        _drain(new, drained, plan.active)
         why.append(f"draining {', '.join(drained)}: their share moved to peers")
-    lifted = [m for m in active if new[m] < floor]
-    if lifted:
-        _lift(new, lifted, active, floor)
-        why.append(f"{', '.join(lifted)} raised to the minimum share {floor:.3f}")
+    # min() over all values runs at C speed; only look member by member when needed.
+    if plan.draining or min(new.values()) < floor:
+        lifted = [m for m in plan.active if new[m] < floor]
+        if lifted:
+            _lift(new, lifted, plan.active, floor)
+            why.append(f"{', '.join(lifted)} raised to the minimum share {floor:.3f}")
 
-    moved = min(policy.balance_step * new[plan.heavy], new[plan.heavy] - floor)
+    moved = min(plan.balance_step * new[plan.heavy], new[plan.heavy] - floor)
     if plan.weights and moved > 0.0:
         new[plan.heavy] -= moved
         for receiver, weight in plan.weights.items():
             new[receiver] += moved * weight
-        lowest = min(levels[m] for m in plan.weights)
         why.append(
             f"{plan.heavy} has the highest level {plan.heavy_level:.2f} (lowest peer "
-            f"{lowest:.2f}): {moved:.3f} of its share moved to "
+            f"{plan.lowest_level:.2f}): {moved:.3f} of its share moved to "
             f"{len(plan.weights)} lower-level peer(s)"
         )
 
@@ -171,11 +183,12 @@ def _apply(
         return [], new
     # Renormalise so rounding error cannot accumulate over a long run.
     total = sum(new.values())
-    new = {m: value / total for m, value in new.items()}
+    if abs(total - 1.0) > 1e-12:
+        new = {m: value / total for m, value in new.items()}
     return [SetShares(reason="; ".join(why), upstream=upstream, shares=dict(new), stage=stage)], new
 
 
-def _drain(shares: dict[str, float], drained: list[str], active: list[str]) -> None:
+def _drain(shares: dict[str, float], drained: list[str], active: tuple[str, ...]) -> None:
     freed = sum(shares[m] for m in drained)
     for m in drained:
         shares[m] = 0.0
@@ -185,7 +198,9 @@ def _drain(shares: dict[str, float], drained: list[str], active: list[str]) -> N
         shares[m] += freed * (shares[m] / base if base > 0.0 else 1.0 / len(active))
 
 
-def _lift(shares: dict[str, float], lifted: list[str], active: list[str], floor: float) -> None:
+def _lift(
+    shares: dict[str, float], lifted: list[str], active: tuple[str, ...], floor: float
+) -> None:
     # A member back from draining (a rolled-back scale-in) starts at the floor; the
     # members above the floor pay for it in proportion to their excess.
     deficit = sum(floor - shares[m] for m in lifted)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 NodeKind = Literal["source", "operator", "sink"]
@@ -87,6 +88,21 @@ class Topology:
 
     def link(self, src: str, dst: str) -> LinkSpec:
         return self._links[(src, dst)]
+
+    @cached_property
+    def downstreams_by_stage(self) -> Mapping[str, Mapping[str, tuple[str, ...]]]:
+        """Each node's direct downstreams grouped by stage, stages in link order.
+
+        Computed on first use (once per topology): per-tick decisions that look at the
+        stages an upstream feeds would otherwise walk every link on every tick.
+        """
+        grouped: dict[str, Mapping[str, tuple[str, ...]]] = {}
+        for node_id, downs in self._down.items():
+            by_stage: dict[str, list[str]] = {}
+            for down in downs:
+                by_stage.setdefault(self._by_id[down].stage_name, []).append(down)
+            grouped[node_id] = {stage: tuple(members) for stage, members in by_stage.items()}
+        return grouped
 
     def stage_members(self, stage: str) -> tuple[str, ...]:
         return self._stages.get(stage, ())

@@ -12,6 +12,7 @@ every move empties the duty window.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,14 +39,17 @@ _TIME_SLACK_S = 1e-9
 class WatermarkState:
     """One node's thresholds and the samples taken since the last window reset.
 
-    ``samples`` holds ``(time_s, level >= H)`` pairs no older than the window T; H does
-    not change between resets, so every stored verdict is against the current H.
+    ``sample_times`` (ascending) and ``sample_above`` (level >= H) describe the samples no
+    older than the window T, as two parallel tuples so that trimming and counting run at
+    C speed over 1,000 nodes. H does not change between resets, so every stored verdict
+    is against the current H.
     """
 
     high_water: float
     low_water: float
-    samples: tuple[tuple[float, bool], ...] = ()
-    last_sample_s: float | None = None
+    sample_times: tuple[float, ...] = ()
+    sample_above: tuple[bool, ...] = ()
+    last_sample_s: float | None = None  # kept across resets: sampling stays uniform
 
     @classmethod
     def initial(cls, policy: Policy) -> WatermarkState:
@@ -54,9 +58,9 @@ class WatermarkState:
     @property
     def duty(self) -> float:
         """Share of the window's samples at or above H (0 for an empty window)."""
-        if not self.samples:
+        if not self.sample_above:
             return 0.0
-        return sum(1 for _, above in self.samples if above) / len(self.samples)
+        return sum(self.sample_above) / len(self.sample_above)
 
 
 def watermark_step(
@@ -79,19 +83,21 @@ def watermark_step(
         return [], state
 
     level, high, low = node.level, state.high_water, state.low_water
-    horizon = time_s - policy.bp_window_s
-    samples = (
-        *(s for s in state.samples if s[0] > horizon),
-        (time_s, level >= high),
+    kept = bisect_right(state.sample_times, time_s - policy.bp_window_s)
+    sampled = WatermarkState(
+        high,
+        low,
+        (*state.sample_times[kept:], time_s),
+        (*state.sample_above[kept:], level >= high),
+        time_s,
     )
-    sampled = WatermarkState(high, low, samples, time_s)
     actions: list[Action] = []
 
     if level >= high:
         duty = sampled.duty
         if duty >= policy.duty_ratio:
             new_high, new_low = _move(high, low, +policy.watermark_step)
-            sampled = WatermarkState(new_high, new_low, (), time_s)
+            sampled = WatermarkState(new_high, new_low, last_sample_s=time_s)
             if (new_high, new_low) != (high, low):
                 actions.append(
                     SetThresholds(
@@ -115,7 +121,7 @@ def watermark_step(
     elif level <= low:
         if high > HIGH_RANGE[0]:
             new_high, new_low = _move(high, low, -policy.watermark_step)
-            sampled = WatermarkState(new_high, new_low, (), time_s)
+            sampled = WatermarkState(new_high, new_low, last_sample_s=time_s)
             actions.append(
                 SetThresholds(
                     reason=(

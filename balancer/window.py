@@ -91,9 +91,6 @@ class WindowState:
         """Highest sequence number with every batch up to it acked."""
         return self.acked.through
 
-    def outstanding(self, consumer: str) -> int:
-        return sum(1 for batch in self.in_flight.values() if batch.consumer == consumer)
-
 
 def dispatch(state: WindowState, available: int, time_s: float) -> tuple[list[Send], WindowState]:
     """Assign batches to free window slots at ``time_s``: waiting re-sends first, then up

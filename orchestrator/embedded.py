@@ -85,7 +85,8 @@ class EmbeddedService:
 
     def wait_ready(self, deadline: float) -> None:
         """Wait until the service answers or ``deadline`` (monotonic) passes."""
-        assert self.process is not None, "launch() first"
+        if self.process is None:
+            raise ServiceError(f"{self.name} was never launched")
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServiceError(
@@ -281,19 +282,16 @@ class Postgres(EmbeddedService):
         return result.returncode == 0
 
     def after_ready(self) -> None:
-        psql = [self._bin("psql"), "-h", LOOPBACK, "-p", str(self.port), "-U", "postgres"]
-        exists = subprocess.run(
-            [*psql, "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        if exists.stdout.strip() != "1":
-            subprocess.run(
-                [*psql, "-qc", f'CREATE DATABASE "{self.database}"'],
-                check=True,
-                capture_output=True,
-            )
+        import psycopg
+        from psycopg import sql
+
+        server = f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres"
+        with psycopg.connect(server, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [self.database]
+            ).fetchone()
+            if found is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
 
     def url(self) -> str:
         return f"postgresql://postgres@{LOOPBACK}:{self.port}/{self.database}"

@@ -22,7 +22,7 @@ def main() -> int:
             raise RuntimeError(f"sum of 0..999 came back as {total}")
         detail = f"Spark {spark.version} ({spark.sparkContext.master}) ran a job"
         spark.stop()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the failure is the answer
         print(json.dumps({"ok": False, "detail": f"{type(exc).__name__}: {exc}"}))
         return 1
     print(json.dumps({"ok": True, "detail": f"{detail} in {time.monotonic() - began:.1f} s"}))

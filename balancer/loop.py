@@ -1,0 +1,98 @@
+"""One balancer tick: the policy's layers composed into a single decision.
+
+::
+
+    observation ──► throttling ──► routing ──► migration ──► actions, next state
+                    (one of)       (one of)    (one of)
+                    none           static      off
+                    stop_resume    water_level pressure
+                    credit                     proportional
+                    watermark (flags, then the rate coefficient on the new flags)
+                    stepwise
+                    window
+
+The layers are independent: throttling slows upstreams, routing splits an upstream's
+traffic inside a stage, migration reroutes a heavy branch's data through light branches.
+Each keeps its own state in :class:`BalancerState`, carried over while the layer is off.
+
+``window`` has no tick-level decision: its state machine (:mod:`balancer.window`) runs
+per batch in the dispatcher, driven by sends, acks and timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from balancer.credit import CreditState, StopResumeState, credit_step, stop_resume_step
+from balancer.model import Action, Observation
+from balancer.policy import Policy
+from balancer.rate import RateState, rate_tick
+from balancer.shares import GroupKey, shares_tick
+from balancer.stepwise import StepwiseState, stepwise_step
+from balancer.watermark import WatermarkState, flags_after, watermark_tick
+
+if TYPE_CHECKING:
+    from balancer.pressure import MigrationState
+
+
+@dataclass(frozen=True)
+class BalancerState:
+    """Everything the loop remembers between ticks; ``BalancerState()`` to start."""
+
+    watermarks: Mapping[str, WatermarkState] = field(default_factory=dict)
+    rates: Mapping[str, RateState] = field(default_factory=dict)
+    shares: Mapping[GroupKey, Mapping[str, float]] = field(default_factory=dict)
+    stepwise: StepwiseState = field(default_factory=StepwiseState)
+    credit: CreditState = field(default_factory=CreditState)
+    stop_resume: StopResumeState = field(default_factory=StopResumeState)
+    # None until migration first runs: balancer.pressure is only imported when needed.
+    migration: MigrationState | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: list[Action]
+    state: BalancerState
+
+
+def step(observation: Observation, state: BalancerState, policy: Policy) -> Decision:
+    """Decide one tick: throttling actions first, then routing, then migration."""
+    actions, state = _throttle(observation, state, policy)
+
+    if policy.routing == "water_level":
+        share_actions, shares = shares_tick(observation, state.shares, policy)
+        actions.extend(share_actions)
+        state = replace(state, shares=shares)
+
+    # "off" still runs once there is migration state, so migrations under way are
+    # stopped when an operator turns migration off.
+    if policy.migration != "off" or state.migration is not None:
+        from balancer.pressure import MigrationState, migration_step
+
+        current = state.migration if state.migration is not None else MigrationState()
+        migration_actions, migration = migration_step(observation, current, policy)
+        actions.extend(migration_actions)
+        state = replace(state, migration=migration)
+    return Decision(actions, state)
+
+
+def _throttle(
+    observation: Observation, state: BalancerState, policy: Policy
+) -> tuple[list[Action], BalancerState]:
+    if policy.throttling == "watermark":
+        flag_actions, watermarks = watermark_tick(observation, state.watermarks, policy)
+        flagged = flags_after(observation, flag_actions)
+        rate_actions, rates = rate_tick(observation, flagged, state.rates, policy)
+        return flag_actions + rate_actions, replace(state, watermarks=watermarks, rates=rates)
+    if policy.throttling == "stepwise":
+        signals, stepwise = stepwise_step(observation, state.stepwise, policy)
+        return list(signals), replace(state, stepwise=stepwise)
+    if policy.throttling == "credit":
+        credit_actions, credit = credit_step(observation, state.credit, policy)
+        return credit_actions, replace(state, credit=credit)
+    if policy.throttling == "stop_resume":
+        stop_actions, stop_resume = stop_resume_step(observation, state.stop_resume)
+        return stop_actions, replace(state, stop_resume=stop_resume)
+    return [], state

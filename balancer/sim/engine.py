@@ -1,0 +1,614 @@
+"""The virtual-time simulator: discrete events, driven by the real balancer decisions.
+
+Model (docs/simulation.md, "Model"):
+
+* **Nodes** own a fixed-length queue (``NodeSpec.capacity_bytes``) and one consumer
+  that takes the head packet, processes it (``size / max_rate_bps``, instantly when the
+  rate is unlimited) and forwards it; a sink consumes. A node forwards in FIFO order:
+  when the head packet cannot go, nothing behind it goes (the reference experiment's
+  single consumer thread). The source's queue is the emitted-but-unsent data and is
+  unbounded (it is the input waiting to be read).
+* **Links** serialise packets at their bandwidth, one after the other, then add their
+  latency. A packet reserves its room in the receiver's queue when it enters the link,
+  so a queue's level counts the data on the wire to it and can never overflow.
+* **Flow control** (``policy.throttling``): ``stop_resume`` calls
+  :func:`balancer.credit.stop_resume_step` at the instant a queue fills or drains to 50%
+  (the per-node signals of the experiment); ``credit`` sends only what
+  :func:`balancer.credit.credit_step` granted; ``watermark`` and ``stepwise`` pace a node
+  at the rate coefficient or speed their decisions set (of the node's maximum output:
+  its processing rate, else the total bandwidth of its links); ``window`` makes the
+  source dispatch packets as batches to its downstreams through
+  :mod:`balancer.window`. Every mode also blocks a send the receiver has no room for.
+* **Routing**: a node sends a packet to its tag when the tag is one of its downstreams,
+  else splits evenly; a ``SetShares`` split is realised keeping packets on their tag as
+  long as the tag's share allows; a ``StartMigration`` then diverts ``share`` of what
+  would enter the heavy branch to the light branch(es), evenly spread (error diffusion
+  and smooth weighted round robin: deterministic, no random draw).
+* **Controllers** (:mod:`balancer.sim.control`) are called at their period with an
+  :class:`~balancer.model.Observation` measured over their own interval, and the
+  actions they return are applied at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from balancer import window as win
+from balancer.credit import RESUME_LEVEL, StopResumeState, stop_resume_step
+from balancer.model import (
+    Action,
+    ClearFlag,
+    NodeObservation,
+    Observation,
+    SetCredits,
+    SetFlag,
+    SetRate,
+    SetShares,
+    SetSpeed,
+    StartMigration,
+    StepwiseSignal,
+    StopMigration,
+)
+from balancer.policy import Policy
+from balancer.sim.workload import Workload
+from balancer.stepwise import TaskSpeed, apply_signal
+from balancer.topology import Topology
+
+_ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE = range(5)
+_EPS = 1e-9
+# Packets a link holds at once (one on the wire, one waiting): the sender's socket
+# buffer. More waiting data stays in the sender's queue, where its level shows it.
+_LINK_BUFFER = 2
+# How often window mode looks for timed-out batches; the timeout itself is the policy's.
+_EXPIRE_CHECK_S = 1.0
+
+
+class Controller(Protocol):
+    """A balancer decision the simulator calls every ``period_s`` of virtual time."""
+
+    period_s: float
+
+    def decide(self, observation: Observation) -> list[Action]: ...
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one run measured."""
+
+    completion_s: float
+    volume_bytes: float
+    migrated_bytes: float
+    done_times: np.ndarray  # completion time of every packet, in emission order
+    actions: Mapping[str, int] = field(default_factory=dict)  # action count by kind
+
+    @property
+    def migrated_share(self) -> float:
+        return self.migrated_bytes / self.volume_bytes
+
+    def completed_fraction(self, every_s: float) -> list[tuple[float, float]]:
+        """``(t, share of the volume done by t)`` for t = 0, every_s, ... up to the end."""
+        done = np.sort(self.done_times)
+        steps = math.ceil(self.completion_s / every_s)
+        times = [i * every_s for i in range(steps + 1)]
+        counts = np.searchsorted(done, times, side="right")
+        return [(t, float(c) / len(done)) for t, c in zip(times, counts, strict=True)]
+
+
+@dataclass(frozen=True)
+class _Counters:
+    """A node's cumulative byte counters at one instant (rates are their differences)."""
+
+    bytes_in: float
+    bytes_out: float
+    route_in: dict[int, float]  # bytes in per default route, at nodes that branch
+
+
+@dataclass
+class _Migration:
+    share: float
+    targets: dict[int, float]
+    error: float = 0.0  # error diffusion: share owed minus share given, in packets
+    credit: dict[int, float] = field(default_factory=dict)  # smooth weighted round robin
+
+
+@dataclass
+class _Split:
+    """A ``SetShares`` split being realised: shares and packets sent since it was set."""
+
+    shares: dict[int, float]
+    sent: dict[int, int]
+    total: int = 0
+
+
+class _Node:
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "capacity",
+        "credits",
+        "downs",
+        "flagged",
+        "gate",
+        "head_ready",
+        "id",
+        "in_backpressure",
+        "index",
+        "migrations",
+        "next_send",
+        "occupancy",
+        "origin_speed",
+        "outbox",
+        "pace",
+        "proc_s",
+        "queue",
+        "r_max",
+        "route_in",
+        "speed",
+        "splits",
+        "ups",
+        "wake_at",
+    )
+
+    def __init__(self, index: int, node_id: str, capacity: float, proc_s: float) -> None:
+        self.index, self.id, self.capacity, self.proc_s = index, node_id, capacity, proc_s
+        self.downs: tuple[int, ...] = ()
+        self.ups: tuple[int, ...] = ()
+        self.queue: deque[int] = deque()
+        self.occupancy = 0.0
+        self.head_ready = 0.0
+        self.gate = True  # stop/resume: False while a downstream holds it stopped
+        self.pace = 1.0  # rate coefficient or speed, of r_max
+        self.r_max = math.inf
+        self.next_send = 0.0
+        self.bytes_in = 0.0
+        self.bytes_out = 0.0
+        self.route_in: dict[int, float] = {}
+        self.wake_at = math.inf
+        self.flagged = False
+        self.speed = 1.0
+        self.origin_speed = 1.0
+        self.in_backpressure = False
+        self.credits: dict[int, float] = {}
+        self.splits: list[_Split] = []
+        self.migrations: dict[int, _Migration] = {}
+        self.outbox: dict[int, deque[int]] = {}  # window mode: batches assigned, not sent
+
+
+class Simulator:
+    """One run of ``workload`` through ``topology`` under ``policy`` and ``controllers``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        workload: Workload,
+        policy: Policy,
+        controllers: Sequence[Controller] = (),
+    ) -> None:
+        (self.source_id,) = topology.sources()
+        self.topology, self.workload, self.policy = topology, workload, policy
+        self.controllers = tuple(controllers)
+        self.size = workload.packet_bytes
+        ids = list(topology.order)
+        self.index = {n: i for i, n in enumerate(ids)}
+        self.nodes = [
+            _Node(
+                i,
+                n,
+                topology.node(n).capacity_bytes,
+                self.size / topology.node(n).max_rate_bps if topology.node(n).max_rate_bps else 0,
+            )
+            for i, n in enumerate(ids)
+        ]
+        for node in self.nodes:
+            node.downs = tuple(self.index[d] for d in topology.downstreams(node.id))
+            node.ups = tuple(self.index[u] for u in topology.upstreams(node.id))
+            spec = topology.node(node.id)
+            if spec.max_rate_bps:
+                node.r_max = spec.max_rate_bps
+            elif node.downs:
+                node.r_max = sum(
+                    topology.link(node.id, topology.order[d]).bandwidth_bps or math.inf
+                    for d in node.downs
+                )
+            if node.capacity < self.size and node.id != self.source_id:
+                raise ValueError(f"queue of {node.id} cannot hold one packet")
+        self.source = self.nodes[self.index[self.source_id]]
+        # Link state per (src, dst): [free from, serialisation time, latency].
+        self.links: dict[tuple[int, int], list[float]] = {}
+        for link in topology.links:
+            tx = self.size / link.bandwidth_bps if link.bandwidth_bps else 0.0
+            self.links[(self.index[link.src], self.index[link.dst])] = [0.0, tx, link.latency_s]
+        self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
+        self.done_times = np.full(workload.packets, math.nan)
+        self.migrated = np.zeros(workload.packets, dtype=bool)
+        self.done_count = 0
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self.counter = itertools.count()
+        self.action_counts: dict[str, int] = {}
+        self.stop_resume = StopResumeState() if policy.throttling == "stop_resume" else None
+        self.window: win.WindowState | None = None
+        self.delivered = win.SequenceSet()  # window mode: batches consumers passed on
+        if policy.throttling == "window":
+            consumers = [topology.order[d] for d in self.source.downs]
+            self.window = win.WindowState.start(consumers, policy)
+            self.source.outbox = {d: deque() for d in self.source.downs}
+        empty = _Counters(0.0, 0.0, {})
+        self.snapshots: list[tuple[float, list[_Counters]]] = [
+            (0.0, [empty] * len(self.nodes)) for _ in self.controllers
+        ]
+
+    # --- the event loop -------------------------------------------------------------------
+
+    def run(self, max_time_s: float) -> SimResult:
+        self._push(float(self.workload.arrivals[0]), _ARRIVE, 0)
+        for i in range(len(self.controllers)):
+            self._push(0.0, _CONTROL, i)
+        if self.window is not None:
+            self._push(_EXPIRE_CHECK_S, _EXPIRE)
+        packets = self.workload.packets
+        while self.done_count < packets:
+            if not self.events:
+                raise RuntimeError(f"deadlock at {self.now:.3f} s: nothing left to happen")
+            time, _, kind, a, b = heapq.heappop(self.events)
+            if time > max_time_s:
+                raise RuntimeError(f"not finished after {max_time_s:.0f} s of virtual time")
+            self.now = time
+            if kind == _DELIVER:
+                self._deliver(a, b)
+            elif kind == _ARRIVE:
+                self._arrive(a)
+            elif kind == _WAKE:
+                node = self.nodes[a]
+                if node.wake_at <= time + _EPS:
+                    node.wake_at = math.inf
+                    self._forward(node)
+            elif kind == _CONTROL:
+                self._control(a)
+            else:
+                self._expire()
+        return SimResult(
+            completion_s=float(np.max(self.done_times)),
+            volume_bytes=self.workload.volume_bytes,
+            migrated_bytes=float(self.migrated.sum()) * self.size,
+            done_times=self.done_times,
+            actions=dict(self.action_counts),
+        )
+
+    def _push(self, time: float, kind: int, a: int = 0, b: int = 0) -> None:
+        heapq.heappush(self.events, (time, next(self.counter), kind, a, b))
+
+    def _wake(self, node: _Node, time: float) -> None:
+        if time < node.wake_at - _EPS:
+            node.wake_at = time
+            self._push(time, _WAKE, node.index)
+
+    def _arrive(self, packet: int) -> None:
+        source = self.source
+        arrivals = self.workload.arrivals
+        # Packets emitted at the same instant arrive together.
+        while packet < len(arrivals) and arrivals[packet] <= self.now + _EPS:
+            if not source.queue:
+                source.head_ready = self.now
+            source.queue.append(packet)
+            source.occupancy += self.size
+            source.bytes_in += self.size
+            self._count_route_in(source, packet)
+            packet += 1
+        if packet < len(arrivals):
+            self._push(float(arrivals[packet]), _ARRIVE, packet)
+        self._forward(source)
+
+    def _deliver(self, node_index: int, packet: int) -> None:
+        node = self.nodes[node_index]
+        if not node.queue:
+            node.head_ready = self.now + node.proc_s
+        node.queue.append(packet)
+        self._forward(node)
+
+    # --- forwarding -----------------------------------------------------------------------
+
+    def _forward(self, node: _Node) -> None:
+        """Send as many head packets as the node's consumer, links and receivers allow."""
+        if node.outbox:
+            self._window_dispatch(node)
+            return
+        acks = self.window is not None and node.index in self.source.downs
+        while node.queue:
+            if node.head_ready > self.now + _EPS:
+                self._wake(node, node.head_ready)
+                return
+            packet = node.queue[0]
+            if not node.downs or (acks and packet + 1 in self.delivered):
+                self._consume(node, packet)  # a sink, or a copy already delivered: drop
+                continue
+            if not node.gate:
+                return
+            if node.next_send > self.now + _EPS:
+                self._wake(node, node.next_send)
+                return
+            target, commit = self._route(node, packet)
+            if not self._admits(node, target):
+                return
+            node.queue.popleft()
+            commit()
+            self._send(node, target, packet)
+            if node.queue:
+                node.head_ready = self.now + node.proc_s
+            if acks:
+                self._window_ack(node, packet)
+
+    def _consume(self, node: _Node, packet: int) -> None:
+        node.queue.popleft()
+        node.occupancy -= self.size
+        node.bytes_out += self.size
+        if node.queue:
+            node.head_ready = self.now + node.proc_s
+        if node.index in self.source.downs and self.window is not None:
+            self._window_ack(node, packet)
+        elif math.isnan(self.done_times[packet]):
+            self.done_times[packet] = self.now
+            self.done_count += 1
+        self._after_drain(node)
+
+    def _admits(self, node: _Node, target: int) -> bool:
+        free_from, tx, _ = self.links[(node.index, target)]
+        opens = free_from - (_LINK_BUFFER - 1) * tx
+        if opens > self.now + _EPS:
+            self._wake(node, opens)  # the link's send buffer is full until then
+            return False
+        receiver = self.nodes[target]
+        if receiver.occupancy + self.size > receiver.capacity + _EPS:
+            return False  # the receiver's put() would block: no room
+        if self.policy.throttling == "credit":
+            return node.credits.get(target, 0.0) + _EPS >= self.size
+        return True
+
+    def _send(self, node: _Node, target: int, packet: int) -> None:
+        link = self.links[(node.index, target)]
+        start = max(self.now, link[0])
+        link[0] = start + link[1]
+        self._push(link[0] + link[2], _DELIVER, target, packet)
+        size = self.size
+        node.occupancy -= size
+        node.bytes_out += size
+        if node.credits:
+            node.credits[target] = node.credits.get(target, 0.0) - size
+        if node.pace < 1.0 and math.isfinite(node.r_max):
+            node.next_send = self.now + size / (node.pace * node.r_max)
+        receiver = self.nodes[target]
+        receiver.occupancy += size
+        receiver.bytes_in += size
+        self._count_route_in(receiver, packet)
+        self._level_changed(receiver)
+        self._after_drain(node)
+
+    def _count_route_in(self, node: _Node, packet: int) -> None:
+        tag = int(self.tag_node[packet])
+        if len(node.downs) > 1 and tag in node.downs:
+            node.route_in[tag] = node.route_in.get(tag, 0.0) + self.size
+
+    def _after_drain(self, node: _Node) -> None:
+        self._level_changed(node)
+        if node.occupancy + self.size <= node.capacity + _EPS:
+            for up in node.ups:
+                self._wake(self.nodes[up], self.now)
+
+    # --- routing ----------------------------------------------------------------------------
+
+    def _route(self, node: _Node, packet: int) -> tuple[int, _Commit]:
+        """Where the head packet goes, and what to record once it has gone."""
+        tag = int(self.tag_node[packet])
+        base = tag if tag in node.downs else -1
+        split = next((s for s in node.splits if base in s.shares or base < 0), None)
+        if split is not None:
+            route = _split_choice(split, base)
+        elif base >= 0 or len(node.downs) == 1:
+            route = base if base >= 0 else node.downs[0]
+        else:
+            route = node.downs[packet % len(node.downs)]  # untagged here: spread evenly
+        migration = node.migrations.get(route)
+        target, moved_error = route, None
+        if migration is not None:
+            owed = migration.error + migration.share
+            if owed >= 0.5:
+                target = _weighted_choice(migration)
+                moved_error = owed - 1.0
+            else:
+                moved_error = owed
+
+        def commit() -> None:
+            if split is not None:
+                split.sent[route] = split.sent.get(route, 0) + 1
+                split.total += 1
+            if migration is not None and moved_error is not None:
+                migration.error = moved_error
+                if target != route:
+                    for t, weight in migration.targets.items():
+                        migration.credit[t] = migration.credit.get(t, 0.0) + weight
+                    migration.credit[target] -= 1.0
+            if (base >= 0 and target != base) or target != route:
+                self.migrated[packet] = True
+
+        return target, commit
+
+    # --- window mode: the source dispatches batches through balancer.window ---------------
+
+    def _window_dispatch(self, source: _Node) -> None:
+        """Assign waiting packets (batches ``seq = packet + 1``) to consumers' windows and
+        send what the consumers' queues have room for; each consumer has its own outbox
+        so a full consumer does not hold up the others."""
+        assert self.window is not None
+        sends, self.window = win.dispatch(self.window, len(source.queue), self.now)
+        for send in sends:
+            target = self.index[send.consumer]
+            if send.resend:
+                packet = send.seq - 1
+                source.occupancy += self.size  # a fresh copy of a batch that already left
+            else:
+                packet = source.queue.popleft()
+                if target != int(self.tag_node[packet]):
+                    self.migrated[packet] = True
+            source.outbox[target].append(packet)
+        for target, outbox in source.outbox.items():
+            while outbox and self._admits(source, target):
+                self._send(source, target, outbox.popleft())
+
+    def _window_ack(self, node: _Node, packet: int) -> None:
+        """Consumer ``node`` has processed ``packet`` (delivered it, or dropped a copy)."""
+        assert self.window is not None
+        _, self.delivered = win.deliver(self.delivered, packet + 1)
+        self.window = win.on_ack(self.window, packet + 1, node.id, self.now, self.policy)
+        self._wake(self.source, self.now)
+
+    def _expire(self) -> None:
+        assert self.window is not None
+        late, self.window = win.expire(self.window, self.now, self.policy)
+        self.action_counts["batch_timeout"] = self.action_counts.get("batch_timeout", 0) + len(late)
+        self._push(self.now + _EXPIRE_CHECK_S, _EXPIRE)
+        self._wake(self.source, self.now)
+
+    # --- control ----------------------------------------------------------------------------
+
+    def _level_changed(self, node: _Node) -> None:
+        if self.stop_resume is None:
+            return
+        level = node.occupancy / node.capacity
+        holding = node.id in self.stop_resume.holding
+        full = node.occupancy + self.size > node.capacity + _EPS
+        if (full and not holding and node.downs) or (holding and level <= RESUME_LEVEL):
+            actions, self.stop_resume = stop_resume_step(self._observe(None), self.stop_resume)
+            for action in actions:
+                self._count(action.kind)
+                if isinstance(action, SetRate):
+                    upstream = self.nodes[self.index[action.node]]
+                    upstream.gate = action.coefficient > 0
+                    if upstream.gate:
+                        self._wake(upstream, self.now)
+
+    def _control(self, i: int) -> None:
+        controller = self.controllers[i]
+        actions = controller.decide(self._observe(i))
+        for action in actions:
+            self._apply(action)
+        self._push(self.now + controller.period_s, _CONTROL, i)
+        for node in self.nodes:
+            self._wake(node, self.now)
+
+    def _observe(self, controller: int | None) -> Observation:
+        """The observation over controller ``controller``'s interval (None: levels only)."""
+        now = [_Counters(n.bytes_in, n.bytes_out, dict(n.route_in)) for n in self.nodes]
+        if controller is None:
+            since, before = self.now, now
+        else:
+            since, before = self.snapshots[controller]
+            self.snapshots[controller] = (self.now, now)
+        interval = self.now - since
+
+        def rate(later: float, earlier: float) -> float:
+            return (later - earlier) / interval if interval > 0 else 0.0
+
+        order = self.topology.order
+        observed = {}
+        for node, then in zip(self.nodes, before, strict=True):
+            observed[node.id] = NodeObservation(
+                node=node.id,
+                level=min(1.0, node.occupancy / node.capacity),
+                buffered_bytes=node.occupancy,
+                in_rate=rate(node.bytes_in, then.bytes_in),
+                out_rate=rate(node.bytes_out, then.bytes_out),
+                flagged=node.flagged,
+                speed=node.speed,
+                origin_speed=node.origin_speed,
+                in_backpressure=node.in_backpressure,
+                head_by_route=self._head_by_route(node) if len(node.downs) > 1 else {},
+                in_rate_by_route={
+                    order[d]: rate(b, then.route_in.get(d, 0.0)) for d, b in node.route_in.items()
+                },
+            )
+        return Observation(
+            time_s=self.now,
+            interval_s=interval,
+            topology=self.topology,
+            nodes=observed,
+        )
+
+    def _head_by_route(self, node: _Node) -> dict[str, float]:
+        """Bytes per tag among what the node sends next, at most one buffer of it."""
+        limit = max(1, int(node.capacity // self.size))
+        by_route: dict[str, float] = {}
+        order = self.topology.order
+        for packet in itertools.islice(node.queue, limit):
+            tag = int(self.tag_node[packet])
+            if tag in node.downs:
+                by_route[order[tag]] = by_route.get(order[tag], 0.0) + self.size
+        return by_route
+
+    def _apply(self, action: Action) -> None:
+        self._count(action.kind)
+        index = self.index
+        if isinstance(action, StartMigration):
+            node = self.nodes[index[action.branch_node]]
+            heavy = index[action.heavy[0]]
+            targets = action.targets or {action.light[0]: 1.0}
+            previous = node.migrations.get(heavy)
+            node.migrations[heavy] = _Migration(
+                share=action.share,
+                targets={index[t]: f for t, f in targets.items()},
+                error=previous.error if previous else 0.0,
+            )
+        elif isinstance(action, StopMigration):
+            self.nodes[index[action.branch_node]].migrations.pop(index[action.heavy[0]], None)
+        elif isinstance(action, SetCredits):
+            node = self.nodes[index[action.upstream]]
+            node.credits = {index[d]: c for d, c in action.credits.items()}
+        elif isinstance(action, SetRate):
+            self.nodes[index[action.node]].pace = action.coefficient
+        elif isinstance(action, SetSpeed):
+            node = self.nodes[index[action.node]]
+            node.pace = node.speed = action.speed
+            node.origin_speed, node.in_backpressure = action.origin_speed, action.in_backpressure
+        elif isinstance(action, SetShares):
+            node = self.nodes[index[action.upstream]]
+            shares = {index[d]: s for d, s in action.shares.items()}
+            node.splits = [s for s in node.splits if set(s.shares) != set(shares)]
+            node.splits.append(_Split(shares, {}))
+        elif isinstance(action, SetFlag | ClearFlag):
+            self.nodes[index[action.node]].flagged = isinstance(action, SetFlag)
+        elif isinstance(action, StepwiseSignal):
+            # The task-message handler's part: the target applies the signal at once.
+            target = self.nodes[index[action.target]]
+            current = TaskSpeed(target.speed, target.origin_speed, target.in_backpressure)
+            applied, _ = apply_signal(action, current, self.policy)
+            if applied is not None:
+                self._apply(applied)
+
+    def _count(self, kind: str) -> None:
+        self.action_counts[kind] = self.action_counts.get(kind, 0) + 1
+
+
+class _Commit(Protocol):
+    def __call__(self) -> None: ...
+
+
+def _split_choice(split: _Split, base: int) -> int:
+    """Keep the packet on its tag while the tag is owed at least half a packet of its
+    share; otherwise send it to the member owed the most."""
+    total = split.total + 1
+    owed = {m: share * total - split.sent.get(m, 0) for m, share in split.shares.items()}
+    if base in owed and owed[base] >= 0.5:
+        return base
+    return max(owed, key=lambda m: owed[m])
+
+
+def _weighted_choice(migration: _Migration) -> int:
+    credit = migration.credit
+    return max(migration.targets, key=lambda t: credit.get(t, 0.0) + migration.targets[t])
