@@ -371,45 +371,46 @@ def proportional_plan(
     *,
     queued: Mapping[str, float],
     horizon_s: float,
+    band_s: float,
 ) -> list[BranchPlan]:
-    """Split the coming data of one branch node so that every branch stays busy and all
-    would finish together.
+    """Split the coming data of one branch node so that every branch stays busy, all
+    would finish together, and as little data as possible leaves its branch.
 
     ``demand``: bytes per second the branch node is about to route into each branch by
     default (its data's tags); ``capacity``: each branch's bottleneck (bytes/s);
     ``queued``: bytes waiting in each branch's first queue.
 
-    Branch ``i`` is offered its part of the demand by capacity, ``c_i * D / C``, plus
-    the correction that brings its queue to the common drain time ``Q / C`` (``Q`` all
-    queued bytes) within ``horizon_s``: ``(c_i * Q / C - q_i) / horizon_s``. The
-    corrections sum to zero, so together the offers take exactly the demand. Equal drain
-    *times*, not equal queue fractions: when the data runs out every branch empties at
-    once, instead of a narrow branch working alone through a full queue while the wide
-    ones idle. A branch keeps as much of its own data as it is offered; the excess of the
-    others goes to the branches with room, in proportion to that room. Only the excess
-    moves, so the migrated share is the least the capacities and queues require.
+    * Branch ``i`` is *offered* its part of the demand by capacity, ``c_i * D / C``,
+      plus the correction that brings its queue to the common drain time ``Q / C``
+      (``Q`` all queued bytes) within ``horizon_s``: ``(c_i * Q / C - q_i) / horizon_s``.
+      The corrections sum to zero, so together the offers take exactly the demand.
+      Equal drain *times*, not equal queue fractions: when the data runs out every
+      branch empties at once, instead of a narrow branch working alone through a full
+      queue while the wide ones idle.
+    * A branch *keeps* its own data up to the rate that would bring its queue to
+      ``band_s`` above the common drain time: a short or noisy surplus waits in its own
+      queue (and drains when its tag's share falls) instead of moving for good.
+    * What a branch cannot keep moves to the branches offered more than their own
+      demand, in proportion to that room. Since the offers sum to the demand, the room
+      always covers the excess.
     """
     total_demand = sum(demand.values())
     total_capacity = sum(capacity.values())
     if total_demand <= 0 or total_capacity <= 0 or horizon_s <= 0:
         return []
     drain_s = sum(queued.values()) / total_capacity
+    fair = {c: cap * total_demand / total_capacity for c, cap in capacity.items()}
     offered = {
-        c: max(0.0, cap * total_demand / total_capacity + (cap * drain_s - queued[c]) / horizon_s)
+        c: max(0.0, fair[c] + (cap * drain_s - queued[c]) / horizon_s)
         for c, cap in capacity.items()
     }
     # A queue far above its share can push its offer below zero; the clipped offers are
     # rescaled so that together they still take the whole demand.
     scale = total_demand / sum(offered.values())
     offered = {c: o * scale for c, o in offered.items()}
-    import os
-
-    band = float(os.environ.get("BAND", "0")) * horizon_s
     keep = {
-        c: offered[c]
-        + max(0.0, capacity[c] * (drain_s + band) - queued[c]) / horizon_s
-        - max(0.0, capacity[c] * drain_s - queued[c]) / horizon_s * 0
-        for c in capacity
+        c: max(offered[c], fair[c] + (cap * (drain_s + band_s) - queued[c]) / horizon_s)
+        for c, cap in capacity.items()
     }
     excess = {c: max(0.0, demand.get(c, 0.0) - keep[c]) for c in capacity}
     room = {c: max(0.0, offered[c] - demand.get(c, 0.0)) for c in capacity}
@@ -471,12 +472,18 @@ def _plan_for(
     capacity = {b.child: branch_capacity(topology, b) for b in branches}
     if not all(map(math.isfinite, capacity.values())):
         return []
-    # Imbalances are corrected over the time the tightest queue takes to drain from full
+    # Times in seconds of the tightest queue (the one holding the fewest seconds of its
+    # branch's work). Imbalances are corrected over the time it takes to drain from full
     # to the recovery threshold: slow enough not to swing a queue from full to relieved
-    # on one noisy estimate, fast enough to act within a few ticks.
-    horizon_s = (1 - policy.recovery_threshold) * min(
-        topology.node(c).capacity_bytes / capacity[c] for c in capacity
-    )
+    # on one noisy estimate, fast enough to act within a few ticks. A branch may run
+    # ahead of the others by the published hysteresis band (bp_threshold down to
+    # recovery_threshold) before its data moves, but never by more than the branch
+    # node's own backlog lasts: when the data runs out, every branch must empty at once.
+    total_capacity = sum(capacity.values())
+    tightest_s = min(topology.node(c).capacity_bytes / capacity[c] for c in capacity)
+    horizon_s = (1 - policy.recovery_threshold) * tightest_s
+    backlog_s = observation.nodes[branch_node].buffered_bytes / total_capacity
+    band_s = min((policy.bp_threshold - policy.recovery_threshold) * tightest_s, backlog_s)
     # What is coming per branch: what arrives (last interval's rate) plus what is queued
     # at the head, spread over the horizon. The branch node cannot send more than the
     # branches take together, so the demand is that mix scaled to at most their total.
@@ -485,7 +492,7 @@ def _plan_for(
     total = sum(coming.values())
     if total <= 0:
         return []
-    rate = min(sum(capacity.values()), total)
+    rate = min(total_capacity, total)
     demand = {c: rate * v / total for c, v in coming.items()}
     queued = {c: observation.nodes[c].buffered_bytes for c in capacity}
-    return proportional_plan(demand, capacity, queued=queued, horizon_s=horizon_s)
+    return proportional_plan(demand, capacity, queued=queued, horizon_s=horizon_s, band_s=band_s)

@@ -1,7 +1,8 @@
 """Upstream rate coefficient k and the scale-out trigger (shared/spec/watermark-flags.md).
 
-Every upstream sends at ``k * r_max``. At each check (at most once per sampling period)
-it counts the flags of its direct downstreams and compares with the previous count:
+Every upstream sends at ``k * r_max``. At each check it counts the flags of its direct
+downstreams and compares with the previous count; a check that finds a new count acts on
+it and is the last one for a sampling period, so k moves at most once per period:
 
     fewer flags  -> k = min(1, k + step)
     more flags   -> k >= k_min and above the floor: k = max(floor, k - step)
@@ -59,6 +60,9 @@ def rate_step(
     downstreams = topology.downstreams(upstream)
     count = len(flagged.intersection(downstreams))
     previous, k = state.flagged_count, state.coefficient
+    if count == previous:
+        # No flag event for this upstream: nothing to pace, nothing to remember.
+        return [], state
     change = f"flagged downstreams {previous} -> {count}"
     actions: list[Action] = []
     new_k = k
@@ -72,19 +76,18 @@ def rate_step(
                     coefficient=new_k,
                 )
             )
-    elif count > previous:
-        if policy.rate_min <= k and k > policy.rate_floor:
-            new_k = round(max(policy.rate_floor, k - policy.rate_step), 9)
-            actions.append(
-                SetRate(
-                    reason=f"{change}: rate coefficient lowered {k:.2f} -> {new_k:.2f}",
-                    node=upstream,
-                    coefficient=new_k,
-                )
+    elif policy.rate_min <= k and k > policy.rate_floor:  # more flags, room to slow down
+        new_k = round(max(policy.rate_floor, k - policy.rate_step), 9)
+        actions.append(
+            SetRate(
+                reason=f"{change}: rate coefficient lowered {k:.2f} -> {new_k:.2f}",
+                node=upstream,
+                coefficient=new_k,
             )
-        else:
-            flagged_down = [d for d in downstreams if d in flagged]
-            actions.extend(_scale_out_requests(upstream, flagged_down, topology, k, policy))
+        )
+    else:  # more flags, and k is below k_min or at its floor
+        flagged_down = [d for d in downstreams if d in flagged]
+        actions.extend(_scale_out_requests(upstream, flagged_down, topology, k, policy))
     return actions, RateState(new_k, count, time_s)
 
 

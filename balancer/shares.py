@@ -63,7 +63,8 @@ def rebalance(
     plan = _plan(members, levels, draining, policy)
     if plan is None:
         return [], _in_force(members, shares)
-    return _apply(upstream, stage, shares, plan)
+    new, why = _rebalanced(shares, plan, stage)
+    return _set_shares(upstream, stage, new, why), new
 
 
 def shares_tick(
@@ -79,6 +80,9 @@ def shares_tick(
     new_shares: dict[GroupKey, dict[str, float]] = {}
     nodes, draining = observation.nodes, observation.draining
     plans: dict[tuple[str, ...], _Plan | None] = {}
+    # The upstreams of a shuffle usually hold identical shares (they started equal and
+    # saw the same levels every tick): rebalance each distinct split once.
+    outcomes: dict[object, tuple[dict[str, float], str | None]] = {}
     for upstream, stage, members in interchangeable_groups(observation.topology):
         key = (upstream, stage)
         current = shares.get(key)
@@ -94,8 +98,12 @@ def shares_tick(
             if current is not None:
                 new_shares[key] = dict(current)
             continue
-        group_actions, new_shares[key] = _apply(upstream, stage, current, plan)
-        actions.extend(group_actions)
+        outcome_key = (members, None if current is None else tuple(current.items()))
+        if outcome_key not in outcomes:
+            outcomes[outcome_key] = _rebalanced(current, plan, stage)
+        new, why = outcomes[outcome_key]
+        new_shares[key] = dict(new)
+        actions.extend(_set_shares(upstream, stage, new, why))
     return actions, new_shares
 
 
@@ -144,9 +152,16 @@ def _in_force(members: tuple[str, ...], shares: Mapping[str, float] | None) -> d
     return dict(shares)
 
 
-def _apply(
-    upstream: str, stage: str, shares: Mapping[str, float] | None, plan: _Plan
-) -> tuple[list[Action], dict[str, float]]:
+def _set_shares(upstream: str, stage: str, new: dict[str, float], why: str | None) -> list[Action]:
+    if why is None:
+        return []
+    return [SetShares(reason=why, upstream=upstream, shares=dict(new), stage=stage)]
+
+
+def _rebalanced(
+    shares: Mapping[str, float] | None, plan: _Plan, stage: str
+) -> tuple[dict[str, float], str | None]:
+    """The shares after this tick, and why they changed (None when they did not)."""
     members = plan.members
     previous = _in_force(members, shares)
     why: list[str] = []
@@ -180,12 +195,12 @@ def _apply(
         )
 
     if new == previous:
-        return [], new
+        return new, None
     # Renormalise so rounding error cannot accumulate over a long run.
     total = sum(new.values())
     if abs(total - 1.0) > 1e-12:
         new = {m: value / total for m, value in new.items()}
-    return [SetShares(reason="; ".join(why), upstream=upstream, shares=dict(new), stage=stage)], new
+    return new, "; ".join(why)
 
 
 def _drain(shares: dict[str, float], drained: list[str], active: tuple[str, ...]) -> None:

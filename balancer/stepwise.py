@@ -52,7 +52,7 @@ class TaskSpeed:
 
 
 @dataclass(frozen=True)
-class InFlight:
+class PendingSignal:
     """A signal sent to a target and not yet seen applied."""
 
     signal: Literal["slow", "restore"]
@@ -64,7 +64,7 @@ class InFlight:
 class StepwiseState:
     last_eval_s: Mapping[str, float] = field(default_factory=dict)
     underload_since_s: Mapping[str, float] = field(default_factory=dict)
-    in_flight: Mapping[str, InFlight] = field(default_factory=dict)
+    in_flight: Mapping[str, PendingSignal] = field(default_factory=dict)
 
 
 def speed_floor(origin_speed: float, policy: Policy) -> float:
@@ -123,7 +123,7 @@ def stepwise_step(
                     origin=t,
                 )
             )
-            in_flight[u] = InFlight("slow", now, TaskSpeed.of(nodes[u]))
+            in_flight[u] = PendingSignal("slow", now, TaskSpeed.of(nodes[u]))
     for t in relieved:
         for u in topology.upstreams(t):
             if u not in nodes or u in in_flight or not nodes[u].in_backpressure:
@@ -140,7 +140,7 @@ def stepwise_step(
                     origin=t,
                 )
             )
-            in_flight[u] = InFlight("restore", now, TaskSpeed.of(nodes[u]))
+            in_flight[u] = PendingSignal("restore", now, TaskSpeed.of(nodes[u]))
 
     last_eval = {t: s for t, s in state.last_eval_s.items() if t in nodes}
     last_eval.update(dict.fromkeys(due, now))

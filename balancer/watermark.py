@@ -156,9 +156,9 @@ def watermark_tick(
     """
     actions: list[Action] = []
     new_states: dict[str, WatermarkState] = {}
-    topology = observation.topology
+    sources = {n.id for n in observation.topology.nodes if n.kind == "source"}
     for node_id, node in observation.nodes.items():
-        if topology.node(node_id).kind == "source":
+        if node_id in sources:
             continue
         state = states.get(node_id) or WatermarkState.initial(policy)
         node_actions, new_states[node_id] = watermark_step(node, observation.time_s, state, policy)

@@ -25,17 +25,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from balancer.credit import CreditState, credit_step  # noqa: E402
-from balancer.loop import BalancerState, step  # noqa: E402
-from balancer.model import NodeObservation, Observation  # noqa: E402
-from balancer.policy import MB, Policy  # noqa: E402
-from balancer.rate import RateState, rate_tick  # noqa: E402
-from balancer.shares import shares_tick  # noqa: E402
-from balancer.stepwise import StepwiseState, stepwise_step  # noqa: E402
-from balancer.topology import LinkSpec, NodeSpec, Topology  # noqa: E402
-from balancer.watermark import WatermarkState, flags_after, watermark_tick  # noqa: E402
+from balancer.credit import CreditState, credit_step
+from balancer.loop import BalancerState, step
+from balancer.model import NodeObservation, Observation
+from balancer.policy import MB, Policy
+from balancer.rate import RateState, rate_tick
+from balancer.shares import shares_tick
+from balancer.stepwise import StepwiseState, stepwise_step
+from balancer.topology import LinkSpec, NodeSpec, Topology
+from balancer.watermark import WatermarkState, flags_after, watermark_tick
 
 TARGET_MS = 10.0
+Samples = list[tuple[float, float]]
 CAPACITY = 64 * MB
 # (stage, instances, how it is fed by the previous stage, mergeable)
 LAYOUT = (
@@ -70,7 +71,7 @@ def pipeline() -> Topology:
 
 def frames(topology: Topology, period_s: float, count: int, seed: int) -> Iterator[Observation]:
     """``count`` observations ``period_s`` apart; levels random-walk in [0, 1]."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 -- a reproducible workload, not a secret
     levels = {n.id: rng.random() * 0.6 for n in topology.nodes}
     flagged: frozenset[str] = frozenset()
     for tick in range(count):
@@ -92,18 +93,20 @@ def frames(topology: Topology, period_s: float, count: int, seed: int) -> Iterat
         flagged = frozenset(n for n, level in levels.items() if level >= 0.7)
 
 
-def timed(calls: Iterator[Callable[[], object]], warmup: int = 5) -> list[float]:
+def timed(calls: Iterator[Callable[[], object]], warmup: int = 5) -> list[tuple[float, float]]:
+    """(wall ms, CPU ms) per call. On a shared machine the wall clock also counts time
+    spent waiting for a core; the CPU time is what the decision itself costs."""
     samples = []
     for index, call in enumerate(calls):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         call()
-        elapsed_ms = (time.perf_counter() - start) * 1000
+        elapsed = ((time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000)
         if index >= warmup:
-            samples.append(elapsed_ms)
+            samples.append(elapsed)
     return samples
 
 
-def bench_watermark(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_watermark(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     states: dict[str, WatermarkState] = {}
 
     def calls() -> Iterator[Callable[[], object]]:
@@ -118,7 +121,7 @@ def bench_watermark(topology: Topology, policy: Policy, ticks: int, seed: int) -
     return timed(calls())
 
 
-def bench_rate(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_rate(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     states: dict[str, RateState] = {}
 
     def calls() -> Iterator[Callable[[], object]]:
@@ -134,7 +137,7 @@ def bench_rate(topology: Topology, policy: Policy, ticks: int, seed: int) -> lis
     return timed(calls())
 
 
-def bench_shares(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_shares(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     shares: dict = {}
 
     def calls() -> Iterator[Callable[[], object]]:
@@ -149,7 +152,7 @@ def bench_shares(topology: Topology, policy: Policy, ticks: int, seed: int) -> l
     return timed(calls())
 
 
-def bench_stepwise(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_stepwise(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     state = StepwiseState()
     # Scale the thresholds to the random walk: about a tenth of the nodes overloaded.
     policy = policy.replace(overload_mb=0.8 * CAPACITY / MB, underload_kb=0.2 * CAPACITY / 1024)
@@ -166,7 +169,7 @@ def bench_stepwise(topology: Topology, policy: Policy, ticks: int, seed: int) ->
     return timed(calls())
 
 
-def bench_credit(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_credit(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     state = CreditState()
 
     def calls() -> Iterator[Callable[[], object]]:
@@ -181,7 +184,7 @@ def bench_credit(topology: Topology, policy: Policy, ticks: int, seed: int) -> l
     return timed(calls())
 
 
-def bench_loop(topology: Topology, policy: Policy, ticks: int, seed: int) -> list[float]:
+def bench_loop(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
     state = BalancerState()
 
     def calls() -> Iterator[Callable[[], object]]:
@@ -194,6 +197,10 @@ def bench_loop(topology: Topology, policy: Policy, ticks: int, seed: int) -> lis
             yield call
 
     return timed(calls())
+
+
+def percentiles(values: tuple[float, ...]) -> tuple[float, float]:
+    return statistics.median(values), statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def main() -> int:
@@ -217,16 +224,18 @@ def main() -> int:
         "credit_step": bench_credit,
         "loop.step": bench_loop,
     }
-    print(f"{'function':<16}{'p50 ms':>10}{'p99 ms':>10}  target < {TARGET_MS:g} ms")
+    print(
+        f"{'function':<16}{'wall p50':>10}{'wall p99':>10}{'cpu p50':>10}{'cpu p99':>10}"
+        f"   ms, target p99 < {TARGET_MS:g}"
+    )
     slow = []
     for name, bench in benches.items():
         samples = bench(topology, policy, args.ticks, args.seed)
-        p50 = statistics.median(samples)
-        p99 = statistics.quantiles(samples, n=100, method="inclusive")[98]
-        verdict = "ok" if p99 < TARGET_MS else "OVER"
-        if p99 >= TARGET_MS:
+        figures = [q for column in zip(*samples, strict=True) for q in percentiles(column)]
+        verdict = "ok" if figures[1] < TARGET_MS else "OVER"
+        if verdict != "ok":
             slow.append(name)
-        print(f"{name:<16}{p50:>10.2f}{p99:>10.2f}  {verdict}")
+        print(f"{name:<16}" + "".join(f"{f:>10.2f}" for f in figures) + f"   {verdict}")
     return 1 if slow else 0
 
 

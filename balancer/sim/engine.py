@@ -128,6 +128,16 @@ class _Split:
     total: int = 0
 
 
+class _Windows:
+    """Window mode: the source's dispatcher (balancer.window) and, per consumer, the
+    batches assigned to its window but not yet sent (its queue had no room)."""
+
+    def __init__(self, consumers: Sequence[str], downs: Sequence[int], policy: Policy) -> None:
+        self.state = win.WindowState.start(consumers, policy)
+        self.delivered = win.SequenceSet()  # batches the consumers have passed on
+        self.outbox: dict[int, deque[int]] = {d: deque() for d in downs}
+
+
 class _Node:
     __slots__ = (
         "bytes_in",
@@ -145,7 +155,6 @@ class _Node:
         "next_send",
         "occupancy",
         "origin_speed",
-        "outbox",
         "pace",
         "proc_s",
         "queue",
@@ -179,7 +188,6 @@ class _Node:
         self.credits: dict[int, float] = {}
         self.splits: list[_Split] = []
         self.migrations: dict[int, _Migration] = {}
-        self.outbox: dict[int, deque[int]] = {}  # window mode: batches assigned, not sent
 
 
 class Simulator:
@@ -235,12 +243,11 @@ class Simulator:
         self.counter = itertools.count()
         self.action_counts: dict[str, int] = {}
         self.stop_resume = StopResumeState() if policy.throttling == "stop_resume" else None
-        self.window: win.WindowState | None = None
-        self.delivered = win.SequenceSet()  # window mode: batches consumers passed on
-        if policy.throttling == "window":
-            consumers = [topology.order[d] for d in self.source.downs]
-            self.window = win.WindowState.start(consumers, policy)
-            self.source.outbox = {d: deque() for d in self.source.downs}
+        self.windows = (
+            _Windows([ids[d] for d in self.source.downs], self.source.downs, policy)
+            if policy.throttling == "window"
+            else None
+        )
         empty = _Counters(0.0, 0.0, {})
         self.snapshots: list[tuple[float, list[_Counters]]] = [
             (0.0, [empty] * len(self.nodes)) for _ in self.controllers
@@ -252,7 +259,7 @@ class Simulator:
         self._push(float(self.workload.arrivals[0]), _ARRIVE, 0)
         for i in range(len(self.controllers)):
             self._push(0.0, _CONTROL, i)
-        if self.window is not None:
+        if self.windows is not None:
             self._push(_EXPIRE_CHECK_S, _EXPIRE)
         packets = self.workload.packets
         while self.done_count < packets:
@@ -273,8 +280,8 @@ class Simulator:
                     self._forward(node)
             elif kind == _CONTROL:
                 self._control(a)
-            else:
-                self._expire()
+            elif self.windows is not None:
+                self._expire(self.windows)
         return SimResult(
             completion_s=float(np.max(self.done_times)),
             volume_bytes=self.workload.volume_bytes,
@@ -318,17 +325,18 @@ class Simulator:
 
     def _forward(self, node: _Node) -> None:
         """Send as many head packets as the node's consumer, links and receivers allow."""
-        if node.outbox:
-            self._window_dispatch(node)
+        windows = self.windows
+        if windows is not None and node is self.source:
+            self._window_dispatch(windows)
             return
-        acks = self.window is not None and node.index in self.source.downs
+        acks = windows if windows is not None and node.index in self.source.downs else None
         while node.queue:
             if node.head_ready > self.now + _EPS:
                 self._wake(node, node.head_ready)
                 return
             packet = node.queue[0]
-            if not node.downs or (acks and packet + 1 in self.delivered):
-                self._consume(node, packet)  # a sink, or a copy already delivered: drop
+            if not node.downs or (acks is not None and packet + 1 in acks.delivered):
+                self._consume(node, packet, acks)  # a sink, or a copy already delivered
                 continue
             if not node.gate:
                 return
@@ -343,17 +351,17 @@ class Simulator:
             self._send(node, target, packet)
             if node.queue:
                 node.head_ready = self.now + node.proc_s
-            if acks:
-                self._window_ack(node, packet)
+            if acks is not None:
+                self._window_ack(acks, node, packet)
 
-    def _consume(self, node: _Node, packet: int) -> None:
+    def _consume(self, node: _Node, packet: int, acks: _Windows | None) -> None:
         node.queue.popleft()
         node.occupancy -= self.size
         node.bytes_out += self.size
         if node.queue:
             node.head_ready = self.now + node.proc_s
-        if node.index in self.source.downs and self.window is not None:
-            self._window_ack(node, packet)
+        if acks is not None:
+            self._window_ack(acks, node, packet)
         elif math.isnan(self.done_times[packet]):
             self.done_times[packet] = self.now
             self.done_count += 1
@@ -442,12 +450,12 @@ class Simulator:
 
     # --- window mode: the source dispatches batches through balancer.window ---------------
 
-    def _window_dispatch(self, source: _Node) -> None:
+    def _window_dispatch(self, windows: _Windows) -> None:
         """Assign waiting packets (batches ``seq = packet + 1``) to consumers' windows and
         send what the consumers' queues have room for; each consumer has its own outbox
         so a full consumer does not hold up the others."""
-        assert self.window is not None
-        sends, self.window = win.dispatch(self.window, len(source.queue), self.now)
+        source = self.source
+        sends, windows.state = win.dispatch(windows.state, len(source.queue), self.now)
         for send in sends:
             target = self.index[send.consumer]
             if send.resend:
@@ -457,22 +465,23 @@ class Simulator:
                 packet = source.queue.popleft()
                 if target != int(self.tag_node[packet]):
                     self.migrated[packet] = True
-            source.outbox[target].append(packet)
-        for target, outbox in source.outbox.items():
+            windows.outbox[target].append(packet)
+        for target, outbox in windows.outbox.items():
             while outbox and self._admits(source, target):
                 self._send(source, target, outbox.popleft())
 
-    def _window_ack(self, node: _Node, packet: int) -> None:
+    def _window_ack(self, windows: _Windows, node: _Node, packet: int) -> None:
         """Consumer ``node`` has processed ``packet`` (delivered it, or dropped a copy)."""
-        assert self.window is not None
-        _, self.delivered = win.deliver(self.delivered, packet + 1)
-        self.window = win.on_ack(self.window, packet + 1, node.id, self.now, self.policy)
+        _, windows.delivered = win.deliver(windows.delivered, packet + 1)
+        windows.state = win.on_ack(windows.state, packet + 1, node.id, self.now, self.policy)
         self._wake(self.source, self.now)
 
-    def _expire(self) -> None:
-        assert self.window is not None
-        late, self.window = win.expire(self.window, self.now, self.policy)
-        self.action_counts["batch_timeout"] = self.action_counts.get("batch_timeout", 0) + len(late)
+    def _expire(self, windows: _Windows) -> None:
+        late, windows.state = win.expire(windows.state, self.now, self.policy)
+        if late:
+            self.action_counts["batch_timeout"] = self.action_counts.get("batch_timeout", 0) + len(
+                late
+            )
         self._push(self.now + _EXPIRE_CHECK_S, _EXPIRE)
         self._wake(self.source, self.now)
 
@@ -481,10 +490,13 @@ class Simulator:
     def _level_changed(self, node: _Node) -> None:
         if self.stop_resume is None:
             return
+        # stop_resume_step only changes anything when a queue with upstreams has just
+        # filled or drained to the resume level: call it at exactly those instants.
+        if not node.ups:
+            return
         level = node.occupancy / node.capacity
         holding = node.id in self.stop_resume.holding
-        full = node.occupancy + self.size > node.capacity + _EPS
-        if (full and not holding and node.downs) or (holding and level <= RESUME_LEVEL):
+        if (level >= 1.0 - _EPS and not holding) or (holding and level <= RESUME_LEVEL):
             actions, self.stop_resume = stop_resume_step(self._observe(None), self.stop_resume)
             for action in actions:
                 self._count(action.kind)

@@ -149,3 +149,15 @@ def test_tick_checks_every_node_with_downstreams() -> None:
     assert [(a.node, a.coefficient) for a in actions] == [("s1", 0.9), ("a1", 0.4), ("a2", 0.9)]
     assert set(states) == {"s1", "a1", "a2"}
     assert states["a2"] == RateState(0.9, 1, 3.0)
+
+
+def test_a_check_that_finds_the_same_count_does_not_delay_the_next_change() -> None:
+    # Given k lowered at 0 s, and the same flags seen again at 1 s
+    _, state = check(RateState(1.0), flags(1), 0.0)
+    _, state = check(state, flags(1), 1.0)
+
+    # When a second flag appears at 1.5 s (a sampling period after the last change)
+    actions, _ = check(state, flags(1, 2), 1.5)
+
+    # Then k moves at once
+    assert [a.coefficient for a in actions] == [0.8]

@@ -206,3 +206,24 @@ def test_shares_sum_to_one_and_respect_the_minimum(
         if active:
             assert all(shares[m] >= floor - 1e-9 for m in active)
             assert all(shares[m] == 0.0 for m in draining)
+
+
+def test_upstreams_of_one_stage_with_different_shares_are_balanced_separately() -> None:
+    topology = layered(("a", 2), ("b", 2))
+    levels = {"b1": 0.6, "b2": 0.2}
+    shares = {("a1", "b"): {"b1": 0.8, "b2": 0.2}}
+
+    _, new = shares_tick(observe(topology, 0.0, levels), shares, POLICY)
+
+    assert new[("a1", "b")] == pytest.approx({"b1": 0.72, "b2": 0.28})
+    assert new[("a2", "b")] == pytest.approx({"b1": 0.45, "b2": 0.55})
+
+
+def test_shares_in_force_that_do_not_sum_to_one_are_renormalised() -> None:
+    # Given shares rounded somewhere on their way (they sum to 0.99)
+    current = {"b1": 0.5, "b2": 0.49}
+
+    _, shares = rebalance("a1", "b", {"b1": 0.9, "b2": 0.1}, current, policy=POLICY)
+
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
+    assert shares["b1"] == pytest.approx(0.45 / 0.99)

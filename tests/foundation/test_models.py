@@ -66,7 +66,8 @@ def test_model_fields_follow_the_declaration() -> None:
     for param in PARAMETERS:
         field = Policy._meta.get_field(param.name)
         assert field.default == param.default
-        assert param.range_text() in field.help_text
+        if param.kind != "choice":
+            assert param.range_text() in field.help_text
 
 
 def test_pipeline_overrides_are_validated() -> None:

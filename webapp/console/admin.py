@@ -36,24 +36,30 @@ class PolicyAdmin(admin.ModelAdmin):
     fieldsets = _policy_fieldsets()
 
 
-class NodeInline(admin.TabularInline):
-    model = Node
+class _ReadOnlyInline(admin.TabularInline):
+    """Nodes and edges change only as a whole topology (load_topology or the editor),
+    where cycles, dangling edges and missing sinks are checked before anything is saved;
+    row-by-row admin edits could leave a broken graph behind."""
+
     extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+class NodeInline(_ReadOnlyInline):
+    model = Node
     fields = ["name", "kind", "stage", "operator", "params", "buffer_mb", "max_rate_mbps"]
 
 
-class EdgeInline(admin.TabularInline):
+class EdgeInline(_ReadOnlyInline):
     model = Edge
-    extra = 0
-    fields = ["source", "target", "bandwidth_mbps"]
     fk_name = "pipeline"
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):  # type: ignore[no-untyped-def]
-        # Only this pipeline's nodes are valid endpoints.
-        pipeline_id = request.resolver_match.kwargs.get("object_id")
-        if db_field.name in {"source", "target"}:
-            kwargs["queryset"] = Node.objects.filter(pipeline_id=pipeline_id)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+    fields = ["source", "target", "bandwidth_mbps"]
 
 
 @admin.register(Pipeline)

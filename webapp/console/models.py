@@ -16,12 +16,18 @@ NAME_VALIDATOR = RegexValidator(
 )
 
 
+def _help_text(param: Param) -> str:
+    if param.kind == "choice":
+        return param.description
+    unit = f", in {param.unit}" if param.unit else ""
+    return f"{param.description} Range {param.range_text()}{unit}."
+
+
 def _policy_field(param: Param) -> models.Field[Any, Any]:
     common: dict[str, Any] = {
         "default": param.default,
         "verbose_name": param.label,
-        "help_text": f"{param.description} Range {param.range_text()}"
-        + (f", in {param.unit}." if param.unit else "."),
+        "help_text": _help_text(param),
     }
     if param.kind == "choice":
         return models.CharField(
