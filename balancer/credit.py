@@ -30,6 +30,8 @@ _TIME_SLACK_S = 1e-9
 
 @dataclass(frozen=True)
 class CreditState:
+    """When credit was last granted (grants are paced by the credit interval)."""
+
     last_grant_s: float | None = None
 
 

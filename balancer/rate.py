@@ -28,7 +28,7 @@ from balancer.topology import Topology
 _TIME_SLACK_S = 1e-9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RateState:
     """One upstream's coefficient and the flag count it saw at its last check."""
 

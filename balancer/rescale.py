@@ -11,8 +11,9 @@ Adjustment subgraph (worked example: b1 -> b1,b2 and c1,c2 -> c1)::
                        (removed)         sources {a1, a2}, tails {d1}
 
 A new instance connects to every instance of its neighbouring stages that exists after
-the change; an instance being removed keeps only its old connections, all marked for
-deletion. So a new instance is never connected to a removed one.
+the change (as in a shuffle, even where the old instances were wired one to one); an
+instance being removed keeps only its old connections, all marked for deletion. So a
+new instance is never connected to a removed one.
 
 Key groups: each instance of a stateful stage owns one key group. Every existing
 instance's state goes, on the marker, to the owner of the new group it overlaps most
@@ -23,7 +24,7 @@ whoever holds them and drops the keys it no longer owns.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from balancer.topology import LinkSpec, NodeSpec, Topology
 
@@ -82,10 +83,10 @@ def plan_adjustment(
         for (src_stage, dst_stage), template in stage_links.items():
             if dst_stage == stage:
                 for m in after_members[src_stage]:
-                    connect[(m, node.id)] = LinkSpec(m, node.id, template.bandwidth_bps)
+                    connect[(m, node.id)] = replace(template, src=m, dst=node.id)
             if src_stage == stage:
                 for m in after_members[dst_stage]:
-                    connect[(node.id, m)] = LinkSpec(node.id, m, template.bandwidth_bps)
+                    connect[(node.id, m)] = replace(template, src=node.id, dst=m)
     disconnect = frozenset((lk.src, lk.dst) for lk in topology.links if {lk.src, lk.dst} & gone)
 
     after = Topology.build(
@@ -237,7 +238,7 @@ def _check_groups(
 
 def _stage_links(topology: Topology) -> dict[tuple[str, str], LinkSpec]:
     # One existing link per pair of connected stages: it says the stages are neighbours
-    # and lends its bandwidth (an emulation knob) to the new instances' links.
+    # and lends its settings (emulated bandwidth, latency) to the new instances' links.
     links: dict[tuple[str, str], LinkSpec] = {}
     for link in topology.links:
         pair = (topology.node(link.src).stage_name, topology.node(link.dst).stage_name)

@@ -11,9 +11,12 @@ The freed share is split in proportion to how much lower each receiver's level i
 the heavy node's (equal gaps, equal parts), so the emptiest peers get the most.
 
 Invariants: a group's shares sum to 1; no member goes below ``min_share`` unless it is
-being drained (then its share goes to 0 at once and its peers absorb it). When a group
-has more than ``1 / min_share`` members the floor is the equal share ``1 / n`` instead,
-since ``n * min_share`` would exceed the whole.
+being drained (then its share goes to 0 at once and its peers absorb it).
+
+A group of more than ``1 / min_share`` members cannot give everyone ``min_share``; the
+spec does not say what happens then. Taking the equal split ``1 / n`` as the floor would
+freeze every large stage (nobody could give anything), so there each member keeps at
+least half of its equal share, ``1 / (2n)``, instead.
 """
 
 from __future__ import annotations
@@ -80,9 +83,11 @@ def shares_tick(
     new_shares: dict[GroupKey, dict[str, float]] = {}
     nodes, draining = observation.nodes, observation.draining
     plans: dict[tuple[str, ...], _Plan | None] = {}
-    # The upstreams of a shuffle usually hold identical shares (they started equal and
-    # saw the same levels every tick): rebalance each distinct split once.
-    outcomes: dict[object, tuple[dict[str, float], str | None]] = {}
+    # The upstreams of a shuffle usually hold identical shares: they started equal and
+    # saw the same levels every tick. Each outcome is computed once and the same dict is
+    # kept for all of them (shares in the state are never mutated, only replaced), so
+    # the next tick recognises them by identity instead of comparing 100-entry dicts.
+    outcomes: dict[tuple[tuple[str, ...], int | None], tuple[dict[str, float], str | None]] = {}
     for upstream, stage, members in interchangeable_groups(observation.topology):
         key = (upstream, stage)
         current = shares.get(key)
@@ -98,11 +103,11 @@ def shares_tick(
             if current is not None:
                 new_shares[key] = dict(current)
             continue
-        outcome_key = (members, None if current is None else tuple(current.items()))
+        outcome_key = (members, None if current is None else id(current))
         if outcome_key not in outcomes:
             outcomes[outcome_key] = _rebalanced(current, plan, stage)
         new, why = outcomes[outcome_key]
-        new_shares[key] = dict(new)
+        new_shares[key] = new
         actions.extend(_set_shares(upstream, stage, new, why))
     return actions, new_shares
 
@@ -137,13 +142,17 @@ def _plan(
         members=members,
         active=active,
         draining=tuple(m for m in members if m in draining),
-        floor=min(policy.min_share, 1.0 / len(members)),
+        floor=_floor(len(members), policy.min_share),
         balance_step=policy.balance_step,
         heavy=heavy,
         heavy_level=heavy_level,
         lowest_level=min((levels[m] for m in gaps), default=heavy_level),
         weights={m: gap / total for m, gap in gaps.items()},
     )
+
+
+def _floor(size: int, min_share: float) -> float:
+    return min_share if size * min_share <= 1.0 else 0.5 / size
 
 
 def _in_force(members: tuple[str, ...], shares: Mapping[str, float] | None) -> dict[str, float]:

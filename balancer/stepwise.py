@@ -38,7 +38,7 @@ _TIME_SLACK_S = 1e-9
 _SPEED_EPSILON = 1e-9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskSpeed:
     """The state a task keeps locally and writes for its neighbours."""
 
@@ -51,7 +51,7 @@ class TaskSpeed:
         return cls(node.speed, node.origin_speed, node.in_backpressure)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingSignal:
     """A signal sent to a target and not yet seen applied."""
 
@@ -62,6 +62,9 @@ class PendingSignal:
 
 @dataclass(frozen=True)
 class StepwiseState:
+    """When each task was last evaluated, since when it has been underloaded, and the
+    signals still on their way, by target."""
+
     last_eval_s: Mapping[str, float] = field(default_factory=dict)
     underload_since_s: Mapping[str, float] = field(default_factory=dict)
     in_flight: Mapping[str, PendingSignal] = field(default_factory=dict)

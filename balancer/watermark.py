@@ -35,7 +35,7 @@ LOW_RANGE = _declared_range("low_water")
 _TIME_SLACK_S = 1e-9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WatermarkState:
     """One node's thresholds and the samples taken since the last window reset.
 

@@ -46,14 +46,14 @@ class SequenceSet:
         return SequenceSet(through, frozenset(above))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InFlight:
     seq: int
     consumer: str
     sent_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     """Send batch ``seq`` to ``consumer`` now; ``resend`` if it failed elsewhere before."""
 
@@ -64,6 +64,9 @@ class Send:
 
 @dataclass(frozen=True)
 class WindowState:
+    """One producer's view: a window per consumer, the batches out, the batches waiting
+    to be re-sent (and where they failed), and which sequence numbers are acked."""
+
     consumers: tuple[str, ...]
     windows: Mapping[str, int]
     in_flight: Mapping[int, InFlight] = field(default_factory=dict)

@@ -101,12 +101,22 @@ def main() -> int:
         python = sys.executable
         children.append(
             _spawn(
-                "celery worker",
+                "control worker",
                 [python, "-m", "celery", "-A", "orchestrator.celery", "worker",
-                 "-Q", "control,spark", "--concurrency", "2", "-n", "worker@%h",
-                 "--loglevel", "INFO"],
+                 "-Q", "control", "--pool", "threads", "--concurrency", "8",
+                 "-n", "control@%h", "--loglevel", "INFO"],
                 env,
-                logs / "celery-worker.log",
+                logs / "celery-control.log",
+            )
+        )  # fmt: skip
+        children.append(
+            _spawn(
+                "spark worker",
+                [python, "-m", "celery", "-A", "orchestrator.celery", "worker",
+                 "-Q", "spark", "--concurrency", os.environ.get("BPCONSOLE_SPARK_WORKERS", "2"),
+                 "-n", "spark@%h", "--loglevel", "INFO"],
+                env,
+                logs / "celery-spark.log",
             )
         )  # fmt: skip
         children.append(

@@ -129,10 +129,9 @@ def sweep(
 
 
 def completion_curves(
-    topology: Topology, volume_bytes: float, seed: int, policies: Sequence[str], every_s: float
+    scenario: Scenario, policies: Sequence[str], every_s: float
 ) -> dict[str, list[tuple[float, float]]]:
     """Completed fraction of the volume every ``every_s`` seconds, per policy."""
-    scenario = Scenario.build(topology, volume_bytes, seed)
     return {
         name: scenario.run(BENCHMARK_POLICIES[name].policy()).completed_fraction(every_s)
         for name in policies

@@ -3,7 +3,7 @@
 ::
 
     --volume 5GB --policy NAME [--seed N] [--topology FILE] [--json]   one run
-    --table [--json]        every policy at 500MB, 1GB, 2GB, 5GB (Table "completion")
+    --table [--volumes 500MB,1GB,2GB,5GB] [--json]   every policy at each volume
     --sweep [--json]        published migration, alpha x beta at --volume (Table 1)
     --plot FILE.png         completed fraction every 5 s: credit, published, ours
 
@@ -53,11 +53,12 @@ def main(argv: list[str]) -> int:
     try:
         topology = load_topology(args.topology) if args.topology else reference_topology()
         volume = parse_volume(args.volume)
+        volumes = [(label, parse_volume(label)) for label in args.volumes.split(",")]
     except (OSError, ValueError, KeyError) as problem:
         print(f"simulate: {problem}", file=sys.stderr)
         return 2
     if args.table:
-        _print_table(topology, args.seed, as_json=args.json)
+        _print_table(topology, volumes, args.seed, as_json=args.json)
     elif args.sweep:
         _print_sweep(topology, volume, args.seed, as_json=args.json)
     elif args.plot:
@@ -82,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--sweep", action="store_true", help="alpha/beta sweep (published)")
     mode.add_argument("--plot", type=Path, metavar="FILE.png", help="completed-fraction plot")
     parser.add_argument("--volume", default="5GB", help="data volume, e.g. 500MB, 5GB")
+    parser.add_argument(
+        "--volumes",
+        default=",".join(label for label, _ in REFERENCE_VOLUMES),
+        help="volumes of --table, comma-separated (default: the published four)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument("--topology", type=Path, metavar="FILE", help="YAML or JSON topology")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -104,9 +110,11 @@ def _print_run(
     )
 
 
-def _print_table(topology: Topology, seed: int, *, as_json: bool) -> None:
-    labels = [label for label, _ in REFERENCE_VOLUMES]
-    rows = table(topology, [volume for _, volume in REFERENCE_VOLUMES], seed)
+def _print_table(
+    topology: Topology, volumes: Sequence[tuple[str, float]], seed: int, *, as_json: bool
+) -> None:
+    labels = [label for label, _ in volumes]
+    rows = table(topology, [volume for _, volume in volumes], seed)
     if as_json:
         volumes = {}
         for label, outcomes in zip(labels, rows, strict=True):
@@ -161,12 +169,12 @@ def _print_sweep(topology: Topology, volume: float, seed: int, *, as_json: bool)
 def _plot(topology: Topology, volume: float, seed: int, path: Path, label: str) -> None:
     from balancer.sim.plot import plot_completion
 
-    curves = completion_curves(topology, volume, seed, PLOTTED, SAMPLE_S)
-    bound = Scenario.build(topology, volume, seed).bound_s
+    scenario = Scenario.build(topology, volume, seed)
+    curves = completion_curves(scenario, PLOTTED, SAMPLE_S)
     plot_completion(
         {BENCHMARK_POLICIES[name].label: points for name, points in curves.items()},
         path,
         title=f"Completed fraction, {label}, seed {seed} (sampled every {SAMPLE_S:g} s)",
-        bound_s=bound,
+        bound_s=scenario.bound_s,
     )
     print(f"wrote {path}")

@@ -105,10 +105,9 @@ BENCHMARK_POLICIES: Mapping[str, BenchmarkPolicy] = {
         BenchmarkPolicy(
             "stepwise",
             "stepwise",
-            "Overloaded tasks halve their direct upstream's speed, restored step by step. "
-            "The overload threshold is 48 MB, 3/4 of the reference 64 MB queue (the 50 MB "
-            "default would need a queue over 50 MB to ever trigger).",
-            {**_STATIC, "throttling": "stepwise", "overload_mb": 48.0},
+            "A task buffering 50 MB or more halves its direct upstream's speed; the speed "
+            "doubles back once the task stays under 500 KB for 2 s.",
+            {**_STATIC, "throttling": "stepwise"},
         ),
         BenchmarkPolicy(
             "window",

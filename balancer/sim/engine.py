@@ -87,6 +87,7 @@ class SimResult:
     volume_bytes: float
     migrated_bytes: float
     done_times: np.ndarray  # completion time of every packet, in emission order
+    left_source: np.ndarray  # when every packet (its first copy) left the source
     actions: Mapping[str, int] = field(default_factory=dict)  # action count by kind
 
     @property
@@ -236,6 +237,7 @@ class Simulator:
             self.links[(self.index[link.src], self.index[link.dst])] = [0.0, tx, link.latency_s]
         self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
         self.done_times = np.full(workload.packets, math.nan)
+        self.left_source = np.full(workload.packets, math.nan)
         self.migrated = np.zeros(workload.packets, dtype=bool)
         self.done_count = 0
         self.now = 0.0
@@ -287,6 +289,7 @@ class Simulator:
             volume_bytes=self.workload.volume_bytes,
             migrated_bytes=float(self.migrated.sum()) * self.size,
             done_times=self.done_times,
+            left_source=self.left_source,
             actions=dict(self.action_counts),
         )
 
@@ -388,6 +391,8 @@ class Simulator:
         size = self.size
         node.occupancy -= size
         node.bytes_out += size
+        if node is self.source and math.isnan(self.left_source[packet]):
+            self.left_source[packet] = self.now
         if node.credits:
             node.credits[target] = node.credits.get(target, 0.0) - size
         if node.pace < 1.0 and math.isfinite(node.r_max):

@@ -40,8 +40,8 @@ REFERENCE_WORKLOAD: dict[str, float] = {
     "mean_rate_bps": 150 * MBIT,
     "burst_ratio": 3.0,
     "burst_mean_s": 10.0,
-    "dominance": 0.45,
-    "skew_mean_s": 30.0,
+    "dominance": 0.5,
+    "skew_mean_s": 15.0,
 }
 REFERENCE_VOLUMES: tuple[tuple[str, float], ...] = (
     ("500MB", 500 * MB),

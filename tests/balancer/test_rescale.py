@@ -75,15 +75,15 @@ def test_the_graph_after_the_change() -> None:
     }
 
 
-def test_new_links_borrow_the_bandwidth_of_their_stages_links() -> None:
+def test_new_links_borrow_the_settings_of_their_stages_links() -> None:
     topology = Topology.build(
         [NodeSpec("s1", kind="source", stage="s"), NodeSpec("m1", stage="m")],
-        [LinkSpec("s1", "m1", bandwidth_bps=25.0)],
+        [LinkSpec("s1", "m1", bandwidth_bps=25.0, latency_s=0.02)],
     )
 
     plan = plan_adjustment(topology, added=[NodeSpec("m2", stage="m")], removed=[])
 
-    assert plan.after.link("s1", "m2").bandwidth_bps == 25.0
+    assert plan.after.link("s1", "m2") == LinkSpec("s1", "m2", bandwidth_bps=25.0, latency_s=0.02)
 
 
 def test_hot_migration_of_c2_to_c3_inside_the_running_pipeline() -> None:
@@ -135,6 +135,7 @@ def test_worked_example_key_groups_a1_a2_a3() -> None:
     # Then a1 keeps its state ({1,2} overlaps 2) and a3 takes a2's ({5,6} overlaps 2)
     assert plan.second_group == {"a1": "a1", "a2": "a3"}
     assert plan.takeovers == (Transfer("a2", "a3", frozenset({4, 5, 6})),)
+    assert plan.holders == {1: "a1", 2: "a1", 3: "a1", 4: "a3", 5: "a3", 6: "a3"}
     # After completion a2 fetches 3 from a1 and 4 from a3; a1 drops 3, a3 drops 4
     assert set(plan.fetches) == {
         Transfer("a1", "a2", frozenset({3})),

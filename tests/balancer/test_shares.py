@@ -69,14 +69,29 @@ def test_the_heavy_node_gives_until_min_share_and_no_further() -> None:
     assert again == shares
 
 
-def test_a_group_larger_than_one_over_min_share_keeps_the_equal_split_as_floor() -> None:
-    members = [f"b{i}" for i in range(1, 31)]
+def test_a_group_too_large_for_min_share_keeps_half_the_equal_split_as_floor() -> None:
+    # Given 40 instances: 40 * 0.05 > 1, so min_share cannot hold for all of them
+    members = [f"b{i}" for i in range(1, 41)]
+    levels = {m: 0.1 for m in members} | {"b1": 0.9}
+    shares = None
+
+    # When b1 stays the fullest for many ticks
+    for _ in range(100):
+        _, shares = rebalance("a1", "b", levels, shares, policy=POLICY)
+
+    # Then it gives down to half its equal share, 1/80, and no further
+    assert shares["b1"] == pytest.approx(1 / 80)
+    assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_a_group_of_exactly_one_over_min_share_sits_at_its_floor() -> None:
+    members = [f"b{i}" for i in range(1, 21)]
     levels = {m: 0.1 for m in members} | {"b1": 0.9}
 
     actions, shares = rebalance("a1", "b", levels, None, policy=POLICY)
 
     assert actions == []
-    assert shares == pytest.approx(dict.fromkeys(members, 1 / 30))
+    assert shares == pytest.approx(dict.fromkeys(members, 0.05))
 
 
 def test_a_draining_node_goes_to_zero_and_its_peers_absorb_its_share() -> None:
@@ -194,7 +209,7 @@ def test_shares_sum_to_one_and_respect_the_minimum(
 ) -> None:
     policy = Policy.from_mapping({"balance_step": step, "min_share": min_share})
     members = [f"b{i}" for i in range(size)]
-    floor = min(min_share, 1 / size)
+    floor = min_share if size * min_share <= 1 else 1 / (2 * size)
     shares: dict[str, float] | None = None
     for level_values, draining_index in rounds:
         levels = dict(zip(members, level_values, strict=False))

@@ -22,6 +22,8 @@ ZK_HOSTS = env_str("ZK_HOSTS", _recorded.zk_hosts if _recorded else "127.0.0.1:2
 ZK_ROOT = env_str("BPCONSOLE_ZK_ROOT", "/bpconsole")
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
+# How long a worker owns a claimed batch before others may take it over.
+BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
 
 SECRET_KEY = env_str("SECRET_KEY", "")
 HEALTH_TOKEN = env_str("BPCONSOLE_HEALTH_TOKEN", "")
@@ -141,4 +143,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"kazoo": {"level": "WARNING"}, "py4j": {"level": "WARNING"}},
+}
+CELERY_BEAT_SCHEDULE = {
+    "watchdog": {"task": "orchestrator.watchdog", "schedule": 2.0, "options": {"queue": "control"}},
+}
+CELERY_TASK_ROUTES = {
+    "orchestrator.drive_run": {"queue": "control"},
+    "orchestrator.watchdog": {"queue": "control"},
+    "orchestrator.process_batch": {"queue": "spark"},
 }

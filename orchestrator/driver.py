@@ -1,0 +1,483 @@
+"""The run driver: the source, batch dispatch and the load-balance loop of one run.
+
+Exactly one driver per run holds the run's ZooKeeper lock; taking it bumps the run's
+epoch, which fences any older owner out of the ledger. The driver pauses while its
+ZooKeeper session is SUSPENDED and stops on LOST (its lock is gone; the watchdog starts
+a new driver elsewhere, which resumes from the ledger).
+
+Each loop the driver:
+1. emits source chunks, paced by the source's rate coefficient / speed / credits and
+   never into a full pool (the per-node stop of the reference experiment);
+2. dispatches a batch task for every node with arrived data and no batch in flight;
+3. every tick: observes every node from the ledger, asks ``balancer.loop.step``, applies
+   the actions (flags, thresholds, rates, signals, shares, migrations) to ZooKeeper and
+   to its own pacing, records them as events and publishes the run's snapshot;
+4. finishes the run when the source is exhausted, nothing is left in flight and the sink
+   has merged every chunk exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from balancer.loop import BalancerState, step
+from balancer.model import (
+    Action,
+    ClearFlag,
+    NodeObservation,
+    Observation,
+    ScaleOutRequest,
+    SetCredits,
+    SetFlag,
+    SetRate,
+    SetShares,
+    SetSpeed,
+    SetThresholds,
+    StartMigration,
+    StepwiseSignal,
+    StopMigration,
+)
+from balancer.policy import Policy
+from balancer.stepwise import TaskSpeed, apply_signal
+from orchestrator import ledger
+from orchestrator.batches import bandwidth, downstreams_of, segment_path
+from orchestrator.control_plane import ControlPlane
+from orchestrator.events import record_event
+from orchestrator.models import Run
+from orchestrator.routing import Routes, route
+from orchestrator.snapshot import build_snapshot
+from orchestrator.source import Chunk, chunks, resolve_inputs
+from orchestrator.topology import balancer_topology, input_extent
+from sparkjobs.segments import write_atomic
+
+log = logging.getLogger(__name__)
+
+LOOP_S = 0.05
+REDISPATCH_S = 5.0
+MB = 1024 * 1024
+QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
+
+
+@dataclass
+class NodeControl:
+    """What the balancer has set for one node, as the driver applies it."""
+
+    coefficient: float = 1.0
+    speed: TaskSpeed = field(default_factory=lambda: TaskSpeed(1.0, 1.0, in_backpressure=False))
+    high_water: float = 0.0
+    low_water: float = 0.0
+    credits: dict[str, float] | None = None
+
+
+@dataclass
+class Dispatch:
+    started: float
+    handle: Any
+
+
+Dispatcher = Callable[[int, str, dict[str, Any]], Any]
+Publisher = Callable[[int, dict[str, Any]], None]
+
+
+class RunDriver:
+    def __init__(
+        self,
+        run_id: int,
+        control: ControlPlane,
+        identity: str,
+        *,
+        dispatch: Dispatcher,
+        publish: Publisher,
+    ) -> None:
+        self.run_id = run_id
+        self.key = str(run_id)
+        self.control = control
+        self.identity = identity
+        self.dispatch = dispatch
+        self.publish = publish
+        self.in_flight: dict[str, Dispatch] = {}
+        self.controls: dict[str, NodeControl] = {}
+        self.routes: dict[str, Routes] = {}
+        self.flags: set[str] = set()
+        self.state = BalancerState()
+        self.pending: Chunk | None = None
+        self.source_iter: Iterator[Chunk] | None = None
+        self.source_done = False
+        self.emitted_bytes = 0
+        self.tokens = 0.0
+        self.last_refill = time.monotonic()
+        self.measured_rate = 0.0
+        self.pool: dict[str, int] = {}
+        self.node_states: dict[str, dict[str, Any]] = {}
+        self.lost = False
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def drive(self, lock_timeout_s: float = 2.0) -> str:
+        lock = self.control.driver_lock(self.key, self.identity)
+        if not lock.acquire(timeout=lock_timeout_s):
+            return "another driver holds this run"
+        callback = self.control.session.on_lost(self._on_lost)
+        try:
+            return self._drive()
+        finally:
+            self.control.session.remove(callback)
+            if not self.lost:
+                lock.release()
+
+    def _on_lost(self, state: object) -> None:
+        # Runs in kazoo's thread: only note it; the loop gives the run up.
+        self.lost = True
+
+    def _drive(self) -> str:
+        self.epoch = ledger.bump_epoch(self.run_id)
+        run = Run.objects.get(pk=self.run_id)
+        self.topology_doc = run.topology
+        self.policy = Policy.from_mapping(run.policy)
+        self.topology = balancer_topology(run.topology)
+        self.source = next(n for n in run.topology["nodes"] if n["kind"] == "source")
+        self.downstream_of_source = downstreams_of(run.topology, self.source["name"])
+        self._open_source(run)
+        self._restore_routes()
+        if run.status == Run.Status.PENDING:
+            Run.objects.filter(pk=self.run_id).update(
+                status=Run.Status.RUNNING, started_at=timezone.now()
+            )
+        record_event(self.run_id, "driver", f"driver {self.identity} took over, epoch {self.epoch}")
+        tick_s = self.policy.tick_ms / 1000
+        next_tick = time.monotonic()
+        self.last_tick_wall = timezone.now()
+        while True:
+            if self.lost:
+                log.warning("run %s: ZooKeeper session lost; giving up the run", self.run_id)
+                return "lost"
+            if self.control.session.is_suspended:
+                time.sleep(LOOP_S)
+                continue
+            run.refresh_from_db(fields=["status", "epoch"])
+            if run.epoch != self.epoch:
+                return "superseded by a newer driver"
+            if run.status == Run.Status.CANCELLED:
+                self._publish(run, final=True)
+                return "cancelled"
+            now = time.monotonic()
+            if run.status == Run.Status.RUNNING:
+                try:
+                    self._emit(now)
+                except ledger.StaleEpochError:
+                    return "superseded by a newer driver"
+                self._dispatch_ready(now)
+            if now >= next_tick:
+                self._tick(run, tick_s)
+                next_tick = now + tick_s
+                if self._finished(run):
+                    return run.status
+            time.sleep(LOOP_S)
+
+    # -- source -----------------------------------------------------------------------
+
+    def _open_source(self, run: Run) -> None:
+        spec = run.input_spec
+        params = self.source.get("params") or {}
+        self.files = resolve_inputs(spec["paths"], spec.get("format", "jsonl"))
+        position = run.source_position or {}
+        self.next_index = int(position.get("chunk", 0))
+        self.emitted_bytes = int(run.input_bytes)
+        if run.chunks_total is not None:
+            self.source_done = True
+            return
+        self.source_iter = chunks(
+            self.files,
+            spec.get("format", "jsonl"),
+            segment_bytes=max(1, int(float(params.get("segment_mb", 1.0)) * MB)),
+            route_by=params.get("route_by", "key"),
+            start_file=int(position.get("file", 0)),
+            start_offset=position.get("offset"),
+            start_index=self.next_index,
+        )
+
+    def _source_rate(self) -> float | None:
+        """Bytes per second the source may send now; None means unlimited."""
+        name = self.source["name"]
+        control = self.controls.setdefault(name, NodeControl())
+        factor = control.coefficient * control.speed.speed
+        limit = float(self.source.get("max_rate_mbps", 0.0)) * ledger.MEGABIT
+        if limit <= 0:
+            if factor >= 1.0:
+                return None
+            # k is a fraction of the maximum rate; unlimited sources use the rate they
+            # were measured to reach while unthrottled.
+            limit = max(self.measured_rate, MB)
+        return factor * limit
+
+    def _emit(self, now: float) -> None:
+        if self.source_done:
+            return
+        rate = self._source_rate()
+        elapsed = now - self.last_refill
+        self.last_refill = now
+        if rate is not None:
+            self.tokens = min(self.tokens + rate * elapsed, max(rate, 4 * MB))
+        began, sent = now, 0
+        while time.monotonic() - began < 0.2:
+            if self.pending is None and self.source_iter is not None:
+                self.pending = next(self.source_iter, None)
+                if self.pending is None:
+                    ledger.finish_source(self.run_id, self.epoch, self.next_index)
+                    self.source_done = True
+                    record_event(
+                        self.run_id,
+                        "source_done",
+                        f"source read all {self.next_index} chunks",
+                        node=self.source["name"],
+                    )
+                    return
+            chunk = self.pending
+            seg_id = f"r{self.run_id}.c{chunk.index:07d}"
+            source_routes = self.routes.get(self.source["name"], Routes())
+            target, migrated_from = route(
+                seg_id, chunk.tag, self.downstream_of_source, source_routes
+            )
+            if not self._may_send(target, len(chunk.body), rate):
+                break
+            path = segment_path(self.run_id, seg_id)
+            write_atomic(path, chunk.body)
+            next_pos = self._position_after(chunk)
+            ledger.emit_chunk(
+                self.run_id,
+                self.epoch,
+                ledger.NewSegment(
+                    id=seg_id, chunk=chunk.index, origin_file=chunk.file_index,
+                    origin_offset=chunk.offset, origin_length=chunk.length, node=target,
+                    upstream=self.source["name"], tag=chunk.tag, path=str(path),
+                    bytes=len(chunk.body), records=chunk.records, migrated_from=migrated_from,
+                    link_mbps=bandwidth(self.topology_doc, self.source["name"], target),
+                ),
+                next_pos,
+                self.emitted_bytes + len(chunk.body),
+            )  # fmt: skip
+            self.emitted_bytes += len(chunk.body)
+            self.pool[target] = self.pool.get(target, 0) + len(chunk.body)
+            if rate is not None:
+                self.tokens -= len(chunk.body)
+            credits = self.controls[self.source["name"]].credits
+            if credits is not None:
+                credits[target] = credits.get(target, 0.0) - len(chunk.body)
+            self.next_index = chunk.index + 1
+            self.pending = None
+            sent += len(chunk.body)
+        if rate is None and sent:
+            spent = max(time.monotonic() - began, 1e-3)
+            self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
+
+    def _position_after(self, chunk: Chunk) -> dict[str, int]:
+        return {"chunk": chunk.index + 1, "file": chunk.file_index,
+                "offset": chunk.offset + chunk.length}  # fmt: skip
+
+    def _may_send(self, target: str, size: int, rate: float | None) -> bool:
+        if rate is not None and self.tokens < min(size, max(rate, 1.0)):
+            return False
+        capacity = self.topology.node(target).capacity_bytes
+        if self.pool.get(target, 0) > 0 and self.pool.get(target, 0) + size > capacity:
+            return False  # a full pool stops its upstream (reference experiment)
+        credits = self.controls.setdefault(self.source["name"], NodeControl()).credits
+        return credits is None or credits.get(target, 0.0) >= size
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def _dispatch_ready(self, now: float) -> None:
+        flows = ledger.node_flows(self.run_id, timezone.now() - timedelta(seconds=1))
+        self.pool = {node: flow.queued_bytes for node, flow in flows.items()}
+        for node, flow in flows.items():
+            if node == self.source["name"] or flow.arrived_waiting == 0:
+                continue
+            current = self.in_flight.get(node)
+            busy = current is not None and not _finished_handle(current.handle)
+            if busy and now - current.started < REDISPATCH_S:
+                continue
+            routes = self.routes.get(node, Routes())
+            self.in_flight[node] = Dispatch(now, self.dispatch(self.run_id, node, routes.to_json()))
+
+    # -- balance loop -----------------------------------------------------------------
+
+    def _observe(self, interval_s: float) -> Observation:
+        since = timezone.now() - timedelta(seconds=interval_s)
+        flows = ledger.node_flows(self.run_id, since)
+        nodes = {}
+        for node_id in self.topology.order:
+            spec = self.topology.node(node_id)
+            flow = flows.get(node_id)
+            if spec.kind == "source":
+                queued = 0 if self.pending is None else len(self.pending.body)
+                in_rate = out_rate = 0.0
+            else:
+                queued = flow.queued_bytes if flow else 0
+                in_rate = (flow.arrived_bytes if flow else 0) / interval_s
+                out_rate = (flow.done_bytes if flow else 0) / interval_s
+            nodes[node_id] = NodeObservation(
+                node=node_id,
+                level=min(1.0, queued / spec.capacity_bytes),
+                buffered_bytes=float(queued),
+                in_rate=in_rate,
+                out_rate=out_rate,
+                flagged=node_id in self.flags,
+            )
+        return Observation(time.monotonic(), interval_s, self.topology, nodes)
+
+    def _tick(self, run: Run, tick_s: float) -> None:
+        observation = self._observe(max(tick_s, 0.1))
+        decision = step(observation, self.state, self.policy)
+        self.state = decision.state
+        for action in decision.actions:
+            self._apply(action)
+        self._handle_signals()
+        self._write_states(observation)
+        self._publish(run, observation=observation)
+
+    def _apply(self, action: Action) -> None:
+        if isinstance(action, SetFlag):
+            self.flags.add(action.node)
+            self.control.set_flag(self.key, action.node)
+        elif isinstance(action, ClearFlag):
+            self.flags.discard(action.node)
+            self.control.clear_flag(self.key, action.node)
+        elif isinstance(action, SetThresholds):
+            control = self.controls.setdefault(action.node, NodeControl())
+            control.high_water, control.low_water = action.high_water, action.low_water
+        elif isinstance(action, SetRate):
+            self.controls.setdefault(action.node, NodeControl()).coefficient = action.coefficient
+        elif isinstance(action, StepwiseSignal):
+            self.control.put_signal(self.key, action.to_json())
+        elif isinstance(action, SetCredits):
+            self.controls.setdefault(action.upstream, NodeControl()).credits = dict(action.credits)
+        elif isinstance(action, SetShares):
+            old = self.routes.get(action.upstream, Routes())
+            self._set_routes(action.upstream, Routes(dict(action.shares), old.migrations))
+        elif isinstance(action, StartMigration):
+            old = self.routes.get(action.branch_node, Routes())
+            targets = dict(action.targets) or {action.light[0]: 1.0}
+            moves = {light: share * action.share for light, share in targets.items()}
+            migrations = {**old.migrations, action.heavy[0]: moves}
+            self._set_routes(action.branch_node, Routes(old.shares, migrations))
+        elif isinstance(action, StopMigration):
+            old = self.routes.get(action.branch_node, Routes())
+            migrations = {k: v for k, v in old.migrations.items() if k != action.heavy[0]}
+            self._set_routes(action.branch_node, Routes(old.shares, migrations))
+        elif isinstance(action, ScaleOutRequest):
+            pass  # recorded as an event below; executed once hot rescale exists
+        if action.kind not in QUIET_KINDS:
+            node = (
+                getattr(action, "node", "")
+                or getattr(action, "upstream", "")
+                or getattr(action, "branch_node", "")
+                or getattr(action, "target", "")
+            )
+            record_event(self.run_id, action.kind, action.reason, node=node,
+                         actor="balancer", data=action.to_json())  # fmt: skip
+
+    def _set_routes(self, node: str, routes: Routes) -> None:
+        self.routes[node] = routes
+        self.control.write_routes(self.key, node, routes.to_json(), self.epoch)
+
+    def _restore_routes(self) -> None:
+        for node_id in self.topology.order:
+            stored = self.control.read_routes(self.key, node_id)
+            if stored is not None:
+                self.routes[node_id] = Routes.from_json(stored[0])
+        self.flags = set(self.control.flags(self.key))
+
+    def _handle_signals(self) -> None:
+        """The stepwise queue's handler: apply each signal to its target, in order."""
+        for message in self.control.take_signals(self.key):
+            signal = StepwiseSignal(
+                reason=message.get("reason", ""),
+                signal=message["signal"],
+                target=message["target"],
+                origin=message.get("origin", ""),
+            )
+            control = self.controls.setdefault(signal.target, NodeControl())
+            change, control.speed = apply_signal(signal, control.speed, self.policy)
+            if isinstance(change, SetSpeed):
+                self.control.write_task_state(self.key, signal.target, change.to_json())
+                record_event(self.run_id, change.kind, change.reason, node=signal.target,
+                             actor="balancer", data=change.to_json())  # fmt: skip
+
+    def _write_states(self, observation: Observation) -> None:
+        states = {}
+        for node_id, obs in observation.nodes.items():
+            control = self.controls.setdefault(node_id, NodeControl())
+            states[node_id] = self._node_state(node_id, obs, control)
+        self.control.write_states(self.key, states)
+        self.node_states = states
+
+    def _node_state(
+        self, node_id: str, obs: NodeObservation, control: NodeControl
+    ) -> dict[str, Any]:
+        watermark = self.state.watermarks.get(node_id)
+        high = watermark.high_water if watermark else self.policy.high_water
+        low = watermark.low_water if watermark else self.policy.low_water
+        return {
+            "level": round(obs.level, 4),
+            "buffered_bytes": int(obs.buffered_bytes),
+            "in_rate": round(obs.in_rate, 1),
+            "out_rate": round(obs.out_rate, 1),
+            "high_water": round(high, 3),
+            "low_water": round(low, 3),
+            "flagged": node_id in self.flags,
+            "rate_coefficient": round(control.coefficient, 3),
+            "speed": round(control.speed.speed, 4),
+            "origin_speed": round(control.speed.origin_speed, 4),
+            "in_backpressure": control.speed.in_backpressure,
+        }
+
+    def _publish(
+        self, run: Run, observation: Observation | None = None, *, final: bool = False
+    ) -> None:
+        run.refresh_from_db()
+        snapshot = build_snapshot(
+            run,
+            node_states=self.node_states,
+            routes={k: v.to_json() for k, v in self.routes.items()},
+            final=final,
+        )
+        self.publish(self.run_id, snapshot)
+
+    # -- completion -------------------------------------------------------------------
+
+    def _finished(self, run: Run) -> bool:
+        if not self.source_done or self.in_flight_running():
+            return False
+        if ledger.unfinished(self.run_id):
+            return False
+        run.refresh_from_db()
+        result = ledger.coverage(run, input_extent(self.files))
+        status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
+        error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
+        Run.objects.filter(pk=self.run_id, epoch=self.epoch).update(
+            status=status, finished_at=timezone.now(), error=error
+        )
+        summary = result.to_json()
+        record_event(
+            self.run_id,
+            "run_" + status,
+            f"run {status}: coverage {summary['status']}",
+            data=summary,
+        )
+        run.refresh_from_db()
+        self._publish(run, final=True)
+        return True
+
+    def in_flight_running(self) -> bool:
+        return any(not _finished_handle(d.handle) for d in self.in_flight.values())
+
+
+def _finished_handle(handle: Any) -> bool:
+    ready = getattr(handle, "ready", None)
+    return True if ready is None else bool(ready())

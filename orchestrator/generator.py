@@ -1,0 +1,121 @@
+"""The built-in input: the simulator's seeded bursty/skewed workload as JSON lines.
+
+Packets come from :func:`balancer.sim.workload.generate` (same seed, same packets); each
+packet becomes about one segment of records ``{"key", "value", "user"}`` whose keys route
+to the packet's branch, so the skew of the workload is the skew the source sees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from balancer.sim.workload import WorkloadSpec, generate
+from orchestrator.routing import tagged_target
+
+MB = 1024 * 1024
+
+
+class GeneratorError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    seed: int = 7
+    volume_mb: float = 32.0
+    dominance: float = 0.8
+    skew_mean_s: float = 20.0
+    keys_per_branch: int = 16
+    users: int = 400
+    malformed_every: int = 0  # every n-th record is garbage; 0 = none
+
+    @classmethod
+    def parse(cls, text: str | Mapping[str, Any]) -> GeneratorSpec:
+        """From ``"seed=7,volume_mb=64,dominance=0.8"`` or a mapping."""
+        items: Mapping[str, Any]
+        if isinstance(text, str):
+            pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise GeneratorError(f"generator spec {text!r}: use name=value,name=value")
+            items = {k.strip(): v.strip() for k, v in pairs}
+        else:
+            items = text
+        known = cls.__dataclass_fields__
+        unknown = sorted(set(items) - set(known))
+        if unknown:
+            raise GeneratorError(f"unknown generator field(s) {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, raw in items.items():
+            kind = int if known[name].type in {"int", int} else float
+            try:
+                values[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise GeneratorError(f"generator field {name}: {raw!r} is not a number") from None
+        spec = cls(**values)
+        if spec.volume_mb <= 0 or spec.keys_per_branch < 1 or spec.users < 1:
+            raise GeneratorError("volume_mb, keys_per_branch and users must be positive")
+        if not 0 <= spec.dominance < 1:
+            raise GeneratorError("dominance must lie in [0, 1)")
+        return spec
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def keys_for(branches: Sequence[str], per_branch: int) -> dict[str, list[str]]:
+    """Key names whose routing hash sends them to each branch."""
+    keys: dict[str, list[str]] = {b: [] for b in branches}
+    index = 0
+    while any(len(v) < per_branch for v in keys.values()):
+        name = f"key-{index}"
+        branch = tagged_target(name, branches)
+        if len(keys[branch]) < per_branch:
+            keys[branch].append(name)
+        index += 1
+    return keys
+
+
+def write_input(path: Path, spec: GeneratorSpec, branches: Sequence[str], segment_mb: float) -> int:
+    """Write the generated input; returns its size in bytes."""
+    packet_bytes = max(1024.0, segment_mb * MB)
+    workload = generate(
+        WorkloadSpec(
+            volume_bytes=max(spec.volume_mb * MB, packet_bytes),
+            mean_rate_bps=10 * MB,
+            packet_bytes=packet_bytes,
+            dominance=spec.dominance,
+            skew_mean_s=spec.skew_mean_s,
+        ),
+        list(branches),
+        spec.seed,
+    )
+    keys = keys_for(branches, spec.keys_per_branch)
+    rng = np.random.default_rng(spec.seed + 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    count = 0
+    with path.open("w") as out:
+        for tag_index in workload.tag_index:
+            pool = keys[workload.tags[int(tag_index)]]
+            size = 0
+            while size < packet_bytes:
+                count += 1
+                if spec.malformed_every and count % spec.malformed_every == 0:
+                    line = "this is not a record\n"
+                else:
+                    record = {
+                        "key": pool[int(rng.integers(len(pool)))],
+                        "value": int(rng.integers(0, 10_000_000)) / 100,
+                        "user": f"u{int(rng.integers(spec.users))}",
+                    }
+                    line = json.dumps(record, separators=(",", ":")) + "\n"
+                out.write(line)
+                size += len(line)
+            written += size
+    return written

@@ -1,0 +1,112 @@
+"""Starting and steering runs: what the console and the command line call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from balancer.policy import Policy
+from orchestrator.batches import downstreams_of, run_dir
+from orchestrator.control_plane import ControlPlane
+from orchestrator.events import record_event
+from orchestrator.generator import GeneratorSpec, write_input
+from orchestrator.models import Run
+from orchestrator.routing import Routes
+from orchestrator.snapshot import Snapshot, build_snapshot
+from orchestrator.source import resolve_inputs
+
+
+class RunError(ValueError):
+    """A run cannot start or change as asked; nothing was changed."""
+
+
+def create_run(
+    *,
+    topology: Mapping[str, Any],
+    policy: Mapping[str, Any],
+    pipeline_id: int | None = None,
+    input_path: str | list[str] | None = None,
+    generator: str | Mapping[str, Any] | None = None,
+    user: Any = None,
+) -> Run:
+    """Validate the input and create the run (pending). Raises :class:`RunError`."""
+    Policy.from_mapping(policy)  # a snapshot that no longer validates must not run
+    source = next(n for n in topology["nodes"] if n["kind"] == "source")
+    params = source.get("params") or {}
+    fmt = params.get("format", "jsonl")
+    if (input_path is None) == (generator is None):
+        raise RunError("give exactly one of an input path (or glob) and a generator spec")
+    spec = GeneratorSpec.parse(generator) if generator is not None else None
+    if input_path is not None:
+        files = resolve_inputs(input_path, fmt)
+        paths = [f.path for f in files]
+    with transaction.atomic():
+        run = Run.objects.create(
+            pipeline_id=pipeline_id,
+            pipeline_name=topology["name"],
+            topology=dict(topology),
+            policy=dict(policy),
+            input_spec={},
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+        if spec is not None:
+            if fmt != "jsonl":
+                raise RunError("the generator writes JSON lines; the source must read jsonl")
+            path = run_dir(run.pk) / "input.jsonl"
+            write_input(path, spec, downstreams_of(topology, source["name"]),
+                        float(params.get("segment_mb", 1.0)))  # fmt: skip
+            files = resolve_inputs(str(path), fmt)
+            paths = [f.path for f in files]
+        run.input_spec = {
+            "paths": paths,
+            "format": fmt,
+            "generator": spec.to_json() if spec else None,
+            "extent_total": sum(f.size - f.data_start for f in files),
+        }
+        run.save(update_fields=["input_spec"])
+        record_event(run.pk, "run_created", f"run created over {len(paths)} input file(s)",
+                     user=user if getattr(user, "is_authenticated", False) else None)  # fmt: skip
+    return run
+
+
+def start_run(run: Run) -> None:
+    from orchestrator.tasks import drive_run
+
+    drive_run.apply_async(kwargs={"run_id": run.pk}, queue="control")
+
+
+def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
+    allowed = {
+        Run.Status.PAUSED: {Run.Status.RUNNING, Run.Status.PENDING},
+        Run.Status.RUNNING: {Run.Status.PAUSED},
+        Run.Status.CANCELLED: {Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.PENDING},
+    }
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if status not in allowed or run.status not in allowed[status]:
+            raise RunError(f"run {run_id} is {run.status}; it cannot become {status}")
+        run.status = status
+        if status == Run.Status.CANCELLED:
+            run.finished_at = timezone.now()
+        run.save(update_fields=["status", "finished_at"])
+        verb = {"paused": "paused", "running": "resumed", "cancelled": "stopped"}[status]
+        record_event(run_id, f"run_{verb}", reason or f"run {verb}",
+                     user=user if getattr(user, "is_authenticated", False) else None)  # fmt: skip
+    return run
+
+
+def snapshot(run_id: int) -> Snapshot:
+    """The run's current state for a viewer that just connected."""
+    run = Run.objects.get(pk=run_id)
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        states = control.read_states(str(run_id))
+        routes = {}
+        for node in run.topology["nodes"]:
+            stored = control.read_routes(str(run_id), node["name"])
+            if stored is not None:
+                routes[node["name"]] = Routes.from_json(stored[0]).to_json()
+    return build_snapshot(run, node_states=states, routes=routes, final=not run.is_active)

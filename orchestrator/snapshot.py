@@ -1,0 +1,123 @@
+"""The state of a run as the console shows it: nodes, links, migrations, progress, events.
+
+Built by the driver every tick (and published to the run's Channels group) and, for a
+viewer that just connected, from what the driver last wrote to ZooKeeper.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from orchestrator.models import Event, MergedChunk, Run, Segment
+
+RECENT_EVENTS = 30
+
+
+class NodeView(TypedDict):
+    name: str
+    kind: str
+    stage: str
+    capacity_bytes: int
+    state: dict[str, Any]
+
+
+class LinkView(TypedDict):
+    source: str
+    target: str
+    bandwidth_mbps: float
+    share: float | None
+    migrating: bool
+    migrated_from: str | None
+
+
+class Snapshot(TypedDict):
+    type: Literal["snapshot"]
+    time: str
+    final: bool
+    run: dict[str, Any]
+    nodes: list[NodeView]
+    links: list[LinkView]
+    events: list[dict[str, Any]]
+
+
+def _links(run: Run, routes: dict[str, dict[str, Any]]) -> list[LinkView]:
+    links: list[LinkView] = []
+    for edge in run.topology["edges"]:
+        src, dst = edge["from"], edge["to"]
+        table = routes.get(src) or {}
+        shares = table.get("shares")
+        migrations: dict[str, dict[str, float]] = table.get("migrations") or {}
+        migrated_from = next((heavy for heavy, moves in migrations.items() if dst in moves), None)
+        links.append(
+            LinkView(
+                source=src,
+                target=dst,
+                bandwidth_mbps=float(edge.get("bandwidth_mbps", 0.0)),
+                share=None if not shares else float(shares.get(dst, 0.0)),
+                migrating=migrated_from is not None or dst in migrations,
+                migrated_from=migrated_from,
+            )
+        )
+    return links
+
+
+def progress(run: Run) -> dict[str, Any]:
+    merged = MergedChunk.objects.filter(run=run).aggregate(
+        length=Sum("origin_length"), chunks=Count("id")
+    )
+    total = int(run.input_spec.get("extent_total") or 0)
+    done = int(merged["length"] or 0)
+    return {
+        "merged_chunks": int(merged["chunks"] or 0),
+        "chunks_total": run.chunks_total,
+        "completed_fraction": (done / total) if total else 0.0,
+        "migrated_segments": Segment.objects.filter(run=run).exclude(migrated_from="").count(),
+        "input_bytes": run.input_bytes,
+    }
+
+
+def build_snapshot(
+    run: Run,
+    *,
+    node_states: dict[str, dict[str, Any]],
+    routes: dict[str, dict[str, Any]],
+    final: bool = False,
+) -> Snapshot:
+    now = timezone.now()
+    started = run.started_at
+    ended = run.finished_at or now
+    nodes = [
+        NodeView(
+            name=n["name"],
+            kind=n["kind"],
+            stage=n.get("stage") or n["name"],
+            capacity_bytes=int(float(n.get("buffer_mb", 64.0)) * 1024 * 1024),
+            state=node_states.get(n["name"], {}),
+        )
+        for n in run.topology["nodes"]
+    ]
+    events = [
+        e.to_json() for e in Event.objects.filter(run=run).select_related("user")[:RECENT_EVENTS]
+    ]
+    return Snapshot(
+        type="snapshot",
+        time=now.isoformat(),
+        final=final,
+        run={
+            "id": run.pk,
+            "pipeline": run.pipeline_name,
+            "status": run.status,
+            "epoch": run.epoch,
+            "started_at": started.isoformat() if started else None,
+            "elapsed_s": (ended - started).total_seconds() if started else 0.0,
+            "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration")},
+            "error": run.error,
+            **progress(run),
+        },
+        nodes=nodes,
+        links=_links(run, routes),
+        events=events,
+    )

@@ -1,0 +1,179 @@
+"""The source: input files cut into chunks, each with its offset and length in the input.
+
+JSON lines and CSV are cut at line boundaries by bytes (offsets are byte offsets, CSV's
+header excluded); Parquet is cut by rows (offsets are row indexes). Every chunk becomes a
+JSON-lines segment file, so operators read one format. A chunk's *tag* is the routing
+field of its first record, which picks the branch it is meant for.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("jsonl", "csv", "parquet")
+
+
+class InputError(ValueError):
+    """The input cannot be read as asked; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    data_start: int  # first offset holding data (after a CSV header)
+    size: int  # bytes, or rows for Parquet
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    file_index: int
+    offset: int
+    length: int
+    body: bytes  # JSON lines
+    records: int
+    tag: str
+
+
+def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:
+    """Expand globs, check every file, and measure it. Fails before anything is written."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    patterns = [pattern_or_paths] if isinstance(pattern_or_paths, str) else pattern_or_paths
+    paths: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]  # noqa: PTH207 - absolute or relative patterns alike
+        if not matches:
+            raise InputError(f"no input file matches {pattern!r}")
+        paths.extend(matches)
+    files = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"input {path!r} does not exist or is not a file")
+        files.append(_measure(p.resolve(), fmt))
+    return files
+
+
+def _measure(path: Path, fmt: str) -> InputFile:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
+            raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        return InputFile(str(path), 0, rows)
+    size = path.stat().st_size
+    start = 0
+    if fmt == "csv":
+        with path.open("rb") as handle:
+            start = len(handle.readline())
+    return InputFile(str(path), start, size)
+
+
+def chunks(
+    files: list[InputFile],
+    fmt: str,
+    *,
+    segment_bytes: int,
+    route_by: str,
+    start_file: int = 0,
+    start_offset: int | None = None,
+    start_index: int = 0,
+) -> Iterator[Chunk]:
+    """Chunks from a position on (to resume after a crash), in input order."""
+    index = start_index
+    for file_index in range(start_file, len(files)):
+        item = files[file_index]
+        offset = (
+            item.data_start
+            if (start_offset is None or file_index != start_file)
+            else (start_offset)
+        )
+        reader = _parquet_chunks if fmt == "parquet" else _text_chunks
+        for chunk_offset, length, body, records in reader(item, fmt, offset, segment_bytes):
+            yield Chunk(index, file_index, chunk_offset, length, body, records,
+                        _tag(body, route_by))  # fmt: skip
+            index += 1
+
+
+def _text_chunks(
+    item: InputFile, fmt: str, offset: int, segment_bytes: int
+) -> Iterator[tuple[int, int, bytes, int]]:
+    header: list[str] = []
+    with open(item.path, "rb") as handle:  # noqa: PTH123 - seek/read on a binary handle
+        if fmt == "csv":
+            header = next(csv.reader([handle.readline().decode("utf-8", "replace")]), [])
+        handle.seek(offset)
+        while offset < item.size:
+            raw = handle.read(segment_bytes)
+            if not raw:
+                break
+            if not raw.endswith(b"\n"):
+                raw += handle.readline()  # finish the last line: records never split
+            length = len(raw)
+            body, records = _csv_to_jsonl(raw, header) if fmt == "csv" else _normalise(raw)
+            yield offset, length, body, records
+            offset += length
+
+
+def _normalise(raw: bytes) -> tuple[bytes, int]:
+    if not raw.endswith(b"\n"):
+        raw += b"\n"
+    return raw, sum(1 for line in raw.splitlines() if line.strip())
+
+
+def _csv_to_jsonl(raw: bytes, header: list[str]) -> tuple[bytes, int]:
+    out = io.StringIO()
+    records = 0
+    for row in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
+        if not row:
+            continue
+        records += 1
+        if len(row) != len(header):
+            # Kept as a line that is not a JSON object, so it is counted as malformed.
+            out.write(json.dumps(",".join(row)) + "\n")
+            continue
+        out.write(json.dumps(dict(zip(header, row, strict=True)), separators=(",", ":")) + "\n")
+    return out.getvalue().encode(), records
+
+
+def _parquet_chunks(
+    item: InputFile, fmt: str, offset: int, segment_bytes: int
+) -> Iterator[tuple[int, int, bytes, int]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(item.path)
+    row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+    rows_per_chunk = max(1, segment_bytes // row_bytes)
+    while offset < item.size:
+        part = table.slice(offset, rows_per_chunk)
+        lines = [json.dumps(_jsonable(r), separators=(",", ":")) for r in part.to_pylist()]
+        body = ("\n".join(lines) + "\n").encode()
+        yield offset, part.num_rows, body, part.num_rows
+        offset += part.num_rows
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if not isinstance(v, str | int | float | bool | None) else v)
+            for k, v in row.items()}  # fmt: skip
+
+
+def _tag(body: bytes, route_by: str) -> str:
+    for line in body.splitlines():
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line).get(route_by)
+        except (ValueError, AttributeError):
+            return ""
+        return "" if value is None else str(value)
+    return ""

@@ -1,0 +1,116 @@
+"""Celery tasks: run drivers and the watchdog on ``control``, operator batches on ``spark``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+
+from orchestrator import ledger
+from orchestrator.batches import process_batch
+from orchestrator.control_plane import ControlPlane
+from orchestrator.models import Run
+
+log = logging.getLogger(__name__)
+
+NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpiredError)
+DRIVER_TIME_LIMIT_S = 7 * 24 * 3600  # a run may stream for days; the lock guards it
+
+
+def _dispatch(run_id: int, node: str, routes: dict[str, Any]) -> Any:
+    return process_batch_task.apply_async(
+        kwargs={"run_id": run_id, "node": node, "routes": routes}, queue="spark"
+    )
+
+
+@shared_task(
+    bind=True,
+    name="orchestrator.drive_run",
+    queue="control",
+    soft_time_limit=DRIVER_TIME_LIMIT_S,
+    time_limit=DRIVER_TIME_LIMIT_S + 60,
+    autoretry_for=NETWORK_ERRORS,
+    max_retries=5,
+    retry_backoff=True,
+    retry_jitter=True,
+)
+def drive_run(self: Any, *, run_id: int) -> str:
+    """Drive one run until it ends, or until another driver supersedes this one."""
+    from orchestrator.driver import RunDriver
+    from orchestrator.publisher import publish
+
+    identity = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        driver = RunDriver(run_id, control, identity, dispatch=_dispatch, publish=publish)
+        outcome = driver.drive()
+    log.info("run %s: driver %s finished: %s", run_id, identity, outcome)
+    return outcome
+
+
+@shared_task(
+    name="orchestrator.process_batch",
+    queue="spark",
+    acks_late=True,
+    autoretry_for=NETWORK_ERRORS,
+    max_retries=5,
+    retry_backoff=True,
+    retry_jitter=True,
+)
+def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None) -> dict[str, Any]:
+    try:
+        return process_batch(run_id, node, routes).to_json()
+    except ledger.LeaseLostError as err:
+        # Another worker has (or will have) these segments; nothing of ours was written.
+        log.warning("run %s node %s: %s", run_id, node, err)
+        return {"node": node, "lease_lost": str(err)}
+
+
+@shared_task(name="orchestrator.watchdog", queue="control", autoretry_for=NETWORK_ERRORS,
+             max_retries=3, retry_backoff=True)  # fmt: skip
+def watchdog() -> dict[str, Any]:
+    """Reclaim expired leases; give every active run without a live driver a new one."""
+    reclaimed = ledger.reclaim_expired()
+    started = []
+    active = list(
+        Run.objects.filter(status__in=[Run.Status.RUNNING, Run.Status.PAUSED]).values_list(
+            "pk", flat=True
+        )
+    )
+    if active:
+        with ControlPlane.connect(settings.ZK_HOSTS) as control:
+            for run_id in active:
+                if control.driver_holder(str(run_id)) is None:
+                    drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
+                    started.append(run_id)
+    return {"reclaimed": reclaimed, "drivers_started": started}
+
+
+_registration: dict[str, ControlPlane] = {}
+
+
+@worker_ready.connect
+def _register_worker(sender: Any = None, **_: Any) -> None:
+    name = getattr(sender, "hostname", None) or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        control = ControlPlane.connect(settings.ZK_HOSTS)
+        control.register_worker(
+            name.replace("@", "-"),
+            {"host": socket.gethostname(), "pid": os.getpid(), "name": name},
+        )
+        _registration["control"] = control
+    except Exception:
+        log.warning("could not register worker %s in ZooKeeper", name, exc_info=True)
+
+
+@worker_shutdown.connect
+def _unregister_worker(**_: Any) -> None:
+    control = _registration.pop("control", None)
+    if control is not None:
+        control.close()

@@ -1,0 +1,41 @@
+"""A run's topology document as the balancer's :class:`~balancer.topology.Topology`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from balancer.topology import LinkSpec, NodeSpec, Topology
+from orchestrator.source import InputFile
+from sparkjobs.catalog import OPERATORS
+
+MB = 1024 * 1024
+MEGABIT_BYTES = 1_000_000 / 8
+
+
+def balancer_topology(doc: Mapping[str, Any]) -> Topology:
+    nodes = [
+        NodeSpec(
+            id=n["name"],
+            kind=n["kind"],
+            stage=n.get("stage") or n["name"],
+            capacity_bytes=float(n.get("buffer_mb", 64.0)) * MB,
+            mergeable=OPERATORS[n.get("operator") or _default(n["kind"])].mergeable,
+            max_rate_bps=float(n.get("max_rate_mbps", 0.0)) * MEGABIT_BYTES,
+        )
+        for n in doc["nodes"]
+    ]
+    links = [
+        LinkSpec(e["from"], e["to"], float(e.get("bandwidth_mbps", 0.0)) * MEGABIT_BYTES)
+        for e in doc["edges"]
+    ]
+    return Topology.build(nodes, links)
+
+
+def _default(kind: str) -> str:
+    return {"source": "read", "sink": "merge"}.get(kind, "aggregate")
+
+
+def input_extent(files: Sequence[InputFile]) -> list[tuple[int, int]]:
+    """Each input file's (data start, end): what the merged chunks must tile."""
+    return [(f.data_start, f.size) for f in files]

@@ -1,0 +1,70 @@
+"""Record-at-a-time operators: filter by a Spark SQL condition, project expressions.
+
+One Spark job per batch; each input segment yields one output segment (possibly empty),
+so outputs keep their input's place in the source data. Lines that are not JSON objects
+are returned for quarantine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sparkjobs.aggregate import PartialOutput
+from sparkjobs.records import SEGMENT_COL, segment_id_of
+from sparkjobs.segments import write_atomic
+
+CORRUPT = "_corrupt_record"
+
+
+def transform(
+    spark: SparkSession,
+    operator: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, Path],
+    outputs: Mapping[str, Path],
+) -> dict[str, PartialOutput]:
+    frame = (
+        spark.read.option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .json([str(p) for p in inputs.values()])
+        .withColumn(SEGMENT_COL, segment_id_of(F.col("_metadata.file_path")))
+        .cache()
+    )
+    try:
+        has_corrupt = CORRUPT in frame.columns
+        good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
+        data_cols = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
+        good = good.select(SEGMENT_COL, *data_cols)
+        if operator == "filter":
+            result = good.where(F.expr(params["condition"]))
+        elif operator == "project":
+            result = good.select(SEGMENT_COL, *[F.expr(e) for e in params["columns"]])
+        else:
+            raise ValueError(f"unknown record operator {operator!r}")
+        payload = [c for c in result.columns if c != SEGMENT_COL]
+        rows = result.select(
+            SEGMENT_COL, F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("j")
+        ).collect()
+        bad = (
+            frame.where(F.col(CORRUPT).isNotNull()).select(SEGMENT_COL, CORRUPT).collect()
+            if has_corrupt
+            else []
+        )
+    finally:
+        frame.unpersist()
+    results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
+    lines: dict[str, list[str]] = {seg: [] for seg in inputs}
+    for row in rows:
+        lines[row[SEGMENT_COL]].append(row["j"])
+        results[row[SEGMENT_COL]].records += 1
+    for row in bad:
+        results[row[SEGMENT_COL]].malformed += 1
+        results[row[SEGMENT_COL]].quarantined.append(row[CORRUPT])
+    for seg, result in results.items():
+        result.bytes = write_atomic(result.path, "".join(f"{j}\n" for j in lines[seg]).encode())
+    return results
