@@ -17,9 +17,10 @@ branch nodes send part of a heavy branch's data through other branches:
 
 ``policy.migration`` picks the plan: ``"pressure"`` is the published mechanism above
 (all of ``migration_share`` to one light branch, triggered at ``bp_threshold``);
-``"proportional"`` is ours (:func:`proportional_plan`): it keeps every branch fed at its
-capacity by moving only the predicted excess of each branch, spread over all branches with
-spare capacity; ``"off"`` ends any migration still running.
+``"proportional"`` is ours (:func:`proportional_plan`): every tick, from the tags of the
+data about to leave the branch node, it moves only what each branch cannot take at its
+capacity (and a queue draining in step with the others), spread over every branch with
+room; ``"off"`` ends any migration still running.
 
 A *branch* of a branch node ``b`` starts at one child ``c`` of ``b`` and follows the chain
 of nodes below ``c`` while each has exactly one downstream that has exactly one upstream;
@@ -440,6 +441,8 @@ def _proportional_step(
         by_child = {b.child: b for b in branches}
         for item in plan:
             key = (branch_node, item.child)
+            # Whole percents: a plan that only wobbles in the estimate's noise is not
+            # re-sent (and logged as an event) every tick.
             share = round(item.share, 2)
             targets = {c: round(f, 2) for c, f in item.targets.items()}
             if share <= 0:

@@ -115,6 +115,7 @@ class RunDriver:
         self.last_refill = time.monotonic()
         self.measured_rate = 0.0
         self.pool: dict[str, int] = {}
+        self.blocked: dict[str, int] = {}
         self.node_states: dict[str, dict[str, Any]] = {}
         self.lost = False
 
@@ -132,7 +133,7 @@ class RunDriver:
             if not self.lost:
                 lock.release()
 
-    def _on_lost(self, state: object) -> None:
+    def _on_lost(self) -> None:
         # Runs in kazoo's thread: only note it; the loop gives the run up.
         self.lost = True
 
@@ -246,6 +247,10 @@ class RunDriver:
                 seg_id, chunk.tag, self.downstream_of_source, source_routes
             )
             if not self._may_send(target, len(chunk.body), rate):
+                if self._pool_full(target, len(chunk.body)):
+                    # Demand the node could not take: part of its input rate, so a full
+                    # pool still reads as "input faster than output".
+                    self.blocked[target] = len(chunk.body)
                 break
             path = segment_path(self.run_id, seg_id)
             write_atomic(path, chunk.body)
@@ -281,11 +286,14 @@ class RunDriver:
         return {"chunk": chunk.index + 1, "file": chunk.file_index,
                 "offset": chunk.offset + chunk.length}  # fmt: skip
 
+    def _pool_full(self, target: str, size: int) -> bool:
+        queued = self.pool.get(target, 0)
+        return queued > 0 and queued + size > self.topology.node(target).capacity_bytes
+
     def _may_send(self, target: str, size: int, rate: float | None) -> bool:
         if rate is not None and self.tokens < min(size, max(rate, 1.0)):
             return False
-        capacity = self.topology.node(target).capacity_bytes
-        if self.pool.get(target, 0) > 0 and self.pool.get(target, 0) + size > capacity:
+        if self._pool_full(target, size):
             return False  # a full pool stops its upstream (reference experiment)
         credits = self.controls.setdefault(self.source["name"], NodeControl()).credits
         return credits is None or credits.get(target, 0.0) >= size
@@ -319,7 +327,8 @@ class RunDriver:
                 in_rate = out_rate = 0.0
             else:
                 queued = flow.queued_bytes if flow else 0
-                in_rate = (flow.arrived_bytes if flow else 0) / interval_s
+                offered = (flow.arrived_bytes if flow else 0) + self.blocked.get(node_id, 0)
+                in_rate = offered / interval_s
                 out_rate = (flow.done_bytes if flow else 0) / interval_s
             nodes[node_id] = NodeObservation(
                 node=node_id,
@@ -333,6 +342,7 @@ class RunDriver:
 
     def _tick(self, run: Run, tick_s: float) -> None:
         observation = self._observe(max(tick_s, 0.1))
+        self.blocked.clear()
         decision = step(observation, self.state, self.policy)
         self.state = decision.state
         for action in decision.actions:

@@ -200,7 +200,8 @@ class ZooKeeper(EmbeddedService):
         ]  # fmt: skip
 
     def ready(self) -> bool:
-        return _tcp_answers(self.port, b"ruok", b"imok")
+        # "ruok" answers before the server serves; "srvr" reports only once it does.
+        return _tcp_answers(self.port, b"srvr", b"Zookeeper version")
 
     def url(self) -> str:
         return f"{LOOPBACK}:{self.port}"

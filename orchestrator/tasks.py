@@ -33,7 +33,6 @@ def _dispatch(run_id: int, node: str, routes: dict[str, Any]) -> Any:
 @shared_task(
     bind=True,
     name="orchestrator.drive_run",
-    queue="control",
     soft_time_limit=DRIVER_TIME_LIMIT_S,
     time_limit=DRIVER_TIME_LIMIT_S + 60,
     autoretry_for=NETWORK_ERRORS,
@@ -56,7 +55,6 @@ def drive_run(self: Any, *, run_id: int) -> str:
 
 @shared_task(
     name="orchestrator.process_batch",
-    queue="spark",
     acks_late=True,
     autoretry_for=NETWORK_ERRORS,
     max_retries=5,
@@ -72,7 +70,7 @@ def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None)
         return {"node": node, "lease_lost": str(err)}
 
 
-@shared_task(name="orchestrator.watchdog", queue="control", autoretry_for=NETWORK_ERRORS,
+@shared_task(name="orchestrator.watchdog", autoretry_for=NETWORK_ERRORS,
              max_retries=3, retry_backoff=True)  # fmt: skip
 def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one."""

@@ -9,15 +9,23 @@ stops them at the end.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from orchestrator.celery import app as celery_app
+from orchestrator.embedded import die_with_parent
 from orchestrator.launcher import PROJECT_ROOT, Endpoints, Launcher
 from webapp.settings.env import database_from_url
 
+TEST_LEASE_S = 8
 TEST_VAR_DIR = Path(os.environ.get("BPCONSOLE_TEST_VAR_DIR", str(PROJECT_ROOT / "var" / "test")))
 
 
@@ -30,6 +38,9 @@ def services() -> Iterator[Endpoints]:
     settings.CELERY_BROKER_URL = endpoints.redis_url
     settings.CELERY_RESULT_BACKEND = endpoints.redis_url
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [endpoints.redis_url]
+    settings.DATA_DIR = TEST_VAR_DIR / "data"
+    celery_app.conf.broker_url = endpoints.redis_url
+    celery_app.conf.result_backend = endpoints.redis_url
     try:
         yield endpoints
     finally:
@@ -42,10 +53,9 @@ def django_db_modify_db_settings(services: Endpoints) -> None:
     settings.DATABASES["default"].update(database_from_url(services.database_url))
 
 
-@pytest.fixture
-def service_env(services: Endpoints, django_db_setup: None) -> dict[str, str]:
+def child_env(services: Endpoints) -> dict[str, str]:
     """Environment for a child process (manage.py, a worker) using the test services and
-    the test database. Pair it with ``transactional_db`` so the child sees the rows."""
+    the test database. Tests sharing rows with a child use ``transactional_db``."""
     server, _, _ = services.database_url.rpartition("/")
     return {
         **os.environ,
@@ -53,4 +63,80 @@ def service_env(services: Endpoints, django_db_setup: None) -> dict[str, str]:
         "DATABASE_URL": f"{server}/{settings.DATABASES['default']['NAME']}",
         "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
         "BPCONSOLE_VAR_DIR": str(TEST_VAR_DIR),
+        "BPCONSOLE_DATA_DIR": str(TEST_VAR_DIR / "data"),
+        "BPCONSOLE_LEASE_S": str(TEST_LEASE_S),
+        "SPARK_DRIVER_MEMORY": "768m",
     }
+
+
+@pytest.fixture
+def service_env(services: Endpoints, django_db_setup: None) -> dict[str, str]:
+    return child_env(services)
+
+
+@dataclass
+class Workers:
+    """The console's worker processes for a test session: two control workers (one can
+    be killed while the other takes over), one Spark worker, and beat (the watchdog)."""
+
+    env: dict[str, str]
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        args = WORKER_COMMANDS[name.rstrip("0123456789")]
+        args = [a.replace("{name}", name) for a in args]
+        log = (self.log_dir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "orchestrator.celery", *args],
+            env=self.env,
+            cwd=PROJECT_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+        )
+        self.processes[name] = process
+        return process
+
+    def wait_ready(self, names: list[str], timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        wanted = {f"{n}@bpconsole-test" for n in names}
+        while time.monotonic() < deadline:
+            replies = celery_app.control.ping(timeout=1.0) or []
+            if wanted <= {name for reply in replies for name in reply}:
+                return
+        raise RuntimeError(f"workers {sorted(wanted)} did not answer; logs in {self.log_dir}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+WORKER_COMMANDS = {
+    "control": ["worker", "-Q", "control", "--pool", "threads", "--concurrency", "6",
+                "-n", "{name}@bpconsole-test", "--loglevel", "INFO"],
+    "spark": ["worker", "-Q", "spark", "--concurrency", "1", "-n", "{name}@bpconsole-test",
+              "--loglevel", "INFO"],
+    "beat": ["beat", "--loglevel", "INFO", "--schedule", str(TEST_VAR_DIR / "beat-schedule")],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def workers(services: Endpoints, django_db_setup: None) -> Iterator[Workers]:
+    env = child_env(services)
+    log_dir = TEST_VAR_DIR / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pool = Workers(env, log_dir)
+    try:
+        for name in ("control1", "control2", "spark1", "beat"):
+            pool.start(name)
+        pool.wait_ready(["control1", "control2", "spark1"])
+        yield pool
+    finally:
+        pool.stop()

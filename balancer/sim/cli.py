@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simulate",
         description="Virtual-time simulation of the backpressure policies (docs/simulation.md).",
+        epilog="policies:\n"
+        + "\n".join(f"  {p.name:<12} {p.description}" for p in BENCHMARK_POLICIES.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--policy", choices=tuple(BENCHMARK_POLICIES), help="run one policy")

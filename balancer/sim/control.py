@@ -133,10 +133,10 @@ BENCHMARK_POLICIES: Mapping[str, BenchmarkPolicy] = {
         BenchmarkPolicy(
             "ours",
             "ours (proportional)",
-            "Credit-based flow control plus proportional migration: every tick the "
-            "predicted excess of each branch over its capacity (from the tags at the head "
-            "of the source's queue) moves to the branches with spare capacity, in "
-            "proportion to it, keeping every queue near half full.",
+            "Credit-based flow control plus proportional migration: every tick, from the "
+            "tags arriving and at the head of the source's queue, only what a branch "
+            "cannot take at its capacity moves, spread over every branch with room; queues "
+            "are kept at equal drain times so that all branches finish together.",
             {"throttling": "credit", "routing": "static", "migration": "proportional"},
         ),
     )

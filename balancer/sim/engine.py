@@ -207,28 +207,21 @@ class Simulator:
         self.size = workload.packet_bytes
         ids = list(topology.order)
         self.index = {n: i for i, n in enumerate(ids)}
-        self.nodes = [
-            _Node(
-                i,
-                n,
-                topology.node(n).capacity_bytes,
-                self.size / topology.node(n).max_rate_bps if topology.node(n).max_rate_bps else 0,
+        self.nodes: list[_Node] = []
+        for i, node_id in enumerate(ids):
+            spec = topology.node(node_id)
+            if spec.capacity_bytes < self.size and node_id != self.source_id:
+                raise ValueError(f"queue of {node_id} cannot hold one packet")
+            proc_s = self.size / spec.max_rate_bps if spec.max_rate_bps else 0.0
+            node = _Node(i, node_id, spec.capacity_bytes, proc_s)
+            node.downs = tuple(self.index[d] for d in topology.downstreams(node_id))
+            node.ups = tuple(self.index[u] for u in topology.upstreams(node_id))
+            # The maximum output a rate coefficient or speed is a fraction of.
+            node.r_max = spec.max_rate_bps or sum(
+                topology.link(node_id, d).bandwidth_bps or math.inf
+                for d in topology.downstreams(node_id)
             )
-            for i, n in enumerate(ids)
-        ]
-        for node in self.nodes:
-            node.downs = tuple(self.index[d] for d in topology.downstreams(node.id))
-            node.ups = tuple(self.index[u] for u in topology.upstreams(node.id))
-            spec = topology.node(node.id)
-            if spec.max_rate_bps:
-                node.r_max = spec.max_rate_bps
-            elif node.downs:
-                node.r_max = sum(
-                    topology.link(node.id, topology.order[d]).bandwidth_bps or math.inf
-                    for d in node.downs
-                )
-            if node.capacity < self.size and node.id != self.source_id:
-                raise ValueError(f"queue of {node.id} cannot hold one packet")
+            self.nodes.append(node)
         self.source = self.nodes[self.index[self.source_id]]
         # Link state per (src, dst): [free from, serialisation time, latency].
         self.links: dict[tuple[int, int], list[float]] = {}

@@ -86,9 +86,10 @@ def load_topology(path: Path) -> Topology:
     """A topology document (docs/topology-format.md) from a YAML or JSON file.
 
     Nodes: ``name``, ``kind`` (source/operator/sink), optional ``stage``,
-    ``buffer_mb`` (default 64), ``max_rate_mbps`` (0 = unlimited), ``mergeable``;
-    edges: ``from``, ``to``, ``bandwidth_mbps`` (0 = unlimited), optional
-    ``latency_ms``. Other keys (operators, params, policy) do not matter here.
+    ``buffer_mb`` (default 64), ``max_rate_mbps`` (0 = unlimited); edges: ``from``,
+    ``to``, ``bandwidth_mbps`` (0 = unlimited) and, for the simulator only,
+    ``latency_ms``. Other keys (operators, params, policy) do not matter here: every
+    operator of the format keeps mergeable partial states, so every node is mergeable.
     """
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() in {".yaml", ".yml"}:
@@ -111,7 +112,6 @@ def topology_from_document(document: Any) -> Topology:
             kind=n.get("kind", "operator"),
             stage=str(n.get("stage", "") or ""),
             capacity_bytes=float(n.get("buffer_mb", 64.0)) * MB,
-            mergeable=bool(n.get("mergeable", True)),
             max_rate_bps=float(n.get("max_rate_mbps", 0.0)) * MBIT,
         )
         for n in document["nodes"]

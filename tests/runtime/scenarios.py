@@ -1,0 +1,53 @@
+"""Small, fast variants of the reference pipeline that force the balancer to act."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from balancer.policy import Policy
+from orchestrator.models import Run
+from orchestrator.runs import create_run, start_run
+
+REFERENCE = Path(__file__).resolve().parents[2] / "webapp/console/topologies/reference.yaml"
+SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short
+
+
+def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> dict[str, Any]:
+    """task1 and task2 slow, task3 unthrottled, small pools: whichever branch the skew
+    favours first, a slow one fills up unless its data goes elsewhere."""
+    doc = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"]["segment_mb"] = SEGMENT_MB
+        else:
+            node["buffer_mb"] = buffer_mb if node["kind"] == "operator" else 16
+        if node["name"] in {"task1", "task2"}:
+            node["max_rate_mbps"] = slow_mbps
+    return doc
+
+
+def policy(**changes: Any) -> dict[str, Any]:
+    defaults = {"routing": "static", "migration": "pressure", "throttling": "watermark",
+                "tick_ms": 200}  # fmt: skip
+    return Policy.from_mapping({**defaults, **changes}).to_dict()
+
+
+def start(doc: dict[str, Any], values: dict[str, Any], **inputs: Any) -> Run:
+    run = create_run(topology=doc, policy=values, **inputs)
+    start_run(run)
+    return run
+
+
+def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if not run.is_active:
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"run {run.pk} still {run.status} after {timeout_s} s")
