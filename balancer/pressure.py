@@ -499,3 +499,35 @@ def _plan_for(
     demand = {c: rate * v / total for c, v in coming.items()}
     queued = {c: observation.nodes[c].buffered_bytes for c in capacity}
     return proportional_plan(demand, capacity, queued=queued, horizon_s=horizon_s, band_s=band_s)
+
+
+def operator_migration(
+    observation: Observation, node: str, policy: Policy, who: str
+) -> StartMigration | None:
+    """An operator's "migrate this branch's data now" for the branch holding ``node``.
+
+    The light branch is chosen exactly as for a detected backpressure node (lowest
+    pressure score among the other branches of the same branch node); None when ``node``
+    sits on no branch (nothing to migrate away from).
+    """
+    traced = trace_heavy_branch(observation.topology, node)
+    if traced is None:
+        return None
+    branch_node, heavy = traced
+    others = [b for b in branches_of(observation.topology, branch_node) if b.nodes[0] != heavy[0]]
+    if not others:
+        return None
+    scores = score_branches(observation, others, policy)
+    light = min(others, key=lambda b: (scores[b.nodes[0]], b.nodes[0]))
+    return StartMigration(
+        reason=(
+            f"operator {who} asked to migrate the data of branch {' > '.join(heavy)}; "
+            f"lightest other branch {light.nodes[0]} (pressure {scores[light.nodes[0]]:.3f})"
+        ),
+        branch_node=branch_node,
+        heavy=heavy,
+        light=light.nodes,
+        share=policy.migration_share,
+        backpressure_node=node,
+        scores=scores,
+    )

@@ -424,8 +424,8 @@ class ControlPlane:
 
     # -- stepwise signals (FIFO queue) and task states ------------------------------
 
-    def _queue(self, run: str) -> Queue:
-        return Queue(self.client, self._folder(run, "taskmessage"))
+    def _queue(self, run: str, kind: str = "taskmessage") -> Queue:
+        return Queue(self.client, self._folder(run, kind))
 
     def put_signal(self, run: str, message: Mapping[str, Any]) -> None:
         """Append a stepwise signal (``{signal: slow|restore, target, origin, ...}``).
@@ -437,9 +437,19 @@ class ControlPlane:
     def take_signals(self, run: str, limit: int = 100) -> list[dict[str, Any]]:
         """Consume up to ``limit`` signals, oldest first. Each one is deleted as it is
         taken, and a delete is what claims it, so concurrent handlers never share one."""
+        return self._take(run, "taskmessage", limit)
+
+    def put_command(self, run: str, message: Mapping[str, Any]) -> None:
+        """An operator's request to the run's driver (e.g. migrate a branch now)."""
+        self._queue(run, "commands").put(encode(message))
+
+    def take_commands(self, run: str, limit: int = 100) -> list[dict[str, Any]]:
+        return self._take(run, "commands", limit)
+
+    def _take(self, run: str, kind: str, limit: int) -> list[dict[str, Any]]:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        queue = self._queue(run)
+        queue = self._queue(run, kind)
         taken: list[dict[str, Any]] = []
         while len(taken) < limit:
             data = queue.get()

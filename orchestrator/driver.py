@@ -45,6 +45,7 @@ from balancer.model import (
     StopMigration,
 )
 from balancer.policy import Policy
+from balancer.pressure import operator_migration
 from balancer.stepwise import TaskSpeed, apply_signal
 from orchestrator import ledger
 from orchestrator.batches import bandwidth, downstreams_of, segment_path
@@ -115,6 +116,7 @@ class RunDriver:
         self.last_refill = time.monotonic()
         self.measured_rate = 0.0
         self.pool: dict[str, int] = {}
+        self.pinned: set[str] = set()
         self.blocked: dict[str, int] = {}
         self.node_states: dict[str, dict[str, Any]] = {}
         self.lost = False
@@ -346,12 +348,15 @@ class RunDriver:
         decision = step(observation, self.state, self.policy)
         self.state = decision.state
         for action in decision.actions:
+            if isinstance(action, StopMigration) and action.heavy[0] in self.pinned:
+                continue  # an operator's migration lasts until the operator stops it
             self._apply(action)
+        self._handle_commands(observation)
         self._handle_signals()
         self._write_states(observation)
         self._publish(run, observation=observation)
 
-    def _apply(self, action: Action) -> None:
+    def _apply(self, action: Action, actor: str = "balancer") -> None:
         if isinstance(action, SetFlag):
             self.flags.add(action.node)
             self.control.set_flag(self.key, action.node)
@@ -390,7 +395,47 @@ class RunDriver:
                 or getattr(action, "target", "")
             )
             record_event(self.run_id, action.kind, action.reason, node=node,
-                         actor="balancer", data=action.to_json())  # fmt: skip
+                         actor=actor, data=action.to_json())  # fmt: skip
+
+    def _handle_commands(self, observation: Observation) -> None:
+        """Operators' requests from the console: migrate a branch now, or stop."""
+        for command in self.control.take_commands(self.key):
+            node, who = command.get("node", ""), command.get("user", "an operator")
+            if not self.topology.has_node(node):
+                continue  # validated by the console; a stale command is dropped
+            if command.get("command") == "migrate":
+                action = operator_migration(observation, node, self.policy, who)
+                if action is None:
+                    record_event(self.run_id, "operator_refused",
+                                 f"{node} is on no branch with another branch to take its data",
+                                 node=node, actor="user", data=command)  # fmt: skip
+                    continue
+                self.pinned.add(action.heavy[0])
+                self._apply(action, actor="user")
+            elif command.get("command") == "stop_migrating":
+                for branch_node, routes in list(self.routes.items()):
+                    for heavy in list(routes.migrations):
+                        if heavy == node or node in self._branch_nodes(heavy):
+                            self.pinned.discard(heavy)
+                            self._apply(
+                                StopMigration(
+                                    reason=f"operator {who} stopped migrating from {heavy}",
+                                    branch_node=branch_node,
+                                    heavy=(heavy,),
+                                    backpressure_node=node,
+                                ),
+                                actor="user",
+                            )
+
+    def _branch_nodes(self, first: str) -> set[str]:
+        """``first`` and every node below it until the branch merges again."""
+        seen, frontier = {first}, [first]
+        while frontier:
+            for nxt in self.topology.downstreams(frontier.pop()):
+                if len(self.topology.upstreams(nxt)) == 1 and nxt not in seen:
+                    seen.add(nxt)
+                    frontier.append(nxt)
+        return seen
 
     def _set_routes(self, node: str, routes: Routes) -> None:
         self.routes[node] = routes

@@ -110,3 +110,28 @@ def snapshot(run_id: int) -> Snapshot:
             if stored is not None:
                 routes[node["name"]] = Routes.from_json(stored[0]).to_json()
     return build_snapshot(run, node_states=states, routes=routes, final=not run.is_active)
+
+
+def request_migration(run_id: int, node: str, *, stop: bool = False, user: Any = None) -> None:
+    """An operator's "migrate this branch's data now" (or "stop migrating") for ``node``.
+
+    Checked here (the run is active, the node exists) and recorded with the user's
+    name; the run's driver carries it out on its next tick.
+    """
+    run = Run.objects.get(pk=run_id)
+    names = [n["name"] for n in run.topology["nodes"]]
+    if node not in names:
+        raise RunError(f"run {run_id} has no node {node!r} (nodes: {', '.join(names)})")
+    if not run.is_active:
+        raise RunError(f"run {run_id} is {run.status}; nothing to migrate")
+    command = "stop_migrating" if stop else "migrate"
+    who = user.get_username() if getattr(user, "is_authenticated", False) else "an operator"
+    record_event(
+        run_id,
+        f"operator_{command}",
+        f"{who} asked to {'stop migrating from' if stop else 'migrate the data of'} {node}",
+        node=node,
+        user=user if getattr(user, "is_authenticated", False) else None,
+    )
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        control.put_command(str(run_id), {"command": command, "node": node, "user": who})
