@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -341,6 +341,23 @@ class ControlPlane:
             return False
         return True
 
+    def update_flags(self, run: str, add: Iterable[str], remove: Iterable[str]) -> None:
+        """Set and clear many flags in one round of pipelined requests (a balancer tick
+        may change dozens); existing flags and missing ones are no-ops as with
+        :meth:`set_flag` and :meth:`clear_flag`."""
+        add, remove = list(add), list(remove)
+        if not add and not remove:
+            return
+        folder = self._folder(run, "flags")
+        if add:
+            self.client.retry(self.client.ensure_path, folder)
+        pending = [self.client.create_async(f"{folder}/{_check_name('node', n)}") for n in add] + [
+            self.client.delete_async(f"{folder}/{_check_name('node', n)}") for n in remove
+        ]
+        for result in pending:
+            with contextlib.suppress(NodeExistsError, NoNodeError):
+                result.get()
+
     def flags(self, run: str) -> set[str]:
         return set(self._children(self._folder(run, "flags")))
 
@@ -442,6 +459,12 @@ class ControlPlane:
     def put_command(self, run: str, message: Mapping[str, Any]) -> None:
         """An operator's request to the run's driver (e.g. migrate a branch now)."""
         self._queue(run, "commands").put(encode(message))
+
+    def watch_commands(self, run: str, callback: Callable[[int], None]) -> Subscription:
+        """Like :meth:`watch_signals`, for operators' commands."""
+        return self._watch_children(
+            self._folder(run, "commands"), lambda names: callback(len(names))
+        )
 
     def take_commands(self, run: str, limit: int = 100) -> list[dict[str, Any]]:
         return self._take(run, "commands", limit)

@@ -18,6 +18,7 @@ Each loop the driver:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ from orchestrator import ledger
 from orchestrator.batches import bandwidth, downstreams_of, segment_path
 from orchestrator.control_plane import ControlPlane
 from orchestrator.events import record_event
-from orchestrator.models import Run
+from orchestrator.models import Event, Run
 from orchestrator.routing import Routes, route
 from orchestrator.snapshot import build_snapshot
 from orchestrator.source import Chunk, chunks, resolve_inputs
@@ -60,10 +61,13 @@ from sparkjobs.segments import write_atomic
 
 log = logging.getLogger(__name__)
 
-LOOP_S = 0.05
+LOOP_S = 0.1
 REDISPATCH_S = 5.0
 MB = 1024 * 1024
 QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
+# What a snapshot shows of the run row (the topology and policy never change mid-run).
+SNAPSHOT_FIELDS = ["status", "epoch", "chunks_total", "input_bytes", "started_at",
+                   "finished_at", "error"]  # fmt: skip
 
 
 @dataclass
@@ -117,6 +121,14 @@ class RunDriver:
         self.measured_rate = 0.0
         self.pool: dict[str, int] = {}
         self.pinned: set[str] = set()
+        self.tick_seconds: list[float] = []
+        self.phase_seconds: dict[str, float] = {}
+        self.events: list[Event] = []
+        self.pending_signals = 0
+        self.pending_commands = 0
+        self.subscriptions: list[Any] = []
+        self.flags_to_set: set[str] = set()
+        self.flags_to_clear: set[str] = set()
         self.blocked: dict[str, int] = {}
         self.node_states: dict[str, dict[str, Any]] = {}
         self.lost = False
@@ -131,9 +143,17 @@ class RunDriver:
         try:
             return self._drive()
         finally:
+            for subscription in self.subscriptions:
+                subscription.cancel()
             self.control.session.remove(callback)
             if not self.lost:
                 lock.release()
+
+    def _note_signals(self, pending: int) -> None:
+        self.pending_signals = pending
+
+    def _note_commands(self, pending: int) -> None:
+        self.pending_commands = pending
 
     def _on_lost(self) -> None:
         # Runs in kazoo's thread: only note it; the loop gives the run up.
@@ -149,6 +169,12 @@ class RunDriver:
         self.downstream_of_source = downstreams_of(run.topology, self.source["name"])
         self._open_source(run)
         self._restore_routes()
+        # Queues are read only when a watch says they hold something: no round trip
+        # to ZooKeeper on the (usual) ticks without signals or commands.
+        self.subscriptions = [
+            self.control.watch_signals(self.key, self._note_signals),
+            self.control.watch_commands(self.key, self._note_commands),
+        ]
         if run.status == Run.Status.PENDING:
             Run.objects.filter(pk=self.run_id).update(
                 status=Run.Status.RUNNING, started_at=timezone.now()
@@ -178,7 +204,9 @@ class RunDriver:
                     return "superseded by a newer driver"
                 self._dispatch_ready(now)
             if now >= next_tick:
+                began = time.perf_counter()
                 self._tick(run, tick_s)
+                self.tick_seconds.append(time.perf_counter() - began)
                 next_tick = now + tick_s
                 if self._finished(run):
                     return run.status
@@ -343,26 +371,77 @@ class RunDriver:
         return Observation(time.monotonic(), interval_s, self.topology, nodes)
 
     def _tick(self, run: Run, tick_s: float) -> None:
-        observation = self._observe(max(tick_s, 0.1))
-        self.blocked.clear()
-        decision = step(observation, self.state, self.policy)
-        self.state = decision.state
-        for action in decision.actions:
-            if isinstance(action, StopMigration) and action.heavy[0] in self.pinned:
-                continue  # an operator's migration lasts until the operator stops it
-            self._apply(action)
-        self._handle_commands(observation)
-        self._handle_signals()
-        self._write_states(observation)
-        self._publish(run, observation=observation)
+        with self._phase("observe"):
+            observation = self._observe(max(tick_s, 0.1))
+            self.blocked.clear()
+        with self._phase("decide"):
+            decision = step(observation, self.state, self.policy)
+            self.state = decision.state
+        with self._phase("apply"):
+            for action in decision.actions:
+                if isinstance(action, StopMigration) and action.heavy[0] in self.pinned:
+                    continue  # an operator's migration lasts until the operator stops it
+                self._apply(action)
+            self._handle_commands(observation)
+            self._handle_signals()
+            self._flush_flags()
+            self._flush_events()
+        with self._phase("state"):
+            self._write_states(observation)
+        with self._phase("publish"):
+            self._publish(run, observation=observation)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + (
+                time.perf_counter() - began
+            )
+
+    def _event(
+        self,
+        kind: str,
+        reason: str,
+        *,
+        node: str = "",
+        actor: str = "balancer",
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue an event; a tick writes its events in one statement."""
+        self.events.append(
+            Event(
+                run_id=self.run_id,
+                kind=kind,
+                reason=reason,
+                node=node[:100],
+                actor=actor,
+                data=data or {},
+            )
+        )
+
+    def _flush_events(self) -> None:
+        if self.events:
+            Event.objects.bulk_create(self.events)
+            self.events.clear()
+
+    def _flush_flags(self) -> None:
+        if self.flags_to_set or self.flags_to_clear:
+            self.control.update_flags(self.key, self.flags_to_set, self.flags_to_clear)
+            self.flags_to_set.clear()
+            self.flags_to_clear.clear()
 
     def _apply(self, action: Action, actor: str = "balancer") -> None:
         if isinstance(action, SetFlag):
             self.flags.add(action.node)
-            self.control.set_flag(self.key, action.node)
+            self.flags_to_clear.discard(action.node)
+            self.flags_to_set.add(action.node)
         elif isinstance(action, ClearFlag):
             self.flags.discard(action.node)
-            self.control.clear_flag(self.key, action.node)
+            self.flags_to_set.discard(action.node)
+            self.flags_to_clear.add(action.node)
         elif isinstance(action, SetThresholds):
             control = self.controls.setdefault(action.node, NodeControl())
             control.high_water, control.low_water = action.high_water, action.low_water
@@ -394,11 +473,12 @@ class RunDriver:
                 or getattr(action, "branch_node", "")
                 or getattr(action, "target", "")
             )
-            record_event(self.run_id, action.kind, action.reason, node=node,
-                         actor=actor, data=action.to_json())  # fmt: skip
+            self._event(action.kind, action.reason, node=node, actor=actor, data=action.to_json())
 
     def _handle_commands(self, observation: Observation) -> None:
         """Operators' requests from the console: migrate a branch now, or stop."""
+        if not self.pending_commands:
+            return
         for command in self.control.take_commands(self.key):
             node, who = command.get("node", ""), command.get("user", "an operator")
             if not self.topology.has_node(node):
@@ -406,9 +486,13 @@ class RunDriver:
             if command.get("command") == "migrate":
                 action = operator_migration(observation, node, self.policy, who)
                 if action is None:
-                    record_event(self.run_id, "operator_refused",
-                                 f"{node} is on no branch with another branch to take its data",
-                                 node=node, actor="user", data=command)  # fmt: skip
+                    self._event(
+                        "operator_refused",
+                        f"{node} is on no branch with another branch to take its data",
+                        node=node,
+                        actor="user",
+                        data=command,
+                    )
                     continue
                 self.pinned.add(action.heavy[0])
                 self._apply(action, actor="user")
@@ -438,6 +522,8 @@ class RunDriver:
         return seen
 
     def _set_routes(self, node: str, routes: Routes) -> None:
+        if self.routes.get(node) == routes:
+            return
         self.routes[node] = routes
         self.control.write_routes(self.key, node, routes.to_json(), self.epoch)
 
@@ -450,6 +536,8 @@ class RunDriver:
 
     def _handle_signals(self) -> None:
         """The stepwise queue's handler: apply each signal to its target, in order."""
+        if not self.pending_signals:
+            return
         for message in self.control.take_signals(self.key):
             signal = StepwiseSignal(
                 reason=message.get("reason", ""),
@@ -461,8 +549,7 @@ class RunDriver:
             change, control.speed = apply_signal(signal, control.speed, self.policy)
             if isinstance(change, SetSpeed):
                 self.control.write_task_state(self.key, signal.target, change.to_json())
-                record_event(self.run_id, change.kind, change.reason, node=signal.target,
-                             actor="balancer", data=change.to_json())  # fmt: skip
+                self._event(change.kind, change.reason, node=signal.target, data=change.to_json())
 
     def _write_states(self, observation: Observation) -> None:
         states = {}
@@ -495,7 +582,7 @@ class RunDriver:
     def _publish(
         self, run: Run, observation: Observation | None = None, *, final: bool = False
     ) -> None:
-        run.refresh_from_db()
+        run.refresh_from_db(fields=SNAPSHOT_FIELDS)
         snapshot = build_snapshot(
             run,
             node_states=self.node_states,
@@ -525,9 +612,31 @@ class RunDriver:
             f"run {status}: coverage {summary['status']}",
             data=summary,
         )
+        record_event(self.run_id, "driver_stats", self._tick_stats_text(), data=self._tick_stats())
         run.refresh_from_db()
         self._publish(run, final=True)
         return True
+
+    def _tick_stats(self) -> dict[str, float]:
+        ticks = sorted(self.tick_seconds)
+        if not ticks:
+            return {"ticks": 0}
+        return {
+            "ticks": len(ticks),
+            "p50_ms": 1000 * ticks[len(ticks) // 2],
+            "p99_ms": 1000 * ticks[min(len(ticks) - 1, int(len(ticks) * 0.99))],
+            "max_ms": 1000 * ticks[-1],
+            **{f"{k}_ms_per_tick": 1000 * v / len(ticks) for k, v in self.phase_seconds.items()},
+        }
+
+    def _tick_stats_text(self) -> str:
+        stats = self._tick_stats()
+        if not stats["ticks"]:
+            return "no balancer tick ran"
+        return (
+            f"{stats['ticks']:.0f} balancer ticks: p50 {stats['p50_ms']:.1f} ms, "
+            f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms"
+        )
 
     def in_flight_running(self) -> bool:
         return any(not _finished_handle(d.handle) for d in self.in_flight.values())

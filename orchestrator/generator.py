@@ -7,7 +7,6 @@ to the packet's branch, so the skew of the workload is the skew the source sees.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from balancer.sim.workload import WorkloadSpec, generate
 from orchestrator.routing import tagged_target
 
 MB = 1024 * 1024
+RECORD_BYTES = 52  # typical length of one generated line
 
 
 class GeneratorError(ValueError):
@@ -97,25 +97,26 @@ def write_input(path: Path, spec: GeneratorSpec, branches: Sequence[str], segmen
     )
     keys = keys_for(branches, spec.keys_per_branch)
     rng = np.random.default_rng(spec.seed + 1)
+    per_packet = max(1, int(packet_bytes // RECORD_BYTES))
     path.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     count = 0
     with path.open("w") as out:
         for tag_index in workload.tag_index:
             pool = keys[workload.tags[int(tag_index)]]
-            size = 0
-            while size < packet_bytes:
-                count += 1
-                if spec.malformed_every and count % spec.malformed_every == 0:
-                    line = "this is not a record\n"
-                else:
-                    record = {
-                        "key": pool[int(rng.integers(len(pool)))],
-                        "value": int(rng.integers(0, 10_000_000)) / 100,
-                        "user": f"u{int(rng.integers(spec.users))}",
-                    }
-                    line = json.dumps(record, separators=(",", ":")) + "\n"
-                out.write(line)
-                size += len(line)
-            written += size
+            key_ix = rng.integers(len(pool), size=per_packet)
+            cents = rng.integers(0, 10_000_000, size=per_packet)
+            users = rng.integers(spec.users, size=per_packet)
+            lines = [
+                f'{{"key":"{pool[k]}","value":{c / 100},"user":"u{u}"}}\n'
+                for k, c, u in zip(key_ix.tolist(), cents.tolist(), users.tolist(), strict=True)
+            ]
+            if spec.malformed_every:
+                for i in range(per_packet):
+                    if (count + i + 1) % spec.malformed_every == 0:
+                        lines[i] = "this is not a record\n"
+            count += per_packet
+            body = "".join(lines)
+            out.write(body)
+            written += len(body)
     return written

@@ -98,6 +98,7 @@ class Segment(models.Model):
         indexes = [
             models.Index(fields=["run", "node", "state", "available_at"]),
             models.Index(fields=["run", "state", "lease_expires"]),
+            models.Index(fields=["run", "migrated_from"]),
         ]
 
     def __str__(self) -> str:

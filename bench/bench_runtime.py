@@ -1,0 +1,223 @@
+"""End-to-end figures of the live runtime, on the project's own embedded stack.
+
+    .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--spark-workers 2]
+    .venv/bin/python bench/bench_runtime.py ticks [--nodes 50]
+
+throughput: an unthrottled source -> 3 aggregators -> sink pipeline over a generated
+JSON-lines input, against the plain Spark batch job on the same file in the same session
+(target: streaming throughput >= 0.8 of the batch job's), with the peak resident memory
+of the whole stack (services, workers, this process) sampled every 0.5 s.
+
+ticks: a source -> N-2 aggregators -> sink pipeline with the watermark and migration
+layers on; the driver reports its balancer tick durations (target p99 <= 100 ms at 50
+nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.embedded import die_with_parent  # noqa: E402
+from orchestrator.launcher import Launcher  # noqa: E402
+
+NO_SERVICES = {"DATABASE_URL": "", "REDIS_URL": "", "ZK_HOSTS": ""}
+
+
+class Stack:
+    """Services, migrations and workers under a throw-away state folder."""
+
+    def __init__(self, spark_workers: int) -> None:
+        self.var = Path(tempfile.mkdtemp(prefix="bpconsole-bench-"))
+        self.launcher = Launcher(self.var, environ=NO_SERVICES)
+        self.spark_workers = spark_workers
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Stack:
+        endpoints = self.launcher.start()
+        self.env = {
+            **os.environ,
+            **endpoints.as_env(),
+            "DJANGO_SETTINGS_MODULE": "webapp.settings.local",
+            "BPCONSOLE_VAR_DIR": str(self.var),
+        }
+        os.environ.update(self.env)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"], env=self.env, cwd=ROOT, check=True
+        )
+        celery = [sys.executable, "-m", "celery", "-A", "orchestrator.celery"]
+        for args in (
+            ["worker", "-Q", "control", "--pool", "threads", "--concurrency", "4", "-n", "c@b"],
+            ["worker", "-Q", "spark", "--concurrency", str(self.spark_workers), "-n", "s@b"],
+            ["beat", "--schedule", str(self.var / "beat")],
+        ):
+            log = (self.var / f"{args[0]}-{len(self.children)}.log").open("ab")
+            self.children.append(
+                subprocess.Popen(
+                    [*celery, *args],
+                    env=self.env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+                )
+            )
+        import django
+
+        django.setup()
+        from orchestrator.celery import app
+
+        deadline = time.monotonic() + 120
+        while len(app.control.ping(timeout=1.0) or []) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start; logs in {self.var}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in self.children:
+            child.terminate()
+        for child in self.children:
+            child.wait(30)
+        self.launcher.stop()
+
+
+def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[str, Any]:
+    params = {"key": "key", "value": "value", "distinct": "user"}
+    nodes: list[dict[str, Any]] = [
+        {"name": "source", "kind": "source", "operator": "read",
+         "params": {"format": "jsonl", "route_by": "key", "segment_mb": segment_mb}},
+        {"name": "output", "kind": "sink", "operator": "merge", "buffer_mb": 1024},
+    ]  # fmt: skip
+    edges = []
+    for i in range(1, aggregators + 1):
+        name = f"agg{i}"
+        nodes.append({"name": name, "kind": "operator", "stage": "agg", "operator": "aggregate",
+                      "params": params, "buffer_mb": buffer_mb})  # fmt: skip
+        edges += [{"from": "source", "to": name}, {"from": name, "to": "output"}]
+    return {"name": f"bench-{aggregators}", "nodes": nodes, "edges": edges}
+
+
+def run_to_end(doc: dict[str, Any], policy: dict[str, Any], generator: str) -> Any:
+    from orchestrator.runs import create_run, start_run
+
+    run = create_run(topology=doc, policy=policy, generator=generator)
+    start_run(run)
+    while True:
+        run.refresh_from_db()
+        if not run.is_active:
+            return run
+        time.sleep(0.5)
+
+
+class MemorySampler(threading.Thread):
+    def __init__(self, roots: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.roots = roots
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            total = 0
+            for pid in self.roots:
+                try:
+                    proc = psutil.Process(pid)
+                    for p in [proc, *proc.children(recursive=True)]:
+                        total += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.peak = max(self.peak, total)
+            time.sleep(0.5)
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    from balancer.policy import Policy
+
+    with Stack(args.spark_workers) as stack:
+        doc = pipeline(3, buffer_mb=512, segment_mb=args.segment_mb)
+        policy = Policy.from_mapping({"routing": "water_level", "migration": "off",
+                                      "throttling": "none"}).to_dict()  # fmt: skip
+        generator = f"seed=3,volume_mb={args.mb},dominance=0"
+        from orchestrator.batchjob import generated_input
+
+        began = time.monotonic()
+        generated_input(doc, generator)
+        generation_s = time.monotonic() - began
+        sampler = MemorySampler([os.getpid(), *(c.pid for c in stack.children)])
+        sampler.start()
+        run = run_to_end(doc, policy, generator)
+        stream_s = (run.finished_at - run.started_at).total_seconds()
+        from orchestrator.batchjob import batch_summary
+        from orchestrator.results import summary
+
+        result = summary(run)
+        batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+        sampler.stop.set()
+        sampler.join()
+        launcher_rss = sum(
+            psutil.Process(s.process.pid).memory_info().rss
+            for s in stack.launcher.started
+            if s.process
+        )
+        size = run.input_spec["extent_total"]
+        return {
+            "input_mb": round(size / 2**20, 1),
+            "generation_s": round(generation_s, 1),
+            "stream_s": round(stream_s, 1),
+            "batch_s": batch["seconds"],
+            "stream_mb_s": round(size / 2**20 / stream_s, 2),
+            "batch_mb_s": round(size / 2**20 / batch["seconds"], 2),
+            "throughput_ratio": round(batch["seconds"] / stream_s, 3),
+            "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
+            "peak_rss_mb_workers_and_bench": round(sampler.peak / 2**20),
+            "services_rss_mb_at_end": round(launcher_rss / 2**20),
+        }
+
+
+def ticks(args: argparse.Namespace) -> dict[str, Any]:
+    from balancer.policy import Policy
+
+    with Stack(args.spark_workers):
+        from orchestrator.models import Event
+
+        doc = pipeline(args.nodes - 2, buffer_mb=0.5, segment_mb=0.0625)
+        policy = Policy.from_mapping({"routing": "water_level", "migration": "pressure",
+                                      "throttling": "watermark", "tick_ms": 500}).to_dict()  # fmt: skip
+        run = run_to_end(doc, policy, f"seed=5,volume_mb={args.mb},dominance=0.5")
+        stats = Event.objects.filter(run=run, kind="driver_stats").first()
+        return {"nodes": args.nodes, "status": run.status, **(stats.data if stats else {})}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--mb", type=int, default=1024)
+    t.add_argument("--segment-mb", type=float, default=8.0)
+    t.add_argument("--spark-workers", type=int, default=2)
+    k = sub.add_parser("ticks")
+    k.add_argument("--nodes", type=int, default=50)
+    k.add_argument("--mb", type=int, default=24)
+    k.add_argument("--spark-workers", type=int, default=2)
+    args = parser.parse_args()
+    result = throughput(args) if args.what == "throughput" else ticks(args)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
