@@ -35,6 +35,7 @@ from typing import Any, Self
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -260,6 +261,9 @@ class ControlPlane:
         self._owns_client = False
         self._workers: dict[str, bytes] = {}
         self._workers_lock = threading.Lock()
+        # routes path -> (epoch znode version, highest epoch seen, routes znode version)
+        # after our last write of it: what the one-round-trip write checks against
+        self._route_versions: dict[str, tuple[int, int, int]] = {}
         self._session_was_lost = False
         self.session.on_lost(self._note_session_lost)
         self.session.on_reconnected(self._after_reconnect)
@@ -396,11 +400,37 @@ class ControlPlane:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         path = self._child(run, "routes", node)
         payload = encode({"epoch": epoch, "routes": dict(routes)})
+        if self._write_routes_fast(run, path, payload, epoch):
+            return
         self.client.retry(self.client.ensure_path, self._folder(run, "routes"))
         for _ in range(MAX_CAS_ATTEMPTS):
             if self.client.retry(self._try_write_routes, run, node, path, payload, epoch):
                 return
         raise ControlPlaneError(f"routes of {run}/{node}: too many concurrent writers")
+
+    def _write_routes_fast(self, run: str, path: str, payload: bytes, epoch: int) -> bool:
+        """One round trip when nothing moved since our own last write of ``path``: the
+        same epoch-znode and routes versions, checked in one multi-op. Any change (a new
+        epoch, another writer) fails the check, and the full path re-reads and decides."""
+        known = self._route_versions.get(path)
+        if known is None:
+            return False
+        epoch_version, floor, routes_version = known
+        if epoch < floor:
+            return False  # the full path re-reads and refuses with the newer epoch
+
+        tx = self.client.transaction()
+        tx.check(self._epoch_path(run), epoch_version)
+        tx.set_data(path, payload, version=routes_version)
+        try:
+            results = self.client.retry(tx.commit)
+        except KazooException:
+            return False
+        if any(isinstance(r, Exception) for r in results):
+            self._route_versions.pop(path, None)
+            return False
+        self._route_versions[path] = (epoch_version, max(floor, epoch), results[1].version)
+        return True
 
     def _try_write_routes(self, run: str, node: str, path: str, payload: bytes, epoch: int) -> bool:
         run_epoch, epoch_stat = self._epoch_with_stat(run, create=True)
@@ -420,7 +450,29 @@ class ControlPlane:
             tx.create(path, payload)
         else:
             tx.set_data(path, payload, version=stat.version)
-        return self._committed(tx.commit(), path)
+        results = tx.commit()
+        if not self._committed(results, path):
+            return False
+        written = 0 if stat is None else results[1].version
+        self._route_versions[path] = (epoch_stat.version, max(run_epoch, epoch), written)
+        return True
+
+    def raise_epoch(self, run: str, at_least: int) -> int:
+        """Move the run's epoch up to ``at_least`` (never down); returns the epoch. The
+        ledger's epoch is the source of truth; this keeps ZooKeeper's fence in step."""
+        for _ in range(MAX_CAS_ATTEMPTS):
+            current, stat = self._epoch_with_stat(run, create=True)
+            if current >= at_least:
+                return current
+            try:
+                self.client.retry(
+                    self.client.set, self._epoch_path(run), str(at_least).encode(),
+                    version=stat.version,
+                )  # fmt: skip
+            except BadVersionError:
+                continue
+            return at_least
+        raise ControlPlaneError(f"epoch of {run}: too many concurrent increments")
 
     def read_routes(self, run: str, node: str) -> tuple[dict[str, Any], int] | None:
         """``(routes, epoch)`` as last written, or None if never written."""

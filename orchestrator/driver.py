@@ -161,6 +161,8 @@ class RunDriver:
 
     def _drive(self) -> str:
         self.epoch = ledger.bump_epoch(self.run_id)
+        # ZooKeeper's fence follows the ledger's: older owners' routes writes are refused.
+        self.control.raise_epoch(self.key, self.epoch)
         run = Run.objects.get(pk=self.run_id)
         self.topology_doc = run.topology
         self.policy = Policy.from_mapping(run.policy)
@@ -384,8 +386,10 @@ class RunDriver:
                 self._apply(action)
             self._handle_commands(observation)
             self._handle_signals()
-            self._flush_flags()
-            self._flush_events()
+            with self._phase("flags"):
+                self._flush_flags()
+            with self._phase("events"):
+                self._flush_events()
         with self._phase("state"):
             self._write_states(observation)
         with self._phase("publish"):
@@ -525,7 +529,8 @@ class RunDriver:
         if self.routes.get(node) == routes:
             return
         self.routes[node] = routes
-        self.control.write_routes(self.key, node, routes.to_json(), self.epoch)
+        with self._phase("routes"):
+            self.control.write_routes(self.key, node, routes.to_json(), self.epoch)
 
     def _restore_routes(self) -> None:
         for node_id in self.topology.order:

@@ -234,9 +234,10 @@ def test_routes_write_cannot_overwrite_a_newer_one_that_slipped_in(
     connect: Callable[..., ControlPlane], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The interleaving a plain read-check-write loses: A reads epoch 1, B writes epoch 7,
-    A writes epoch 5. The versioned set makes A re-read and refuse."""
+    A writes epoch 5. The versioned set makes A re-read and refuse. (A has not written
+    this node before, so it takes the read-check-write path, not the one-trip write.)"""
     old_owner, new_owner = connect(), connect()
-    old_owner.write_routes(RUN, "up", {"owner": "old"}, epoch=1)
+    connect().write_routes(RUN, "up", {"owner": "old"}, epoch=1)
     routes_path = f"{old_owner.run_path(RUN)}/routes/up"
     real_get = old_owner.client.get
     slipped = threading.Event()
@@ -254,6 +255,20 @@ def test_routes_write_cannot_overwrite_a_newer_one_that_slipped_in(
     assert slipped.is_set()
     assert refused.value.newer == 7
     assert new_owner.read_routes(RUN, "up") == ({"owner": "new"}, 7)
+
+
+def test_one_trip_write_is_refused_after_a_newer_write(
+    connect: Callable[..., ControlPlane],
+) -> None:
+    """A writer whose cached versions went stale (another owner wrote since) must not
+    overwrite: its one-round-trip write fails the version check and the full path refuses."""
+    old_owner, new_owner = connect(), connect()
+    old_owner.write_routes(RUN, "up", {"owner": "old"}, epoch=1)
+    old_owner.write_routes(RUN, "up", {"owner": "old", "n": 2}, epoch=1)  # cached path
+    new_owner.write_routes(RUN, "up", {"owner": "new"}, epoch=3)
+    with pytest.raises(StaleEpochError):
+        old_owner.write_routes(RUN, "up", {"owner": "old", "n": 3}, epoch=1)
+    assert old_owner.read_routes(RUN, "up") == ({"owner": "new"}, 3)
 
 
 def test_concurrent_routes_writers_leave_the_highest_epoch(
