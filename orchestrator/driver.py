@@ -53,6 +53,7 @@ from orchestrator.batches import bandwidth, downstreams_of, segment_path
 from orchestrator.control_plane import ControlPlane
 from orchestrator.events import record_event
 from orchestrator.models import Event, Run
+from orchestrator.reporter import Report, Reporter
 from orchestrator.routing import Routes, route
 from orchestrator.snapshot import build_snapshot
 from orchestrator.source import Chunk, chunks, resolve_inputs
@@ -140,9 +141,14 @@ class RunDriver:
         if not lock.acquire(timeout=lock_timeout_s):
             return "another driver holds this run"
         callback = self.control.session.on_lost(self._on_lost)
+        self.reporter = Reporter(
+            lambda states: self.control.write_states(self.key, states), self._report
+        )
+        self.reporter.start()
         try:
             return self._drive()
         finally:
+            self.reporter.stop()
             for subscription in self.subscriptions:
                 subscription.cancel()
             self.control.session.remove(callback)
@@ -390,10 +396,11 @@ class RunDriver:
                 self._flush_flags()
             with self._phase("events"):
                 self._flush_events()
-        with self._phase("state"):
-            self._write_states(observation)
-        with self._phase("publish"):
-            self._publish(run, observation=observation)
+        with self._phase("report"):
+            self.node_states = self._node_states(observation)
+            self.reporter.submit(
+                Report(self.node_states, {k: v.to_json() for k, v in self.routes.items()})
+            )
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -556,13 +563,21 @@ class RunDriver:
                 self.control.write_task_state(self.key, signal.target, change.to_json())
                 self._event(change.kind, change.reason, node=signal.target, data=change.to_json())
 
-    def _write_states(self, observation: Observation) -> None:
-        states = {}
-        for node_id, obs in observation.nodes.items():
-            control = self.controls.setdefault(node_id, NodeControl())
-            states[node_id] = self._node_state(node_id, obs, control)
-        self.control.write_states(self.key, states)
-        self.node_states = states
+    def _node_states(self, observation: Observation) -> dict[str, dict[str, Any]]:
+        return {
+            node_id: self._node_state(
+                node_id, obs, self.controls.setdefault(node_id, NodeControl())
+            )
+            for node_id, obs in observation.nodes.items()
+        }
+
+    def _report(self, report: Report) -> None:
+        """In the reporter thread: build and publish the snapshot of one tick."""
+        run = Run.objects.only(*SNAPSHOT_FIELDS, "topology", "policy", "input_spec",
+                               "pipeline_name").get(pk=self.run_id)  # fmt: skip
+        self.publish(
+            self.run_id, build_snapshot(run, node_states=report.node_states, routes=report.routes)
+        )
 
     def _node_state(
         self, node_id: str, obs: NodeObservation, control: NodeControl
@@ -584,9 +599,7 @@ class RunDriver:
             "in_backpressure": control.speed.in_backpressure,
         }
 
-    def _publish(
-        self, run: Run, observation: Observation | None = None, *, final: bool = False
-    ) -> None:
+    def _publish(self, run: Run, *, final: bool = False) -> None:
         run.refresh_from_db(fields=SNAPSHOT_FIELDS)
         snapshot = build_snapshot(
             run,
@@ -605,6 +618,11 @@ class RunDriver:
             return False
         run.refresh_from_db()
         result = ledger.coverage(run, input_extent(self.files))
+        # Every pool is empty now: no node is backpressured any more.
+        for node in sorted(self.flags):
+            self._apply(ClearFlag(reason="run finished: every pool is empty", node=node))
+        self._flush_flags()
+        self._flush_events()
         status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
         error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
         Run.objects.filter(pk=self.run_id, epoch=self.epoch).update(

@@ -18,6 +18,7 @@ from balancer.policy import (
 )
 from balancer.policy import validate as validate_policy
 from orchestrator.batchjob import batch_summary
+from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
 from orchestrator.generator import GeneratorError
 from orchestrator.results import summary as run_summary
 from orchestrator.runs import (
@@ -30,6 +31,11 @@ from orchestrator.runs import (
 )
 from orchestrator.source import InputError
 from sparkjobs.catalog import OPERATORS, OperatorSpec, validate_params
+
+# Importing ``celery_app`` makes the project's Celery app current in every process that
+# uses this interface (the ASGI server included); without it start_run's task would go to
+# Celery's default app and broker (amqp://localhost) and starting a run from the console
+# would fail.
 
 
 def workers_alive(timeout_s: float = 2.0) -> bool:

@@ -1,0 +1,65 @@
+"""Off the balancer's critical path: node states to ZooKeeper and the live snapshot.
+
+The tick hands over what it decided and moves on; this thread writes the states and
+publishes the snapshot. When it falls behind, only the newest report is kept: viewers
+want the present, not a backlog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Report:
+    node_states: dict[str, dict[str, Any]]
+    routes: dict[str, dict[str, Any]]
+
+
+class Reporter(threading.Thread):
+    def __init__(
+        self,
+        write_states: Callable[[dict[str, dict[str, Any]]], None],
+        publish: Callable[[Report], None],
+    ) -> None:
+        super().__init__(name="run-reporter", daemon=True)
+        self.write_states = write_states
+        self.publish = publish
+        self.inbox: queue.Queue[Report | None] = queue.Queue(maxsize=1)
+
+    def submit(self, report: Report) -> None:
+        while True:
+            try:
+                self.inbox.put_nowait(report)
+                return
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self.inbox.get_nowait()  # drop the stale one
+
+    def stop(self) -> None:
+        """Finish the report in hand, then end (a pending one is dropped)."""
+        with contextlib.suppress(queue.Empty):
+            self.inbox.get_nowait()
+        self.inbox.put(None)
+        self.join(timeout=30)
+
+    def run(self) -> None:
+        try:
+            while (report := self.inbox.get()) is not None:
+                try:
+                    self.write_states(report.node_states)
+                    self.publish(report)
+                except Exception:
+                    log.warning("could not report a tick", exc_info=True)
+        finally:
+            connection.close()  # this thread's own database connection
