@@ -50,7 +50,7 @@ def read_input(
     )
     typed = frame.select(
         *[F.col(f"`{s}`").cast("string").alias(s) for s in strings],
-        F.col(f"`{params.value}`").cast(VALUE_TYPE).alias(params.value),
+        F.col(f"`{params.value}`").try_cast(VALUE_TYPE).alias(params.value),
     )
     bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
     for name in [*strings, params.value]:
