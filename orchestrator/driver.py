@@ -50,7 +50,7 @@ from balancer.pressure import operator_migration
 from balancer.stepwise import TaskSpeed, apply_signal
 from orchestrator import ledger
 from orchestrator.batches import bandwidth, downstreams_of, segment_path
-from orchestrator.control_plane import ControlPlane
+from orchestrator.control_plane import ControlPlane, StaleEpochError
 from orchestrator.events import record_event
 from orchestrator.models import Event, Run
 from orchestrator.reporter import Report, Reporter
@@ -126,6 +126,8 @@ class RunDriver:
         self.phase_seconds: dict[str, float] = {}
         self.events: list[Event] = []
         self.pending_signals = 0
+        self.superseded = False
+        self.stored_routes: dict[str, dict[str, Any]] = {}
         self.pending_commands = 0
         self.subscriptions: list[Any] = []
         self.flags_to_set: set[str] = set()
@@ -141,9 +143,7 @@ class RunDriver:
         if not lock.acquire(timeout=lock_timeout_s):
             return "another driver holds this run"
         callback = self.control.session.on_lost(self._on_lost)
-        self.reporter = Reporter(
-            lambda states: self.control.write_states(self.key, states), self._report
-        )
+        self.reporter = Reporter(self._store, self._report)
         self.reporter.start()
         try:
             return self._drive()
@@ -199,7 +199,7 @@ class RunDriver:
                 time.sleep(LOOP_S)
                 continue
             run.refresh_from_db(fields=["status", "epoch"])
-            if run.epoch != self.epoch:
+            if run.epoch != self.epoch or self.superseded:
                 return "superseded by a newer driver"
             if run.status == Run.Status.CANCELLED:
                 self._publish(run, final=True)
@@ -533,11 +533,21 @@ class RunDriver:
         return seen
 
     def _set_routes(self, node: str, routes: Routes) -> None:
-        if self.routes.get(node) == routes:
-            return
+        # Applied at once here (the source and dispatch read self.routes); the reporter
+        # stores it in ZooKeeper, fenced by the epoch, right after the tick.
         self.routes[node] = routes
-        with self._phase("routes"):
-            self.control.write_routes(self.key, node, routes.to_json(), self.epoch)
+
+    def _store_routes(self, routes: dict[str, dict[str, Any]]) -> None:
+        """In the reporter thread: write the routes that changed since the last write."""
+        for node, table in routes.items():
+            if self.stored_routes.get(node) == table:
+                continue
+            try:
+                self.control.write_routes(self.key, node, table, self.epoch)
+            except StaleEpochError:
+                self.superseded = True  # a newer driver owns the run; the loop stops
+                return
+            self.stored_routes[node] = table
 
     def _restore_routes(self) -> None:
         for node_id in self.topology.order:
@@ -570,6 +580,10 @@ class RunDriver:
             )
             for node_id, obs in observation.nodes.items()
         }
+
+    def _store(self, report: Report) -> None:
+        self._store_routes(report.routes)
+        self.control.write_states(self.key, report.node_states)
 
     def _report(self, report: Report) -> None:
         """In the reporter thread: build and publish the snapshot of one tick."""

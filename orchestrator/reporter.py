@@ -1,4 +1,5 @@
-"""Off the balancer's critical path: node states to ZooKeeper and the live snapshot.
+"""Off the balancer's critical path: routes and node states to ZooKeeper, and the live
+snapshot.
 
 The tick hands over what it decided and moves on; this thread writes the states and
 publishes the snapshot. When it falls behind, only the newest report is kept: viewers
@@ -27,13 +28,9 @@ class Report:
 
 
 class Reporter(threading.Thread):
-    def __init__(
-        self,
-        write_states: Callable[[dict[str, dict[str, Any]]], None],
-        publish: Callable[[Report], None],
-    ) -> None:
+    def __init__(self, store: Callable[[Report], None], publish: Callable[[Report], None]) -> None:
         super().__init__(name="run-reporter", daemon=True)
-        self.write_states = write_states
+        self.store = store
         self.publish = publish
         self.inbox: queue.Queue[Report | None] = queue.Queue(maxsize=1)
 
@@ -57,7 +54,7 @@ class Reporter(threading.Thread):
         try:
             while (report := self.inbox.get()) is not None:
                 try:
-                    self.write_states(report.node_states)
+                    self.store(report)
                     self.publish(report)
                 except Exception:
                     log.warning("could not report a tick", exc_info=True)
