@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,8 @@ def create_run(
             input_spec={},
             created_by=user if getattr(user, "is_authenticated", False) else None,
         )
+        # The id is new, so anything in its folder is left from a database that was reset.
+        shutil.rmtree(run_dir(run.pk), ignore_errors=True)
         if spec is not None:
             if fmt != "jsonl":
                 raise RunError("the generator writes JSON lines; the source must read jsonl")

@@ -63,23 +63,25 @@ def partial_aggregate(
     """
     strings = sorted({params.key, params.distinct})
     lines = read_lines(spark, [str(p) for p in inputs.values()])
-    parsed = parse_fields(lines, strings=strings, numbers=[params.value]).cache()
-    try:
-        partial_rows = (
-            parsed.where(~F.col(MALFORMED_COL))
-            .groupBy(SEGMENT_COL, params.key)
-            .agg(
-                F.count(F.lit(1)).alias("count"),
-                F.sum(params.value).alias("sum"),
-                F.min(params.value).alias("min"),
-                F.max(params.value).alias("max"),
-                F.sort_array(F.collect_set(params.distinct)).alias("distinct"),
-            )
-            .collect()
+    parsed = parse_fields(lines, strings=strings, numbers=[params.value])
+    # One pass: good records aggregate per (segment, key); malformed ones form their own
+    # groups that carry only their raw lines, for quarantine.
+    grouped = (
+        parsed.groupBy(SEGMENT_COL, MALFORMED_COL, params.key)
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum(params.value).alias("sum"),
+            F.min(params.value).alias("min"),
+            F.max(params.value).alias("max"),
+            F.sort_array(F.collect_set(params.distinct)).alias("distinct"),
+            F.collect_list(F.when(F.col(MALFORMED_COL), F.col(RAW_COL))).alias("raw"),
         )
-        bad_rows = parsed.where(F.col(MALFORMED_COL)).select(SEGMENT_COL, RAW_COL).collect()
-    finally:
-        parsed.unpersist()
+        .collect()
+    )
+    partial_rows = [row for row in grouped if not row[MALFORMED_COL]]
+    bad_rows = [
+        (row[SEGMENT_COL], raw) for row in grouped if row[MALFORMED_COL] for raw in row["raw"]
+    ]
 
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
@@ -101,10 +103,10 @@ def partial_aggregate(
                 separators=(",", ":"),
             )
         )
-    for row in bad_rows:
-        result = results[row[SEGMENT_COL]]
+    for seg, raw in bad_rows:
+        result = results[seg]
         result.malformed += 1
-        result.quarantined.append(row[RAW_COL])
+        result.quarantined.append(raw)
     for seg, result in results.items():
         body = "".join(line + "\n" for line in sorted(lines_by_segment[seg]))
         result.bytes = write_atomic(result.path, body.encode())

@@ -92,26 +92,23 @@ def batch_aggregate(
     if steps:
         strings = sorted({params.key, params.distinct})
         lines = _after_record_steps(spark, paths, fmt, steps)
-        frame = parse_fields(lines, strings=strings, numbers=[params.value]).cache()
+        frame = parse_fields(lines, strings=strings, numbers=[params.value])
     else:
-        frame = read_input(spark, paths, fmt, params).cache()
-    try:
-        counts = frame.groupBy(MALFORMED_COL).count().collect()
-        rows = (
-            frame.where(~F.col(MALFORMED_COL))
-            .groupBy(params.key)
-            .agg(
-                F.count(F.lit(1)).alias("count"),
-                F.sum(params.value).alias("sum"),
-                F.min(params.value).alias("min"),
-                F.max(params.value).alias("max"),
-                F.count_distinct(params.distinct).alias("distinct"),
-            )
-            .collect()
+        frame = read_input(spark, paths, fmt, params)
+    # One pass over the input: malformed records form their own groups, only counted.
+    grouped = (
+        frame.groupBy(MALFORMED_COL, params.key)
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum(params.value).alias("sum"),
+            F.min(params.value).alias("min"),
+            F.max(params.value).alias("max"),
+            F.count_distinct(params.distinct).alias("distinct"),
         )
-    finally:
-        frame.unpersist()
-    by_flag = {row[MALFORMED_COL]: row["count"] for row in counts}
+        .collect()
+    )
+    rows = [r for r in grouped if not r[MALFORMED_COL]]
+    malformed = sum(int(r["count"]) for r in grouped if r[MALFORMED_COL])
     return BatchResult(
         rows=[
             BatchKey(
@@ -124,6 +121,6 @@ def batch_aggregate(
             )
             for r in rows
         ],
-        records=int(by_flag.get(False, 0)),
-        malformed=int(by_flag.get(True, 0)),
+        records=sum(int(r["count"]) for r in rows),
+        malformed=malformed,
     )

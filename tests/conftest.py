@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -140,3 +141,65 @@ def workers(services: Endpoints, django_db_setup: None) -> Iterator[Workers]:
         yield pool
     finally:
         pool.stop()
+
+
+@dataclass
+class AsgiServer:
+    """The console's ASGI server (daphne) as a child process on the test services and
+    the test database: pages, the API and websockets, as a browser reaches them."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def asgi_server(services: Endpoints, django_db_setup: None) -> Iterator[AsgiServer]:
+    import urllib.request
+
+    from orchestrator.embedded import free_port
+
+    port = free_port()
+    log_path = TEST_VAR_DIR / "log" / "daphne.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "webapp.asgi:application"],
+            env=child_env(services),
+            cwd=PROJECT_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/login/", timeout=2) as answer:  # noqa: S310
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"daphne did not serve {url}; log in {log_path}")
+        time.sleep(0.2)
+    try:
+        yield AsgiServer(url, process, log_path)
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession shared by the Spark transform tests."""
+    from sparkjobs.session import spark_session
+
+    session = spark_session(master="local[2]", app_name="bpconsole-tests")
+    yield session
+    session.stop()
