@@ -149,8 +149,8 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
     with Stack(args.spark_workers) as stack:
         doc = pipeline(3, buffer_mb=512, segment_mb=args.segment_mb)
-        policy = Policy.from_mapping({"routing": "water_level", "migration": "off",
-                                      "throttling": "none"}).to_dict()  # fmt: skip
+        layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
+        policy = Policy.from_mapping(layers).to_dict()
         generator = f"seed=3,volume_mb={args.mb},dominance=0"
         from orchestrator.batchjob import generated_input
         from sparkjobs.session import spark_session
@@ -200,8 +200,8 @@ def ticks(args: argparse.Namespace) -> dict[str, Any]:
         from orchestrator.models import Event
 
         doc = pipeline(args.nodes - 2, buffer_mb=0.5, segment_mb=0.0625)
-        policy = Policy.from_mapping({"routing": "water_level", "migration": "pressure",
-                                      "throttling": "watermark", "tick_ms": 500}).to_dict()  # fmt: skip
+        layers = {"routing": "water_level", "migration": "pressure", "throttling": "watermark"}
+        policy = Policy.from_mapping({**layers, "tick_ms": 500}).to_dict()
         run = run_to_end(doc, policy, f"seed=5,volume_mb={args.mb},dominance=0.5")
         stats = Event.objects.filter(run=run, kind="driver_stats").first()
         return {"nodes": args.nodes, "status": run.status, **(stats.data if stats else {})}

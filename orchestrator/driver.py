@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,7 +55,7 @@ from orchestrator.control_plane import ControlPlane, StaleEpochError
 from orchestrator.events import record_event
 from orchestrator.models import Event, Run
 from orchestrator.reporter import Report, Reporter
-from orchestrator.routing import Routes, route
+from orchestrator.routing import Routes, route, tagged_route
 from orchestrator.snapshot import build_snapshot
 from orchestrator.source import Chunk, chunks, resolve_inputs
 from orchestrator.topology import balancer_topology, input_extent
@@ -63,6 +64,8 @@ from sparkjobs.segments import write_atomic
 log = logging.getLogger(__name__)
 
 LOOP_S = 0.1
+READ_AHEAD_CHUNKS = 32
+READ_AHEAD_BYTES = 32 * 1024 * 1024
 REDISPATCH_S = 5.0
 MB = 1024 * 1024
 QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
@@ -113,7 +116,8 @@ class RunDriver:
         self.routes: dict[str, Routes] = {}
         self.flags: set[str] = set()
         self.state = BalancerState()
-        self.pending: Chunk | None = None
+        self.ahead: deque[Chunk] = deque()
+        self.sent_by_route: dict[str, int] = {}
         self.source_iter: Iterator[Chunk] | None = None
         self.source_done = False
         self.emitted_bytes = 0
@@ -266,19 +270,18 @@ class RunDriver:
             self.tokens = min(self.tokens + rate * elapsed, max(rate, 4 * MB))
         began, sent = now, 0
         while time.monotonic() - began < 0.2:
-            if self.pending is None and self.source_iter is not None:
-                self.pending = next(self.source_iter, None)
-                if self.pending is None:
-                    ledger.finish_source(self.run_id, self.epoch, self.next_index)
-                    self.source_done = True
-                    record_event(
-                        self.run_id,
-                        "source_done",
-                        f"source read all {self.next_index} chunks",
-                        node=self.source["name"],
-                    )
-                    return
-            chunk = self.pending
+            self._read_ahead()
+            if not self.ahead:  # the input is exhausted and everything was sent
+                ledger.finish_source(self.run_id, self.epoch, self.next_index)
+                self.source_done = True
+                record_event(
+                    self.run_id,
+                    "source_done",
+                    f"source read all {self.next_index} chunks",
+                    node=self.source["name"],
+                )
+                return
+            chunk = self.ahead[0]
             seg_id = f"r{self.run_id}.c{chunk.index:07d}"
             source_routes = self.routes.get(self.source["name"], Routes())
             target, migrated_from = route(
@@ -314,11 +317,27 @@ class RunDriver:
             if credits is not None:
                 credits[target] = credits.get(target, 0.0) - len(chunk.body)
             self.next_index = chunk.index + 1
-            self.pending = None
+            self.ahead.popleft()
+            tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
+            self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + len(chunk.body)
             sent += len(chunk.body)
         if rate is None and sent:
             spent = max(time.monotonic() - began, 1e-3)
             self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
+
+    def _read_ahead(self) -> None:
+        """Keep the next chunks read: the source's queue, whose mix of routes the
+        balancer sees (what is about to leave, per branch)."""
+        ahead_bytes = sum(len(c.body) for c in self.ahead)
+        while self.source_iter is not None and (
+            len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES
+        ):
+            chunk = next(self.source_iter, None)
+            if chunk is None:
+                self.source_iter = None
+                break
+            self.ahead.append(chunk)
+            ahead_bytes += len(chunk.body)
 
     def _position_after(self, chunk: Chunk) -> dict[str, int]:
         return {"chunk": chunk.index + 1, "file": chunk.file_index,
@@ -360,9 +379,17 @@ class RunDriver:
         for node_id in self.topology.order:
             spec = self.topology.node(node_id)
             flow = flows.get(node_id)
+            head: dict[str, float] = {}
+            arriving: dict[str, float] = {}
             if spec.kind == "source":
-                queued = 0 if self.pending is None else len(self.pending.body)
-                in_rate = out_rate = 0.0
+                source_routes = self.routes.get(node_id, Routes())
+                for chunk in self.ahead:
+                    tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
+                    head[tagged] = head.get(tagged, 0.0) + len(chunk.body)
+                queued = int(sum(head.values()))
+                arriving = {r: b / interval_s for r, b in self.sent_by_route.items()}
+                self.sent_by_route.clear()
+                in_rate = out_rate = sum(arriving.values())
             else:
                 queued = flow.queued_bytes if flow else 0
                 offered = (flow.arrived_bytes if flow else 0) + self.blocked.get(node_id, 0)
@@ -375,6 +402,8 @@ class RunDriver:
                 in_rate=in_rate,
                 out_rate=out_rate,
                 flagged=node_id in self.flags,
+                head_by_route=head,
+                in_rate_by_route=arriving,
             )
         return Observation(time.monotonic(), interval_s, self.topology, nodes)
 

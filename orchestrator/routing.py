@@ -42,6 +42,13 @@ class Routes:
         return cls(shares=data.get("shares"), migrations=data.get("migrations") or {})
 
 
+def tagged_route(tag: str, downstreams: Sequence[str], routes: Routes) -> str:
+    """The downstream a segment is meant for before any migration moves it."""
+    if len(downstreams) == 1:
+        return downstreams[0]
+    return tagged_target(tag, downstreams) if not routes.shares else ""
+
+
 def route(segment_id: str, tag: str, downstreams: Sequence[str], routes: Routes) -> tuple[str, str]:
     """The downstream for a segment, and the branch it was migrated from ("" if none)."""
     if len(downstreams) == 1:

@@ -104,3 +104,19 @@ def test_a_file_of_garbage_is_quarantined_not_fatal(workers, tmp_path) -> None:
     quarantine = Path(workers.env["BPCONSOLE_DATA_DIR"]) / "runs" / str(run.pk) / "quarantine"
     quarantined = sum(len(p.read_text().splitlines()) for p in quarantine.glob("*.jsonl"))
     assert quarantined == 501
+
+
+def test_proportional_migration_plans_from_the_source_mix_and_stays_exact(workers) -> None:
+    # Given the live source's read-ahead (per-branch head and arrival rates)
+    doc = skewed_reference()
+    run = start(doc, policy(migration="proportional"), generator=GENERATOR)
+    run = wait_until_done(run)
+    result = summary(run)
+    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+    # Then the predicted excess of the slow branches moved, spread by spare capacity
+    started = Event.objects.filter(run=run, kind="start_migration").first()
+    assert started is not None
+    assert "predicted excess" in started.reason
+    assert result["migrated_segments"] > 0
+    assert result["coverage"] == "exact"
+    assert result["rows"] == expected["rows"]
