@@ -24,7 +24,24 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: $(STAMP) lint
+# The browser tests drive Debian's chromium (never `playwright install`: machines may be
+# offline or have no access to Playwright's download host).
+CHROMIUM ?= /usr/bin/chromium
+export BPCONSOLE_CHROMIUM := $(CHROMIUM)
+
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "Installing Debian's chromium for the browser tests..."; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	  else \
+	    echo "The browser tests need Chromium at $(CHROMIUM): run 'sudo apt-get install -y chromium'"; \
+	    echo "(or set CHROMIUM=/path/to/chromium), or skip them: $(PY) -m pytest -m 'not browser'"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test: $(STAMP) lint browser
 	$(PY) -m pytest
 
 clean:

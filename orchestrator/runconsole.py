@@ -131,7 +131,18 @@ def main() -> int:
         children.append(
             _spawn(
                 "ASGI server",
-                [python, "-m", "daphne", "-b", host, "-p", port, "webapp.asgi:application"],
+                [
+                    python,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    host,
+                    "-p",
+                    port,
+                    "--websocket_connect_timeout",
+                    "30",
+                    "webapp.asgi:application",
+                ],
                 env,
                 logs / "asgi.log",
             )

@@ -54,8 +54,11 @@ def create_run(
             input_spec={},
             created_by=user if getattr(user, "is_authenticated", False) else None,
         )
-        # The id is new, so anything in its folder is left from a database that was reset.
+        # The id is new, so anything in its folder or under its znode is left from a
+        # database that was reset: an old run's flags, routes or epoch must not leak in.
         shutil.rmtree(run_dir(run.pk), ignore_errors=True)
+        with ControlPlane.connect(settings.ZK_HOSTS) as control:
+            control.delete_run(str(run.pk))
         if spec is not None:
             if fmt != "jsonl":
                 raise RunError("the generator writes JSON lines; the source must read jsonl")

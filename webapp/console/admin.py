@@ -6,6 +6,27 @@ from django.contrib import admin
 
 from orchestrator.service import PARAMETERS
 from webapp.console.models import Edge, Node, Pipeline, Policy
+from webapp.console.roles import has_role
+
+
+class ConsoleAdminRole:
+    """The console's admins (role ``admin``) manage policies and pipelines here without
+    Django's per-model permissions; others keep whatever Django grants them."""
+
+    def has_module_permission(self, request):  # type: ignore[no-untyped-def]
+        return has_role(request.user, "admin") or super().has_module_permission(request)  # type: ignore[misc]
+
+    def has_view_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return has_role(request.user, "admin") or super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return has_role(request.user, "admin") or super().has_add_permission(request)  # type: ignore[misc]
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return has_role(request.user, "admin") or super().has_change_permission(request, obj)  # type: ignore[misc]
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return has_role(request.user, "admin") or super().has_delete_permission(request, obj)  # type: ignore[misc]
 
 
 def _policy_fieldsets() -> list[tuple[str, dict[str, object]]]:
@@ -30,13 +51,13 @@ def _policy_fieldsets() -> list[tuple[str, dict[str, object]]]:
 
 
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin):
+class PolicyAdmin(ConsoleAdminRole, admin.ModelAdmin):
     list_display = ["name", "is_default", "throttling", "routing", "migration", "updated_at"]
     search_fields = ["name"]
     fieldsets = _policy_fieldsets()
 
 
-class _ReadOnlyInline(admin.TabularInline):
+class _ReadOnlyInline(ConsoleAdminRole, admin.TabularInline):
     """Nodes and edges change only as a whole topology (load_topology or the editor),
     where cycles, dangling edges and missing sinks are checked before anything is saved;
     row-by-row admin edits could leave a broken graph behind."""
@@ -63,7 +84,7 @@ class EdgeInline(_ReadOnlyInline):
 
 
 @admin.register(Pipeline)
-class PipelineAdmin(admin.ModelAdmin):
+class PipelineAdmin(ConsoleAdminRole, admin.ModelAdmin):
     list_display = ["name", "policy", "updated_at"]
     search_fields = ["name", "description"]
     inlines = [NodeInline, EdgeInline]

@@ -1,25 +1,235 @@
+"""HTML pages of the console. Every page needs a role (viewer at least); what changes
+state needs the operator role, and refused attempts are recorded (webapp/console/actions.py).
+"""
+
 from __future__ import annotations
 
 import hmac
+import json
+from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import ensure_csrf_cookie
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from orchestrator import service
 from orchestrator.health import run_checks
-from webapp.console.models import Pipeline
-from webapp.console.roles import has_role, role_of, role_required
+from webapp.console import actions
+from webapp.console.models import Pipeline, Policy
+from webapp.console.roles import has_role, role_required
+from webapp.console.topology import Problem, TopologyError
+from webapp.console.topology_io import dump_yaml, export_document, parse_yaml
+
+DEFAULT_GENERATOR = "seed=7,volume_mb=8,dominance=0.8"
+RUN_HISTORY = 15
 
 
 @role_required("viewer")
 def pipeline_list(request: HttpRequest) -> HttpResponse:
-    pipelines = Pipeline.objects.select_related("policy").prefetch_related("nodes")
+    pipelines = list(Pipeline.objects.select_related("policy").prefetch_related("nodes", "edges"))
+    latest = service.latest_runs([p.pk for p in pipelines])
+    rows = [
+        {"pipeline": p, "last_run": latest.get(p.pk), "health": actions.health_of(latest.get(p.pk))}
+        for p in pipelines
+    ]
+    return render(request, "console/pipeline_list.html", {"rows": rows})
+
+
+@role_required("viewer")
+@ensure_csrf_cookie
+def pipeline_detail(request: HttpRequest, name: str) -> HttpResponse:
+    pipeline = get_object_or_404(Pipeline.objects.select_related("policy"), name=name)
+    runs = list(service.runs_of(pipeline_id=pipeline.pk)[:RUN_HISTORY])
     return render(
         request,
-        "console/pipeline_list.html",
-        {"pipelines": pipelines, "role": role_of(request.user)},
+        "console/pipeline_detail.html",
+        {
+            "pipeline": pipeline,
+            "document": export_document(pipeline),
+            "runs": runs,
+            "policies": Policy.objects.all(),
+            "default_generator": DEFAULT_GENERATOR,
+            "input_roots": actions.input_roots(),
+        },
     )
+
+
+@role_required("viewer")
+def pipeline_export(request: HttpRequest, name: str) -> HttpResponse:
+    pipeline = get_object_or_404(Pipeline, name=name)
+    response = HttpResponse(dump_yaml(export_document(pipeline)), content_type="application/yaml")
+    response["Content-Disposition"] = f'attachment; filename="{pipeline.name}.yaml"'
+    return response
+
+
+def _operator_catalog() -> dict[str, Any]:
+    return {
+        name: {
+            "kind": spec.kind,
+            "description": spec.description,
+            "params": {
+                pname: {"default": p.default, "help": p.help, "required": p.required}
+                for pname, p in spec.params.items()
+            },
+        }
+        for name, spec in service.OPERATORS.items()
+    }
+
+
+NEW_DOCUMENT: dict[str, Any] = {
+    "name": "",
+    "description": "",
+    "nodes": [
+        {"name": "source", "kind": "source", "operator": "read", "params": {}, "buffer_mb": 64},
+        {"name": "output", "kind": "sink", "operator": "merge", "buffer_mb": 64},
+    ],
+    "edges": [{"from": "source", "to": "output"}],
+}
+
+
+def _editor(
+    request: HttpRequest,
+    pipeline: Pipeline | None,
+    doc: Any,
+    problems: list[Problem],
+    *,
+    status: int = 200,
+) -> HttpResponse:
+    return render(
+        request,
+        "console/pipeline_edit.html",
+        {
+            "pipeline": pipeline,
+            "editor_config": {
+                "document": doc,
+                "problems": [{"location": p.location, "message": p.message} for p in problems],
+                "operators": _operator_catalog(),
+                "policies": list(Policy.objects.values_list("name", flat=True)),
+                "parameters": [
+                    {"name": p.name, "label": p.label, "range": p.range_text(), "unit": p.unit}
+                    for p in service.PARAMETERS
+                    if p.kind != "choice"
+                ],
+                "can_change_policy": has_role(request.user, "admin"),
+                "editing": pipeline.name if pipeline else None,
+                "validate_url": reverse("api-validate"),
+            },
+        },
+        status=status,
+    )
+
+
+@role_required("viewer")
+@require_http_methods(["GET", "POST"])
+def pipeline_edit(request: HttpRequest, name: str | None = None) -> HttpResponse:
+    pipeline = get_object_or_404(Pipeline, name=name) if name else None
+    if request.method == "GET":
+        if not has_role(request.user, "operator"):
+            raise PermissionDenied("editing pipelines needs the operator role")
+        doc = export_document(pipeline) if pipeline else NEW_DOCUMENT
+        return _editor(request, pipeline, doc, [])
+    try:
+        doc = json.loads(request.POST.get("document", ""))
+    except json.JSONDecodeError:
+        problem = Problem("(document)", "the editor sent no document")
+        return _editor(request, pipeline, NEW_DOCUMENT, [problem], status=400)
+    try:
+        saved, created = actions.save_pipeline(doc, request.user, name=name)
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+    except TopologyError as exc:
+        return _editor(request, pipeline, doc, exc.problems, status=400)
+    verb = "created" if created else "saved"
+    messages.success(request, f"Pipeline {saved.name} {verb}.")
+    return redirect("pipeline", name=saved.name)
+
+
+@role_required("viewer")
+@require_POST
+def pipeline_import(request: HttpRequest) -> HttpResponse:
+    """A topology file (uploaded or pasted): saved when valid; otherwise it opens in the
+    editor with every problem next to its field, and nothing is saved."""
+    upload = request.FILES.get("file")
+    text = upload.read().decode("utf-8", "replace") if upload else request.POST.get("yaml", "")
+    try:
+        doc = parse_yaml(text)
+        saved, created = actions.save_pipeline(doc, request.user)
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+    except TopologyError as exc:
+        doc = locals().get("doc")
+        shown = doc if isinstance(doc, dict) else NEW_DOCUMENT
+        existing = Pipeline.objects.filter(name=shown.get("name")).first()
+        return _editor(request, existing, shown, exc.problems, status=400)
+    messages.success(request, f"Pipeline {saved.name} {'created' if created else 'updated'}.")
+    return redirect("pipeline", name=saved.name)
+
+
+@role_required("viewer")
+@require_POST
+def run_start(request: HttpRequest, name: str) -> HttpResponse:
+    source = request.POST.get("input", "generator")
+    run_request = actions.RunRequest(
+        pipeline=name,
+        generator=request.POST.get("generator", "") if source == "generator" else None,
+        input_path=request.POST.get("input_path", "") if source == "path" else None,
+        policy=request.POST.get("policy") or None,
+    )
+    try:
+        run = actions.start_run(run_request, request.user)
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+    except actions.ActionError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
+        messages.error(request, f"The run was not started: {exc.message}")
+        return redirect("pipeline", name=name)
+    return redirect("run", run_id=run.pk)
+
+
+@role_required("viewer")
+@ensure_csrf_cookie
+def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    try:
+        run = service.get_run(run_id)
+    except service.RunNotFound:
+        raise Http404(f"there is no run {run_id}") from None
+    config = {
+        "run": run.pk,
+        "status": run.status,
+        "pipeline": run.pipeline_name,
+        "topology": {
+            "nodes": [
+                {"name": n["name"], "kind": n["kind"], "stage": n.get("stage") or n["name"]}
+                for n in run.topology["nodes"]
+            ],
+            "edges": [
+                {"from": e["from"], "to": e["to"], "bandwidth_mbps": e.get("bandwidth_mbps", 0)}
+                for e in run.topology["edges"]
+            ],
+        },
+        "input_bytes": int(run.input_spec.get("extent_total") or 0),
+        "can_operate": has_role(request.user, "operator"),
+        "user": request.user.get_username(),
+        "ws_path": f"/ws/runs/{run.pk}/",
+        "api": f"/api/runs/{run.pk}/",
+    }
+    pipeline = Pipeline.objects.filter(pk=run.pipeline_id).first()
+    return render(
+        request, "console/run.html", {"run": run, "pipeline": pipeline, "run_config": config}
+    )
+
+
+@role_required("viewer")
+def activity(request: HttpRequest) -> HttpResponse:
+    """What people did: operator actions and refused attempts, newest first."""
+    events = service.events_of(by_users=True, limit=200)
+    return render(request, "console/activity.html", {"events": events})
 
 
 @require_GET

@@ -22,6 +22,9 @@ ZK_HOSTS = env_str("ZK_HOSTS", _recorded.zk_hosts if _recorded else "127.0.0.1:2
 ZK_ROOT = env_str("BPCONSOLE_ZK_ROOT", "/bpconsole")
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
+# Folders a run started from the console may read its input from (the command line is
+# not limited): a browser must not turn any file the server can read into a run's input.
+INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DATA_DIR)])
 # How long a worker owns a claimed batch before others may take it over.
 BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
 
@@ -35,7 +38,7 @@ CSRF_TRUSTED_ORIGINS = env_list(
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "webapp.console.admin_apps.ConsoleAdminConfig",  # django.contrib.admin, admins by role
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -73,6 +76,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "webapp.console.context.console",
             ],
         },
     },

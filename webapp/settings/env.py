@@ -59,5 +59,8 @@ def database_from_url(url: str) -> dict[str, object]:
         "HOST": host,
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
-        "CONN_MAX_AGE": 0,
+        # Reuse connections (the ASGI server's database thread would otherwise open one
+        # per websocket connect); checked before reuse, so a restarted server is harmless.
+        "CONN_MAX_AGE": int(os.environ.get("DB_CONN_MAX_AGE", "60")),
+        "CONN_HEALTH_CHECKS": True,
     }

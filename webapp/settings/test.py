@@ -14,3 +14,6 @@ STORAGES = {
 
 # Static files straight from the apps; the test run never collects them.
 WHITENOISE_USE_FINDERS = True
+
+# Test databases are created and dropped per session: hold no connection longer than needed.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

@@ -1,0 +1,226 @@
+"""What an operator can do to runs, shared by the HTML views and the JSON API.
+
+Every action checks the user's role first. A refusal is recorded as an event (with the
+user and what they tried) before the caller answers 403, so refused attempts show in the
+run's timeline and on the activity page, not only in a log file.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from orchestrator import service
+from webapp.console.models import Pipeline, Policy
+from webapp.console.roles import Role, has_role, role_of
+from webapp.console.topology_io import export_document
+
+log = logging.getLogger("webapp.console.audit")
+
+User = AbstractBaseUser | AnonymousUser
+
+RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "cancelled"}
+
+
+class ActionError(Exception):
+    """An action that cannot be done as asked; nothing was changed.
+
+    ``status`` is the HTTP status the caller answers with (400, 403, 404, 409).
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class Refused(ActionError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=403)
+
+
+def require(
+    user: User,
+    role: Role,
+    *,
+    action: str,
+    run_id: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Raise :class:`Refused` (after recording it) unless ``user`` holds ``role``."""
+    if has_role(user, role):
+        return
+    held = role_of(user) or "no role"
+    name = user.get_username() if user.is_authenticated else "anonymous"
+    reason = f"{name} ({held}) tried to {action.replace('_', ' ')}: this needs the {role} role"
+    log.warning("refused: %s", reason)
+    if user.is_authenticated:
+        service.record_refusal(run_id=run_id, action=action, user=user, reason=reason, data=data)
+    raise Refused(f"refused: {action.replace('_', ' ')} needs the {role} role (you are {held}); "
+                  "the attempt was recorded")  # fmt: skip
+
+
+def get_run(run_id: int) -> Any:
+    try:
+        return service.get_run(run_id)
+    except service.RunNotFound as exc:
+        raise ActionError(str(exc), status=404) from None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    pipeline: str
+    generator: str | None = None
+    input_path: str | None = None
+    policy: str | None = None
+
+
+def effective_policy(pipeline: Pipeline, policy_name: str | None) -> dict[str, Any]:
+    """The chosen named policy (or the pipeline's own) plus the pipeline's overrides,
+    as ``manage.py run_pipeline --policy`` computes it."""
+    if policy_name:
+        base = Policy.objects.filter(name=policy_name).first()
+        if base is None:
+            known = ", ".join(Policy.objects.values_list("name", flat=True))
+            raise ActionError(f"unknown policy {policy_name!r} (known: {known})")
+    else:
+        base = pipeline.base_policy()
+    return {**base.values(), **(pipeline.policy_overrides or {})}
+
+
+def input_roots() -> list[Path]:
+    return [Path(p).resolve() for p in settings.INPUT_ROOTS]
+
+
+def checked_input_path(raw: str) -> str:
+    """An input path (or glob) from the browser, kept inside the configured input folders:
+    an operator must not turn any file the server can read into a run's input."""
+    roots = input_roots()
+    path = Path(raw.strip())
+    if not path.is_absolute():
+        if not roots:
+            raise ActionError("no input folder is configured (BPCONSOLE_INPUT_ROOTS)")
+        path = roots[0] / path
+    # Resolve the folder part only: the last part may be a glob pattern.
+    folder = path.parent.resolve()
+    if not any(folder == root or root in folder.parents for root in roots):
+        allowed = ", ".join(str(r) for r in roots) or "none configured"
+        raise ActionError(f"input paths must lie under an input folder ({allowed}), got {raw!r}")
+    return str(folder / path.name)
+
+
+def start_run(request: RunRequest, user: User) -> Any:
+    """Create and start a run of a saved pipeline; raises :class:`ActionError`."""
+    pipeline = Pipeline.objects.filter(name=request.pipeline).first()
+    require(user, "operator", action="start_run", data={"pipeline": request.pipeline})
+    if pipeline is None:
+        raise ActionError(f"there is no pipeline {request.pipeline!r}", status=404)
+    if bool(request.generator) == bool(request.input_path):
+        raise ActionError("give exactly one of an input path (or glob) and a generator spec")
+    values = effective_policy(pipeline, request.policy)
+    inputs: dict[str, Any] = (
+        {"generator": request.generator.strip()}
+        if request.generator
+        else {"input_path": checked_input_path(request.input_path or "")}
+    )
+    try:
+        run = service.create_run(
+            topology=export_document(pipeline),
+            policy=values,
+            pipeline_id=pipeline.pk,
+            user=user,
+            **inputs,
+        )
+    except (service.InputError, service.GeneratorError, service.RunError) as exc:
+        raise ActionError(str(exc)) from None
+    except service.PolicyError as exc:
+        raise ActionError(f"the policy does not validate: {exc}") from None
+    try:
+        service.start_run(run)
+    except Exception as exc:  # the broker is unreachable: the run cannot start
+        log.exception("run %s could not be handed to a worker", run.pk)
+        service.set_status(run.pk, "cancelled", user=user,
+                           reason=f"could not be handed to a worker: {exc}")  # fmt: skip
+        raise ActionError(f"run {run.pk} could not be handed to a worker ({exc}); "
+                          "is the Celery broker (Redis) up?", status=503) from None  # fmt: skip
+    log.info("%s started run %s of %s", user.get_username(), run.pk, pipeline.name)
+    return run
+
+
+def control_run(run_id: int, verb: str, user: User) -> Any:
+    """pause, resume or stop a run."""
+    if verb not in RUN_CONTROLS:
+        raise ActionError(f"unknown run control {verb!r}; use {', '.join(RUN_CONTROLS)}")
+    run = get_run(run_id)
+    require(user, "operator", action=f"{verb}_run", run_id=run.pk)
+    try:
+        return service.set_status(run.pk, RUN_CONTROLS[verb], user=user)
+    except service.RunError as exc:
+        raise ActionError(str(exc), status=409) from None
+
+
+def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
+    """ "migrate this branch's data now" (or stop) for ``node``; unknown nodes are a 400."""
+    action = "stop_migrating" if stop else "migrate"
+    run = get_run(run_id)
+    require(user, "operator", action=action, run_id=run.pk, data={"node": str(node)[:100]})
+    names = [n["name"] for n in run.topology["nodes"]]
+    if not isinstance(node, str) or node not in names:
+        raise ActionError(f"run {run.pk} has no node {node!r}; its nodes are {', '.join(names)}")
+    if not run.is_active:
+        raise ActionError(f"run {run.pk} is {run.status}; nothing to migrate", status=409)
+    try:
+        service.request_migration(run.pk, node, stop=stop, user=user)
+    except service.RunError as exc:
+        raise ActionError(str(exc), status=409) from None
+    what = "stop migrating from" if stop else "migrate the data of"
+    return f"asked to {what} {node}; the balancer acts on its next tick"
+
+
+# -- pipelines --------------------------------------------------------------------------
+
+HEALTH = {
+    "running": "ok",
+    "completed": "ok",
+    "pending": "warn",
+    "paused": "warn",
+    "failed": "bad",
+    "cancelled": "idle",
+}
+
+
+def health_of(last_run: Any) -> str:
+    """The pipeline's health dot: ok (green), warn (amber), bad (red), idle (grey)."""
+    return "idle" if last_run is None else HEALTH.get(last_run.status, "idle")
+
+
+def save_pipeline(doc: Any, user: User, *, name: str | None = None) -> tuple[Pipeline, bool]:
+    """Validate and save a pipeline document (create or update); nothing is saved when
+    it is invalid (raises ``TopologyError`` with located problems).
+
+    ``name``: the pipeline being edited; a document naming another pipeline is refused,
+    so an edit never overwrites a different pipeline by accident. Operators edit
+    topologies; only admins change which policy a pipeline uses and its overrides.
+    """
+    require(user, "operator", action="edit_pipeline", data={"pipeline": name or ""})
+    from webapp.console.topology import Problem, TopologyError
+    from webapp.console.topology_io import save_document
+
+    if name is not None and isinstance(doc, dict) and doc.get("name") != name:
+        raise TopologyError([Problem("name", f"renaming is not supported: keep {name!r}")])
+    if isinstance(doc, dict) and not has_role(user, "admin"):
+        stored = Pipeline.objects.filter(name=doc.get("name")).first()
+        before = (
+            (stored.policy.name if stored and stored.policy else None),
+            dict(stored.policy_overrides or {}) if stored else {},
+        )
+        after = (doc.get("policy") or None, dict(doc.get("policy_overrides") or {}))
+        if before != after:
+            require(user, "admin", action="change_pipeline_policy",
+                    data={"pipeline": str(doc.get("name"))})  # fmt: skip
+    return save_document(doc)

@@ -1,0 +1,434 @@
+"""The JSON API under /api/ (Django REST framework); described in docs/api.md and served
+as an OpenAPI schema at /api/schema/.
+
+Reading needs the viewer role. Run controls, node actions and starting runs need the
+operator role; when someone without it tries, the attempt is recorded as an
+``action_refused`` event and the answer is 403. Editing a pipeline needs the operator
+role, changing its policy the admin role.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orchestrator import service
+from webapp.console import actions
+from webapp.console.models import Pipeline
+from webapp.console.roles import has_role
+from webapp.console.serializers import (
+    ActionResultSerializer,
+    CompletionSerializer,
+    DetailSerializer,
+    EventSerializer,
+    NodeActionSerializer,
+    PipelineDetailSerializer,
+    PipelineDocumentSerializer,
+    PipelineSummarySerializer,
+    ProblemsSerializer,
+    RunSerializer,
+    StartRunSerializer,
+    ValidationResultSerializer,
+    YamlImportSerializer,
+    event_json,
+    run_json,
+)
+from webapp.console.topology import TopologyError
+from webapp.console.topology_io import dump_yaml, export_document, parse_yaml, validate_for_save
+
+
+class IsViewer(BasePermission):
+    message = "this needs the viewer role"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return has_role(request.user, "viewer")
+
+
+def _error(exc: actions.ActionError) -> Response:
+    return Response({"detail": exc.message}, status=exc.status)
+
+
+def _problems(exc: TopologyError) -> Response:
+    problems = [{"location": p.location, "message": p.message} for p in exc.problems]
+    return Response(
+        {"detail": f"{len(problems)} problem(s), nothing saved", "problems": problems},
+        status=status.HTTP_400_BAD_REQUEST,
+    )
+
+
+def _pipeline_json(pipeline: Pipeline, last: Any, *, detail: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": pipeline.name,
+        "description": pipeline.description,
+        "policy": pipeline.policy.name if pipeline.policy else "default",
+        "policy_overrides": pipeline.policy_overrides or {},
+        "nodes": pipeline.nodes.count(),
+        "edges": pipeline.edges.count(),
+        "last_run": None
+        if last is None
+        else {"id": last.pk, "status": last.status, "created_at": last.created_at.isoformat()},
+        "health": actions.health_of(last),
+    }
+    if detail:
+        data["document"] = export_document(pipeline)
+    return data
+
+
+def _pipeline_or_404(name: str) -> Pipeline:
+    pipeline = Pipeline.objects.select_related("policy").filter(name=name).first()
+    if pipeline is None:
+        raise actions.ActionError(f"there is no pipeline {name!r}", status=404)
+    return pipeline
+
+
+# -- pipelines --------------------------------------------------------------------------
+
+
+class PipelineListView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=PipelineSummarySerializer(many=True), tags=["pipelines"])
+    def get(self, request: Request) -> Response:
+        if not has_role(request.user, "viewer"):
+            return Response({"detail": IsViewer.message}, status=403)
+        pipelines = list(Pipeline.objects.select_related("policy"))
+        latest = service.latest_runs([p.pk for p in pipelines])
+        return Response([_pipeline_json(p, latest.get(p.pk)) for p in pipelines])
+
+    @extend_schema(
+        request=PipelineDocumentSerializer,
+        responses={201: PipelineDetailSerializer, 400: ProblemsSerializer, 403: DetailSerializer},
+        tags=["pipelines"],
+        summary="Create (or update) a pipeline from a document; nothing saved when invalid",
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            pipeline, created = actions.save_pipeline(request.data, request.user)
+        except actions.ActionError as exc:
+            return _error(exc)
+        except TopologyError as exc:
+            return _problems(exc)
+        return Response(_pipeline_json(pipeline, None, detail=True), status=201 if created else 200)
+
+
+class PipelineDetailView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=PipelineDetailSerializer, tags=["pipelines"])
+    def get(self, request: Request, name: str) -> Response:
+        if not has_role(request.user, "viewer"):
+            return Response({"detail": IsViewer.message}, status=403)
+        try:
+            pipeline = _pipeline_or_404(name)
+        except actions.ActionError as exc:
+            return _error(exc)
+        last = service.latest_runs([pipeline.pk]).get(pipeline.pk)
+        return Response(_pipeline_json(pipeline, last, detail=True))
+
+    @extend_schema(
+        request=PipelineDocumentSerializer,
+        responses={200: PipelineDetailSerializer, 400: ProblemsSerializer, 403: DetailSerializer},
+        tags=["pipelines"],
+        summary="Replace a pipeline's topology; nothing saved when invalid",
+    )
+    def put(self, request: Request, name: str) -> Response:
+        try:
+            _pipeline_or_404(name)
+            pipeline, _ = actions.save_pipeline(request.data, request.user, name=name)
+        except actions.ActionError as exc:
+            return _error(exc)
+        except TopologyError as exc:
+            return _problems(exc)
+        return Response(_pipeline_json(pipeline, None, detail=True))
+
+
+class PipelineValidateView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        request=PipelineDocumentSerializer,
+        responses=ValidationResultSerializer,
+        tags=["pipelines"],
+        summary="Check a document without saving it (every problem, with where it is)",
+    )
+    def post(self, request: Request) -> Response:
+        problems = validate_for_save(request.data)
+        return Response(
+            {
+                "valid": not problems,
+                "problems": [{"location": p.location, "message": p.message} for p in problems],
+            }
+        )
+
+
+class PipelineYamlView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        responses={(200, "application/yaml"): OpenApiTypes.STR},
+        tags=["pipelines"],
+        summary="Export a pipeline as a topology file",
+    )
+    def get(self, request: Request, name: str) -> HttpResponse | Response:
+        try:
+            pipeline = _pipeline_or_404(name)
+        except actions.ActionError as exc:
+            return _error(exc)
+        response = HttpResponse(
+            dump_yaml(export_document(pipeline)), content_type="application/yaml"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{pipeline.name}.yaml"'
+        return response
+
+
+class PipelineImportView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        request=YamlImportSerializer,
+        responses={200: PipelineDetailSerializer, 201: PipelineDetailSerializer,
+                   400: ProblemsSerializer, 403: DetailSerializer},
+        tags=["pipelines"],
+        summary="Create or update a pipeline from a topology file's text",
+    )  # fmt: skip
+    def post(self, request: Request) -> Response:
+        payload = YamlImportSerializer(data=request.data)
+        if not payload.is_valid():
+            return Response({"detail": "send {'yaml': '<topology file text>'}"}, status=400)
+        try:
+            doc = parse_yaml(payload.validated_data["yaml"])
+            pipeline, created = actions.save_pipeline(doc, request.user)
+        except actions.ActionError as exc:
+            return _error(exc)
+        except TopologyError as exc:
+            return _problems(exc)
+        return Response(_pipeline_json(pipeline, None, detail=True), status=201 if created else 200)
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+class RunListView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("pipeline", str, description="pipeline name"),
+            OpenApiParameter("status", str, description="pending, running, paused, ..."),
+            OpenApiParameter("limit", int, description="at most this many (default 50)"),
+        ],
+        responses=RunSerializer(many=True),
+        tags=["runs"],
+    )
+    def get(self, request: Request) -> Response:
+        if not has_role(request.user, "viewer"):
+            return Response({"detail": IsViewer.message}, status=403)
+        pipeline_id = None
+        name = request.query_params.get("pipeline")
+        if name:
+            pipeline = Pipeline.objects.filter(name=name).first()
+            if pipeline is None:
+                return Response({"detail": f"there is no pipeline {name!r}"}, status=404)
+            pipeline_id = pipeline.pk
+        limit = _int(request.query_params.get("limit"), 50)
+        runs = service.runs_of(pipeline_id=pipeline_id, status=request.query_params.get("status"))
+        return Response([run_json(r) for r in runs[: max(1, min(limit, 500))]])
+
+    @extend_schema(
+        request=StartRunSerializer,
+        responses={201: RunSerializer, 400: DetailSerializer, 403: DetailSerializer},
+        tags=["runs"],
+        summary="Start a run of a saved pipeline (operator)",
+    )
+    def post(self, request: Request) -> Response:
+        payload = StartRunSerializer(data=request.data)
+        if not payload.is_valid():
+            return Response({"detail": "invalid request", "errors": payload.errors}, status=400)
+        data = payload.validated_data
+        try:
+            run = actions.start_run(
+                actions.RunRequest(
+                    pipeline=data["pipeline"],
+                    generator=data.get("generator") or None,
+                    input_path=data.get("input_path") or None,
+                    policy=data.get("policy") or None,
+                ),
+                request.user,
+            )
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(run_json(run), status=201)
+
+
+class RunDetailView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(responses=RunSerializer, tags=["runs"])
+    def get(self, request: Request, run_id: int) -> Response:
+        try:
+            return Response(run_json(actions.get_run(run_id)))
+        except actions.ActionError as exc:
+            return _error(exc)
+
+
+class RunSnapshotView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        responses=OpenApiResponse(
+            OpenApiTypes.OBJECT,
+            description="The same snapshot the websocket sends: run, nodes, links, events "
+            "(see docs/api.md)",
+        ),
+        tags=["runs"],
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        try:
+            actions.get_run(run_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(service.snapshot(run_id))
+
+
+class RunCompletionView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(responses=CompletionSerializer, tags=["runs"],
+                   summary="Completed fraction over time (Figures 7/8)")  # fmt: skip
+    def get(self, request: Request, run_id: int) -> Response:
+        try:
+            actions.get_run(run_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response({"run": run_id, "points": service.completion_history(run_id)})
+
+
+EVENT_FILTERS = [
+    OpenApiParameter("since", int, description="only events with a larger id"),
+    OpenApiParameter("node", str),
+    OpenApiParameter("kind", str, description="e.g. set_flag, start_migration, action_refused"),
+    OpenApiParameter("limit", int, description="at most this many, newest first (200)"),
+]
+
+
+class RunEventsView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(parameters=EVENT_FILTERS, responses=EventSerializer(many=True), tags=["runs"])
+    def get(self, request: Request, run_id: int) -> Response:
+        try:
+            actions.get_run(run_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(_events(request, run_id=run_id))
+
+
+class EventListView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        parameters=[
+            *EVENT_FILTERS,
+            OpenApiParameter("run", int),
+            OpenApiParameter("actor", str, description="'user': operator actions and refusals"),
+        ],
+        responses=EventSerializer(many=True),
+        tags=["events"],
+    )
+    def get(self, request: Request) -> Response:
+        run = request.query_params.get("run")
+        return Response(_events(request, run_id=_int(run, None)))
+
+
+def _events(request: Request, *, run_id: int | None) -> list[dict[str, Any]]:
+    params = request.query_params
+    events = service.events_of(
+        run_id=run_id,
+        since_id=_int(params.get("since"), None),
+        node=params.get("node") or None,
+        kind=params.get("kind") or None,
+        by_users=params.get("actor") == "user",
+        limit=_int(params.get("limit"), 200) or 200,
+    )
+    return [event_json(e) for e in events]
+
+
+def _int(raw: str | None, default: int | None) -> Any:
+    try:
+        return int(raw) if raw not in (None, "") else default
+    except ValueError:
+        return default
+
+
+# -- actions ----------------------------------------------------------------------------
+
+
+class RunControlView(APIView):
+    """pause / resume / stop; ``verb`` comes from the URL."""
+
+    permission_classes = [IsAuthenticated]
+    verb = ""
+
+    @extend_schema(
+        request=None,
+        responses={200: ActionResultSerializer, 403: DetailSerializer, 404: DetailSerializer,
+                   409: DetailSerializer},
+        tags=["actions"],
+    )  # fmt: skip
+    def post(self, request: Request, run_id: int) -> Response:
+        try:
+            run = actions.control_run(run_id, self.verb, request.user)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response({"detail": f"run {run.pk} is {run.status}", "run": run_json(run)})
+
+
+class PauseView(RunControlView):
+    verb = "pause"
+
+
+class ResumeView(RunControlView):
+    verb = "resume"
+
+
+class StopView(RunControlView):
+    verb = "stop"
+
+
+class NodeActionView(APIView):
+    permission_classes = [IsAuthenticated]
+    stop = False
+
+    @extend_schema(
+        request=NodeActionSerializer,
+        responses={200: DetailSerializer, 400: DetailSerializer, 403: DetailSerializer,
+                   404: DetailSerializer, 409: DetailSerializer},
+        tags=["actions"],
+    )  # fmt: skip
+    def post(self, request: Request, run_id: int) -> Response:
+        node = request.data.get("node") if hasattr(request.data, "get") else None
+        try:
+            detail = actions.node_action(run_id, node, request.user, stop=self.stop)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response({"detail": detail})
+
+
+class MigrateView(NodeActionView):
+    """Migrate this branch's data now (to the lightest branch, by pressure score)."""
+
+    stop = False
+
+
+class StopMigratingView(NodeActionView):
+    """Stop migrating this branch's data (back to the default routing)."""
+
+    stop = True

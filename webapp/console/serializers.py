@@ -1,0 +1,172 @@
+"""JSON shapes of the API (docs/api.md); the OpenAPI schema is generated from these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+
+def run_json(run: Any) -> dict[str, Any]:
+    spec = run.input_spec or {}
+    return {
+        "id": run.pk,
+        "pipeline": run.pipeline_name,
+        "pipeline_id": run.pipeline_id,
+        "status": run.status,
+        "active": run.is_active,
+        "created_at": run.created_at.isoformat() if run.created_at else None,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "created_by": run.created_by.get_username() if run.created_by else None,
+        "input": {
+            "generator": spec.get("generator"),
+            "paths": spec.get("paths", []),
+            "format": spec.get("format"),
+            "bytes": int(spec.get("extent_total") or 0),
+        },
+        "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration", "tick_ms")},
+        "error": run.error,
+        "view": f"/runs/{run.pk}/",
+    }
+
+
+def event_json(event: Any) -> dict[str, Any]:
+    return {
+        **event.to_json(),
+        "run": event.run_id,
+        "actor_kind": event.actor,
+        "user": event.user.get_username() if event.user else None,
+    }
+
+
+class ProblemSerializer(serializers.Serializer):
+    location = serializers.CharField(help_text="Where in the document, e.g. nodes[2].buffer_mb")
+    message = serializers.CharField()
+
+
+class ProblemsSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    problems = ProblemSerializer(many=True)
+
+
+class ValidationResultSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    problems = ProblemSerializer(many=True)
+
+
+class LastRunSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class PipelineSummarySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    policy = serializers.CharField(help_text="Base policy name")
+    policy_overrides = serializers.DictField()
+    nodes = serializers.IntegerField()
+    edges = serializers.IntegerField()
+    last_run = LastRunSerializer(allow_null=True)
+    health = serializers.ChoiceField(
+        choices=["ok", "warn", "bad", "idle"], help_text="Colour of the health dot"
+    )
+
+
+class PipelineDetailSerializer(PipelineSummarySerializer):
+    document = serializers.DictField(help_text="The pipeline in the topology format")
+
+
+class PipelineDocumentSerializer(serializers.Serializer):
+    """A pipeline document (docs/topology-format.md); validated by the topology checker."""
+
+    name = serializers.CharField()
+    description = serializers.CharField(required=False)
+    policy = serializers.CharField(required=False)
+    policy_overrides = serializers.DictField(required=False)
+    nodes = serializers.ListField(child=serializers.DictField())
+    edges = serializers.ListField(child=serializers.DictField())
+
+
+class YamlImportSerializer(serializers.Serializer):
+    yaml = serializers.CharField(help_text="A topology file's text")
+
+
+class RunInputSerializer(serializers.Serializer):
+    generator = serializers.JSONField(allow_null=True)
+    paths = serializers.ListField(child=serializers.CharField())
+    format = serializers.CharField(allow_null=True)
+    bytes = serializers.IntegerField()
+
+
+class RunSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    pipeline = serializers.CharField()
+    pipeline_id = serializers.IntegerField(allow_null=True)
+    status = serializers.ChoiceField(
+        choices=["pending", "running", "paused", "completed", "failed", "cancelled"]
+    )
+    active = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    created_by = serializers.CharField(allow_null=True)
+    input = RunInputSerializer()
+    policy = serializers.DictField()
+    error = serializers.CharField()
+    view = serializers.CharField(help_text="The run's page in the console")
+
+
+class StartRunSerializer(serializers.Serializer):
+    pipeline = serializers.CharField(help_text="Name of a saved pipeline")
+    generator = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="Built-in input, e.g. seed=7,volume_mb=8,dominance=0.8",
+    )
+    input_path = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="Input file or glob under an input folder (BPCONSOLE_INPUT_ROOTS)",
+    )
+    policy = serializers.CharField(
+        required=False, allow_blank=True, help_text="Named policy; empty = the pipeline's"
+    )
+
+
+class NodeActionSerializer(serializers.Serializer):
+    node = serializers.CharField(help_text="Name of a node of the run's topology")
+
+
+class ActionResultSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    run = RunSerializer(required=False)
+
+
+class DetailSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+class EventSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.IntegerField(allow_null=True)
+    time = serializers.DateTimeField()
+    node = serializers.CharField()
+    kind = serializers.CharField(
+        help_text="set_flag, clear_flag, set_thresholds, set_rate, set_shares, "
+        "start_migration, stop_migration, operator_migrate, action_refused, run_paused, ..."
+    )
+    reason = serializers.CharField()
+    actor = serializers.CharField(help_text="The user's name, or balancer / system")
+    actor_kind = serializers.ChoiceField(choices=["balancer", "user", "system"])
+    user = serializers.CharField(allow_null=True)
+    data = serializers.DictField()
+
+
+class CompletionSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    points = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
+        help_text="[seconds since start, completed fraction]",
+    )

@@ -1,0 +1,103 @@
+/* Helpers shared by the console's pages: requests with the CSRF token, formatting,
+ * SVG elements, and the level colour scale (NiFi's back-pressure bar: green below 60%,
+ * amber below 85%, red above). No framework, no CDN: this file ships with the project. */
+(function (global) {
+  "use strict";
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const LEVEL_WARN = 0.6;
+  const LEVEL_BAD = 0.85;
+
+  function cookie(name) {
+    const match = document.cookie.match(new RegExp("(?:^|; )" + name + "=([^;]*)"));
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+
+  async function api(method, url, body) {
+    const options = {
+      method: method,
+      credentials: "same-origin",
+      headers: { "Accept": "application/json", "X-CSRFToken": cookie("csrftoken") },
+    };
+    if (body !== undefined) {
+      options.headers["Content-Type"] = "application/json";
+      options.body = JSON.stringify(body);
+    }
+    const response = await fetch(url, options);
+    let data = null;
+    try { data = await response.json(); } catch (e) { data = null; }
+    return { ok: response.ok, status: response.status, data: data };
+  }
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v !== null && v !== undefined) node.setAttribute(k, v);
+    }
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function levelClass(level) {
+    if (level === null || level === undefined || isNaN(level)) return "level-none";
+    if (level >= LEVEL_BAD) return "level-bad";
+    if (level >= LEVEL_WARN) return "level-warn";
+    return "level-ok";
+  }
+
+  function pct(x, digits) {
+    if (x === null || x === undefined || isNaN(x)) return "–";
+    return (100 * x).toFixed(digits === undefined ? 0 : digits) + "%";
+  }
+
+  function bytes(n) {
+    if (n === null || n === undefined || isNaN(n)) return "–";
+    const units = ["B", "KB", "MB", "GB", "TB"];
+    let i = 0;
+    let v = Number(n);
+    while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i === 0 ? v.toFixed(0) : v.toFixed(v < 10 ? 2 : 1)) + " " + units[i];
+  }
+
+  function rate(bytesPerSecond) {
+    if (bytesPerSecond === null || bytesPerSecond === undefined || isNaN(bytesPerSecond)) return "–";
+    return bytes(bytesPerSecond) + "/s";
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined || isNaN(seconds)) return "–";
+    const s = Math.max(0, Math.round(seconds));
+    const m = Math.floor(s / 60);
+    const h = Math.floor(m / 60);
+    const two = (x) => String(x).padStart(2, "0");
+    return (h ? h + ":" + two(m % 60) : m) + ":" + two(s % 60);
+  }
+
+  function clock(iso) {
+    const d = new Date(iso);
+    if (isNaN(d.getTime())) return "";
+    return d.toLocaleTimeString([], { hour12: false });
+  }
+
+  function readJson(id) {
+    const node = document.getElementById(id);
+    return node ? JSON.parse(node.textContent) : null;
+  }
+
+  global.BP = Object.assign(global.BP || {}, {
+    SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, pct, bytes, rate,
+    duration, clock, readJson,
+  });
+})(window);

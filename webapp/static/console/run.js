@@ -1,0 +1,476 @@
+/* The run view: live topology, selected node panel, completion and throughput charts,
+ * event timeline and run controls, fed by the run's websocket (ws/runs/<id>/).
+ *
+ * Messages are JSON objects with a "type"; each type has one handler (HANDLERS). The
+ * socket reconnects with exponential backoff and jitter, showing "reconnecting"; a
+ * refusal (not logged in, no role, unknown run) stops the retries with a message.
+ */
+(function (global) {
+  "use strict";
+  const BP = global.BP;
+  const config = BP.readJson("run-config");
+  const HISTORY_S = 300;          // node level history kept for the sparkline
+  const MAX_EVENTS = 300;
+  const RATE_AVERAGE_S = 2;       // node rates shown as a moving average over about 2 s
+  const THROUGHPUT_WINDOW_S = 4;  // the throughput chart's sliding window
+  const HEADLINE_WINDOW_S = 10;   // the throughput figure in the header
+  const BACKOFF_MIN_MS = 500;
+  const BACKOFF_MAX_MS = 10000;
+
+  const state = {
+    snapshot: null,
+    history: new Map(),            // node -> [{t, level, high, low}]
+    rates: new Map(),              // node -> {in, out, t}: rates averaged over ~2 s
+    completion: [],                // [seconds, fraction]
+    throughput: [],                // [seconds, bytes/s]
+    events: new Map(),             // id -> event
+    selected: null,
+    socket: null,
+    attempt: 0,
+    retryTimer: null,
+    everOpened: false,
+    stopped: false,
+    renderLog: [],                 // for the latency benchmark and the browser tests
+    messages: 0,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // -- connection ---------------------------------------------------------------------
+
+  function setConnection(kind, text) {
+    const pill = $("connection");
+    pill.className = "pill conn-" + kind;
+    pill.textContent = text;
+    pill.setAttribute("data-state", kind);
+  }
+
+  function connect() {
+    if (state.stopped) return;
+    clearTimeout(state.retryTimer);
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + location.host + config.ws_path);
+    state.socket = socket;
+    let opened = false;
+    setConnection("connecting", state.everOpened ? "reconnecting…" : "connecting…");
+    socket.onopen = () => {
+      opened = true;
+      state.everOpened = true;
+      state.attempt = 0;
+      setConnection("live", "live");
+    };
+    socket.onmessage = (ev) => {
+      let message;
+      try { message = JSON.parse(ev.data); } catch (e) { return; }
+      state.messages += 1;
+      const handler = HANDLERS[message.type];
+      if (handler) handler(message);
+      else console.debug("console: no handler for message type", message.type);
+    };
+    socket.onclose = (ev) => {
+      if (state.socket !== socket) return;
+      if (ev.code === 4403 || ev.code === 4404) return refused(ev.code);
+      if (!opened) return checkAccess().then((allowed) => allowed && retry());
+      retry();
+    };
+  }
+
+  async function checkAccess() {
+    // A refused handshake looks like any network failure to the browser: ask the API.
+    try {
+      const r = await fetch(config.api, { credentials: "same-origin" });
+      if (r.status === 401 || r.status === 403) { refused(4403); return false; }
+      if (r.status === 404) { refused(4404); return false; }
+    } catch (e) { /* the server is down: keep retrying */ }
+    return true;
+  }
+
+  function refused(code) {
+    state.stopped = true;
+    setConnection("refused", code === 4404 ? "no such run" : "not allowed: log in again");
+  }
+
+  function retry() {
+    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * Math.pow(2, state.attempt));
+    const delay = Math.round(base * (0.8 + 0.4 * Math.random()));
+    state.attempt += 1;
+    const until = Date.now() + delay;
+    const tick = () => {
+      const left = Math.max(0, until - Date.now());
+      setConnection("reconnecting", `reconnecting in ${(left / 1000).toFixed(1)} s`);
+      if (left > 0) state.retryTimer = setTimeout(tick, Math.min(250, left));
+      else connect();
+    };
+    tick();
+  }
+
+  // -- message handlers ---------------------------------------------------------------
+
+  const HANDLERS = {
+    snapshot: onSnapshot,
+    pong: () => {},
+    error: (m) => toast(m.detail, "error"),
+  };
+
+  function onSnapshot(snap) {
+    const receivedMs = Date.now();
+    state.snapshot = snap;
+    recordHistory(snap);
+    view.update(snap, state.rates);
+    renderHeader(snap);
+    mergeEvents(snap.events || []);
+    renderSelected();
+    scheduleCharts();
+    const domMs = Date.now();
+    const entry = { received_ms: receivedMs, dom_ms: domMs, time: snap.time, bench: snap.bench || null };
+    state.renderLog.push(entry);
+    if (state.renderLog.length > 2000) state.renderLog.shift();
+    requestAnimationFrame(() => { entry.paint_ms = Date.now(); });
+  }
+
+  function recordHistory(snap) {
+    const t = Date.parse(snap.time) / 1000 || Date.now() / 1000;
+    for (const n of snap.nodes || []) {
+      const st = n.state || {};
+      if (typeof st.level !== "number") continue;
+      const h = state.history.get(n.name) || [];
+      h.push({ t, level: st.level, high: st.high_water, low: st.low_water, flagged: !!st.flagged });
+      while (h.length && h[0].t < t - HISTORY_S) h.shift();
+      state.history.set(n.name, h);
+      // A tick's rates jump between 0 and bursts (batches finish in steps): average them.
+      const prev = state.rates.get(n.name);
+      const a = prev ? 1 - Math.exp(-Math.max(0, t - prev.t) / RATE_AVERAGE_S) : 1;
+      const mix = (old, now) => (typeof now === "number" ? (old === undefined ? now : old + a * (now - old)) : old);
+      state.rates.set(n.name, { t, in: mix(prev && prev.in, st.in_rate), out: mix(prev && prev.out, st.out_rate) });
+    }
+    const run = snap.run || {};
+    if (run.started_at) {
+      const seconds = run.elapsed_s;
+      const last = state.completion[state.completion.length - 1];
+      if (!last || seconds > last[0]) state.completion.push([seconds, run.completed_fraction || 0]);
+      else if (seconds === last[0]) last[1] = run.completed_fraction || 0;
+      state.throughput = throughputOf(state.completion);
+    }
+  }
+
+  function throughputOf(points, windowS) {
+    // Merged bytes per second over a sliding window (the sink merges in bursts).
+    const span = windowS || THROUGHPUT_WINDOW_S;
+    const total = config.input_bytes || 0;
+    const out = [];
+    let j = 0;
+    for (let i = 1; i < points.length; i++) {
+      while (j < i - 1 && points[i][0] - points[j + 1][0] >= span) j++;
+      const dt = points[i][0] - points[j][0];
+      if (dt > 0) out.push([points[i][0], Math.max(0, (points[i][1] - points[j][1]) * total / dt)]);
+    }
+    return out;
+  }
+
+  // -- header and controls ------------------------------------------------------------
+
+  function renderHeader(snap) {
+    const run = snap.run || {};
+    const badge = $("run-status");
+    badge.textContent = run.status;
+    badge.className = "status status-" + run.status;
+    badge.setAttribute("data-status", run.status);
+    $("run-elapsed").textContent = BP.duration(run.elapsed_s);
+    $("run-completed").textContent = BP.pct(run.completed_fraction, 1);
+    $("run-chunks").textContent = `${run.merged_chunks || 0} / ${run.chunks_total ?? "?"}`;
+    $("run-migrated").textContent = run.migrated_segments ?? 0;
+    const flagged = (snap.nodes || []).filter((n) => n.state && n.state.flagged).map((n) => n.name);
+    $("run-flagged").textContent = flagged.length ? flagged.join(", ") : "none";
+    const links = snap.links || [];
+    const moves = links.filter((l) => l.migrated_from).map((l) => `${l.migrated_from} → ${l.target}`);
+    // A light branch can take several heavy ones' data; the snapshot names one per link.
+    const named = new Set(links.filter((l) => l.migrated_from).map((l) => l.migrated_from));
+    for (const l of links) {
+      if (l.migrating && !l.migrated_from && !named.has(l.target)) moves.push(`${l.target} → lighter branch`);
+    }
+    $("run-migrating").textContent = moves.length ? moves.join(", ") : "none";
+    $("run-migrating").classList.toggle("migrating", moves.length > 0);
+    const p = run.policy || {};
+    $("run-policy").textContent = [p.throttling, p.routing, p.migration].filter(Boolean).join(" · ");
+    if (run.error) toast(run.error, "error", "run-error");
+    const active = ["pending", "running", "paused"].includes(run.status);
+    $("btn-pause").disabled = !(run.status === "running" || run.status === "pending");
+    $("btn-resume").disabled = run.status !== "paused";
+    $("btn-stop").disabled = !active;
+    document.body.setAttribute("data-run-status", run.status);
+    if (snap.final && state.everOpened) setConnection("ended", "run ended");
+  }
+
+  async function control(verb) {
+    if (verb === "stop" && !confirm("Stop this run? It cannot be resumed.")) return;
+    const r = await BP.api("POST", config.api + verb + "/");
+    report(r, `run ${verb}`);
+  }
+
+  async function nodeAction(stop) {
+    const node = state.selected;
+    if (!node) return;
+    const question = stop
+      ? `Stop migrating the data of ${node}'s branch? Its data goes back to its own branch.`
+      : `Migrate the data of ${node}'s branch to the lightest branch now?`;
+    if (!confirm(question)) return;
+    const r = await BP.api("POST", config.api + (stop ? "stop-migrating/" : "migrate/"), { node });
+    report(r, stop ? "stop migrating" : "migrate");
+  }
+
+  function report(r, what) {
+    const detail = (r.data && r.data.detail) || `HTTP ${r.status}`;
+    if (r.ok) toast(detail, "ok");
+    else if (r.status === 403) toast(`${detail[0].toUpperCase()}${detail.slice(1)} (HTTP 403)`, "refused");
+    else toast(`${what}: ${detail} (HTTP ${r.status})`, "error");
+    refreshEvents();
+  }
+
+  let toastTimer = null;
+  function toast(text, kind, key) {
+    const box = $("toast");
+    if (key && box.getAttribute("data-key") === key && !box.hidden) return;
+    box.textContent = text;
+    box.className = "toast toast-" + kind;
+    box.setAttribute("data-kind", kind);
+    box.setAttribute("data-key", key || "");
+    box.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { box.hidden = true; }, kind === "ok" ? 5000 : 12000);
+  }
+
+  // -- selected node panel ------------------------------------------------------------
+
+  function select(name) {
+    state.selected = name;
+    $("panel-empty").hidden = true;
+    $("panel-node").hidden = false;
+    renderSelected();
+  }
+
+  function renderSelected() {
+    const name = state.selected;
+    if (!name || !state.snapshot) return;
+    const node = (state.snapshot.nodes || []).find((n) => n.name === name);
+    if (!node) return;
+    const st = node.state || {};
+    $("sel-name").textContent = name;
+    $("sel-kind").textContent = node.kind + (node.stage && node.stage !== name ? ` · stage ${node.stage}` : "");
+    const cls = BP.levelClass(st.level);
+    const lvl = $("sel-level");
+    lvl.textContent = BP.pct(st.level, 1);
+    lvl.className = "value " + cls;
+    $("sel-flag").textContent = st.flagged ? "⚑ flagged" : "not flagged";
+    $("sel-flag").className = st.flagged ? "flag-text on" : "flag-text";
+    $("sel-buffer").textContent = `${BP.bytes(st.buffered_bytes)} of ${BP.bytes(node.capacity_bytes)}`;
+    $("sel-thresholds").textContent = `H ${BP.pct(st.high_water)} · W ${BP.pct(st.low_water)}`;
+    $("sel-k").textContent = typeof st.rate_coefficient === "number" ? st.rate_coefficient.toFixed(2) : "–";
+    $("sel-speed").textContent = typeof st.speed === "number"
+      ? st.speed.toFixed(2) + (st.in_backpressure ? " (backpressure)" : "") : "–";
+    const r = state.rates.get(name) || { in: st.in_rate, out: st.out_rate };
+    $("sel-rates").textContent = `${BP.rate(r.in)} in · ${BP.rate(r.out)} out`;
+    const out = (state.snapshot.links || []).filter((l) => l.migrated_from === name).map((l) => l.target);
+    const into = (state.snapshot.links || []).filter((l) => l.target === name && l.migrated_from).map((l) => l.migrated_from);
+    $("sel-migration").textContent = out.length ? `its data goes to ${out.join(", ")}`
+      : into.length ? `takes data of ${into.join(", ")}` : "none";
+    drawSparkline(state.history.get(name) || []);
+    renderNodeEvents(name);
+  }
+
+  function drawSparkline(points) {
+    const svg = $("sparkline");
+    const W = 320, H = 100, padL = 32, padR = 6, padT = 10, padB = 16;
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const x0 = padL, x1 = W - padR, y0 = H - padB, y1 = padT;
+    const now = points.length ? points[points.length - 1].t : Date.now() / 1000;
+    const span = Math.max(30, Math.min(HISTORY_S, points.length ? now - points[0].t : 30));
+    const X = (t) => x1 - (now - t) / span * (x1 - x0);
+    const Y = (v) => y0 - v * (y0 - y1);
+    for (const v of [0, 0.6, 0.85, 1]) {
+      svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: Y(v), y2: Y(v), class: "grid" }));
+      svg.appendChild(BP.svg("text", { x: x0 - 4, y: Y(v) + 3, class: "axis", "text-anchor": "end" }, (v * 100) + "%"));
+    }
+    svg.appendChild(BP.svg("text", { x: x0, y: H - 3, class: "axis" }, `-${Math.round(span)} s`));
+    svg.appendChild(BP.svg("text", { x: x1, y: H - 3, class: "axis", "text-anchor": "end" }, "now"));
+    if (points.length < 2) return;
+    const line = (key) => points.filter((p) => typeof p[key] === "number")
+      .map((p, i) => `${i ? "L" : "M"}${X(p.t).toFixed(1)},${Y(p[key]).toFixed(1)}`).join(" ");
+    const step = (key) => {
+      let d = "", prev = null;
+      for (const p of points) {
+        if (typeof p[key] !== "number") continue;
+        const x = X(p.t).toFixed(1), y = Y(p[key]).toFixed(1);
+        d += prev === null ? `M${x},${y}` : `H${x}V${y}`;
+        prev = y;
+      }
+      return d;
+    };
+    const area = line("level") + ` L${X(points[points.length - 1].t).toFixed(1)},${y0} L${X(points[0].t).toFixed(1)},${y0} Z`;
+    svg.appendChild(BP.svg("path", { d: area, class: "spark-area " + BP.levelClass(points[points.length - 1].level) }));
+    svg.appendChild(BP.svg("path", { d: line("level"), class: "spark-level" }));
+    svg.appendChild(BP.svg("path", { d: step("high"), class: "spark-high" }));
+    svg.appendChild(BP.svg("path", { d: step("low"), class: "spark-low" }));
+  }
+
+  function renderNodeEvents(name) {
+    const list = $("sel-events");
+    const events = Array.from(state.events.values()).filter((e) => e.node === name)
+      .sort((a, b) => b.id - a.id).slice(0, 12);
+    list.replaceChildren(...events.map(eventRow));
+    if (!events.length) list.appendChild(BP.el("li", { class: "muted" }, "no events for this node yet"));
+  }
+
+  // -- events -------------------------------------------------------------------------
+
+  const CATEGORIES = {
+    set_flag: "flag", clear_flag: "flag", set_thresholds: "threshold",
+    set_rate: "rate", set_speed: "rate", stepwise_signal: "rate", set_credits: "rate",
+    set_shares: "shares", start_migration: "migration", stop_migration: "migration",
+    operator_migrate: "operator", operator_stop_migrating: "operator", operator_refused: "refused",
+    action_refused: "refused", scale_out_request: "rate",
+  };
+
+  function category(kind) {
+    if (CATEGORIES[kind]) return CATEGORIES[kind];
+    if (kind.startsWith("run_") || kind === "driver" || kind === "source_done") return "run";
+    return "other";
+  }
+
+  function mergeEvents(events) {
+    let added = false;
+    for (const e of events) {
+      if (!state.events.has(e.id)) { state.events.set(e.id, e); added = true; }
+    }
+    if (state.events.size > MAX_EVENTS * 2) {
+      const keep = Array.from(state.events.keys()).sort((a, b) => b - a).slice(0, MAX_EVENTS);
+      const kept = new Set(keep);
+      for (const id of Array.from(state.events.keys())) if (!kept.has(id)) state.events.delete(id);
+    }
+    if (added) renderTimeline();
+  }
+
+  function eventRow(e) {
+    const cat = category(e.kind);
+    const li = BP.el("li", { class: "event cat-" + cat, "data-kind": e.kind, "data-event": e.id });
+    li.appendChild(BP.el("time", { datetime: e.time }, BP.clock(e.time)));
+    li.appendChild(BP.el("span", { class: "kind" }, e.kind.replace(/_/g, " ")));
+    li.appendChild(BP.el("span", { class: "node-name" }, e.node || ""));
+    li.appendChild(BP.el("span", { class: "reason" }, e.reason));
+    const actor = e.actor || "system";
+    const userAction = !["balancer", "system"].includes(actor);
+    li.appendChild(BP.el("span", { class: "actor" + (userAction ? " user" : "") }, actor));
+    return li;
+  }
+
+  function renderTimeline() {
+    const filter = $("event-filter").value;
+    const events = Array.from(state.events.values())
+      .filter((e) => filter === "all" || category(e.kind) === filter)
+      .sort((a, b) => b.id - a.id).slice(0, MAX_EVENTS);
+    const list = $("timeline");
+    list.replaceChildren(...events.map(eventRow));
+    if (!events.length) list.appendChild(BP.el("li", { class: "muted" }, "no events yet"));
+    $("event-count").textContent = `${state.events.size} events`;
+    if (state.selected) renderNodeEvents(state.selected);
+  }
+
+  async function refreshEvents() {
+    const r = await BP.api("GET", config.api + "events/?limit=200");
+    if (r.ok && Array.isArray(r.data)) mergeEvents(r.data);
+  }
+
+  // -- charts -------------------------------------------------------------------------
+
+  let chartsPending = false;
+  function scheduleCharts() {
+    if (chartsPending) return;
+    chartsPending = true;
+    setTimeout(() => { chartsPending = false; drawCharts(); }, 400);
+  }
+
+  function drawCharts() {
+    lineChart($("chart-completion"), state.completion, { yMax: 1, yFormat: (v) => Math.round(v * 100) + "%",
+      cls: "series-completion", label: "completed fraction" });
+    const tp = state.throughput;
+    const peak = Math.max(256 * 1024, ...tp.map((p) => p[1]));
+    const unit = peak >= 1024 * 1024 ? 1024 * 1024 : 1024;
+    const unitName = unit === 1024 ? "KB/s" : "MB/s";
+    const tick = (v) => { const x = v / unit; return (x % 1 ? x.toFixed(1) : x.toFixed(0)) + " " + unitName; };
+    lineChart($("chart-throughput"), tp, { yMax: niceCeil(peak / unit) * unit, yFormat: tick,
+      cls: "series-throughput", label: "merged bytes per second" });
+    const headline = throughputOf(state.completion, HEADLINE_WINDOW_S);
+    const last = headline[headline.length - 1];
+    $("run-throughput").textContent = last ? BP.rate(last[1]) : "–";
+    $("run-throughput").title = `merged at the sink, average of the last ${HEADLINE_WINDOW_S} s`;
+  }
+
+  function niceCeil(v) {
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  function lineChart(svg, points, opts) {
+    const W = 560, H = 190, padL = 70, padR = 12, padT = 10, padB = 28;
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const x0 = padL, x1 = W - padR, y0 = H - padB, y1 = padT;
+    const tMax = Math.max(10, points.length ? points[points.length - 1][0] : 10);
+    const X = (t) => x0 + t / tMax * (x1 - x0);
+    const Y = (v) => y0 - Math.min(1, v / opts.yMax) * (y0 - y1);
+    for (let i = 0; i <= 4; i++) {
+      const v = opts.yMax * i / 4;
+      svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: Y(v), y2: Y(v), class: "grid" }));
+      svg.appendChild(BP.svg("text", { x: x0 - 6, y: Y(v) + 4, class: "axis", "text-anchor": "end" }, opts.yFormat(v)));
+    }
+    const stepT = niceCeil(tMax / 6);
+    for (let t = 0; t <= tMax + 1e-9; t += stepT) {
+      svg.appendChild(BP.svg("line", { x1: X(t), x2: X(t), y1: y0, y2: y0 + 4, class: "tick" }));
+      svg.appendChild(BP.svg("text", { x: X(t), y: H - 8, class: "axis", "text-anchor": "middle" }, BP.duration(t)));
+    }
+    svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: y0, y2: y0, class: "axis-line" }));
+    if (!points.length) {
+      svg.appendChild(BP.svg("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, class: "axis", "text-anchor": "middle" }, "waiting for data"));
+      return;
+    }
+    const d = points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
+    svg.appendChild(BP.svg("path", { d, class: "series " + opts.cls }));
+  }
+
+  async function loadCompletion() {
+    const r = await BP.api("GET", config.api + "completion/");
+    if (!r.ok || !r.data) return;
+    const live = state.completion;
+    const firstLive = live.length ? live[0][0] : Infinity;
+    state.completion = r.data.points.filter((p) => p[0] < firstLive).concat(live);
+    state.throughput = throughputOf(state.completion);
+    drawCharts();
+  }
+
+  // -- start --------------------------------------------------------------------------
+
+  const view = new BP.TopologyView($("topology"), config.topology, { live: true, onSelect: select });
+
+  function init() {
+    $("btn-pause").addEventListener("click", () => control("pause"));
+    $("btn-resume").addEventListener("click", () => control("resume"));
+    $("btn-stop").addEventListener("click", () => control("stop"));
+    $("btn-migrate").addEventListener("click", () => nodeAction(false));
+    $("btn-stop-migrating").addEventListener("click", () => nodeAction(true));
+    $("event-filter").addEventListener("change", renderTimeline);
+    drawCharts();
+    refreshEvents();
+    loadCompletion();
+    connect();
+    // A tab woken from sleep may hold a dead socket: ask for a fresh snapshot.
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden && state.socket && state.socket.readyState === WebSocket.OPEN) {
+        state.socket.send(JSON.stringify({ type: "resync" }));
+      }
+    });
+  }
+
+  global.bpConsole = { state, view, select, connect, config };
+  init();
+})(window);
