@@ -264,11 +264,12 @@ def _pressure_step(
 
     heavy = {(m.branch_node, m.heavy[0]) for m in active}
     heavy.update((b, path[0]) for _, b, path in detected)
+    scored: dict[str, tuple[tuple[Branch, ...], dict[str, float]]] = {}
 
     for bp_node, branch_node, path in detected:
         if any(m.branch_node == branch_node and m.heavy[0] == path[0] for m in active):
             continue  # already relieving this branch: keep migrating, keep monitoring
-        planned = _plan_light(observation, branch_node, heavy, policy)
+        planned = _plan_light(observation, branch_node, heavy, policy, scored)
         if planned is None:
             continue
         light, scores = planned
@@ -290,7 +291,7 @@ def _pressure_step(
     for index, m in enumerate(active):
         if (m.branch_node, m.light[0]) not in heavy:
             continue
-        planned = _plan_light(observation, m.branch_node, heavy, policy)
+        planned = _plan_light(observation, m.branch_node, heavy, policy, scored)
         if planned is None:
             continue
         light, scores = planned
@@ -313,11 +314,18 @@ def _plan_light(
     branch_node: str,
     heavy: set[tuple[str, str]],
     policy: Policy,
+    scored: dict[str, tuple[tuple[Branch, ...], dict[str, float]]],
 ) -> tuple[Branch, dict[str, float]] | None:
-    """The light branch of ``branch_node`` and every branch's score, or None if none is."""
+    """The light branch of ``branch_node`` and every branch's score, or None if none is.
+
+    ``scored`` keeps each branch node's branches and scores for the rest of the tick:
+    many backpressure nodes under one branch node share one scoring.
+    """
     topology = observation.topology
-    branches = branches_of(topology, branch_node)
-    scores = score_branches(observation, branches, policy)
+    if branch_node not in scored:
+        branches = branches_of(topology, branch_node)
+        scored[branch_node] = (branches, score_branches(observation, branches, policy))
+    branches, scores = scored[branch_node]
     candidates = [
         b for b in branches if (branch_node, b.child) not in heavy and _mergeable(topology, b.nodes)
     ]
