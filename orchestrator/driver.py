@@ -464,8 +464,8 @@ class RunDriver:
 
     def _flush_events(self) -> None:
         if self.events:
-            Event.objects.bulk_create(self.events)
-            self.events.clear()
+            self.reporter.add_events(self.events)
+            self.events = []
 
     def _flush_flags(self) -> None:
         if self.flags_to_set or self.flags_to_clear:
@@ -666,6 +666,7 @@ class RunDriver:
             self._apply(ClearFlag(reason="run finished: every pool is empty", node=node))
         self._flush_flags()
         self._flush_events()
+        self.reporter.write_events()  # the timeline ends with the run's own last events
         status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
         error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
         Run.objects.filter(pk=self.run_id, epoch=self.epoch).update(

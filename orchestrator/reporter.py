@@ -1,5 +1,5 @@
-"""Off the balancer's critical path: routes and node states to ZooKeeper, and the live
-snapshot.
+"""Off the balancer's critical path: events to PostgreSQL, routes and node states to
+ZooKeeper, and the live snapshot.
 
 The tick hands over what it decided and moves on; this thread writes the states and
 publishes the snapshot. When it falls behind, only the newest report is kept: viewers
@@ -18,6 +18,8 @@ from typing import Any
 
 from django.db import connection
 
+from orchestrator.models import Event
+
 log = logging.getLogger(__name__)
 
 
@@ -33,6 +35,21 @@ class Reporter(threading.Thread):
         self.store = store
         self.publish = publish
         self.inbox: queue.Queue[Report | None] = queue.Queue(maxsize=1)
+        # Events are never dropped, unlike reports: they wait here until written.
+        self.events: list[Event] = []
+        self.events_lock = threading.Lock()
+
+    def add_events(self, events: list[Event]) -> None:
+        with self.events_lock:
+            self.events.extend(events)
+
+    def write_events(self) -> None:
+        """Write the waiting events, from whichever thread calls (each has its own
+        database connection); the lock keeps their order."""
+        with self.events_lock:
+            if self.events:
+                Event.objects.bulk_create(self.events)
+                self.events = []
 
     def submit(self, report: Report) -> None:
         while True:
@@ -54,9 +71,11 @@ class Reporter(threading.Thread):
         try:
             while (report := self.inbox.get()) is not None:
                 try:
+                    self.write_events()
                     self.store(report)
                     self.publish(report)
                 except Exception:
                     log.warning("could not report a tick", exc_info=True)
+            self.write_events()
         finally:
             connection.close()  # this thread's own database connection
