@@ -61,8 +61,30 @@ class Stack:
         )
         celery = [sys.executable, "-m", "celery", "-A", "orchestrator.celery"]
         for args in (
-            ["worker", "-Q", "control", "--pool", "threads", "--concurrency", "4", "-n", "c@b"],
-            ["worker", "-Q", "spark", "--concurrency", str(self.spark_workers), "-n", "s@b"],
+            [
+                "worker",
+                "-Q",
+                "control",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "4",
+                "-n",
+                "c@b",
+                "--loglevel",
+                "INFO",
+            ],
+            [
+                "worker",
+                "-Q",
+                "spark",
+                "--concurrency",
+                str(self.spark_workers),
+                "-n",
+                "s@b",
+                "--loglevel",
+                "INFO",
+            ],
             ["beat", "--schedule", str(self.var / "beat")],
         ):
             log = (self.var / f"{args[0]}-{len(self.children)}.log").open("ab")
@@ -179,6 +201,13 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             if s.process
         )
         size = run.input_spec["extent_total"]
+        from orchestrator.models import Segment
+
+        spans = sorted(
+            (s.done_at - s.claimed_at).total_seconds()
+            for s in Segment.objects.filter(run=run, state="done").exclude(claimed_at=None)
+        )
+        retried = Segment.objects.filter(run=run, attempts__gt=1).count()
         return {
             "input_mb": round(size / 2**20, 1),
             "generation_s": round(generation_s, 1),
@@ -188,6 +217,9 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             "batch_mb_s": round(size / 2**20 / batch["seconds"], 2),
             "throughput_ratio": round(batch["seconds"] / stream_s, 3),
             "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
+            "segments_claimed_more_than_once": retried,
+            "segment_claim_to_done_s_p50": round(spans[len(spans) // 2], 2) if spans else None,
+            "segment_claim_to_done_s_max": round(spans[-1], 2) if spans else None,
             "peak_rss_mb_workers_and_bench": round(sampler.peak / 2**20),
             "services_rss_mb_at_end": round(launcher_rss / 2**20),
         }

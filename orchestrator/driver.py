@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from balancer.loop import BalancerState, step
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 LOOP_S = 0.1
 READ_AHEAD_CHUNKS = 32
 READ_AHEAD_BYTES = 32 * 1024 * 1024
-REDISPATCH_S = 5.0
 MB = 1024 * 1024
 QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
 # What a snapshot shows of the run row (the topology and policy never change mid-run).
@@ -365,7 +365,9 @@ class RunDriver:
                 continue
             current = self.in_flight.get(node)
             busy = current is not None and not _finished_handle(current.handle)
-            if busy and now - current.started < REDISPATCH_S:
+            # One batch at a time per node (an operator instance). A task that never
+            # reports (its worker died before running it) is replaced after a lease.
+            if busy and now - current.started < settings.BPCONSOLE_LEASE_S:
                 continue
             routes = self.routes.get(node, Routes())
             self.in_flight[node] = Dispatch(now, self.dispatch(self.run_id, node, routes.to_json()))

@@ -22,6 +22,9 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "4"))
         .config("spark.sql.session.timeZone", "UTC")
+        # Partial aggregates collect sets per (segment, key): keep them in the hash
+        # aggregate instead of falling back to sorting every row past 128 groups.
+        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "100000")
         .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
     )
     if master.startswith("local"):
