@@ -18,7 +18,14 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sparkjobs.records import MALFORMED_COL, RAW_COL, SEGMENT_COL, parse_fields, read_lines
+from sparkjobs.records import (
+    MALFORMED_COL,
+    RAW_COL,
+    SEGMENT_COL,
+    parse_fields,
+    read_lines,
+    segment_of,
+)
 from sparkjobs.segments import write_atomic
 
 
@@ -80,13 +87,16 @@ def partial_aggregate(
     )
     partial_rows = [row for row in grouped if not row[MALFORMED_COL]]
     bad_rows = [
-        (row[SEGMENT_COL], raw) for row in grouped if row[MALFORMED_COL] for raw in row["raw"]
+        (segment_of(row[SEGMENT_COL]), raw)
+        for row in grouped
+        if row[MALFORMED_COL]
+        for raw in row["raw"]
     ]
 
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
     for row in partial_rows:
-        seg = row[SEGMENT_COL]
+        seg = segment_of(row[SEGMENT_COL])
         result = results[seg]
         result.records += row["count"]
         result.keys += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 VALUE_TYPE = "DECIMAL(38,10)"
@@ -20,16 +20,17 @@ RAW_COL = "_raw"
 MALFORMED_COL = "_malformed"
 
 
-def segment_id_of(path_column: Column) -> Column:
-    """A segment's id is its file name without the extension."""
-    return F.regexp_extract(path_column, r"([^/]+)\.jsonl$", 1)
+def segment_of(file_name: str) -> str:
+    """A segment's id is its file name without the extension. Mapped in Python after
+    the job: a per-record regular expression in Spark would cost more than the parse."""
+    return file_name.removesuffix(".jsonl")
 
 
 def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     """Every line of the given JSON-lines files, with the segment it came from."""
     return (
         spark.read.text(list(paths))
-        .withColumn(SEGMENT_COL, segment_id_of(F.col("_metadata.file_path")))
+        .withColumn(SEGMENT_COL, F.col("_metadata.file_name"))
         .withColumnRenamed("value", RAW_COL)
         .where(F.length(F.trim(F.col(RAW_COL))) > 0)
     )

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import PartialOutput
-from sparkjobs.records import SEGMENT_COL, segment_id_of
+from sparkjobs.records import SEGMENT_COL, segment_of
 from sparkjobs.segments import write_atomic
 
 CORRUPT = "_corrupt_record"
@@ -32,7 +32,7 @@ def transform(
         spark.read.option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)
         .json([str(p) for p in inputs.values()])
-        .withColumn(SEGMENT_COL, segment_id_of(F.col("_metadata.file_path")))
+        .withColumn(SEGMENT_COL, F.col("_metadata.file_name"))
         .cache()
     )
     try:
@@ -60,11 +60,13 @@ def transform(
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines: dict[str, list[str]] = {seg: [] for seg in inputs}
     for row in rows:
-        lines[row[SEGMENT_COL]].append(row["j"])
-        results[row[SEGMENT_COL]].records += 1
+        seg = segment_of(row[SEGMENT_COL])
+        lines[seg].append(row["j"])
+        results[seg].records += 1
     for row in bad:
-        results[row[SEGMENT_COL]].malformed += 1
-        results[row[SEGMENT_COL]].quarantined.append(row[CORRUPT])
+        seg = segment_of(row[SEGMENT_COL])
+        results[seg].malformed += 1
+        results[seg].quarantined.append(row[CORRUPT])
     for seg, result in results.items():
         result.bytes = write_atomic(result.path, "".join(f"{j}\n" for j in lines[seg]).encode())
     return results
