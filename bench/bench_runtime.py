@@ -245,7 +245,7 @@ def main() -> int:
     t = sub.add_parser("throughput")
     t.add_argument("--mb", type=int, default=1024)
     t.add_argument("--segment-mb", type=float, default=8.0)
-    t.add_argument("--spark-workers", type=int, default=2)
+    t.add_argument("--spark-workers", type=int, default=1)
     k = sub.add_parser("ticks")
     k.add_argument("--nodes", type=int, default=50)
     k.add_argument("--mb", type=int, default=24)

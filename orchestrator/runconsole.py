@@ -113,7 +113,7 @@ def main() -> int:
             _spawn(
                 "spark worker",
                 [python, "-m", "celery", "-A", "orchestrator.celery", "worker",
-                 "-Q", "spark", "--concurrency", os.environ.get("BPCONSOLE_SPARK_WORKERS", "2"),
+                 "-Q", "spark", "--concurrency", os.environ.get("BPCONSOLE_SPARK_WORKERS", "1"),
                  "-n", "spark@%h", "--loglevel", "INFO"],
                 env,
                 logs / "celery-spark.log",
