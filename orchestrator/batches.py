@@ -22,7 +22,7 @@ from orchestrator.models import Run, Segment
 from orchestrator.routing import Routes, route
 
 MAX_BATCH_SEGMENTS = 64
-MAX_BATCH_BYTES = 64 * 1024 * 1024
+MAX_BATCH_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
