@@ -70,11 +70,6 @@ def child_env(services: Endpoints) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def service_env(services: Endpoints, django_db_setup: None) -> dict[str, str]:
-    return child_env(services)
-
-
 @dataclass
 class Workers:
     """The console's worker processes for a test session: two control workers (one can

@@ -9,6 +9,7 @@ role, changing its policy the admin role.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpResponse
@@ -110,13 +111,19 @@ class PipelineListView(APIView):
         summary="Create (or update) a pipeline from a document; nothing saved when invalid",
     )
     def post(self, request: Request) -> Response:
-        try:
-            pipeline, created = actions.save_pipeline(request.data, request.user)
-        except actions.ActionError as exc:
-            return _error(exc)
-        except TopologyError as exc:
-            return _problems(exc)
-        return Response(_pipeline_json(pipeline, None, detail=True), status=201 if created else 200)
+        return _save(request, lambda: request.data)
+
+
+def _save(request: Request, document: Callable[[], Any]) -> Response:
+    """Create or update a pipeline from a document (parsed inside the guard, so a YAML
+    error is reported like any other problem); 201 when created, 200 when updated."""
+    try:
+        pipeline, created = actions.save_pipeline(document(), request.user)
+    except actions.ActionError as exc:
+        return _error(exc)
+    except TopologyError as exc:
+        return _problems(exc)
+    return Response(_pipeline_json(pipeline, None, detail=True), status=201 if created else 200)
 
 
 class PipelineDetailView(APIView):
@@ -203,14 +210,7 @@ class PipelineImportView(APIView):
         payload = YamlImportSerializer(data=request.data)
         if not payload.is_valid():
             return Response({"detail": "send {'yaml': '<topology file text>'}"}, status=400)
-        try:
-            doc = parse_yaml(payload.validated_data["yaml"])
-            pipeline, created = actions.save_pipeline(doc, request.user)
-        except actions.ActionError as exc:
-            return _error(exc)
-        except TopologyError as exc:
-            return _problems(exc)
-        return Response(_pipeline_json(pipeline, None, detail=True), status=201 if created else 200)
+        return _save(request, lambda: parse_yaml(payload.validated_data["yaml"]))
 
 
 # -- runs -------------------------------------------------------------------------------
