@@ -130,14 +130,20 @@ def even_key_groups(keys: Sequence[int], instances: Sequence[str]) -> dict[str, 
     if not instances:
         raise ValueError("key groups need at least one instance")
     ordered = sorted(keys)
-    size, extra = divmod(len(ordered), len(instances))
-    groups: dict[str, frozenset[int]] = {}
-    start = 0
-    for index, instance in enumerate(instances):
-        end = start + size + (1 if index < extra else 0)
-        groups[instance] = frozenset(ordered[start:end])
-        start = end
-    return groups
+    return {
+        instance: frozenset(ordered[i] for i in key_group(index, len(instances), len(ordered)))
+        for index, instance in enumerate(instances)
+    }
+
+
+def key_group(part: int, parts: int, size: int) -> range:
+    """Positions of the ``part``-th of ``parts`` even key groups of a key space of
+    ``size`` keys: what :func:`even_key_groups` gives the ``part``-th instance."""
+    if not 0 <= part < parts:
+        raise ValueError(f"key group {part} of {parts} does not exist")
+    base, extra = divmod(size, parts)
+    start = part * base + min(part, extra)
+    return range(start, start + base + (1 if part < extra else 0))
 
 
 @dataclass(frozen=True)

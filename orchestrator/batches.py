@@ -7,19 +7,23 @@ and inserts no new rows; the completion is refused when the lease was lost meanw
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
-from orchestrator import ledger
-from orchestrator.models import Run, Segment
-from orchestrator.routing import Routes, route
+from orchestrator import adjustments, keystate, ledger
+from orchestrator.models import Adjustment, Run, Segment
+from orchestrator.routing import Routes
+from sparkjobs.catalog import OPERATORS
+from sparkjobs.keygroups import KeyGroup
 
 MAX_BATCH_SEGMENTS = 64
 MAX_BATCH_BYTES = 128 * 1024 * 1024
@@ -31,10 +35,12 @@ class BatchReport:
     segments: int
     bytes: int
     malformed: int = 0
+    aligned: adjustments.Aligned | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "segments": self.segments, "bytes": self.bytes,
-                "malformed": self.malformed}  # fmt: skip
+                "malformed": self.malformed,
+                "aligned": None if self.aligned is None else self.aligned.version}  # fmt: skip
 
 
 def run_dir(run_id: int) -> Path:
@@ -72,9 +78,9 @@ def process_batch(
     run_id: int, node_name: str, routes_json: Mapping[str, Any] | None
 ) -> BatchReport:
     run = Run.objects.get(pk=run_id)
-    node = _node(run.topology, node_name)
     owner = worker_identity()
-    batch = ledger.claim_batch(
+    node = _node_at(run, node_name)
+    claim = ledger.claim_batch(
         run_id,
         node_name,
         owner,
@@ -83,51 +89,107 @@ def process_batch(
         lease_s=settings.BPCONSOLE_LEASE_S,
         rate_mbps=float(node.get("max_rate_mbps", 0.0)),
     )
-    if not batch:
-        return BatchReport(node_name, 0, 0)
-    size = sum(s.bytes for s in batch)
+    aligned = claim.aligned
+    if not claim:
+        return BatchReport(node_name, 0, 0, aligned=aligned)
+    run.refresh_from_db(fields=["topology", "config_version"])
+    topology = adjustments.topology_at(run, claim.config)
+    size = sum(s.bytes for s in claim)
     if node["kind"] == "sink":
-        _merge(run, node_name, owner, batch)
-        return BatchReport(node_name, len(batch), size)
-    malformed = _operate(run, node, owner, batch, Routes.from_json(routes_json))
-    return BatchReport(node_name, len(batch), size, malformed)
+        _merge(run, node_name, owner, claim.segments)
+        return BatchReport(node_name, len(claim), size, aligned=aligned)
+    malformed = _operate(
+        run, topology=topology, node=node, owner=owner, claim=claim,
+        routes=Routes.from_json(routes_json),
+    )  # fmt: skip
+    return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
+
+
+def _node_at(run: Run, name: str) -> Mapping[str, Any]:
+    """The node's document, also for an instance a running adjustment is removing."""
+    found = next((n for n in run.topology["nodes"] if n["name"] == name), None)
+    if found is not None:
+        return found
+    for adjustment in Adjustment.objects.filter(run=run).order_by("-version"):
+        found = next((n for n in adjustment.before["nodes"] if n["name"] == name), None)
+        if found is not None:
+            return found
+    raise ValueError(f"run {run.pk} has no node {name!r}")
 
 
 def _operate(
-    run: Run, node: Mapping[str, Any], owner: str, batch: list[Segment], routes: Routes
+    run: Run,
+    *,
+    topology: Mapping[str, Any],
+    node: Mapping[str, Any],
+    owner: str,
+    claim: ledger.Claim,
+    routes: Routes,
 ) -> int:
     from sparkjobs.aggregate import AggregateParams, partial_aggregate
     from sparkjobs.session import spark_session
     from sparkjobs.transform import transform
 
     name = node["name"]
+    batch = claim.segments
     spark = spark_session()
-    inputs = {s.pk: Path(s.path) for s in batch}
-    outputs = {s.pk: segment_path(run.pk, output_id(s.pk, name)) for s in batch}
+    # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
+    # copies for the other key groups, and operators name their results by file.
+    by_file = {Path(s.path).stem: s for s in batch}
+    inputs = {stem: Path(s.path) for stem, s in by_file.items()}
+    outputs = {stem: segment_path(run.pk, output_id(s.pk, name)) for stem, s in by_file.items()}
     params = node.get("params") or {}
-    if node["operator"] == "aggregate":
-        produced = partial_aggregate(spark, inputs, outputs, AggregateParams.from_params(params))
+    slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
+    stateful = OPERATORS[node["operator"]].stateful
+    if node["operator"] in ("aggregate", "running"):
+        produced = partial_aggregate(
+            spark, inputs, outputs, AggregateParams.from_params(params),
+            key_group=None if slots.whole else slots,
+        )  # fmt: skip
     else:
         produced = transform(spark, node["operator"], params, inputs, outputs)
-    _quarantine(run.pk, {seg: out.quarantined for seg, out in produced.items()})
-    downstreams = downstreams_of(run.topology, name)
+    _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     new = []
-    for seg in batch:
-        out = produced[seg.pk]
+    for stem, seg in by_file.items():
+        out = produced[stem]
         new_id = output_id(seg.pk, name)
-        target, migrated_from = route(new_id, seg.tag, downstreams, routes)
-        new.append(
-            ledger.NewSegment(
-                id=new_id, chunk=seg.chunk, origin_file=seg.origin_file,
-                origin_offset=seg.origin_offset, origin_length=seg.origin_length,
-                node=target, upstream=name, tag=seg.tag, path=str(out.path), bytes=out.bytes,
-                records=out.records, migrated_from=migrated_from,
-                link_mbps=bandwidth(run.topology, name, target),
-            )
-        )  # fmt: skip
-    malformed = {seg: out.malformed for seg, out in produced.items()}
-    ledger.complete_batch(run.pk, owner, batch, new, malformed)
+        copies = adjustments.targets(
+            topology, name, new_id, tag=seg.tag, routes=routes, slots=slots
+        )
+        for target, migrated_from, part in copies:
+            new.append(
+                ledger.NewSegment(
+                    id=adjustments.copy_id(new_id, target, part, len(copies)), chunk=seg.chunk,
+                    origin_file=seg.origin_file, origin_offset=seg.origin_offset,
+                    origin_length=seg.origin_length, node=target, upstream=name, tag=seg.tag,
+                    path=str(out.path), bytes=out.bytes, records=out.records,
+                    migrated_from=migrated_from, link_mbps=bandwidth(topology, name, target),
+                    config=claim.config, slots_from=part.low, slots_to=part.high,
+                )
+            )  # fmt: skip
+    malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
+    fold = None
+    if stateful:
+        deltas = [delta for out in produced.values() for delta in _partials(out.path)]
+        stage = node.get("stage") or name
+
+        def fold() -> None:
+            keystate.fold(run.pk, stage, name, deltas)
+
+    ledger.complete_batch(run.pk, owner, batch, new, malformed, fold=fold)
     return sum(malformed.values())
+
+
+def _partials(path: Path) -> list[tuple[str, keystate.Totals]]:
+    """The per-key partial aggregates an operator wrote: what a stateful one folds."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if line:
+            row = json.loads(line)
+            rows.append((row["key"], keystate.Totals(
+                int(row["count"]), Decimal(row["sum"]), Decimal(row["min"]), Decimal(row["max"])
+            )))  # fmt: skip
+    return rows
 
 
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
@@ -143,11 +205,11 @@ def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
             ledger.complete_sink_batch(run.pk, sink, owner, pending, deltas)
             return
         except ledger.AlreadyMergedError as err:
-            # Delivered twice: those chunks are in the result already. Merge the rest,
-            # and mark the duplicates done without touching the result.
-            duplicates = [s for s in pending if s.chunk in err.chunks]
+            # Delivered twice: those chunk parts are in the result already. Merge the
+            # rest, and mark the duplicates done without touching the result.
+            duplicates = [s for s in pending if (s.chunk, s.slots_from) in err.parts]
             ledger.complete_batch(run.pk, owner, duplicates, [], {})
-            pending = [s for s in pending if s.chunk not in err.chunks]
+            pending = [s for s in pending if (s.chunk, s.slots_from) not in err.parts]
 
 
 def _quarantine(run_id: int, lines: Mapping[str, list[str]]) -> None:

@@ -76,8 +76,10 @@ def batch_summary(
         input_path = generated_input(topology, generator)
     files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
     chain = stage_chain(topology)
-    if not chain or chain[-1]["operator"] != "aggregate":
-        raise RunError("the batch job computes pipelines that end in an aggregate stage")
+    if not chain or chain[-1]["operator"] not in ("aggregate", "running"):
+        raise RunError(
+            "the batch job computes pipelines that end in an aggregate or running stage"
+        )
     steps = [(n["operator"], n.get("params") or {}) for n in chain[:-1]]
     began = time.monotonic()
     result = batch_aggregate(

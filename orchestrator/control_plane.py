@@ -626,6 +626,30 @@ class ControlPlane:
             data, stat = self.client.get(path)
         return _parse_epoch(data, path), stat
 
+    # -- hot rescale (adjust/<version>/) ---------------------------------------------
+
+    def write_adjustment(
+        self, run: str, version: int, steps: Mapping[str, Mapping[str, Any]], under: str = ""
+    ) -> None:
+        """Write steps of adjustment ``version`` (``plan``, ``state``; with ``under=
+        "updates"`` one graph-state update per instance) under ``adjust/<version>/``."""
+        folder = self.adjust_path(run, version)
+        if under:
+            folder = f"{folder}/{_check_name('folder', under)}"
+        self._upsert_many(folder, steps)
+
+    def report_tail(self, run: str, version: int, instance: str, report: Mapping[str, Any]) -> None:
+        """A tail of the adjustment's subgraph has every marker (hot-rescale.md step 4)."""
+        path = f"{self.adjust_path(run, version)}/tails/{_check_name('node', instance)}"
+        with contextlib.suppress(NodeExistsError):
+            self.client.retry(self.client.create, path, encode(report), makepath=True)
+
+    def adjustment_tails(self, run: str, version: int) -> set[str]:
+        return set(self._children(f"{self.adjust_path(run, version)}/tails"))
+
+    def read_adjustment(self, run: str, version: int) -> dict[str, dict[str, Any]]:
+        return self._read_all(self.adjust_path(run, version))
+
     # -- workers --------------------------------------------------------------------
 
     def register_worker(self, name: str, info: Mapping[str, Any]) -> None:

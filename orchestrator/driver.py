@@ -50,16 +50,18 @@ from balancer.model import (
 from balancer.policy import Policy
 from balancer.pressure import operator_migration
 from balancer.stepwise import TaskSpeed, apply_signal
-from orchestrator import ledger
+from orchestrator import adjustments, ledger
+from orchestrator.adjuster import COMMANDS, Adjuster
 from orchestrator.batches import bandwidth, downstreams_of, segment_path
 from orchestrator.control_plane import ControlPlane, StaleEpochError
 from orchestrator.events import record_event
-from orchestrator.models import Event, Run
+from orchestrator.models import Event, Instance, Run
 from orchestrator.reporter import Report, Reporter
-from orchestrator.routing import Routes, route, tagged_route
+from orchestrator.routing import Routes, tagged_route
 from orchestrator.snapshot import build_snapshot
 from orchestrator.source import Chunk, chunks, resolve_inputs
 from orchestrator.topology import balancer_topology, input_extent
+from sparkjobs.keygroups import KeyGroup
 from sparkjobs.segments import write_atomic
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ class Dispatch:
     handle: Any
 
 
-Dispatcher = Callable[[int, str, dict[str, Any]], Any]
+Dispatcher = Callable[[int, str, dict[str, Any], Any], Any]
 Publisher = Callable[[int, dict[str, Any]], None]
 
 
@@ -139,6 +141,8 @@ class RunDriver:
         self.blocked: dict[str, int] = {}
         self.node_states: dict[str, dict[str, Any]] = {}
         self.lost = False
+        self.adjuster: Adjuster | None = None
+        self.source_config = 0
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -153,6 +157,8 @@ class RunDriver:
             return self._drive()
         finally:
             self.reporter.stop()
+            if self.adjuster is not None:
+                self.adjuster.close()
             for subscription in self.subscriptions:
                 subscription.cancel()
             self.control.session.remove(callback)
@@ -174,13 +180,16 @@ class RunDriver:
         # ZooKeeper's fence follows the ledger's: older owners' routes writes are refused.
         self.control.raise_epoch(self.key, self.epoch)
         run = Run.objects.get(pk=self.run_id)
-        self.topology_doc = run.topology
         self.policy = Policy.from_mapping(run.policy)
-        self.topology = balancer_topology(run.topology)
         self.source = next(n for n in run.topology["nodes"] if n["kind"] == "source")
-        self.downstream_of_source = downstreams_of(run.topology, self.source["name"])
+        adjustments.ensure_instances(run)
+        self._reload_topology()
         self._open_source(run)
         self._restore_routes()
+        self.adjuster = Adjuster(
+            self.run_id, self.control, epoch=self.epoch, source=self.source["name"],
+            timeout_s=self.policy.adjust_timeout_s,
+        )  # fmt: skip
         # Queues are read only when a watch says they hold something: no round trip
         # to ZooKeeper on the (usual) ticks without signals or commands.
         self.subscriptions = [
@@ -284,9 +293,11 @@ class RunDriver:
             chunk = self.ahead[0]
             seg_id = f"r{self.run_id}.c{chunk.index:07d}"
             source_routes = self.routes.get(self.source["name"], Routes())
-            target, migrated_from = route(
-                seg_id, chunk.tag, self.downstream_of_source, source_routes
-            )
+            copies = adjustments.targets(
+                self.source_doc, self.source["name"], seg_id, tag=chunk.tag,
+                routes=source_routes, slots=KeyGroup(),
+            )  # fmt: skip
+            target = copies[0][0]
             if not self._may_send(target, len(chunk.body), rate):
                 if self._pool_full(target, len(chunk.body)):
                     # Demand the node could not take: part of its input rate, so a full
@@ -299,18 +310,25 @@ class RunDriver:
             ledger.emit_chunk(
                 self.run_id,
                 self.epoch,
-                ledger.NewSegment(
-                    id=seg_id, chunk=chunk.index, origin_file=chunk.file_index,
-                    origin_offset=chunk.offset, origin_length=chunk.length, node=target,
-                    upstream=self.source["name"], tag=chunk.tag, path=str(path),
-                    bytes=len(chunk.body), records=chunk.records, migrated_from=migrated_from,
-                    link_mbps=bandwidth(self.topology_doc, self.source["name"], target),
-                ),
+                [
+                    ledger.NewSegment(
+                        id=adjustments.copy_id(seg_id, node, slots, len(copies)),
+                        chunk=chunk.index, origin_file=chunk.file_index,
+                        origin_offset=chunk.offset, origin_length=chunk.length, node=node,
+                        upstream=self.source["name"], tag=chunk.tag, path=str(path),
+                        bytes=len(chunk.body), records=chunk.records,
+                        migrated_from=migrated_from,
+                        link_mbps=bandwidth(self.source_doc, self.source["name"], node),
+                        config=self.source_config, slots_from=slots.low, slots_to=slots.high,
+                    )
+                    for node, migrated_from, slots in copies
+                ],
                 next_pos,
                 self.emitted_bytes + len(chunk.body),
             )  # fmt: skip
             self.emitted_bytes += len(chunk.body)
-            self.pool[target] = self.pool.get(target, 0) + len(chunk.body)
+            for node, _, _ in copies:
+                self.pool[node] = self.pool.get(node, 0) + len(chunk.body)
             if rate is not None:
                 self.tokens -= len(chunk.body)
             credits = self.controls[self.source["name"]].credits
@@ -370,7 +388,10 @@ class RunDriver:
             if busy and now - current.started < settings.BPCONSOLE_LEASE_S:
                 continue
             routes = self.routes.get(node, Routes())
-            self.in_flight[node] = Dispatch(now, self.dispatch(self.run_id, node, routes.to_json()))
+            queue = self.adjuster.queue_for(node) if self.adjuster is not None else None
+            self.in_flight[node] = Dispatch(
+                now, self.dispatch(self.run_id, node, routes.to_json(), queue)
+            )
 
     # -- balance loop -----------------------------------------------------------------
 
@@ -423,6 +444,9 @@ class RunDriver:
                 self._apply(action)
             self._handle_commands(observation)
             self._handle_signals()
+            with self._phase("adjust"):
+                if self.adjuster is not None and self.adjuster.tick():
+                    self._reload_topology()
             with self._phase("flags"):
                 self._flush_flags()
             with self._phase("events"):
@@ -506,8 +530,13 @@ class RunDriver:
             old = self.routes.get(action.branch_node, Routes())
             migrations = {k: v for k, v in old.migrations.items() if k != action.heavy[0]}
             self._set_routes(action.branch_node, Routes(old.shares, migrations))
-        elif isinstance(action, ScaleOutRequest):
-            pass  # recorded as an event below; executed once hot rescale exists
+        elif (
+            isinstance(action, ScaleOutRequest)
+            and self.adjuster is not None
+            and self.adjuster.scale_out(action.stage, action.reason, time.monotonic())
+        ):
+            # The request is recorded below; the hot rescale it starts records its steps.
+            self._reload_topology()
         if action.kind not in QUIET_KINDS:
             node = (
                 getattr(action, "node", "")
@@ -523,6 +552,10 @@ class RunDriver:
             return
         for command in self.control.take_commands(self.key):
             node, who = command.get("node", ""), command.get("user", "an operator")
+            if command.get("command") in COMMANDS:
+                if self.adjuster is not None and self.adjuster.command(command):
+                    self._reload_topology()
+                continue
             if not self.topology.has_node(node):
                 continue  # validated by the console; a stale command is dropped
             if command.get("command") == "migrate":
@@ -562,6 +595,29 @@ class RunDriver:
                     seen.add(nxt)
                     frontier.append(nxt)
         return seen
+
+    def _reload_topology(self) -> None:
+        """The run's graph after an adjustment began, completed or rolled back: what
+        the balancer observes, and what the source routes with."""
+        run = Run.objects.only("topology", "config_version").get(pk=self.run_id)
+        self.topology_doc = run.topology
+        self.topology = balancer_topology(run.topology)
+        name = self.source["name"]
+        self.source_config = Instance.objects.get(run_id=self.run_id, name=name).config
+        self.source_doc = adjustments.topology_at(run, self.source_config)
+        self.downstream_of_source = downstreams_of(self.source_doc, name)
+        for node, routes in list(self.routes.items()):
+            if not self.topology.has_node(node):
+                del self.routes[node]
+                continue
+            live = set(self.topology.downstreams(node))
+            shares = {k: v for k, v in (routes.shares or {}).items() if k in live}
+            migrations = {
+                heavy: {light: s for light, s in moves.items() if light in live}
+                for heavy, moves in routes.migrations.items()
+                if heavy in live
+            }
+            self.routes[node] = Routes(shares or None, migrations)
 
     def _set_routes(self, node: str, routes: Routes) -> None:
         # Applied at once here (the source and dispatch read self.routes); the reporter
@@ -658,6 +714,8 @@ class RunDriver:
 
     def _finished(self, run: Run) -> bool:
         if not self.source_done or self.in_flight_running():
+            return False
+        if self.adjuster is not None and self.adjuster.running() is not None:
             return False
         if ledger.unfinished(self.run_id):
             return False

@@ -6,14 +6,17 @@
   the same segment; an emulated node rate is a token bucket checked in the same step.
 - Complete: outputs inserted (deterministic ids, so a re-run inserts nothing new) and
   inputs marked done, in one transaction that first checks the lease is still ours.
-- Sink: the merged chunks are recorded under a unique constraint in the same transaction
-  as the result rows, so nothing is merged twice.
+- Sink: the merged chunks (or key-group parts of chunks) are recorded under a unique
+  constraint in the same transaction as the result rows, so nothing is merged twice.
+- Adjustments: a node taking part in a hot rescale claims only data from before the
+  markers until it has aligned (``orchestrator.adjustments``); a retired instance's late
+  completion is refused.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -21,7 +24,9 @@ from django.db import connection, transaction
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
-from orchestrator.models import MergedChunk, Run, Segment, Throttle
+from orchestrator import adjustments
+from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
+from sparkjobs.keygroups import KEY_SLOTS
 
 MEGABIT = 1_000_000 / 8  # bytes per second in one Mb/s
 
@@ -35,9 +40,9 @@ class LeaseLostError(RuntimeError):
 
 
 class AlreadyMergedError(RuntimeError):
-    def __init__(self, chunks: set[int]) -> None:
-        super().__init__(f"chunks already merged: {sorted(chunks)[:10]}")
-        self.chunks = chunks
+    def __init__(self, parts: set[tuple[int, int]]) -> None:
+        super().__init__(f"(chunk, first slot) already merged: {sorted(parts)[:10]}")
+        self.parts = parts
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class NewSegment:
     records: int
     migrated_from: str = ""
     link_mbps: float = 0.0  # bandwidth of the link it travels; 0 = unlimited
+    config: int = 0  # graph version the sender routed it with
+    slots_from: int = 0  # the key slots it carries, for a keyed stage's key group
+    slots_to: int = KEY_SLOTS
 
 
 def bump_epoch(run_id: int) -> int:
@@ -87,16 +95,22 @@ def _insert(run_id: int, epoch: int, items: Sequence[NewSegment], now: dt.dateti
                 origin_offset=item.origin_offset, origin_length=item.origin_length,
                 node=item.node, upstream=item.upstream, tag=item.tag[:200], path=item.path,
                 bytes=item.bytes, records=item.records, migrated_from=item.migrated_from,
-                available_at=arrival, epoch=epoch,
+                available_at=arrival, epoch=epoch, config=item.config,
+                slots_from=item.slots_from, slots_to=item.slots_to,
             )
         )  # fmt: skip
     Segment.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def emit_chunk(
-    run_id: int, epoch: int, segment: NewSegment, position: dict[str, int], input_bytes: int
+    run_id: int,
+    epoch: int,
+    copies: Sequence[NewSegment],
+    position: dict[str, int],
+    input_bytes: int,
 ) -> None:
-    """Queue a source chunk and move the source's resume position, atomically."""
+    """Queue a source chunk (one copy per key group of a keyed stage) and move the
+    source's resume position, atomically."""
     now = timezone.now()
     with transaction.atomic():
         moved = Run.objects.filter(pk=run_id, epoch=epoch).update(
@@ -104,13 +118,32 @@ def emit_chunk(
         )
         if not moved:
             raise StaleEpochError(f"run {run_id}: epoch {epoch} is no longer current")
-        _insert(run_id, epoch, [segment], now)
+        _insert(run_id, epoch, copies, now)
 
 
 def finish_source(run_id: int, epoch: int, chunks_total: int) -> None:
     with transaction.atomic():
         if not Run.objects.filter(pk=run_id, epoch=epoch).update(chunks_total=chunks_total):
             raise StaleEpochError(f"run {run_id}: epoch {epoch} is no longer current")
+
+
+@dataclass
+class Claim:
+    """A batch under lease, the graph version its outputs are routed with, and the
+    adjustment step its node took while claiming (if any)."""
+
+    segments: list[Segment]
+    config: int
+    aligned: adjustments.Aligned | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.segments)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.segments)
+
+    def __len__(self) -> int:
+        return len(self.segments)
 
 
 def claim_batch(
@@ -122,31 +155,48 @@ def claim_batch(
     max_bytes: int,
     lease_s: float,
     rate_mbps: float = 0.0,
-) -> list[Segment]:
-    """Take up to ``max_segments`` arrived segments of ``node`` under a lease."""
+) -> Claim:
+    """Take up to ``max_segments`` arrived segments of ``node`` under a lease.
+
+    The node's instance row is locked for the claim, so its alignment (when it takes
+    part in an adjustment) and its claims never interleave. A batch holds segments of
+    one key-group part only, never a marker, and never data from after a marker the
+    node has not aligned with yet.
+    """
     now = timezone.now()
     with transaction.atomic():
+        instance = Instance.objects.select_for_update().filter(run_id=run_id, name=node).first()
+        aligned = None
+        barrier = None
+        if instance is not None and instance.aligning:
+            aligned = adjustments.try_align(instance, now)
+            if aligned is None:
+                barrier = instance.target
+        config = instance.config if instance is not None else 0
         bucket = None
         if rate_mbps > 0:
             bucket, _ = Throttle.objects.select_for_update().get_or_create(
                 run_id=run_id, name=f"node:{node}", defaults={"free_at": now}
             )
             if bucket.free_at > now:
-                return []
-        candidates = list(
-            Segment.objects.select_for_update(skip_locked=True)
-            .filter(run_id=run_id, node=node, state=Segment.State.QUEUED, available_at__lte=now)
-            .order_by("available_at", "chunk")[:max_segments]
-        )
+                return Claim([], config, aligned)
+        query = Segment.objects.select_for_update(skip_locked=True).filter(
+            run_id=run_id, node=node, state=Segment.State.QUEUED, available_at__lte=now,
+            marker=False,
+        )  # fmt: skip
+        if barrier is not None:
+            query = query.filter(config__lt=barrier)
+        candidates = list(query.order_by("available_at", "chunk")[:max_segments])
         batch: list[Segment] = []
         size = 0
         for seg in candidates:
-            if batch and size + seg.bytes > max_bytes:
+            if batch and (size + seg.bytes > max_bytes or seg.slots_from != batch[0].slots_from
+                          or seg.slots_to != batch[0].slots_to):  # fmt: skip
                 break
             batch.append(seg)
             size += seg.bytes
         if not batch:
-            return []
+            return Claim([], config, aligned)
         Segment.objects.filter(pk__in=[s.pk for s in batch]).update(
             state=Segment.State.CLAIMED,
             lease_owner=owner,
@@ -160,7 +210,16 @@ def claim_batch(
                 seconds=size / (rate_mbps * MEGABIT)
             )
             bucket.save(update_fields=["free_at"])
-    return batch
+    return Claim(batch, config, aligned)
+
+
+def _fence_retired(run_id: int, node: str) -> None:
+    """A retired instance that wakes up late cannot write (hot-rescale.md)."""
+    retired = Instance.objects.filter(
+        run_id=run_id, name=node, status=Instance.Status.RETIRED
+    ).exists()
+    if retired:
+        raise LeaseLostError(f"instance {node} was retired; its late batch is refused")
 
 
 def _finish_inputs(owner: str, inputs: Sequence[Segment], malformed: dict[str, int]) -> None:
@@ -182,11 +241,18 @@ def complete_batch(
     inputs: Sequence[Segment],
     outputs: Sequence[NewSegment],
     malformed: dict[str, int],
+    *,
+    fold: Callable[[], None] | None = None,
 ) -> None:
-    """Outputs in, inputs done, in one transaction; refused if the lease was lost."""
+    """Outputs in, inputs done (and a stateful operator's state folded), in one
+    transaction; refused if the lease was lost or the instance was retired meanwhile."""
     now = timezone.now()
     with transaction.atomic():
+        if inputs:
+            _fence_retired(run_id, inputs[0].node)
         _finish_inputs(owner, inputs, malformed)
+        if fold is not None:
+            fold()
         epoch = Run.objects.values_list("epoch", flat=True).get(pk=run_id)
         _insert(run_id, epoch, outputs, now)
 
@@ -208,22 +274,27 @@ def complete_sink_batch(
     inputs: Sequence[Segment],
     deltas: Iterable[KeyDelta],
 ) -> None:
-    """Merge a batch into the result and record its chunks, once, in one transaction."""
+    """Merge a batch into the result and record its chunks (or chunk parts), once, in
+    one transaction."""
     with transaction.atomic():
+        _fence_retired(run_id, sink)
         _finish_inputs(owner, inputs, {})
         rows = [
             MergedChunk(
                 run_id=run_id, chunk=s.chunk, origin_file=s.origin_file,
                 origin_offset=s.origin_offset, origin_length=s.origin_length,
-                segment=s.pk, sink=sink,
+                slots_from=s.slots_from, slots_to=s.slots_to, segment=s.pk, sink=sink,
             )
             for s in inputs
         ]  # fmt: skip
-        already = set(
-            MergedChunk.objects.filter(
+        wanted = {(r.chunk, r.slots_from) for r in rows}
+        already = {
+            pair
+            for pair in MergedChunk.objects.filter(
                 run_id=run_id, chunk__in=[r.chunk for r in rows]
-            ).values_list("chunk", flat=True)
-        )
+            ).values_list("chunk", "slots_from")
+            if pair in wanted
+        }
         if already:
             raise AlreadyMergedError(already)
         MergedChunk.objects.bulk_create(rows)  # the unique constraint is the last word
@@ -298,6 +369,7 @@ def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
 
 
 def unfinished(run_id: int) -> int:
+    """Segments (and adjustment markers) not done yet."""
     return Segment.objects.filter(run_id=run_id).exclude(state=Segment.State.DONE).count()
 
 
@@ -322,35 +394,59 @@ class Coverage:
 
 
 def coverage(run: Run, files: Sequence[tuple[int, int]]) -> Coverage:
-    """Do the merged chunks tile every input file exactly once?
+    """Do the merged chunks tile every input file exactly once, every key-group part
+    of a split chunk included?
 
     ``files`` gives each input file's (data start, end) in its own units.
     """
     merged = list(
-        MergedChunk.objects.filter(run=run)
-        .order_by("origin_file", "origin_offset")
-        .values_list("origin_file", "origin_offset", "origin_length")
+        MergedChunk.objects.filter(run=run).values_list(
+            "chunk", "origin_file", "origin_offset", "origin_length", "slots_from", "slots_to"
+        )
     )
     missing: list[str] = []
     overlaps: list[str] = []
+    chunks: dict[int, tuple[int, int, int]] = {}
+    slots: dict[int, list[tuple[int, int]]] = {}
+    for chunk, file_index, offset, length, low, high in merged:
+        chunks[chunk] = (file_index, offset, length)
+        slots.setdefault(chunk, []).append((low, high))
     by_file: dict[int, list[tuple[int, int]]] = {}
-    for file_index, offset, length in merged:
+    for file_index, offset, length in sorted(chunks.values()):
         by_file.setdefault(file_index, []).append((offset, length))
     for file_index, (start, end) in enumerate(files):
-        position = start
-        for offset, length in by_file.get(file_index, []):
-            if offset > position:
-                missing.append(f"file {file_index} [{position}, {offset})")
-            elif offset < position:
-                overlaps.append(f"file {file_index} [{offset}, {min(position, offset + length)})")
-            position = max(position, offset + length)
-        if position < end:
-            missing.append(f"file {file_index} [{position}, {end})")
-    merged_count = len(merged)
-    duplicates = merged_count - len({(f, o) for f, o, _ in merged})
+        _tile(f"file {file_index}", start=start, end=end, spans=by_file.get(file_index, []),
+              missing=missing, overlaps=overlaps)  # fmt: skip
+    for chunk, ranges in sorted(slots.items()):
+        # A chunk split by key groups must have each of its key slots merged once.
+        spans = [(low, high - low) for low, high in sorted(ranges)]
+        _tile(f"chunk {chunk} slots", start=0, end=KEY_SLOTS, spans=spans, missing=missing,
+              overlaps=overlaps)  # fmt: skip
+    duplicates = len(merged) - len({(chunk, low) for chunk, _, _, _, low, _ in merged})
     expected = run.chunks_total
-    exact = not missing and not overlaps and duplicates == 0 and expected == merged_count
-    return Coverage(exact, expected, merged_count, missing, duplicates, overlaps)
+    exact = not missing and not overlaps and duplicates == 0 and expected == len(chunks)
+    return Coverage(exact, expected, len(chunks), missing, duplicates, overlaps)
+
+
+def _tile(
+    what: str,
+    *,
+    start: int,
+    end: int,
+    spans: Sequence[tuple[int, int]],
+    missing: list[str],
+    overlaps: list[str],
+) -> None:
+    """Record where sorted ``(offset, length)`` spans fail to tile ``[start, end)``."""
+    position = start
+    for offset, length in spans:
+        if offset > position:
+            missing.append(f"{what} [{position}, {offset})")
+        elif offset < position:
+            overlaps.append(f"{what} [{offset}, {min(position, offset + length)})")
+        position = max(position, offset + length)
+    if position < end:
+        missing.append(f"{what} [{position}, {end})")
 
 
 def migrated_segments(run_id: int) -> int:

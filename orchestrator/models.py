@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from sparkjobs.keygroups import KEY_SLOTS
+
 
 class Run(models.Model):
     """One execution of a pipeline over an input, with the policy it started with."""
@@ -42,6 +44,9 @@ class Run(models.Model):
     input_bytes = models.BigIntegerField(default=0)
     chunks_total = models.IntegerField(
         null=True, blank=True, help_text="Known once the source has read all its input."
+    )
+    config_version = models.PositiveIntegerField(
+        default=0, help_text="Version of the instance graph; each hot adjustment adds one."
     )
     source_position = models.JSONField(
         default=dict, help_text="Where the source resumes: file index and byte offset."
@@ -90,6 +95,18 @@ class Segment(models.Model):
         max_length=100, blank=True, help_text="The branch it was meant for, if migrated."
     )
     epoch = models.PositiveIntegerField(default=0)
+    config = models.PositiveIntegerField(
+        default=0, help_text="Graph version its sender routed it with (hot-rescale.md)."
+    )
+    marker = models.BooleanField(
+        default=False, help_text="An adjustment marker on the connection upstream -> node."
+    )
+    slots_from = models.PositiveSmallIntegerField(
+        default=0, help_text="First key slot of the chunk this copy carries (keyed stages)."
+    )
+    slots_to = models.PositiveSmallIntegerField(
+        default=KEY_SLOTS, help_text="End (exclusive) of the key slots this copy carries."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True)
@@ -113,15 +130,21 @@ class MergedChunk(models.Model):
     origin_file = models.IntegerField()
     origin_offset = models.BigIntegerField()
     origin_length = models.BigIntegerField()
+    slots_from = models.PositiveSmallIntegerField(default=0)
+    slots_to = models.PositiveSmallIntegerField(default=KEY_SLOTS)
     segment = models.CharField(max_length=200)
     sink = models.CharField(max_length=100)
     merged_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "chunk"], name="chunk_merged_once")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "chunk", "slots_from"], name="chunk_part_merged_once"
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"run {self.run_id} chunk {self.chunk}"
+        return f"run {self.run_id} chunk {self.chunk} slots [{self.slots_from}, {self.slots_to})"
 
 
 class ResultKey(models.Model):
@@ -169,6 +192,103 @@ class Throttle(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} {self.name} free at {self.free_at}"
+
+
+class Instance(models.Model):
+    """An operator instance of a run: where it is placed and where it stands in the
+    current adjustment (shared/spec/hot-rescale.md)."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        JOINING = "joining", "joining (added, adjustment under way)"
+        RETIRING = "retiring", "retiring (removed, adjustment under way)"
+        RETIRED = "retired"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="instances")
+    name = models.CharField(max_length=100)
+    stage = models.CharField(max_length=100)
+    worker = models.CharField(
+        max_length=200, blank=True, help_text="Worker its batches run on; blank = any."
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    config = models.PositiveIntegerField(
+        default=0, help_text="Graph version it has aligned with (its routing)."
+    )
+    target = models.PositiveIntegerField(
+        default=0, help_text="Version of the adjustment it takes part in; > config = aligning."
+    )
+    expect = models.JSONField(
+        default=list, help_text="Upstreams whose marker it waits for ('control' = injected)."
+    )
+    forward = models.JSONField(default=list, help_text="Downstreams it forwards the marker to.")
+    tail = models.BooleanField(default=False)
+    aligned_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="one_instance_name")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.name} ({self.status})"
+
+    @property
+    def aligning(self) -> bool:
+        return self.target > self.config
+
+
+class Adjustment(models.Model):
+    """One hot migration / scale out / scale in of a run, from plan to completion."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        COMPLETE = "complete"
+        ROLLED_BACK = "rolled_back", "rolled back"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="adjustments")
+    version = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20)
+    reason = models.TextField()
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.RUNNING)
+    before = models.JSONField(help_text="The run's pipeline document before the change.")
+    after = models.JSONField(help_text="The run's pipeline document after the change.")
+    plan = models.JSONField(help_text="Subgraph, sources, tails, connections, key groups.")
+    placement = models.JSONField(default=dict, help_text="New instances' workers.")
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "version"], name="one_adjustment_per_version")
+        ]
+        ordering = ["-version"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} adjustment {self.version} ({self.kind}, {self.status})"
+
+
+class KeyState(models.Model):
+    """A stateful instance's running state of one key (count, sum, min, max)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="key_states")
+    stage = models.CharField(max_length=100)
+    holder = models.CharField(max_length=100)
+    key = models.CharField(max_length=500)
+    slot = models.PositiveSmallIntegerField(help_text="Key-space slot: crc32(key) mod slots.")
+    count = models.BigIntegerField()
+    sum = models.DecimalField(max_digits=38, decimal_places=10)
+    min = models.DecimalField(max_digits=38, decimal_places=10)
+    max = models.DecimalField(max_digits=38, decimal_places=10)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "stage", "holder", "key"], name="one_state_per_holder_key"
+            )
+        ]
+        indexes = [models.Index(fields=["run", "stage", "slot"])]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.holder}[{self.key}]"
 
 
 class Event(models.Model):

@@ -141,3 +141,72 @@ def request_migration(run_id: int, node: str, *, stop: bool = False, user: Any =
     )
     with ControlPlane.connect(settings.ZK_HOSTS) as control:
         control.put_command(str(run_id), {"command": command, "node": node, "user": who})
+
+
+ADJUSTMENTS = {
+    "hot_migrate": "hot-migrate {node} to {where}",
+    "add_instance": "add an instance to stage {stage} on {where}",
+    "remove_instance": "remove instance {node}",
+}
+
+
+def live_workers() -> dict[str, dict[str, Any]]:
+    """Spark workers alive in ZooKeeper (liveness znodes), by name."""
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        workers = control.live_workers()
+    return {k: v for k, v in sorted(workers.items()) if "spark" in v.get("queues", [])}
+
+
+def request_adjustment(
+    run_id: int,
+    command: str,
+    *,
+    node: str = "",
+    stage: str = "",
+    worker: str = "",
+    user: Any = None,
+) -> str:
+    """An operator's hot migration or rescale (shared/spec/hot-rescale.md).
+
+    Checked here (the run is active, the instance, stage and worker exist) and recorded
+    with the user's name; the run's driver plans and carries it out on its next tick.
+    Raises :class:`RunError` changing nothing.
+    """
+    if command not in ADJUSTMENTS:
+        raise RunError(f"unknown adjustment {command!r}; use {', '.join(ADJUSTMENTS)}")
+    run = Run.objects.get(pk=run_id)
+    if not run.is_active:
+        raise RunError(f"run {run_id} is {run.status}; nothing to adjust")
+    nodes = {n["name"]: n for n in run.topology["nodes"]}
+    operators = sorted(name for name, n in nodes.items() if n["kind"] == "operator")
+    if command in ("hot_migrate", "remove_instance") and node not in operators:
+        raise RunError(
+            f"run {run_id} has no operator instance {node!r} (instances: {', '.join(operators)})"
+        )
+    stages = sorted({nodes[name].get("stage") or name for name in operators})
+    if command == "add_instance" and stage not in stages:
+        raise RunError(
+            f"run {run_id} has no operator stage {stage!r} (stages: {', '.join(stages)})"
+        )
+    if worker:
+        live = live_workers()
+        if worker not in live:
+            raise RunError(
+                f"worker {worker!r} is not a live Spark worker (live: {', '.join(live) or 'none'})"
+            )
+    who = user.get_username() if getattr(user, "is_authenticated", False) else "an operator"
+    what = ADJUSTMENTS[command].format(node=node, stage=stage, where=worker or "any worker")
+    record_event(
+        run_id,
+        f"operator_{command}",
+        f"{who} asked to {what}",
+        node=node or stage,
+        user=user if getattr(user, "is_authenticated", False) else None,
+        data={"command": command, "node": node, "stage": stage, "worker": worker},
+    )
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        control.put_command(
+            str(run_id),
+            {"command": command, "node": node, "stage": stage, "worker": worker, "user": who},
+        )
+    return f"asked to {what}; the run's driver starts it on its next tick"

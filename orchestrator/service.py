@@ -1,8 +1,8 @@
 """The small interface the console uses to reach the orchestrator.
 
 The console (webapp/) never imports balancer/ or sparkjobs/ directly: what it needs of
-them (the policy declaration, the operator catalog) comes through here, as will
-starting, stopping, hot-migrating and snapshotting runs.
+them (the policy declaration, the operator catalog) comes through here, as do
+starting, stopping, hot-migrating, rescaling and snapshotting runs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from orchestrator.results import summary as run_summary
 from orchestrator.runs import (
     RunError,
     create_run,
+    live_workers,
+    request_adjustment,
     request_migration,
     set_status,
     snapshot,
@@ -58,6 +60,8 @@ __all__ = [
     "RunError",
     "batch_summary",
     "create_run",
+    "live_workers",
+    "request_adjustment",
     "request_migration",
     "run_summary",
     "set_status",

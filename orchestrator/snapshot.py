@@ -11,7 +11,7 @@ from typing import Any, Literal, TypedDict
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from orchestrator.models import Event, MergedChunk, Run, Segment
+from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
 
 RECENT_EVENTS = 30
 
@@ -22,6 +22,7 @@ class NodeView(TypedDict):
     stage: str
     capacity_bytes: int
     state: dict[str, Any]
+    instance: dict[str, Any]  # worker, status (active / joining / retiring), aligned
 
 
 class LinkView(TypedDict):
@@ -31,6 +32,8 @@ class LinkView(TypedDict):
     share: float | None
     migrating: bool
     migrated_from: str | None
+    closing: bool  # a connection of an instance being removed: it carries data until
+    # the adjustment's marker passes
 
 
 class Snapshot(TypedDict):
@@ -41,11 +44,14 @@ class Snapshot(TypedDict):
     nodes: list[NodeView]
     links: list[LinkView]
     events: list[dict[str, Any]]
+    adjustment: dict[str, Any] | None
 
 
-def _links(run: Run, routes: dict[str, dict[str, Any]]) -> list[LinkView]:
+def _links(
+    edges: list[dict[str, Any]], routes: dict[str, dict[str, Any]], closing: set[str]
+) -> list[LinkView]:
     links: list[LinkView] = []
-    for edge in run.topology["edges"]:
+    for edge in edges:
         src, dst = edge["from"], edge["to"]
         table = routes.get(src) or {}
         shares = table.get("shares")
@@ -59,6 +65,7 @@ def _links(run: Run, routes: dict[str, dict[str, Any]]) -> list[LinkView]:
                 share=None if not shares else float(shares.get(dst, 0.0)),
                 migrating=migrated_from is not None or dst in migrations,
                 migrated_from=migrated_from,
+                closing=src in closing or dst in closing,
             )
         )
     return links
@@ -89,6 +96,15 @@ def build_snapshot(
     now = timezone.now()
     started = run.started_at
     ended = run.finished_at or now
+    instances = {i.name: i for i in Instance.objects.filter(run=run)}
+    adjustment = Adjustment.objects.filter(run=run).order_by("-version").first()
+    docs, edges = list(run.topology["nodes"]), list(run.topology["edges"])
+    closing: set[str] = set()
+    if adjustment is not None and adjustment.status == Adjustment.Status.RUNNING:
+        # Instances being removed stay on the view until the marker has passed them.
+        closing = set(adjustment.plan["removed"])
+        docs += [n for n in adjustment.before["nodes"] if n["name"] in closing]
+        edges += [e for e in adjustment.before["edges"] if {e["from"], e["to"]} & closing]
     nodes = [
         NodeView(
             name=n["name"],
@@ -96,8 +112,9 @@ def build_snapshot(
             stage=n.get("stage") or n["name"],
             capacity_bytes=int(float(n.get("buffer_mb", 64.0)) * 1024 * 1024),
             state=node_states.get(n["name"], {}),
+            instance=_instance(instances.get(n["name"])),
         )
-        for n in run.topology["nodes"]
+        for n in docs
     ]
     events = [
         e.to_json() for e in Event.objects.filter(run=run).select_related("user")[:RECENT_EVENTS]
@@ -118,6 +135,51 @@ def build_snapshot(
             **progress(run),
         },
         nodes=nodes,
-        links=_links(run, routes),
+        links=_links(edges, routes, closing),
         events=events,
+        adjustment=_adjustment(adjustment, instances),
     )
+
+
+def _instance(instance: Instance | None) -> dict[str, Any]:
+    if instance is None:
+        return {"worker": "", "status": "active", "aligning": False}
+    return {"worker": instance.worker, "status": instance.status, "aligning": instance.aligning}
+
+
+def _adjustment(
+    adjustment: Adjustment | None, instances: dict[str, Instance]
+) -> dict[str, Any] | None:
+    """The latest adjustment: its plan and, while it runs, where the markers are."""
+    if adjustment is None:
+        return None
+    plan = adjustment.plan
+    view: dict[str, Any] = {
+        "version": adjustment.version,
+        "kind": adjustment.kind,
+        "status": adjustment.status,
+        "reason": adjustment.reason,
+        "started_at": adjustment.started_at.isoformat(),
+        "finished_at": adjustment.finished_at.isoformat() if adjustment.finished_at else None,
+        "subgraph": plan["subgraph"],
+        "sources": plan["sources"],
+        "tails": plan["tails"],
+        "added": plan["added"],
+        "removed": plan["removed"],
+        "outcome": adjustment.outcome,
+        "aligned": [],
+        "markers": [],
+    }
+    if adjustment.status == Adjustment.Status.RUNNING:
+        view["aligned"] = sorted(
+            name for name in plan["subgraph"]
+            if name in instances and instances[name].config >= adjustment.version
+        )  # fmt: skip
+        view["markers"] = [
+            {"from": upstream, "to": node}
+            for upstream, node in Segment.objects.filter(
+                run_id=adjustment.run_id, marker=True, config=adjustment.version,
+                state=Segment.State.QUEUED,
+            ).values_list("upstream", "node")
+        ]  # fmt: skip
+    return view

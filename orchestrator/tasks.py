@@ -14,7 +14,7 @@ from django.db import InterfaceError, OperationalError
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from orchestrator import ledger
-from orchestrator.batches import process_batch
+from orchestrator.batches import BatchReport, process_batch
 from orchestrator.control_plane import ControlPlane
 from orchestrator.models import Run
 
@@ -24,9 +24,10 @@ NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpir
 DRIVER_TIME_LIMIT_S = 7 * 24 * 3600  # a run may stream for days; the lock guards it
 
 
-def _dispatch(run_id: int, node: str, routes: dict[str, Any]) -> Any:
+def _dispatch(run_id: int, node: str, routes: dict[str, Any], queue: Any = None) -> Any:
+    """A batch for ``node``: on its placed worker's own queue, or on any Spark worker."""
     return process_batch_task.apply_async(
-        kwargs={"run_id": run_id, "node": node, "routes": routes}, queue="spark"
+        kwargs={"run_id": run_id, "node": node, "routes": routes}, queue=queue or "spark"
     )
 
 
@@ -63,7 +64,10 @@ def drive_run(self: Any, *, run_id: int) -> str:
 )
 def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None) -> dict[str, Any]:
     try:
-        return process_batch(run_id, node, routes).to_json()
+        report = process_batch(run_id, node, routes)
+        if report.aligned is not None and report.aligned.tail:
+            _report_tail(run_id, report)
+        return report.to_json()
     except ledger.LeaseLostError as err:
         # Another worker has (or will have) these segments; nothing of ours was written.
         log.warning("run %s node %s: %s", run_id, node, err)
@@ -93,14 +97,30 @@ def watchdog() -> dict[str, Any]:
 _registration: dict[str, ControlPlane] = {}
 
 
+def _report_tail(run_id: int, report: BatchReport) -> None:
+    """A tail has every marker: tell the control side under ``adjust/<version>/tails``.
+    If this is lost (the worker dies now), the driver reports from the ledger."""
+    control = _registration.get("control")
+    aligned = report.aligned
+    if control is None or aligned is None:
+        return
+    try:
+        control.report_tail(str(run_id), aligned.version, aligned.instance,
+                            {"by": socket.gethostname(), "pid": os.getpid()})  # fmt: skip
+    except Exception:
+        log.warning("run %s: could not report tail %s", run_id, aligned.instance, exc_info=True)
+
+
 @worker_ready.connect
 def _register_worker(sender: Any = None, **_: Any) -> None:
     name = getattr(sender, "hostname", None) or f"{socket.gethostname()}-{os.getpid()}"
     try:
         control = ControlPlane.connect(settings.ZK_HOSTS)
+        # What it consumes says what it is: placement only picks Spark workers.
+        queues = sorted(sender.app.amqp.queues.consume_from or {}) if sender else []
         control.register_worker(
             name.replace("@", "-"),
-            {"host": socket.gethostname(), "pid": os.getpid(), "name": name},
+            {"host": socket.gethostname(), "pid": os.getpid(), "name": name, "queues": queues},
         )
         _registration["control"] = control
     except Exception:

@@ -18,6 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
 from sparkjobs.records import (
     MALFORMED_COL,
     RAW_COL,
@@ -62,15 +63,22 @@ def partial_aggregate(
     inputs: Mapping[str, Path],
     outputs: Mapping[str, Path],
     params: AggregateParams,
+    key_group: KeyGroup | None = None,
 ) -> dict[str, PartialOutput]:
     """Aggregate each input segment (id -> file) into its output file (id -> file).
 
     One Spark job reads the whole batch; malformed lines are returned per segment for
-    quarantine. Outputs are written atomically, so a crash leaves no half file.
+    quarantine. Outputs are written atomically, so a crash leaves no half file. With a
+    ``key_group`` only the keys of that group are aggregated (a keyed stage's part).
     """
     strings = sorted({params.key, params.distinct})
     lines = read_lines(spark, [str(p) for p in inputs.values()])
     parsed = parse_fields(lines, strings=strings, numbers=[params.value])
+    if key_group is not None:
+        slot = F.pmod(F.crc32(F.col(params.key)), F.lit(KEY_SLOTS))
+        slots = key_group.slots
+        owned = ~F.col(MALFORMED_COL) & slot.between(slots.start, slots.stop - 1)
+        parsed = parsed.where(owned | (F.col(MALFORMED_COL) & F.lit(key_group.counts_malformed)))
     # One pass: good records aggregate per (segment, key); malformed ones form their own
     # groups that carry only their raw lines, for quarantine.
     grouped = (

@@ -132,6 +132,19 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             },
         ),
         OperatorSpec(
+            "running",
+            "operator",
+            "Stateful running totals per key (count, sum, min, max), kept across segments; "
+            "each instance owns a key group, and passes its keys' partial aggregates on.",
+            {
+                "key": ParamSpec("key", _field_name, "grouping field"),
+                "value": ParamSpec("value", _field_name, "numeric field"),
+                "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
+                "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+            },
+            stateful=True,
+        ),
+        OperatorSpec(
             "merge",
             "sink",
             "Merges partial aggregates into the run's result table, each segment once.",

@@ -139,6 +139,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 3600)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3900)
 CELERY_TASK_DEFAULT_QUEUE = "control"
+# Every worker also consumes its own queue: a placed operator instance's batches go there.
+CELERY_WORKER_DIRECT = True
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,610 @@
+"""Hot migration and rescale on the segment ledger (shared/spec/hot-rescale.md, ADR 4).
+
+The ledger side of an adjustment, each step one PostgreSQL transaction:
+
+- ``begin``: plan the subgraph (``balancer.rescale``), store the graph-state updates on
+  the instances (what markers each waits for, where it forwards them), switch the run to
+  the new graph version, and inject the markers at the subgraph's sources.
+- ``try_align``: called by a node's claim. Once the node holds the marker of every
+  upstream connection and no data from before those markers is left, it applies its
+  adjustment (its routing becomes the new graph's; a stateful instance hands its state
+  to the owner of its best-matching new key group), forwards the marker downstream and,
+  if it is a tail, reports.
+- ``complete``: every tail reported; stateful stages fetch missing keys and drop keys no
+  longer owned; new instances become active and removed ones retired (fenced).
+- ``rollback``: the old graph again; data queued at new instances goes back where the
+  old graph sends it; state goes back to the old key groups; markers are dropped.
+
+Data carries the graph version its sender routed it with (``Segment.config``); a node
+that is aligning claims only data from before the adjustment, so a batch never mixes
+the two sides of a marker.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
+from orchestrator import keystate
+from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
+from orchestrator.routing import Routes, route
+from orchestrator.topology import balancer_topology
+from sparkjobs.catalog import OPERATORS
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
+
+CONTROL = "control"  # the upstream name of a marker injected by the control side
+KINDS = ("migrate", "scale_out", "scale_in", "failover")
+
+
+class AdjustmentError(ValueError):
+    """An adjustment cannot be made as asked; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class NewInstance:
+    name: str
+    stage: str
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str
+    added: tuple[NewInstance, ...] = ()
+    removed: tuple[str, ...] = ()
+    reason: str = ""
+    actor: str = Event.Actor.USER
+    user: Any = None
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """An instance applied its adjustment while claiming."""
+
+    instance: str
+    version: int
+    tail: bool
+    forwarded: tuple[str, ...]
+    keys_taken_over: int = 0
+    retired: bool = False
+
+
+# -- graph documents ------------------------------------------------------------------
+
+
+def _nodes(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {n["name"]: n for n in doc["nodes"]}
+
+
+def stage_of(doc: Mapping[str, Any], name: str) -> str:
+    node = _nodes(doc)[name]
+    return node.get("stage") or name
+
+
+def stage_members(doc: Mapping[str, Any], stage: str) -> list[str]:
+    return [n["name"] for n in doc["nodes"] if (n.get("stage") or n["name"]) == stage]
+
+
+def is_keyed(doc: Mapping[str, Any], name: str) -> bool:
+    node = _nodes(doc)[name]
+    operator = node.get("operator") or ""
+    return operator in OPERATORS and OPERATORS[operator].stateful
+
+
+def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:
+    """Each member's key group: even slot ranges in the stage's declaration order."""
+    members = stage_members(doc, stage)
+    return {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
+
+
+def topology_at(run: Run, config: int) -> dict[str, Any]:
+    """The graph a node aligned with version ``config`` routes with."""
+    if config >= run.config_version:
+        return run.topology
+    adjustment = Adjustment.objects.filter(run=run, version__gt=config).order_by("version").first()
+    return adjustment.before if adjustment is not None else run.topology
+
+
+def targets(
+    doc: Mapping[str, Any], sender: str, segment_id: str, *, tag: str, routes: Routes,
+    slots: KeyGroup,
+) -> list[tuple[str, str, KeyGroup]]:  # fmt: skip
+    """Where ``sender`` sends one output: ``(node, migrated_from, key slots)`` per copy.
+
+    A keyed (stateful) stage gets one copy per member whose key group meets the data's
+    slots, each carrying only those slots; any other stage gets the whole segment at
+    the node its routes pick.
+    """
+    downstreams = [e["to"] for e in doc["edges"] if e["from"] == sender]
+    if not downstreams:
+        return []
+    if is_keyed(doc, downstreams[0]):
+        groups = key_groups(doc, stage_of(doc, downstreams[0]))
+        copies = []
+        for member in downstreams:
+            inter = slots.intersect(groups[member])
+            if inter is not None:
+                copies.append((member, "", inter))
+        return copies
+    target, migrated_from = route(segment_id, tag, downstreams, routes)
+    return [(target, migrated_from, slots)]
+
+
+def copy_id(segment_id: str, target: str, slots: KeyGroup, copies: int) -> str:
+    """A deterministic id per copy, so a re-run batch inserts nothing new."""
+    return segment_id if copies == 1 and slots.whole else f"{segment_id}@{target}"
+
+
+def _after_doc(
+    before: Mapping[str, Any], added: Sequence[NewInstance], removed: Sequence[str],
+    plan: AdjustmentPlan,
+) -> dict[str, Any]:  # fmt: skip
+    nodes = _nodes(before)
+    doc = copy.deepcopy(dict(before))
+    new_nodes = [n for n in doc["nodes"] if n["name"] not in removed]
+    for item in added:
+        template = nodes[stage_members(before, item.stage)[0]]
+        node = copy.deepcopy(dict(template))
+        node["name"], node["stage"] = item.name, item.stage
+        new_nodes.append(node)
+    doc["nodes"] = new_nodes
+    edges = [e for e in doc["edges"] if (e["from"], e["to"]) not in plan.disconnect]
+    union_stage = {**{n: stage_of(before, n) for n in nodes}, **{a.name: a.stage for a in added}}
+    for src, dst in sorted(plan.connect):
+        template = next(
+            e for e in before["edges"]
+            if stage_of(before, e["from"]) == union_stage[src]
+            and stage_of(before, e["to"]) == union_stage[dst]
+        )  # fmt: skip
+        edges.append({**template, "from": src, "to": dst})
+    doc["edges"] = edges
+    return doc
+
+
+def _plan(
+    before: Mapping[str, Any], change: Change
+) -> tuple[AdjustmentPlan, dict[str, Any], dict[str, Any]]:
+    nodes = _nodes(before)
+    for item in change.added:
+        if not stage_members(before, item.stage):
+            raise AdjustmentError(f"the pipeline has no stage {item.stage!r}")
+        kind = nodes[stage_members(before, item.stage)[0]]["kind"]
+        if kind != "operator":
+            raise AdjustmentError(f"stage {item.stage!r} is a {kind}; only operators rescale")
+    names = [a.name for a in change.added]
+    taken = sorted({n for n in names if n in nodes or names.count(n) > 1})
+    if taken:
+        raise AdjustmentError(f"new instance id(s) already taken: {', '.join(taken)}")
+    for name in change.removed:
+        if name not in nodes:
+            raise AdjustmentError(f"the run has no instance {name!r}")
+        if nodes[name]["kind"] != "operator":
+            raise AdjustmentError(f"{name} is a {nodes[name]['kind']}; only operators rescale")
+    probe = {
+        **before,
+        "nodes": [
+            *before["nodes"],
+            *({**nodes[stage_members(before, a.stage)[0]], "name": a.name, "stage": a.stage}
+              for a in change.added),
+        ],
+    }  # fmt: skip
+    union_topology = balancer_topology(probe)
+    try:
+        plan = plan_adjustment(
+            balancer_topology(before),
+            [union_topology.node(a.name) for a in change.added],
+            change.removed,
+        )
+    except ValueError as err:
+        raise AdjustmentError(str(err)) from None
+    after = _after_doc(before, change.added, change.removed, plan)
+    handoff: dict[str, Any] = {}
+    for stage in plan.changed_stages:
+        members_before = stage_members(before, stage)
+        if not is_keyed(before, members_before[0]):
+            continue
+        original = even_key_groups(range(KEY_SLOTS), members_before)
+        new = even_key_groups(range(KEY_SLOTS), stage_members(after, stage))
+        hand = plan_handoff(original, new)
+        handoff[stage] = {
+            "takeovers": [[t.source, t.target, sorted(t.keys)] for t in hand.takeovers],
+            "fetches": [[t.source, t.target, sorted(t.keys)] for t in hand.fetches],
+            "drops": {k: sorted(v) for k, v in hand.drops.items()},
+            "second_group": dict(hand.second_group),
+        }
+    plan_json = {
+        "changed_stages": list(plan.changed_stages),
+        "added": sorted(plan.added),
+        "removed": sorted(plan.removed),
+        "subgraph": list(plan.subgraph),
+        "sources": sorted(plan.sources),
+        "tails": sorted(plan.tails),
+        "connect": [list(lk) for lk in sorted(plan.connect)],
+        "disconnect": [list(lk) for lk in sorted(plan.disconnect)],
+        "updates": {
+            name: {"upstreams": list(u.upstreams), "downstreams": list(u.downstreams),
+                   "connect": [list(lk) for lk in u.connect],
+                   "disconnect": [list(lk) for lk in u.disconnect]}
+            for name, u in plan.updates.items()
+        },
+        "handoff": handoff,
+    }  # fmt: skip
+    return plan, after, plan_json
+
+
+# -- begin ----------------------------------------------------------------------------
+
+
+def ensure_instances(run: Run) -> None:
+    """One instance row per node of the run (idempotent: a new driver calls it too)."""
+    existing = set(Instance.objects.filter(run=run).values_list("name", flat=True))
+    Instance.objects.bulk_create(
+        [
+            Instance(run=run, name=n["name"], stage=n.get("stage") or n["name"],
+                     config=run.config_version, target=run.config_version)
+            for n in run.topology["nodes"]
+            if n["name"] not in existing
+        ],
+        ignore_conflicts=True,
+    )  # fmt: skip
+
+
+def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment:
+    """Plan and start an adjustment, or raise :class:`AdjustmentError` changing nothing.
+
+    ``source`` is the run's source node: it lives in the driver, so when it is a source
+    of the subgraph it takes the injected marker and aligns right here.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.epoch != epoch:
+            raise AdjustmentError(f"run {run_id}: driver epoch {epoch} is no longer current")
+        running = Adjustment.objects.filter(run=run, status=Adjustment.Status.RUNNING).first()
+        if running is not None:
+            raise AdjustmentError(
+                f"adjustment {running.version} ({running.kind}) is still under way; "
+                "one adjustment at a time"
+            )
+        before = run.topology
+        plan, after, plan_json = _plan(before, change)
+        version = run.config_version + 1
+        adjustment = Adjustment.objects.create(
+            run=run, version=version, kind=change.kind, reason=change.reason, before=before,
+            after=after, plan=plan_json, placement={a.name: a.worker for a in change.added},
+        )  # fmt: skip
+        subgraph = set(plan.subgraph)
+        union_edges = {(e["from"], e["to"]) for e in before["edges"]} | set(plan.connect)
+        Instance.objects.bulk_create(
+            [
+                Instance(run=run, name=a.name, stage=a.stage, worker=a.worker,
+                         status=Instance.Status.JOINING, config=run.config_version)
+                for a in change.added
+            ]
+        )  # fmt: skip
+        for inst in Instance.objects.select_for_update().filter(run=run, name__in=subgraph):
+            inst.target = version
+            inst.expect = (
+                [CONTROL]
+                if inst.name in plan.sources
+                else sorted(u for u, d in union_edges if d == inst.name and u in subgraph)
+            )
+            inst.forward = sorted(d for u, d in union_edges if u == inst.name and d in subgraph)
+            inst.tail = inst.name in plan.tails
+            if inst.name in plan.removed:
+                inst.status = Instance.Status.RETIRING
+            inst.save()
+        run.topology = after
+        run.config_version = version
+        run.save(update_fields=["topology", "config_version"])
+        _event(run_id, "adjust_planned", _describe(change, plan), data=plan_json,
+               actor=change.actor, user=change.user)  # fmt: skip
+        injected = sorted(plan.sources)
+        for name in injected:
+            if name != source:
+                _marker(run_id, CONTROL, name, version, now)
+        _event(
+            run_id, "adjust_markers",
+            f"adjustment {version}: graph-state updates sent to "
+            f"{len(plan_json['updates'])} instance(s); markers injected at {', '.join(injected)}",
+            data={"version": version, "sources": injected},
+        )  # fmt: skip
+        if source in plan.sources:
+            inst = Instance.objects.select_for_update().get(run=run, name=source)
+            _align(inst, now)
+    return adjustment
+
+
+def _describe(change: Change, plan: AdjustmentPlan) -> str:
+    parts = []
+    if plan.added:
+        parts.append(f"add {', '.join(sorted(plan.added))}")
+    if plan.removed:
+        parts.append(f"remove {', '.join(sorted(plan.removed))}")
+    return (
+        f"{change.kind.replace('_', ' ')}: {' and '.join(parts)}"
+        f" ({change.reason or 'no reason given'}); subgraph {', '.join(plan.subgraph)}"
+    )
+
+
+def _marker(run_id: int, upstream: str, node: str, version: int, now: dt.datetime) -> None:
+    Segment.objects.get_or_create(
+        id=f"r{run_id}.m{version}.{upstream}>{node}",
+        defaults={
+            "run_id": run_id, "chunk": -1, "origin_file": -1, "origin_offset": 0,
+            "origin_length": 0, "node": node, "upstream": upstream, "path": "", "bytes": 0,
+            "available_at": now, "config": version, "marker": True,
+        },
+    )  # fmt: skip
+
+
+def _event(run_id: int, kind: str, reason: str, *, node: str = "",
+           data: dict[str, Any] | None = None, actor: str = Event.Actor.SYSTEM,
+           user: Any = None) -> None:  # fmt: skip
+    Event.objects.create(
+        run_id=run_id, kind=kind, reason=reason, node=node[:100],
+        actor=Event.Actor.USER if user is not None else actor, user=user, data=data or {},
+    )  # fmt: skip
+
+
+# -- align (in the claim of the instance's worker) -------------------------------------
+
+
+def try_align(instance: Instance, now: dt.datetime) -> Aligned | None:
+    """Align ``instance`` (its row locked by the caller) if it can; None if not yet."""
+    version = instance.target
+    markers = set(
+        Segment.objects.filter(
+            run_id=instance.run_id, node=instance.name, marker=True, config=version,
+            state=Segment.State.QUEUED,
+        ).values_list("upstream", flat=True)
+    )  # fmt: skip
+    if not set(instance.expect) <= markers:
+        return None
+    pending = Segment.objects.filter(
+        run_id=instance.run_id, node=instance.name, marker=False
+    ).exclude(state=Segment.State.DONE)
+    if pending.filter(state=Segment.State.CLAIMED).exists():
+        return None  # a batch from before the marker is still running
+    if pending.filter(config__lt=version, upstream__in=instance.expect).exists():
+        return None  # data from before the marker is still to be handled
+    return _align(instance, now)
+
+
+def _align(instance: Instance, now: dt.datetime) -> Aligned:
+    version = instance.target
+    run_id = instance.run_id
+    Segment.objects.filter(run_id=run_id, node=instance.name, marker=True, config=version).update(
+        state=Segment.State.DONE, done_at=now
+    )
+    for downstream in instance.forward:
+        _marker(run_id, instance.name, downstream, version, now)
+    adjustment = Adjustment.objects.get(run_id=run_id, version=version)
+    taken = 0
+    hand = adjustment.plan["handoff"].get(instance.stage)
+    if hand is not None:
+        for source, target, slots in hand["takeovers"]:
+            if source == instance.name:
+                taken += keystate.move(run_id, instance.stage, source, target, slots)
+    instance.config = version
+    instance.aligned_at = now
+    instance.save(update_fields=["config", "aligned_at"])
+    retiring = instance.status == Instance.Status.RETIRING
+    what = "finished its data and disconnected" if retiring else "applied its adjustment"
+    extra = f"; handed {taken} key(s) to its best-matching group's owner" if taken else ""
+    tail = " and reported as a tail" if instance.tail else ""
+    forwarded = f"forwarded the marker to {', '.join(instance.forward)}" if instance.forward else ""
+    _event(
+        run_id, "adjust_aligned",
+        f"{instance.name} has every marker of adjustment {version}: {what}{extra}"
+        f"{'; ' + forwarded if forwarded else ''}{tail}",
+        node=instance.name,
+        data={"version": version, "forwarded": instance.forward, "tail": instance.tail,
+              "keys_taken_over": taken},
+    )  # fmt: skip
+    return Aligned(instance.name, version, instance.tail, tuple(instance.forward), taken, retiring)
+
+
+# -- complete and roll back (the driver) ----------------------------------------------
+
+
+def tails_reported(adjustment: Adjustment) -> list[str]:
+    return sorted(
+        Instance.objects.filter(
+            run_id=adjustment.run_id, name__in=adjustment.plan["tails"],
+            config__gte=adjustment.version,
+        ).values_list("name", flat=True)
+    )  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    seconds: float
+    sink_max_gap_s: float | None
+    outside_max_gap_s: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 3),
+            "sink_max_gap_s": None
+            if self.sink_max_gap_s is None
+            else round(self.sink_max_gap_s, 3),
+            "outside_max_gap_s": {k: round(v, 3) for k, v in self.outside_max_gap_s.items()},
+            "state": self.state,
+        }
+
+
+def complete(adjustment_id: int) -> Adjustment:
+    """Every tail reported: finish the hand-off, retire removed instances, done."""
+    now = timezone.now()
+    with transaction.atomic():
+        adjustment = Adjustment.objects.select_for_update().get(pk=adjustment_id)
+        if adjustment.status != Adjustment.Status.RUNNING:
+            return adjustment
+        run_id, version = adjustment.run_id, adjustment.version
+        state: dict[str, Any] = {}
+        for stage, hand in adjustment.plan["handoff"].items():
+            before = keystate.totals(run_id, stage)
+            fetched = sum(
+                keystate.move(run_id, stage, source, target, slots)
+                for source, target, slots in hand["fetches"]
+            )
+            after = keystate.totals(run_id, stage)
+            owners = _owners(adjustment.after, stage)
+            holders = keystate.holders(run_id, stage)
+            misplaced = sorted(
+                key for key, who in holders.items()
+                if who != [owners[slot_of(key)]]
+            )  # fmt: skip
+            state[stage] = {
+                "keys": len(after),
+                "keys_fetched": fetched,
+                "identical": before == after,
+                "misplaced_keys": misplaced[:20],
+            }
+        subgraph = adjustment.plan["subgraph"]
+        Instance.objects.filter(run_id=run_id, name__in=subgraph).update(
+            config=version, target=version
+        )
+        Instance.objects.filter(run_id=run_id, status=Instance.Status.JOINING).update(
+            status=Instance.Status.ACTIVE
+        )
+        retired = sorted(
+            Instance.objects.filter(run_id=run_id, status=Instance.Status.RETIRING).values_list(
+                "name", flat=True
+            )
+        )
+        Instance.objects.filter(run_id=run_id, name__in=retired).update(
+            status=Instance.Status.RETIRED, worker=""
+        )
+        outcome = measure(adjustment, now)
+        outcome.state = state
+        adjustment.status = Adjustment.Status.COMPLETE
+        adjustment.finished_at = now
+        adjustment.outcome = outcome.to_json()
+        adjustment.save(update_fields=["status", "finished_at", "outcome"])
+        gap = outcome.sink_max_gap_s
+        _event(
+            run_id, "adjust_complete",
+            f"adjustment {version} ({adjustment.kind}) complete in {outcome.seconds:.2f} s"
+            + (f"; sink's longest pause {gap:.2f} s" if gap is not None else "")
+            + (f"; retired {', '.join(retired)}" if retired else "")
+            + "".join(
+                f"; {stage}: {s['keys']} keys, state {'identical' if s['identical'] else 'CHANGED'}"
+                f", {s['keys_fetched']} fetched" for stage, s in state.items()
+            ),
+            data={"version": version, **adjustment.outcome, "retired": retired},
+        )  # fmt: skip
+    return adjustment
+
+
+def _owners(doc: Mapping[str, Any], stage: str) -> dict[int, str]:
+    return {
+        slot: member for member, group in key_groups(doc, stage).items() for slot in group.slots
+    }
+
+
+def rollback(adjustment_id: int, reason: str) -> Adjustment:
+    """Back to the graph before the adjustment, with nothing lost."""
+    now = timezone.now()
+    with transaction.atomic():
+        adjustment = Adjustment.objects.select_for_update().get(pk=adjustment_id)
+        if adjustment.status != Adjustment.Status.RUNNING:
+            return adjustment
+        run = Run.objects.select_for_update().get(pk=adjustment.run_id)
+        version, before = adjustment.version, adjustment.before
+        added = adjustment.plan["added"]
+        # New instances are fenced first: a late batch of theirs cannot complete.
+        Instance.objects.filter(run=run, name__in=added).update(
+            status=Instance.Status.RETIRED, worker="", config=version, target=version
+        )
+        Instance.objects.filter(run=run, name__in=adjustment.plan["subgraph"]).exclude(
+            name__in=added
+        ).update(status=Instance.Status.ACTIVE, config=version, target=version)
+        Segment.objects.filter(run=run, marker=True, config=version).delete()
+        moved = _requeue(run, before, added)
+        for stage, _hand in adjustment.plan["handoff"].items():
+            keystate.rehome(run.pk, stage, _owners(before, stage))
+        run.topology = before
+        run.save(update_fields=["topology"])
+        adjustment.status = Adjustment.Status.ROLLED_BACK
+        adjustment.finished_at = now
+        adjustment.outcome = {**measure(adjustment, now).to_json(), "reason": reason,
+                              "requeued_segments": moved}  # fmt: skip
+        adjustment.save(update_fields=["status", "finished_at", "outcome"])
+        _event(
+            run.pk, "adjust_rolled_back",
+            f"adjustment {version} ({adjustment.kind}) rolled back: {reason}; "
+            f"{moved} segment(s) queued at {', '.join(added) or 'no new instance'} went back "
+            "to the old instances",
+            data={"version": version, **adjustment.outcome},
+        )  # fmt: skip
+    return adjustment
+
+
+def _requeue(run: Run, before: Mapping[str, Any], added: Sequence[str]) -> int:
+    """Send data waiting at (or held by) new instances where the old graph sends it."""
+    moved = 0
+    stranded = list(
+        Segment.objects.select_for_update()
+        .filter(run=run, node__in=added, marker=False)
+        .exclude(state=Segment.State.DONE)
+    )
+    for seg in stranded:
+        slots = KeyGroup(seg.slots_from, seg.slots_to)
+        copies = targets(before, seg.upstream, seg.pk, tag=seg.tag, routes=Routes(), slots=slots)
+        seg.delete()
+        for node, migrated_from, part in copies:
+            seg_copy = copy.copy(seg)
+            seg_copy.pk = copy_id(seg.pk, node, part, len(copies))
+            seg_copy.node, seg_copy.migrated_from = node, migrated_from
+            seg_copy.slots_from, seg_copy.slots_to = part.low, part.high
+            seg_copy.state, seg_copy.lease_owner, seg_copy.lease_expires = "queued", "", None
+            seg_copy.save(force_insert=True)
+            moved += 1
+    return moved
+
+
+def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
+    """How long the adjustment took; the sink's longest pause between merges and each
+    instance outside the subgraph's longest pause between batches, meanwhile."""
+    start = adjustment.started_at
+    run_id = adjustment.run_id
+    merges = list(
+        MergedChunk.objects.filter(run_id=run_id, merged_at__gte=start, merged_at__lte=until)
+        .order_by("merged_at")
+        .values_list("merged_at", flat=True)
+    )
+    last_before = MergedChunk.objects.filter(run_id=run_id, merged_at__lt=start).aggregate(
+        last=Max("merged_at")
+    )["last"]
+    sink_gap = _max_gap([last_before or start, *merges]) if merges else None
+    outside: dict[str, float] = {}
+    inside = set(adjustment.plan["subgraph"])
+    done = (
+        Segment.objects.filter(run_id=run_id, marker=False, done_at__gte=start, done_at__lte=until)
+        .filter(~Q(node__in=inside))
+        .order_by("done_at")
+        .values_list("node", "done_at")
+    )
+    by_node: dict[str, list[dt.datetime]] = {}
+    for node, at in done:
+        by_node.setdefault(node, []).append(at)
+    for node, times in by_node.items():
+        outside[node] = _max_gap([start, *times])
+    return Outcome((until - start).total_seconds(), sink_gap, outside)
+
+
+def _max_gap(times: Sequence[dt.datetime]) -> float:
+    ordered = sorted(times)
+    return max(((b - a).total_seconds() for a, b in itertools.pairwise(ordered)), default=0.0)

@@ -1,0 +1,117 @@
+"""State of stateful (keyed) instances, per key, in PostgreSQL.
+
+A stateful instance folds each batch into the running totals of its keys in the same
+transaction that marks the batch done, so its state is exactly-once like the data. The
+totals are mergeable (count and sum add, min and max fold): handing state over is
+merging rows into the new holder and deleting them at the old one, in one statement
+pair, never a copy that could be applied twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db import connection
+
+from orchestrator.models import KeyState
+from sparkjobs.keygroups import slot_of
+
+# Merging into a holder's row is how state is both folded and handed over.
+_FOLD = """
+    INSERT INTO orchestrator_keystate (run_id, stage, holder, key, slot, count, sum, min, max)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (run_id, stage, holder, key) DO UPDATE SET
+      count = orchestrator_keystate.count + EXCLUDED.count,
+      sum = orchestrator_keystate.sum + EXCLUDED.sum,
+      min = LEAST(orchestrator_keystate.min, EXCLUDED.min),
+      max = GREATEST(orchestrator_keystate.max, EXCLUDED.max)
+"""
+_MOVE = """
+    INSERT INTO orchestrator_keystate (run_id, stage, holder, key, slot, count, sum, min, max)
+    SELECT run_id, stage, %s, key, slot, count, sum, min, max FROM orchestrator_keystate
+    WHERE run_id = %s AND stage = %s AND holder = %s AND slot = ANY(%s)
+    ON CONFLICT (run_id, stage, holder, key) DO UPDATE SET
+      count = orchestrator_keystate.count + EXCLUDED.count,
+      sum = orchestrator_keystate.sum + EXCLUDED.sum,
+      min = LEAST(orchestrator_keystate.min, EXCLUDED.min),
+      max = GREATEST(orchestrator_keystate.max, EXCLUDED.max)
+"""
+
+
+@dataclass(frozen=True)
+class Totals:
+    count: int
+    sum: Decimal
+    min: Decimal
+    max: Decimal
+
+
+def fold(run_id: int, stage: str, holder: str, deltas: Iterable[tuple[str, Totals]]) -> None:
+    """Add a batch's per-key totals to ``holder``'s state (inside the batch's transaction)."""
+    rows = [
+        (run_id, stage, holder, key, slot_of(key), t.count, t.sum, t.min, t.max)
+        for key, t in deltas
+    ]
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        cursor.executemany(_FOLD, rows)
+
+
+def move(run_id: int, stage: str, source: str, target: str, slots: Iterable[int]) -> int:
+    """Move ``source``'s state of the keys in ``slots`` to ``target``, merging with what
+    ``target`` already holds of them. Returns the number of keys moved."""
+    wanted = sorted(set(slots))
+    if source == target or not wanted:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(_MOVE, [target, run_id, stage, source, wanted])
+        cursor.execute(
+            "DELETE FROM orchestrator_keystate"
+            " WHERE run_id = %s AND stage = %s AND holder = %s AND slot = ANY(%s)",
+            [run_id, stage, source, wanted],
+        )
+        return cursor.rowcount
+
+
+def rehome(run_id: int, stage: str, owners: Mapping[int, str]) -> int:
+    """Move every key's state to the owner of its slot (``slot -> instance``)."""
+    moved = 0
+    holders = (
+        KeyState.objects.filter(run_id=run_id, stage=stage).values_list("holder", "slot").distinct()
+    )
+    by_move: dict[tuple[str, str], set[int]] = {}
+    for holder, slot in holders:
+        if owners[slot] != holder:
+            by_move.setdefault((holder, owners[slot]), set()).add(slot)
+    for (source, target), slots in sorted(by_move.items()):
+        moved += move(run_id, stage, source, target, slots)
+    return moved
+
+
+def totals(run_id: int, stage: str) -> dict[str, Totals]:
+    """Every key's state combined over its holders: what a hand-off must preserve."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT key, SUM(count), SUM(sum), MIN(min), MAX(max) FROM orchestrator_keystate"
+            " WHERE run_id = %s AND stage = %s GROUP BY key",
+            [run_id, stage],
+        )
+        return {
+            key: Totals(int(count), Decimal(s), Decimal(lo), Decimal(hi))
+            for key, count, s, lo, hi in cursor.fetchall()
+        }
+
+
+def holders(run_id: int, stage: str) -> dict[str, list[str]]:
+    """Who holds each key's state (exactly one holder after a completed hand-off)."""
+    result: dict[str, list[str]] = {}
+    for key, holder in (
+        KeyState.objects.filter(run_id=run_id, stage=stage)
+        .order_by("key", "holder")
+        .values_list("key", "holder")
+    ):
+        result.setdefault(key, []).append(holder)
+    return result
