@@ -106,12 +106,16 @@ def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:
     return {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
 
 
-def topology_at(run: Run, config: int) -> dict[str, Any]:
-    """The graph a node aligned with version ``config`` routes with."""
+def topology_at(run: Run, config: int, node: str) -> dict[str, Any]:
+    """The graph ``node``, aligned with version ``config``, routes with: the graph
+    before the next adjustment, unless the node exists only after it (a new instance
+    that has not aligned yet routes like the new graph it was made for)."""
     if config >= run.config_version:
         return run.topology
     adjustment = Adjustment.objects.filter(run=run, version__gt=config).order_by("version").first()
-    return adjustment.before if adjustment is not None else run.topology
+    if adjustment is None or node not in _nodes(adjustment.before):
+        return run.topology
+    return adjustment.before
 
 
 def targets(
@@ -300,6 +304,12 @@ def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment
             )
             inst.forward = sorted(d for u, d in union_edges if u == inst.name and d in subgraph)
             inst.tail = inst.name in plan.tails
+            # Only a changed keyed stage must not touch data from after the markers
+            # before its state is handed over; every other instance keeps processing
+            # both sides (the order of stateless work does not change its result).
+            inst.barrier = inst.name in plan.v_changed and is_keyed(
+                after if inst.name in plan.added else before, inst.name
+            )
             if inst.name in plan.removed:
                 inst.status = Instance.Status.RETIRING
             inst.save()

@@ -7,13 +7,11 @@ and inserts no new rows; the completion is refused when the lease was lost meanw
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.routing import Routes
 from sparkjobs.catalog import OPERATORS
 from sparkjobs.keygroups import KeyGroup
+from sparkjobs.merge import combine_partials, read_partials
 
 MAX_BATCH_SEGMENTS = 64
 MAX_BATCH_BYTES = 128 * 1024 * 1024
@@ -93,7 +92,7 @@ def process_batch(
     if not claim:
         return BatchReport(node_name, 0, 0, aligned=aligned)
     run.refresh_from_db(fields=["topology", "config_version"])
-    topology = adjustments.topology_at(run, claim.config)
+    topology = adjustments.topology_at(run, claim.config, node_name)
     size = sum(s.bytes for s in claim)
     if node["kind"] == "sink":
         _merge(run, node_name, owner, claim.segments)
@@ -170,7 +169,11 @@ def _operate(
     malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
     fold = None
     if stateful:
-        deltas = [delta for out in produced.values() for delta in _partials(out.path)]
+        deltas = [
+            (m.key, keystate.Totals(m.count, m.sum, m.min, m.max))
+            for out in produced.values()
+            for m in read_partials(out.path)
+        ]
         stage = node.get("stage") or name
 
         def fold() -> None:
@@ -180,26 +183,10 @@ def _operate(
     return sum(malformed.values())
 
 
-def _partials(path: Path) -> list[tuple[str, keystate.Totals]]:
-    """The per-key partial aggregates an operator wrote: what a stateful one folds."""
-    rows = []
-    for line in path.read_text().splitlines():
-        if line:
-            row = json.loads(line)
-            rows.append((row["key"], keystate.Totals(
-                int(row["count"]), Decimal(row["sum"]), Decimal(row["min"]), Decimal(row["max"])
-            )))  # fmt: skip
-    return rows
-
-
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
-    from sparkjobs.merge import combine_partials
-    from sparkjobs.session import spark_session
-
-    spark = spark_session()
     pending = list(batch)
     while pending:
-        merged = combine_partials(spark, [Path(s.path) for s in pending])
+        merged = combine_partials([Path(s.path) for s in pending])
         deltas = [ledger.KeyDelta(m.key, m.count, m.sum, m.min, m.max, m.distinct) for m in merged]
         try:
             ledger.complete_sink_batch(run.pk, sink, owner, pending, deltas)

@@ -77,9 +77,7 @@ def batch_summary(
     files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
     chain = stage_chain(topology)
     if not chain or chain[-1]["operator"] not in ("aggregate", "running"):
-        raise RunError(
-            "the batch job computes pipelines that end in an aggregate or running stage"
-        )
+        raise RunError("the batch job computes pipelines that end in an aggregate or running stage")
     steps = [(n["operator"], n.get("params") or {}) for n in chain[:-1]]
     began = time.monotonic()
     result = batch_aggregate(

@@ -388,10 +388,21 @@ class RunDriver:
             if busy and now - current.started < settings.BPCONSOLE_LEASE_S:
                 continue
             routes = self.routes.get(node, Routes())
-            queue = self.adjuster.queue_for(node) if self.adjuster is not None else None
+            queue = self._queue_for(node)
             self.in_flight[node] = Dispatch(
                 now, self.dispatch(self.run_id, node, routes.to_json(), queue)
             )
+
+    def _queue_for(self, node: str) -> Any:
+        """A placed instance's worker queue; the sink's merge (a fold of small partials
+        into PostgreSQL, no Spark job) on the control workers, so the output never
+        waits behind a Spark job; anything else on any Spark worker."""
+        placed = self.adjuster.queue_for(node) if self.adjuster is not None else None
+        if placed is not None:
+            return placed
+        if self.topology.has_node(node) and self.topology.node(node).kind == "sink":
+            return "control"
+        return None
 
     # -- balance loop -----------------------------------------------------------------
 
@@ -604,7 +615,7 @@ class RunDriver:
         self.topology = balancer_topology(run.topology)
         name = self.source["name"]
         self.source_config = Instance.objects.get(run_id=self.run_id, name=name).config
-        self.source_doc = adjustments.topology_at(run, self.source_config)
+        self.source_doc = adjustments.topology_at(run, self.source_config, name)
         self.downstream_of_source = downstreams_of(self.source_doc, name)
         for node, routes in list(self.routes.items()):
             if not self.topology.has_node(node):

@@ -160,18 +160,21 @@ def claim_batch(
 
     The node's instance row is locked for the claim, so its alignment (when it takes
     part in an adjustment) and its claims never interleave. A batch holds segments of
-    one key-group part only, never a marker, and never data from after a marker the
-    node has not aligned with yet.
+    one key-group part only and never a marker. While the node aligns, data from before
+    the adjustment goes first, and a node behind a barrier (a changed keyed stage) takes
+    none from after it.
     """
     now = timezone.now()
     with transaction.atomic():
         instance = Instance.objects.select_for_update().filter(run_id=run_id, name=node).first()
         aligned = None
         barrier = None
+        order = ("available_at", "chunk")
         if instance is not None and instance.aligning:
             aligned = adjustments.try_align(instance, now)
             if aligned is None:
-                barrier = instance.target
+                order = ("config", "available_at", "chunk")
+                barrier = instance.target if instance.barrier else None
         config = instance.config if instance is not None else 0
         bucket = None
         if rate_mbps > 0:
@@ -186,7 +189,7 @@ def claim_batch(
         )  # fmt: skip
         if barrier is not None:
             query = query.filter(config__lt=barrier)
-        candidates = list(query.order_by("available_at", "chunk")[:max_segments])
+        candidates = list(query.order_by(*order)[:max_segments])
         batch: list[Segment] = []
         size = 0
         for seg in candidates:

@@ -222,6 +222,10 @@ class Instance(models.Model):
     )
     forward = models.JSONField(default=list, help_text="Downstreams it forwards the marker to.")
     tail = models.BooleanField(default=False)
+    barrier = models.BooleanField(
+        default=False,
+        help_text="Holds data from after the markers until aligned (a changed keyed stage).",
+    )
     aligned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

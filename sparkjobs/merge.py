@@ -1,4 +1,9 @@
-"""The sink's pre-merge: partial aggregates of a batch combined per key in one Spark job.
+"""The sink's pre-merge: partial aggregates of a batch combined per key.
+
+Partials are small (one line per key per segment), so they are folded here in Python:
+a Spark job per sink batch cost 0.6 to 2.7 s of scheduling for a fold of a few
+thousand lines, and held back the sink's output (docs/benchmarks.md). Arithmetic is
+exact: sums are decimals added in a context wide enough for DECIMAL(38, 10).
 
 The result is folded into the run's result table by the orchestrator, in the same
 transaction that records which input ranges were merged (so nothing is merged twice).
@@ -6,20 +11,15 @@ transaction that records which input ranges were merged (so nothing is merged tw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import decimal
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-
-from sparkjobs.records import VALUE_TYPE
-
-PARTIAL_SCHEMA = (
-    f"key STRING, count BIGINT, sum {VALUE_TYPE}, min {VALUE_TYPE}, max {VALUE_TYPE}, "
-    "distinct ARRAY<STRING>"
-)
+# DECIMAL(38, 10) values summed over any number of partials stay exact well below this.
+EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
 
 
 @dataclass(frozen=True)
@@ -32,28 +32,40 @@ class MergedKey:
     distinct: tuple[str, ...]
 
 
-def combine_partials(spark: SparkSession, paths: Sequence[Path]) -> list[MergedKey]:
-    """Partials of several segments combined per key (count and sum add, sets unite)."""
-    frame = spark.read.schema(PARTIAL_SCHEMA).json([str(p) for p in paths])
-    rows = (
-        frame.groupBy("key")
-        .agg(
-            F.sum("count").alias("count"),
-            F.sum("sum").alias("sum"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            F.sort_array(F.array_distinct(F.flatten(F.collect_list("distinct")))).alias("distinct"),
-        )
-        .collect()
-    )
+def read_partials(path: Path) -> Iterator[MergedKey]:
+    """The per-key partials an aggregating operator wrote for one segment."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                yield MergedKey(
+                    key=row["key"],
+                    count=int(row["count"]),
+                    sum=Decimal(row["sum"]),
+                    min=Decimal(row["min"]),
+                    max=Decimal(row["max"]),
+                    distinct=tuple(row["distinct"]),
+                )
+
+
+def combine(partials: Iterable[MergedKey]) -> list[MergedKey]:
+    """Partials combined per key: counts and sums add, min and max fold, sets unite."""
+    keys: dict[str, tuple[int, Decimal, Decimal, Decimal, set[str]]] = {}
+    for p in partials:
+        seen = keys.get(p.key)
+        if seen is None:
+            keys[p.key] = (p.count, p.sum, p.min, p.max, set(p.distinct))
+            continue
+        count, total, low, high, values = seen
+        values.update(p.distinct)
+        keys[p.key] = (count + p.count, EXACT.add(total, p.sum), min(low, p.min),
+                       max(high, p.max), values)  # fmt: skip
     return [
-        MergedKey(
-            key=row["key"],
-            count=int(row["count"]),
-            sum=row["sum"],
-            min=row["min"],
-            max=row["max"],
-            distinct=tuple(row["distinct"]),
-        )
-        for row in rows
+        MergedKey(key, count, total, low, high, tuple(sorted(values)))
+        for key, (count, total, low, high, values) in sorted(keys.items())
     ]
+
+
+def combine_partials(paths: Sequence[Path]) -> list[MergedKey]:
+    """The partials of several segments combined per key."""
+    return combine(p for path in paths for p in read_partials(path))

@@ -33,7 +33,9 @@ api_urlpatterns = [
         api.StopMigratingView.as_view(),
         name="api-stop-migrating",
     ),
+    path("api/runs/<int:run_id>/adjust/", api.AdjustView.as_view(), name="api-adjust"),
     path("api/events/", api.EventListView.as_view(), name="api-events"),
+    path("api/workers/", api.WorkerListView.as_view(), name="api-workers"),
 ]
 
 urlpatterns = [

@@ -1,6 +1,7 @@
 """The console in a real Chromium against the real ASGI server, workers and services:
-an operator starts a skewed run and watches the balancer act live; a viewer is refused;
-the editor shows problems next to their fields. Screenshots go to test-artifacts/browser/.
+an operator starts a skewed run and watches the balancer act live; an operator
+hot-migrates an instance and watches the graph change; a viewer is refused; the editor
+shows problems next to their fields. Screenshots go to test-artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.models import Event, Run
+from orchestrator import service
+from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from tests.console.factories import make_run, make_user, reference
 from tests.runtime.scenarios import policy, skewed_reference
 from webapp.console.models import Pipeline, Policy
@@ -27,6 +29,8 @@ pytestmark = [
 # Skewed towards the slow branches: they fill up, get flagged, and their data migrates.
 GENERATOR = "seed=11,volume_mb=6,dominance=0.85,skew_mean_s=1000"
 OPERATOR_NODES = ("task1", "task2", "task3")
+# More input than the hot migration takes, so the run is still going when it completes.
+LONG_GENERATOR = "seed=13,volume_mb=6,dominance=0.85,skew_mean_s=1000"
 
 
 def login(browser: Any, server: Any, name: str, *, width: int = 1366, height: int = 768) -> Any:
@@ -129,6 +133,64 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     page.evaluate("bpConsole.state.socket.close()")
     page.wait_for_selector("#connection[data-state=reconnecting]")
     page.wait_for_selector("#connection[data-state=live]")
+
+    # Stopping (after a confirmation) ends the run
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#btn-stop")
+    page.wait_for_selector("#run-status[data-status=cancelled]")
+    assert page.js_errors == []
+    page.context.close()
+
+
+def test_an_operator_hot_migrates_an_instance_from_the_run_view_and_sees_it_complete(
+    asgi_server, workers, chromium, artifacts
+) -> None:
+    # Given a run of the reference pipeline under way, and the live Spark worker
+    save_document(skewed_reference())
+    Policy.objects.create(name="fast-demo", description="200 ms ticks", **policy())
+    make_user("otto", "operator")
+    worker = next(iter(service.live_workers()))
+    page = login(chromium, asgi_server, "otto")
+    page.goto(f"{asgi_server.url}/pipelines/reference/")
+    page.fill("#id_generator", LONG_GENERATOR)
+    page.select_option("#id_policy", "fast-demo")
+    page.click("#start-button")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
+    run = Run.objects.get()
+    page.wait_for_selector("#connection[data-state=live]")
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="done", marker=False).exists():
+        assert time.monotonic() < deadline, "the run never processed a segment"
+        time.sleep(0.2)
+
+    # When the operator hot-migrates task2 to that worker (and confirms)
+    page.click('g.node[data-node="task2"]')
+    page.wait_for_selector(f'#worker-select option[value="{worker}"]', state="attached")
+    page.select_option("#worker-select", worker)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#btn-hot-migrate")
+    page.wait_for_selector("#toast[data-kind=ok]")
+    row = page.wait_for_selector('#timeline li[data-kind="operator_hot_migrate"]')
+    assert "otto" in row.text_content()
+
+    # Then the view follows the adjustment to its end: a new instance of stage agg on
+    # that worker has taken task2's place in the drawing
+    strip = page.wait_for_selector("#adjustment[data-status=complete]", timeout=90_000)
+    assert "hot migration" in strip.text_content()
+    assert "done in" in strip.text_content()
+    names = page.eval_on_selector_all("g.node", "els => els.map(e => e.dataset.node)")
+    assert "task2" not in names
+    added = [n for n in names if n.startswith("agg-")]
+    assert len(added) == 1, names
+    assert page.get_attribute(f'g.node[data-node="{added[0]}"]', "data-worker") == worker
+    assert page.is_visible("#panel-gone")
+    adjustment = Adjustment.objects.get(run=run)
+    assert adjustment.status == "complete", adjustment.outcome
+    assert adjustment.plan["added"] == added and adjustment.plan["removed"] == ["task2"]
+    assert Instance.objects.get(run=run, name=added[0]).worker == worker
+    page.click(f'g.node[data-node="{added[0]}"]')
+    page.wait_for_selector(f'#sel-worker:text("{worker}")')
+    shoot(page, artifacts, "run-hot-migration")
 
     # Stopping (after a confirmation) ends the run
     page.once("dialog", lambda dialog: dialog.accept())

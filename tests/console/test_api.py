@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+from django.conf import settings
 from django.test import Client
 
 from orchestrator import service
+from orchestrator.control_plane import ControlPlane
 from orchestrator.models import Event, Run
 from tests.console.factories import client_for, make_run, reference
 from webapp.console.models import Pipeline
@@ -242,7 +247,8 @@ def test_the_openapi_schema_lists_every_endpoint() -> None:
         "/api/runs/", "/api/runs/{run_id}/", "/api/runs/{run_id}/snapshot/",
         "/api/runs/{run_id}/events/", "/api/runs/{run_id}/pause/", "/api/runs/{run_id}/resume/",
         "/api/runs/{run_id}/stop/", "/api/runs/{run_id}/migrate/",
-        "/api/runs/{run_id}/stop-migrating/", "/api/events/",
+        "/api/runs/{run_id}/stop-migrating/", "/api/runs/{run_id}/adjust/", "/api/events/",
+        "/api/workers/",
     ):  # fmt: skip
         assert path in paths, path
 
@@ -257,3 +263,103 @@ def test_a_snapshot_and_the_completion_curve_of_a_run() -> None:
     assert len(snap["links"]) == 6
     assert client.get(f"/api/runs/{run.pk}/completion/").json() == {"run": run.pk, "points": []}
     assert client.get("/api/runs/424242/snapshot/").status_code == 404
+
+
+# -- hot migration and rescale ----------------------------------------------------------
+
+SPARE_WORKER = "spark7-apitest"
+
+
+@pytest.fixture
+def spare_worker() -> Iterator[str]:
+    """A live Spark worker as the orchestrator sees one: an ephemeral znode in ZooKeeper
+    (no Celery worker runs in these tests); it goes when the fixture's session closes."""
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        info = {"host": "apitest-host", "pid": 4242, "name": "spark7@apitest", "queues": ["spark"]}
+        control.register_worker(SPARE_WORKER, info)
+        yield SPARE_WORKER
+
+
+def _adjust(client: Client, run_id: int, **body: Any) -> Any:
+    return client.post(f"/api/runs/{run_id}/adjust/", body, content_type="application/json")
+
+
+def test_a_viewer_lists_live_workers_but_an_adjustment_is_refused_and_recorded(
+    spare_worker: str,
+) -> None:
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(status="running")
+    client, vera = client_for("vera", "viewer")
+    workers = client.get("/api/workers/")
+    assert workers.status_code == 200
+    assert {"name": spare_worker, "host": "apitest-host", "pid": 4242} in workers.json()
+    # When the viewer asks to hot-migrate task2
+    response = _adjust(client, run.pk, action="hot_migrate", node="task2", worker=spare_worker)
+    # Then it is refused (403) and recorded, and nothing was asked of the run
+    assert response.status_code == 403
+    assert "operator role" in response.json()["detail"]
+    refusal = Event.objects.get(run=run, kind="action_refused")
+    assert refusal.user == vera and refusal.node == "task2"
+    assert refusal.data == {"action": "hot_migrate", "node": "task2", "worker": spare_worker}
+    assert not Event.objects.filter(run=run, kind__startswith="operator_").exists()
+    assert Client().get("/api/workers/").status_code in {401, 403}
+
+
+def test_an_unknown_adjustment_node_stage_or_worker_is_a_400_changing_nothing() -> None:
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(status="running")
+    client, _ = client_for("otto", "operator")
+    before = Event.objects.filter(run=run).count()
+    for body, words in [
+        ({"action": "explode", "node": "task2"}, "unknown action 'explode'"),
+        ({"node": "task2"}, "unknown action None"),
+        ({"action": "hot_migrate"}, "hot_migrate needs 'node'"),
+        ({"action": "add_instance", "node": "task2"}, "add_instance needs 'stage'"),
+        ({"action": "hot_migrate", "node": "ghost"}, "no operator instance 'ghost'"),
+        ({"action": "remove_instance", "node": "source"}, "instances: task1, task2, task3"),
+        ({"action": "add_instance", "stage": "ghost"}, "no operator stage 'ghost'"),
+        ({"action": "hot_migrate", "node": "task2", "worker": "spark9-gone"},
+         "'spark9-gone' is not a live Spark worker"),
+        ({"action": "hot_migrate", "node": ["task2"]}, "node must be a string"),
+    ]:  # fmt: skip
+        response = _adjust(client, run.pk, **body)
+        assert response.status_code == 400, body
+        assert words in response.json()["detail"], response.json()
+    assert Event.objects.filter(run=run).count() == before
+    assert _adjust(client, 999999, action="add_instance", stage="agg").status_code == 404
+
+
+def test_an_operator_hot_migrates_adds_and_removes_instances_recorded_with_the_name(
+    spare_worker: str,
+) -> None:
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(status="running")
+    client, otto = client_for("otto", "operator")
+    for body, asked in [
+        ({"action": "hot_migrate", "node": "task2", "worker": spare_worker},
+         f"hot-migrate task2 to {spare_worker}"),
+        ({"action": "add_instance", "stage": "agg"}, "add an instance to stage agg on any worker"),
+        ({"action": "remove_instance", "node": "task3"}, "remove instance task3"),
+    ]:  # fmt: skip
+        response = _adjust(client, run.pk, **body)
+        assert response.status_code == 200, response.content
+        assert asked in response.json()["detail"]
+    events = Event.objects.filter(run=run, kind__startswith="operator_").order_by("id")
+    assert [(e.kind, e.node, e.user) for e in events] == [
+        ("operator_hot_migrate", "task2", otto),
+        ("operator_add_instance", "agg", otto),
+        ("operator_remove_instance", "task3", otto),
+    ]
+    assert events[0].data["worker"] == spare_worker
+    # ...and each is queued for the run's driver
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        commands = control.take_commands(str(run.pk))
+    assert [(c["command"], c["user"]) for c in commands] == [
+        ("hot_migrate", "otto"), ("add_instance", "otto"), ("remove_instance", "otto")
+    ]  # fmt: skip
+    # On a finished run there is nothing to adjust: 409, nothing recorded
+    Run.objects.filter(pk=run.pk).update(status="completed")
+    late = _adjust(client, run.pk, action="remove_instance", node="task1")
+    assert late.status_code == 409
+    assert "completed" in late.json()["detail"]
+    assert events.count() == 3

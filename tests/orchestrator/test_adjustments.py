@@ -99,37 +99,53 @@ def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
     assert kinds.count("adjust_aligned") == 6 and kinds[-1] == "adjust_complete"
 
 
-def test_an_instance_waits_for_every_marker_and_never_mixes_the_two_sides() -> None:
-    run = _run("reference")
-    # Given old data queued at the sink from task1, before the adjustment
-    old = ledger.NewSegment(
-        id="old", chunk=0, origin_file=0, origin_offset=0, origin_length=1, node="output",
-        upstream="task1", tag="", path="/dev/null", bytes=1, records=0,
+def _queue(run: Run, seg_id: str, node: str, upstream: str, config: int = 0) -> None:
+    seg = ledger.NewSegment(
+        id=seg_id, chunk=int(seg_id[1:]), origin_file=0, origin_offset=int(seg_id[1:]),
+        origin_length=1, node=node, upstream=upstream, tag="", path="/dev/null", bytes=1,
+        records=0, config=config,
     )  # fmt: skip
-    ledger.complete_batch(run.pk, "nobody", [], [old], {})
+    ledger.complete_batch(run.pk, "nobody", [], [seg], {})
+
+
+def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> None:
+    # Given data queued at a keyed instance before an adjustment of its stage...
+    run = _run("running-totals")
+    _queue(run, "c1", "totals1", "source")
+    adjustment = adjustments.begin(
+        run.pk, Change("scale_out", added=(NewInstance("totals-4", "totals"),)), epoch=1,
+        source="source",
+    )  # fmt: skip
+    # ...and data the source sent after its marker
+    _queue(run, "c2", "totals1", "source", config=adjustment.version)
+    # When the instance claims, it has the marker but not yet handled the old data:
+    first = _claim(run, "totals1")
+    # Then it takes only the old data and does not align yet
+    assert first.aligned is None and [s.pk for s in first] == ["c1"]
+    ledger.complete_batch(run.pk, "test-totals1", first.segments, [], {})
+    # And only once that is done it aligns and takes the new data
+    second = _claim(run, "totals1")
+    assert second.aligned is not None and [s.pk for s in second] == ["c2"]
+
+
+def test_a_stateless_tail_keeps_merging_both_sides_and_aligns_after_the_old_data() -> None:
+    # Given old data at the sink from task1, then an adjustment of stage agg...
+    run = _run("reference")
+    _queue(run, "c1", "output", "task1")
     adjustment = adjustments.begin(
         run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
         source="source",
     )  # fmt: skip
     for node in ("task1", "task2", "task3", "agg-5"):
         _claim(run, node)
-    # ...and new data from task2, sent after task2 aligned
-    new = ledger.NewSegment(
-        id="new", chunk=1, origin_file=0, origin_offset=1, origin_length=1, node="output",
-        upstream="task2", tag="", path="/dev/null", bytes=1, records=0,
-        config=adjustment.version,
-    )  # fmt: skip
-    ledger.complete_batch(run.pk, "nobody", [], [new], {})
-    # When the sink claims: it has every marker, but old data is still queued
+    # ...and new data from task2, sent after task2 forwarded its marker
+    _queue(run, "c2", "output", "task2", config=adjustment.version)
+    # When the sink claims with every marker in, but old data not merged yet
     first = _claim(run, "output")
-    # Then it takes only the old data, and does not align yet
-    assert first.aligned is None
-    assert [s.pk for s in first] == ["old"]
+    # Then it keeps merging (the old data first) and aligns only after the old data
+    assert first.aligned is None and [s.pk for s in first] == ["c1", "c2"]
     ledger.complete_sink_batch(run.pk, "output", "test-output", first.segments, [])
-    # Then, the old side done, it aligns and only now takes the new data
-    second = _claim(run, "output")
-    assert second.aligned is not None
-    assert [s.pk for s in second] == ["new"]
+    assert _claim(run, "output").aligned is not None
 
 
 def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups() -> None:

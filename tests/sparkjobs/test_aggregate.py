@@ -61,7 +61,7 @@ def test_partials_merged_equal_the_oracle(spark: Any, tmp_path: Path) -> None:
     assert sum(p.records for p in produced.values()) == len(GOOD)
     quarantined = sorted(line for p in produced.values() for line in p.quarantined)
     assert quarantined == sorted(BAD)
-    merged = {m.key: m for m in combine_partials(spark, list(outputs.values()))}
+    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
     expected = oracle(GOOD)
     assert set(merged) == set(expected)
     for key, (count, total, low, high, distinct) in expected.items():

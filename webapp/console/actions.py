@@ -182,6 +182,58 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
     return f"asked to {what} {node}; the balancer acts on its next tick"
 
 
+# -- hot migration and rescale (shared/spec/hot-rescale.md) -----------------------------
+
+# What each adjustment is aimed at: an operator instance, or a stage to grow.
+ADJUSTMENT_TARGETS = {"hot_migrate": "node", "add_instance": "stage", "remove_instance": "node"}
+
+
+def live_workers() -> list[dict[str, Any]]:
+    """The live Spark workers an instance can be placed on, by name."""
+    return [
+        {"name": name, "host": info.get("host", ""), "pid": info.get("pid")}
+        for name, info in service.live_workers().items()
+    ]
+
+
+def adjust(
+    run_id: int, action: Any, user: User, *, node: Any = "", stage: Any = "", worker: Any = ""
+) -> str:
+    """Hot-migrate, add or remove an operator instance of a running run.
+
+    400 for an unknown action, node, stage or a worker that is not live; 409 when the
+    run is not active. The run's driver carries it out on its next tick.
+    """
+    run = get_run(run_id)
+    known = isinstance(action, str) and action in ADJUSTMENT_TARGETS
+    target = {"node": node, "stage": stage, "worker": worker}
+    require(
+        user,
+        "operator",
+        action=action if known else "adjust",
+        run_id=run.pk,
+        data={k: str(v)[:100] for k, v in target.items() if v},
+    )
+    if not known:
+        raise ActionError(f"unknown action {action!r}; use {', '.join(ADJUSTMENT_TARGETS)}")
+    for field, value in target.items():
+        if not isinstance(value, str):
+            raise ActionError(f"{field} must be a string, got {type(value).__name__}")
+    needed = ADJUSTMENT_TARGETS[action]
+    if not target[needed]:
+        what = "an operator instance" if needed == "node" else "an operator stage"
+        raise ActionError(f"{action} needs {needed!r}: {what} of run {run.pk}")
+    if not run.is_active:
+        raise ActionError(f"run {run.pk} is {run.status}; nothing to adjust", status=409)
+    try:
+        return service.request_adjustment(
+            run.pk, action, node=node, stage=stage, worker=worker, user=user
+        )
+    except service.RunError as exc:
+        # The run may have ended since the check above: that is a conflict, not bad input.
+        raise ActionError(str(exc), status=400 if get_run(run.pk).is_active else 409) from None
+
+
 # -- pipelines --------------------------------------------------------------------------
 
 HEALTH = {

@@ -1,7 +1,8 @@
 """The JSON API under /api/ (Django REST framework); described in docs/api.md and served
 as an OpenAPI schema at /api/schema/.
 
-Reading needs the viewer role. Run controls, node actions and starting runs need the
+Reading needs the viewer role. Run controls, node actions, adjustments (hot migration,
+adding and removing instances) and starting runs need the
 operator role; when someone without it tries, the attempt is recorded as an
 ``action_refused`` event and the answer is 403. Editing a pipeline needs the operator
 role, changing its policy the admin role.
@@ -27,6 +28,7 @@ from webapp.console.models import Pipeline
 from webapp.console.roles import has_role
 from webapp.console.serializers import (
     ActionResultSerializer,
+    AdjustSerializer,
     CompletionSerializer,
     DetailSerializer,
     EventSerializer,
@@ -38,6 +40,7 @@ from webapp.console.serializers import (
     RunSerializer,
     StartRunSerializer,
     ValidationResultSerializer,
+    WorkerSerializer,
     YamlImportSerializer,
     event_json,
     run_json,
@@ -432,3 +435,46 @@ class StopMigratingView(NodeActionView):
     """Stop migrating this branch's data (back to the default routing)."""
 
     stop = True
+
+
+class AdjustView(APIView):
+    """Hot-migrate, add or remove an operator instance (shared/spec/hot-rescale.md)."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        request=AdjustSerializer,
+        responses={200: DetailSerializer, 400: DetailSerializer, 403: DetailSerializer,
+                   404: DetailSerializer, 409: DetailSerializer},
+        tags=["actions"],
+        summary="Hot-migrate, add or remove an operator instance; the driver acts next tick",
+    )  # fmt: skip
+    def post(self, request: Request, run_id: int) -> Response:
+        body = request.data if hasattr(request.data, "get") else {}
+        try:
+            detail = actions.adjust(
+                run_id,
+                body.get("action"),
+                request.user,
+                node=body.get("node") or "",
+                stage=body.get("stage") or "",
+                worker=body.get("worker") or "",
+            )
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response({"detail": detail})
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+class WorkerListView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        responses=WorkerSerializer(many=True),
+        tags=["workers"],
+        summary="Live Spark workers, where instances can be placed",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(actions.live_workers())

@@ -139,6 +139,24 @@ class NodeActionSerializer(serializers.Serializer):
     node = serializers.CharField(help_text="Name of a node of the run's topology")
 
 
+class AdjustSerializer(serializers.Serializer):
+    action = serializers.ChoiceField(
+        choices=["hot_migrate", "add_instance", "remove_instance"],
+        help_text="hot_migrate and remove_instance need node; add_instance needs stage",
+    )
+    node = serializers.CharField(required=False, help_text="An operator instance of the run")
+    stage = serializers.CharField(required=False, help_text="An operator stage of the run")
+    worker = serializers.CharField(
+        required=False, help_text="A live Spark worker for the new instance (default: any)"
+    )
+
+
+class WorkerSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="What /adjust/ takes as worker")
+    host = serializers.CharField()
+    pid = serializers.IntegerField(allow_null=True)
+
+
 class ActionResultSerializer(serializers.Serializer):
     detail = serializers.CharField()
     run = RunSerializer(required=False)

@@ -218,6 +218,7 @@ def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "user": request.user.get_username(),
         "ws_path": f"/ws/runs/{run.pk}/",
         "api": f"/api/runs/{run.pk}/",
+        "workers_api": reverse("api-workers"),
     }
     pipeline = Pipeline.objects.filter(pk=run.pipeline_id).first()
     return render(

@@ -1,5 +1,6 @@
 /* The run view: live topology, selected node panel, completion and throughput charts,
- * event timeline and run controls, fed by the run's websocket (ws/runs/<id>/).
+ * event timeline, run controls and instance adjustments (hot migration, adding and
+ * removing instances), fed by the run's websocket (ws/runs/<id>/).
  *
  * Messages are JSON objects with a "type"; each type has one handler (HANDLERS). The
  * socket reconnects with exponential backoff and jitter, showing "reconnecting"; a
@@ -118,6 +119,7 @@
     recordHistory(snap);
     view.update(snap, state.rates);
     renderHeader(snap);
+    renderAdjustment(snap.adjustment);
     mergeEvents(snap.events || []);
     renderSelected();
     scheduleCharts();
@@ -218,6 +220,86 @@
     report(r, stop ? "stop migrating" : "migrate");
   }
 
+  const ACTIVE_RUN = ["pending", "running", "paused"];
+
+  async function adjust(action) {
+    const name = state.selected;
+    const node = selectedNode();
+    if (!node) return;
+    const worker = $("worker-select").value;
+    const where = worker || "any live worker";
+    const body = { action };
+    let question;
+    if (action === "hot_migrate") {
+      body.node = name;
+      question = `Hot-migrate ${name} to ${where}? A new instance of stage ${node.stage} takes over ` +
+        `its keys and state; ${name} retires once the adjustment's markers have passed it.`;
+    } else if (action === "add_instance") {
+      body.stage = node.stage;
+      question = `Add an instance to stage ${node.stage} on ${where}? The stage's keys are ` +
+        "shared out again over its instances, state included.";
+    } else {
+      body.node = name;
+      question = `Remove instance ${name}? Its keys and state go to the other instances of ` +
+        `stage ${node.stage}.`;
+    }
+    if (worker && action !== "remove_instance") body.worker = worker;
+    if (!confirm(question)) return;
+    const r = await BP.api("POST", config.api + "adjust/", body);
+    report(r, action.replace("_", " "));
+  }
+
+  async function loadWorkers() {
+    const select = $("worker-select");
+    const r = await BP.api("GET", config.workers_api);
+    const chosen = select.value;
+    const options = [BP.el("option", { value: "" }, "any live worker")];
+    if (r.ok && Array.isArray(r.data)) {
+      for (const w of r.data) options.push(BP.el("option", { value: w.name }, `${w.name} (${w.host}, pid ${w.pid})`));
+    } else {
+      options.push(BP.el("option", { value: "", disabled: true }, `live workers unknown (HTTP ${r.status})`));
+    }
+    select.replaceChildren(...options);
+    // A refresh must not undo the operator's choice while that worker is still alive.
+    if (Array.from(select.options).some((o) => o.value === chosen)) select.value = chosen;
+  }
+
+  const ADJUSTMENT_KINDS = { migrate: "hot migration", scale_out: "scale out", scale_in: "scale in",
+    failover: "failover" };
+
+  function renderAdjustment(adj) {
+    const strip = $("adjustment");
+    if (!adj) { strip.hidden = true; return; }
+    strip.hidden = false;
+    strip.setAttribute("data-status", adj.status);
+    strip.setAttribute("data-kind", adj.kind);
+    strip.setAttribute("data-version", adj.version);
+    strip.title = adj.reason || "";
+    $("adj-kind").textContent = `adjustment ${adj.version} · ${ADJUSTMENT_KINDS[adj.kind] || adj.kind}`;
+    $("adj-status").textContent = adj.status.replace("_", " ");
+    const change = (adj.removed || []).map((n) => "− " + n).concat((adj.added || []).map((n) => "+ " + n));
+    $("adj-change").textContent = change.join(" ");
+    const outcome = adj.outcome || {};
+    const size = (adj.subgraph || []).length;
+    let progress;
+    if (adj.status === "running") {
+      const markers = (adj.markers || []).length;
+      progress = `aligned ${(adj.aligned || []).length}/${size}` +
+        (markers ? ` · ${markers} marker${markers === 1 ? "" : "s"} on the way` : "");
+    } else if (adj.status === "complete") {
+      const gap = outcome.sink_max_gap_s;
+      progress = `aligned ${size}/${size} · done in ${seconds(outcome.seconds)}` +
+        (typeof gap === "number" ? ` · sink's longest pause ${seconds(gap)}` : "");
+    } else {
+      progress = outcome.reason || adj.reason || "";
+    }
+    $("adj-progress").textContent = progress;
+  }
+
+  function seconds(s) {
+    return typeof s === "number" ? s.toFixed(2) + " s" : "–";
+  }
+
   function report(r, what) {
     const detail = (r.data && r.data.detail) || `HTTP ${r.status}`;
     if (r.ok) toast(detail, "ok");
@@ -244,15 +326,23 @@
   function select(name) {
     state.selected = name;
     $("panel-empty").hidden = true;
+    $("panel-gone").hidden = true;
     $("panel-node").hidden = false;
     renderSelected();
+    loadWorkers();
+  }
+
+  function selectedNode() {
+    const name = state.selected;
+    if (!name || !state.snapshot) return null;
+    return (state.snapshot.nodes || []).find((n) => n.name === name) || null;
   }
 
   function renderSelected() {
     const name = state.selected;
     if (!name || !state.snapshot) return;
-    const node = (state.snapshot.nodes || []).find((n) => n.name === name);
-    if (!node) return;
+    const node = selectedNode();
+    if (!node) return deselectGone(name);
     const st = node.state || {};
     $("sel-name").textContent = name;
     $("sel-kind").textContent = node.kind + (node.stage && node.stage !== name ? ` · stage ${node.stage}` : "");
@@ -273,8 +363,32 @@
     const into = (state.snapshot.links || []).filter((l) => l.target === name && l.migrated_from).map((l) => l.migrated_from);
     $("sel-migration").textContent = out.length ? `its data goes to ${out.join(", ")}`
       : into.length ? `takes data of ${into.join(", ")}` : "none";
+    renderInstance(node);
     drawSparkline(state.history.get(name) || []);
     renderNodeEvents(name);
+  }
+
+  function renderInstance(node) {
+    const instance = node.instance || {};
+    const status = instance.status || "active";
+    $("sel-instance").textContent = status + (instance.aligning ? " · aligning" : "");
+    $("sel-worker").textContent = instance.worker || "any worker";
+    $("sel-stage").textContent = node.stage;
+    $("instance-actions").hidden = node.kind !== "operator";
+    const active = ACTIVE_RUN.includes((state.snapshot.run || {}).status);
+    $("btn-hot-migrate").disabled = !active || status !== "active";
+    $("btn-remove-instance").disabled = !active || status !== "active";
+    $("btn-add-instance").disabled = !active;
+  }
+
+  function deselectGone(name) {
+    // The instance was removed by an adjustment: its panel has nothing left to show.
+    state.selected = null;
+    $("panel-node").hidden = true;
+    $("panel-empty").hidden = false;
+    const gone = $("panel-gone");
+    gone.textContent = `${name} is no longer part of the run (removed by an adjustment).`;
+    gone.hidden = false;
   }
 
   function drawSparkline(points) {
@@ -329,11 +443,14 @@
     set_shares: "shares", start_migration: "migration", stop_migration: "migration",
     operator_migrate: "operator", operator_stop_migrating: "operator", operator_refused: "refused",
     action_refused: "refused", scale_out_request: "rate",
+    operator_hot_migrate: "operator", operator_add_instance: "operator", operator_remove_instance: "operator",
+    worker_lost: "adjustment",
   };
 
   function category(kind) {
     if (CATEGORIES[kind]) return CATEGORIES[kind];
     if (kind.startsWith("run_") || kind === "driver" || kind === "source_done") return "run";
+    if (kind.startsWith("adjust_")) return "adjustment";
     return "other";
   }
 
@@ -458,6 +575,9 @@
     $("btn-stop").addEventListener("click", () => control("stop"));
     $("btn-migrate").addEventListener("click", () => nodeAction(false));
     $("btn-stop-migrating").addEventListener("click", () => nodeAction(true));
+    $("btn-hot-migrate").addEventListener("click", () => adjust("hot_migrate"));
+    $("btn-add-instance").addEventListener("click", () => adjust("add_instance"));
+    $("btn-remove-instance").addEventListener("click", () => adjust("remove_instance"));
     $("event-filter").addEventListener("change", renderTimeline);
     drawCharts();
     refreshEvents();

@@ -4,6 +4,8 @@
  * barycenter sweeps (fewer crossings), then coordinates.
  * TopologyView: draws nodes and links once, then update(snapshot) only changes
  * attributes and texts (no re-layout on a tick), which keeps a tick's DOM work small.
+ * Only when a hot migration or rescale changes the set of nodes or links is the
+ * graph laid out and drawn again.
  */
 (function (global) {
   "use strict";
@@ -85,7 +87,22 @@
     const x2 = b.x, y2 = b.y + size.h / 2;
     const dx = Math.max(40, (x2 - x1) / 2);
     return { d: `M${x1},${y1} C${x1 + dx},${y1} ${x2 - dx},${y2} ${x2},${y2}`,
-             mid: { x: (x1 + x2) / 2, y: (y1 + y2) / 2 }, x1, y1, x2, y2 };
+             mid: { x: (x1 + x2) / 2, y: (y1 + y2) / 2 }, x1, y1, x2, y2, dx };
+  }
+
+  function pointOnLink(p, t) {
+    // The cubic Bezier of linkPath at t: its control points share the ends' heights.
+    const u = 1 - t;
+    const x = u * u * u * p.x1 + 3 * u * u * t * (p.x1 + p.dx) + 3 * u * t * t * (p.x2 - p.dx) + t * t * t * p.x2;
+    const y = (u * u * u + 3 * u * u * t) * p.y1 + (3 * u * t * t + t * t * t) * p.y2;
+    return { x, y };
+  }
+
+  function shapeOf(names, edges) {
+    // What the drawing's layout depends on: the node names and the links between them.
+    const known = new Set(names);
+    const links = edges.filter((e) => known.has(e.from) && known.has(e.to)).map((e) => e.from + ">" + e.to);
+    return [...names].sort().join("|") + "#" + links.sort().join("|");
   }
 
   class TopologyView {
@@ -103,6 +120,7 @@
       this.topology = topology;
       const names = topology.nodes.map((n) => n.name);
       const edges = topology.edges.filter((e) => names.includes(e.from) && names.includes(e.to));
+      this.shape = shapeOf(names, edges);
       this.geometry = layout(names, edges, this.size);
       const { width, height, points } = this.geometry;
       svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -124,10 +142,13 @@
       this.migrationLayer = svg.appendChild(BP.svg("g", { class: "migrations" }));
       this.nodeLayer = svg.appendChild(BP.svg("g", { class: "nodes" }));
       this.labelLayer = svg.appendChild(BP.svg("g", { class: "link-labels" }));
+      this.markerLayer = svg.appendChild(BP.svg("g", { class: "adjust-markers" }));
       this.links = new Map();
       for (const e of edges) this.drawLink(e, points);
       this.nodes = new Map();
       for (const n of topology.nodes) this.drawNode(n, points[n.name]);
+      const selected = this.nodes.get(this.selected);
+      if (selected) selected.g.classList.add("selected");
     }
 
     uid() {
@@ -160,8 +181,8 @@
       g.appendChild(BP.svg("rect", { class: "frame", width: s.w, height: s.h, rx: 8 }));
       g.appendChild(BP.svg("text", { class: "title", x: 10, y: this.options.live ? 19 : 21 }, n.name));
       const sub = n.kind === "operator" ? (n.stage && n.stage !== n.name ? `stage ${n.stage}` : "operator") : n.kind;
-      g.appendChild(BP.svg("text", { class: "sub", x: 10, y: this.options.live ? 33 : 38 },
-        n.operator ? `${sub} · ${n.operator}` : sub));
+      const subText = n.operator ? `${sub} · ${n.operator}` : sub;
+      const subLine = g.appendChild(BP.svg("text", { class: "sub", x: 10, y: this.options.live ? 33 : 38 }, subText));
       if (!this.options.live && n.kind !== "source") {
         const parts = [];
         const buffer = Number(n.buffer_mb === undefined ? 64 : n.buffer_mb);
@@ -169,7 +190,7 @@
         if (Number(n.max_rate_mbps) > 0) parts.push(`max ${n.max_rate_mbps} Mb/s`);
         g.appendChild(BP.svg("text", { class: "sub", x: 10, y: 53 }, parts.join(" · ")));
       }
-      const node = { g, name: n.name, kind: n.kind };
+      const node = { g, name: n.name, kind: n.kind, sub: subLine, subText };
       if (this.options.live) {
         node.flag = BP.svg("g", { class: "flag", transform: `translate(${s.w - 72},6)` });
         node.flag.appendChild(BP.svg("rect", { width: 64, height: 18, rx: 9 }));
@@ -199,6 +220,7 @@
     }
 
     update(snapshot, rates) {
+      this.reshape(snapshot);
       const byName = new Map((snapshot.nodes || []).map((n) => [n.name, n]));
       for (const [name, node] of this.nodes) {
         const view = byName.get(name);
@@ -209,6 +231,15 @@
         if (drawn) this.updateLink(drawn, link);
       }
       this.drawMigrations(snapshot.links || []);
+      this.drawMarkers(snapshot.adjustment);
+    }
+
+    reshape(snapshot) {
+      // Instances join and leave mid-run: lay the graph out again when its shape changed.
+      const nodes = (snapshot.nodes || []).map((n) => ({ name: n.name, kind: n.kind, stage: n.stage }));
+      if (!nodes.length) return;
+      const edges = (snapshot.links || []).map((l) => ({ from: l.source, to: l.target, bandwidth_mbps: l.bandwidth_mbps }));
+      if (shapeOf(nodes.map((n) => n.name), edges) !== this.shape) this.draw({ nodes, edges });
     }
 
     updateNode(node, view, smoothed) {
@@ -234,6 +265,15 @@
       node.g.setAttribute("data-level", level === null ? "" : level.toFixed(4));
       const flagged = !!st.flagged;
       node.g.classList.toggle("flagged", flagged);
+      const instance = view.instance || {};
+      const status = instance.status || "active";
+      node.g.classList.toggle("joining", status === "joining");
+      node.g.classList.toggle("retiring", status === "retiring" || status === "retired");
+      node.g.classList.toggle("aligning", !!instance.aligning);
+      node.g.setAttribute("data-instance", status);
+      node.g.setAttribute("data-worker", instance.worker || "");
+      node.sub.textContent = node.subText + (status === "active" ? "" : ` · ${status}`) +
+        (instance.aligning ? " · aligning" : "");
       const k = typeof st.rate_coefficient === "number" ? st.rate_coefficient.toFixed(2) : "–";
       if (node.kind === "source") {
         node.line1.textContent = `rate coefficient k ${k}`;
@@ -254,6 +294,7 @@
       const migratingIn = !!link.migrated_from;
       drawn.path.classList.toggle("migrating-in", migratingIn);
       drawn.path.classList.toggle("migrating-out", migratingOut);
+      drawn.path.classList.toggle("closing", !!link.closing);
       const bw = Number(link.bandwidth_mbps || 0);
       const parts = [];
       if (bw) parts.push(bw + " Mb/s");
@@ -284,6 +325,24 @@
         const title = BP.svg("title", {}, `data of ${link.migrated_from} migrating to ${link.target}`);
         path.appendChild(title);
         layer.appendChild(path);
+      }
+    }
+
+    drawMarkers(adjustment) {
+      const layer = this.markerLayer;
+      while (layer.firstChild) layer.removeChild(layer.firstChild);
+      const drawn = new Set();
+      for (const m of (adjustment && adjustment.markers) || []) {
+        const key = m.from + ">" + m.to;
+        const link = this.links.get(key);
+        if (!link || drawn.has(key)) continue;
+        drawn.add(key);
+        // A third of the way along: the link's label sits at its middle.
+        const at = pointOnLink(link.geometry, 0.33);
+        const glyph = BP.svg("circle", { class: "adjust-marker", "data-link": key,
+          cx: at.x.toFixed(1), cy: at.y.toFixed(1), r: 6 });
+        glyph.appendChild(BP.svg("title", {}, `adjustment ${adjustment.version}'s marker on its way from ${m.from} to ${m.to}`));
+        layer.appendChild(glyph);
       }
     }
   }

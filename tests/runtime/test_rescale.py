@@ -1,0 +1,226 @@
+"""Hot migration and rescale during live runs (shared/spec/hot-rescale.md): the result
+equals the plain batch job, the sink never stalls long, state survives by key, a timed
+out adjustment rolls back, and a killed worker's instances move by themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from orchestrator import keystate
+from orchestrator.batchjob import batch_summary
+from orchestrator.models import Adjustment, Event, Instance, Run, Segment
+from orchestrator.results import summary
+from orchestrator.runs import live_workers, request_adjustment
+from sparkjobs.keygroups import slot_of
+from tests.runtime.scenarios import policy, skewed_reference, start, wait_until_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
+SKEWED = "seed=21,volume_mb=16,dominance=0.85,skew_mean_s=1000,malformed_every=997"
+MAX_SINK_STALL_S = 2.0
+
+
+def _wait_started(run: Run) -> None:
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="done", marker=False).exists():
+        assert time.monotonic() < deadline, "the run never processed a segment"
+        time.sleep(0.1)
+
+
+def _adjust(run: Run, command: str, timeout_s: float = 90.0, **target: str) -> Adjustment:
+    """Ask for an adjustment and wait until it ends; returns it."""
+    known = set(Adjustment.objects.filter(run=run).values_list("pk", flat=True))
+    request_adjustment(run.pk, command, **target)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        new = Adjustment.objects.filter(run=run).exclude(pk__in=known).first()
+        if new is not None and new.status != Adjustment.Status.RUNNING:
+            # The adjustment's timeline, shown by pytest when a test fails.
+            for e in Event.objects.filter(run=run, time__gte=new.started_at).order_by("time", "id"):
+                print(e.time.strftime("%H:%M:%S.%f")[:-3], e.kind, e.node, e.reason[:160])
+            return new
+        refused = Event.objects.filter(run=run, kind="adjust_refused").first()
+        assert refused is None, refused.reason
+        time.sleep(0.1)
+    raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
+
+
+def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
+    return batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+
+
+def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
+    # Given a skewed run of the reference pipeline
+    doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+    run = start(doc, policy(), generator=SKEWED)
+    _wait_started(run)
+    # When an aggregate instance is hot-migrated, the stage scaled out, then in
+    migrated = _adjust(run, "hot_migrate", node="task2")
+    grown = _adjust(run, "add_instance", stage="agg")
+    (added,) = grown.plan["added"]
+    shrunk = _adjust(run, "remove_instance", node=added)
+    run = wait_until_done(run, timeout_s=300)
+    # Then each adjustment completed, the sink never stalled long meanwhile...
+    for adjustment in (migrated, grown, shrunk):
+        assert adjustment.status == "complete", adjustment.outcome
+        gap = adjustment.outcome["sink_max_gap_s"]
+        assert gap is None or gap < MAX_SINK_STALL_S, adjustment.outcome
+    assert migrated.plan["removed"] == ["task2"] and migrated.plan["added"][0].startswith("agg-")
+    instances = dict(Instance.objects.filter(run=run).values_list("name", "status"))
+    assert instances["task2"] == instances[added] == "retired"
+    # ...and the result equals the plain batch job exactly
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["malformed_records"] == expected["malformed_records"] > 0
+    assert result["rows"] == expected["rows"]
+
+
+def _running_totals(**changes: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((TOPOLOGIES / "running-totals.yaml").read_text())
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"]["segment_mb"] = 0.0625
+        elif node["kind"] == "operator":
+            node.update(changes)
+    return doc
+
+
+def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batch_job(
+    workers,
+) -> None:
+    # Given the keyed running-totals pipeline (state per key, two instances)
+    doc = _running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    run = start(doc, policy(), generator="seed=4,volume_mb=12,malformed_every=499")
+    _wait_started(run)
+    # When its stage scales out, hot-migrates an instance, and scales in
+    grown = _adjust(run, "add_instance", stage="totals")
+    moved = _adjust(run, "hot_migrate", node="totals1")
+    shrunk = _adjust(run, "remove_instance", node=grown.plan["added"][0])
+    run = wait_until_done(run, timeout_s=300)
+    # Then every hand-off kept every key's state identical, each key with its owner
+    for adjustment in (grown, moved, shrunk):
+        assert adjustment.status == "complete", adjustment.outcome
+        state = adjustment.outcome["state"]["totals"]
+        assert state["identical"] is True and state["misplaced_keys"] == [], state
+    # ...the final state per key is the batch job's result per key...
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["rows"] == expected["rows"]
+    totals = keystate.totals(run.pk, "totals")
+    assert {k: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+        r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
+        for r in expected["rows"]
+    }
+    # ...held once, by the owner of its key group in the final graph
+    run.refresh_from_db()
+    final = [n["name"] for n in run.topology["nodes"] if n.get("stage") == "totals"]
+    assert len(final) == 2
+    from orchestrator.adjustments import key_groups
+
+    groups = key_groups(run.topology, "totals")
+    for key, holders in keystate.holders(run.pk, "totals").items():
+        assert len(holders) == 1 and slot_of(key) in groups[holders[0]].slots
+
+
+def _dec(value: Any) -> Any:
+    from decimal import Decimal
+
+    return Decimal(str(value))
+
+
+def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
+    # Given a sink slowed down so far that the adjustment's tail cannot align in time
+    doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "sink":
+            node["max_rate_mbps"] = 0.5
+    run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=2")
+    _wait_started(run)
+    before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
+    # When an instance is added
+    adjustment = _adjust(run, "add_instance", stage="agg")
+    # Then the adjustment rolled back, saying why, to the old graph...
+    assert adjustment.status == "rolled_back"
+    assert "not complete after 1 s" in adjustment.outcome["reason"]
+    rolled = Event.objects.get(run=run, kind="adjust_rolled_back")
+    assert "tails not reported: output" in rolled.reason
+    assert Run.objects.get(pk=run.pk).topology == before
+    (added,) = adjustment.plan["added"]
+    assert Instance.objects.get(run=run, name=added).status == "retired"
+    # ...and the run still completes exactly
+    run = wait_until_done(run, timeout_s=300)
+    result = summary(run)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["rows"] == _expected(run, doc)["rows"]
+
+
+def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
+    workers,
+) -> None:
+    # Given a second Spark worker, and task2 hot-migrated onto it
+    victim = workers.start("spark9")
+    try:
+        workers.wait_ready(["spark9"])
+        name = next(w for w in _wait_for_worker("spark9"))
+        doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+        run = start(doc, policy(), generator=SKEWED.replace("seed=21", "seed=22"))
+        _wait_started(run)
+        placed = _adjust(run, "hot_migrate", node="task2", worker=name)
+        (moved,) = placed.plan["added"]
+        assert Instance.objects.get(run=run, name=moved).worker == name
+        while not Segment.objects.filter(run=run, node=moved, state="done").exists():
+            time.sleep(0.1)
+        # When the worker's processes are killed with SIGKILL
+        _kill_tree(victim.pid)
+        # Then its instance moves to a live worker (once ZooKeeper expires its session)
+        deadline = time.monotonic() + 120
+        while (
+            not Adjustment.objects.filter(run=run, kind="failover")
+            .exclude(status="running")
+            .exists()
+        ):
+            assert time.monotonic() < deadline, "no failover happened"
+            time.sleep(0.2)
+        failover = Adjustment.objects.get(run=run, kind="failover")
+        assert failover.status == "complete", failover.outcome
+        assert failover.plan["removed"] == [moved]
+        assert Event.objects.filter(run=run, kind="worker_lost", data__worker=name).exists()
+        run = wait_until_done(run, timeout_s=300)
+        result = summary(run)
+        assert result["coverage"] == "exact", result["error"]
+        assert result["rows"] == _expected(run, doc)["rows"]
+    finally:
+        if victim.poll() is None:
+            _kill_tree(victim.pid)
+        workers.processes.pop("spark9", None)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process under it (pool children, Spark's JVM)."""
+    parent = psutil.Process(pid)
+    for process in [*parent.children(recursive=True), parent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+
+
+def _wait_for_worker(prefix: str) -> list[str]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        names = [w for w in live_workers() if w.startswith(prefix)]
+        if names:
+            return names
+        time.sleep(0.2)
+    raise AssertionError(f"worker {prefix} never registered in ZooKeeper")
