@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--spark-workers 2]
     .venv/bin/python bench/bench_runtime.py ticks [--nodes 50]
+    .venv/bin/python bench/bench_runtime.py rescale [--adjustments 20]
 
 throughput: an unthrottled source -> 3 aggregators -> sink pipeline over a generated
 JSON-lines input, against the plain Spark batch job on the same file in the same session
@@ -11,6 +12,12 @@ of the whole stack (services, workers, this process) sampled every 0.5 s.
 ticks: a source -> N-2 aggregators -> sink pipeline with the watermark and migration
 layers on; the driver reports its balancer tick durations (target p99 <= 100 ms at 50
 nodes).
+
+rescale: a source paced at --source-mbps -> a 3-instance aggregating stage -> sink, and
+while it runs, adjustments one after the other (hot-migrate the stage's oldest instance,
+add an instance, remove it again, ...); each adjustment's completion time (markers
+injected to completion, from the ledger) and the sink's longest pause meanwhile
+(target p95 < 2 s); the run must still equal the batch job.
 """
 
 from __future__ import annotations
@@ -239,6 +246,76 @@ def ticks(args: argparse.Namespace) -> dict[str, Any]:
         return {"nodes": args.nodes, "status": run.status, **(stats.data if stats else {})}
 
 
+def rescale(args: argparse.Namespace) -> dict[str, Any]:
+    from balancer.policy import Policy
+
+    with Stack(args.spark_workers):
+        from orchestrator.batchjob import batch_summary
+        from orchestrator.models import Adjustment
+        from orchestrator.results import summary
+        from orchestrator.runs import create_run, request_adjustment, start_run
+
+        doc = pipeline(3, buffer_mb=16, segment_mb=1.0)
+        doc["nodes"][0]["max_rate_mbps"] = args.source_mbps
+        layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
+        policy = Policy.from_mapping(layers).to_dict()
+        run_to_end(doc, policy, "seed=1,volume_mb=16,dominance=0")  # warm the Spark worker
+        run = create_run(topology=doc, policy=policy, generator=f"seed=9,volume_mb={args.mb}")
+        start_run(run)
+        time.sleep(3)
+        added: list[str] = []
+        for i in range(args.adjustments):
+            run.refresh_from_db()
+            if not run.is_active:
+                break
+            members = [n["name"] for n in run.topology["nodes"] if n.get("stage") == "agg"]
+            step = i % 3
+            if step == 0:
+                request_adjustment(run.pk, "hot_migrate", node=members[0])
+            elif step == 1:
+                request_adjustment(run.pk, "add_instance", stage="agg")
+            else:
+                request_adjustment(run.pk, "remove_instance", node=added.pop())
+            deadline = time.monotonic() + 120
+            while (
+                Adjustment.objects.filter(run=run).count() <= i
+                or Adjustment.objects.filter(run=run, status="running").exists()
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"adjustment {i + 1} did not end")
+                time.sleep(0.05)
+            last = Adjustment.objects.filter(run=run).order_by("-version").first()
+            if step == 1:
+                added.extend(last.plan["added"])
+            time.sleep(0.5)
+        while run.is_active:
+            time.sleep(0.5)
+            run.refresh_from_db()
+        done = list(Adjustment.objects.filter(run=run).order_by("version"))
+        seconds = sorted((a.finished_at - a.started_at).total_seconds() for a in done)
+        gaps = sorted(a.outcome.get("sink_max_gap_s") or 0.0 for a in done)
+        result = summary(run)
+        batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+
+        def pct(values: list[float], q: float) -> float:
+            return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+        by_kind: dict[str, list[float]] = {}
+        for a in done:
+            by_kind.setdefault(a.kind, []).append((a.finished_at - a.started_at).total_seconds())
+        return {
+            "adjustments": len(done),
+            "complete": sum(a.status == "complete" for a in done),
+            "completion_s_p50": pct(seconds, 0.5),
+            "completion_s_p95": pct(seconds, 0.95),
+            "completion_s_max": round(seconds[-1], 3) if seconds else None,
+            "by_kind_p50_s": {k: pct(sorted(v), 0.5) for k, v in by_kind.items()},
+            "sink_max_gap_s_p95": pct(gaps, 0.95),
+            "run_s": round((run.finished_at - run.started_at).total_seconds(), 1),
+            "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
+        }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -250,8 +327,13 @@ def main() -> int:
     k.add_argument("--nodes", type=int, default=50)
     k.add_argument("--mb", type=int, default=24)
     k.add_argument("--spark-workers", type=int, default=2)
+    r = sub.add_parser("rescale")
+    r.add_argument("--adjustments", type=int, default=20)
+    r.add_argument("--mb", type=int, default=384)
+    r.add_argument("--source-mbps", type=float, default=32.0)
+    r.add_argument("--spark-workers", type=int, default=1)
     args = parser.parse_args()
-    result = throughput(args) if args.what == "throughput" else ticks(args)
+    result = {"throughput": throughput, "ticks": ticks, "rescale": rescale}[args.what](args)
     print(json.dumps(result, indent=2))
     return 0
 

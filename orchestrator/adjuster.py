@@ -46,6 +46,7 @@ class Adjuster:
         self._workers_changed = threading.Event()
         self.placement: dict[str, str] = {}
         self.last_auto_scale = float("-inf")
+        self.current: Adjustment | None = self.running()
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
         self._load_placement()
@@ -168,6 +169,7 @@ class Adjuster:
 
     def _begin(self, change: Change) -> bool:
         adjustment = adjustments.begin(self.run_id, change, epoch=self.epoch, source=self.source)
+        self.current = adjustment
         self._load_placement()
         plan = adjustment.plan
         try:
@@ -192,6 +194,17 @@ class Adjuster:
             run_id=self.run_id, status=Adjustment.Status.RUNNING
         ).first()
 
+    def poll(self) -> None:
+        """Every loop of the driver while an adjustment runs: align the instances that
+        can (the step an instance's own claim would take, taken for it when it is idle
+        or its next batch is still queued), and report tails that did."""
+        if self.current is None:
+            return
+        for step in adjustments.align_waiting(self.run_id, self.current.version):
+            if step.tail:
+                self.control.report_tail(self.key, step.version, step.instance,
+                                         {"by": "driver"})  # fmt: skip
+
     def tick(self) -> bool:
         """Complete or roll back the running adjustment, move instances off vanished
         workers. True when the run's graph changed."""
@@ -206,6 +219,7 @@ class Adjuster:
         reported = self._tails(adjustment)
         if set(adjustment.plan["tails"]) <= reported:
             done = adjustments.complete(adjustment.pk)
+            self.current = None
             self._record_state(done)
             self._load_placement()
             return True
@@ -217,6 +231,7 @@ class Adjuster:
                 f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "
                 f"tails not reported: {', '.join(missing)}",
             )
+            self.current = None
             self._record_state(done)
             self._load_placement()
             return True

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
@@ -384,10 +384,31 @@ def try_align(instance: Instance, now: dt.datetime) -> Aligned | None:
         run_id=instance.run_id, node=instance.name, marker=False
     ).exclude(state=Segment.State.DONE)
     if pending.filter(state=Segment.State.CLAIMED).exists():
-        return None  # a batch from before the marker is still running
-    if pending.filter(config__lt=version, upstream__in=instance.expect).exists():
-        return None  # data from before the marker is still to be handled
+        return None  # its outputs must reach the downstreams before the marker does
+    if instance.barrier and pending.filter(config__lt=version, upstream__in=instance.expect):
+        return None  # a keyed instance handles data from before the marker first
     return _align(instance, now)
+
+
+def align_waiting(run_id: int, version: int) -> list[Aligned]:
+    """Align every instance of adjustment ``version`` that can align now and is not
+    being claimed: the control side's poll, so an idle instance (or one whose next batch
+    waits in a worker's queue) does not hold the adjustment up. Same step, same lock."""
+    aligned = []
+    for name in Instance.objects.filter(
+        run_id=run_id, target=version, config__lt=version
+    ).values_list("name", flat=True):
+        with transaction.atomic():
+            instance = (
+                Instance.objects.select_for_update(skip_locked=True)
+                .filter(run_id=run_id, name=name, target=version, config__lt=version)
+                .first()
+            )
+            if instance is not None:
+                step = try_align(instance, timezone.now())
+                if step is not None:
+                    aligned.append(step)
+    return aligned
 
 
 def _align(instance: Instance, now: dt.datetime) -> Aligned:
@@ -405,11 +426,27 @@ def _align(instance: Instance, now: dt.datetime) -> Aligned:
         for source, target, slots in hand["takeovers"]:
             if source == instance.name:
                 taken += keystate.move(run_id, instance.stage, source, target, slots)
+    retiring = instance.status == Instance.Status.RETIRING
+    handed = 0
+    if retiring and not instance.barrier:
+        # Stateless: what it still holds goes where the new graph sends its upstreams'
+        # data (its replacement, for a hot migration) instead of waiting for it here.
+        handed = _reroute(
+            Segment.objects.filter(
+                run_id=run_id, node=instance.name, marker=False, state=Segment.State.QUEUED
+            ),
+            adjustment.after,
+        )
     instance.config = version
     instance.aligned_at = now
     instance.save(update_fields=["config", "aligned_at"])
-    retiring = instance.status == Instance.Status.RETIRING
-    what = "finished its data and disconnected" if retiring else "applied its adjustment"
+    what = (
+        f"handed its {handed} queued segment(s) on and disconnected"
+        if retiring and not instance.barrier
+        else "finished its data and disconnected"
+        if retiring
+        else "applied its adjustment"
+    )
     extra = f"; handed {taken} key(s) to its best-matching group's owner" if taken else ""
     tail = " and reported as a tail" if instance.tail else ""
     forwarded = f"forwarded the marker to {', '.join(instance.forward)}" if instance.forward else ""
@@ -439,16 +476,14 @@ def tails_reported(adjustment: Adjustment) -> list[str]:
 @dataclass
 class Outcome:
     seconds: float
-    sink_max_gap_s: float | None
+    sink_max_gap_s: float
     outside_max_gap_s: dict[str, float] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 3),
-            "sink_max_gap_s": None
-            if self.sink_max_gap_s is None
-            else round(self.sink_max_gap_s, 3),
+            "sink_max_gap_s": round(self.sink_max_gap_s, 3),
             "outside_max_gap_s": {k: round(v, 3) for k, v in self.outside_max_gap_s.items()},
             "state": self.state,
         }
@@ -507,7 +542,7 @@ def complete(adjustment_id: int) -> Adjustment:
         _event(
             run_id, "adjust_complete",
             f"adjustment {version} ({adjustment.kind}) complete in {outcome.seconds:.2f} s"
-            + (f"; sink's longest pause {gap:.2f} s" if gap is not None else "")
+            + f"; sink's longest pause {gap:.2f} s"
             + (f"; retired {', '.join(retired)}" if retired else "")
             + "".join(
                 f"; {stage}: {s['keys']} keys, state {'identical' if s['identical'] else 'CHANGED'}"
@@ -564,19 +599,26 @@ def rollback(adjustment_id: int, reason: str) -> Adjustment:
 
 def _requeue(run: Run, before: Mapping[str, Any], added: Sequence[str]) -> int:
     """Send data waiting at (or held by) new instances where the old graph sends it."""
-    moved = 0
-    stranded = list(
-        Segment.objects.select_for_update()
-        .filter(run=run, node__in=added, marker=False)
-        .exclude(state=Segment.State.DONE)
+    return _reroute(
+        Segment.objects.filter(run=run, node__in=added, marker=False).exclude(
+            state=Segment.State.DONE
+        ),
+        before,
     )
-    for seg in stranded:
+
+
+def _reroute(segments: QuerySet[Segment], doc: Mapping[str, Any]) -> int:
+    """Queue ``segments`` again where their upstream sends data in the graph ``doc``
+    (split by key groups for a keyed stage); returns how many copies were queued."""
+    moved = 0
+    for seg in list(segments.select_for_update()):
         slots = KeyGroup(seg.slots_from, seg.slots_to)
-        copies = targets(before, seg.upstream, seg.pk, tag=seg.tag, routes=Routes(), slots=slots)
+        original = seg.pk
+        copies = targets(doc, seg.upstream, original, tag=seg.tag, routes=Routes(), slots=slots)
         seg.delete()
         for node, migrated_from, part in copies:
             seg_copy = copy.copy(seg)
-            seg_copy.pk = copy_id(seg.pk, node, part, len(copies))
+            seg_copy.pk = copy_id(original, node, part, len(copies))
             seg_copy.node, seg_copy.migrated_from = node, migrated_from
             seg_copy.slots_from, seg_copy.slots_to = part.low, part.high
             seg_copy.state, seg_copy.lease_owner, seg_copy.lease_expires = "queued", "", None
@@ -587,7 +629,7 @@ def _requeue(run: Run, before: Mapping[str, Any], added: Sequence[str]) -> int:
 
 def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     """How long the adjustment took; the sink's longest pause between merges and each
-    instance outside the subgraph's longest pause between batches, meanwhile."""
+    busy instance outside the subgraph's longest pause between batches, meanwhile."""
     start = adjustment.started_at
     run_id = adjustment.run_id
     merges = list(
@@ -598,7 +640,9 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     last_before = MergedChunk.objects.filter(run_id=run_id, merged_at__lt=start).aggregate(
         last=Max("merged_at")
     )["last"]
-    sink_gap = _max_gap([last_before or start, *merges]) if merges else None
+    # From the last merge before the adjustment to its end: a sink that merged nothing
+    # meanwhile paused for all of it.
+    sink_gap = _max_gap([last_before or start, *merges, until])
     outside: dict[str, float] = {}
     inside = set(adjustment.plan["subgraph"])
     done = (
@@ -611,7 +655,7 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     for node, at in done:
         by_node.setdefault(node, []).append(at)
     for node, times in by_node.items():
-        outside[node] = _max_gap([start, *times])
+        outside[node] = _max_gap([start, *times, until])
     return Outcome((until - start).total_seconds(), sink_gap, outside)
 
 

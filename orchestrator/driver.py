@@ -224,6 +224,8 @@ class RunDriver:
                 except ledger.StaleEpochError:
                     return "superseded by a newer driver"
                 self._dispatch_ready(now)
+                if self.adjuster is not None:
+                    self.adjuster.poll()
             if now >= next_tick:
                 began = time.perf_counter()
                 self._tick(run, tick_s)

@@ -128,7 +128,7 @@ def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> N
     assert second.aligned is not None and [s.pk for s in second] == ["c2"]
 
 
-def test_a_stateless_tail_keeps_merging_both_sides_and_aligns_after_the_old_data() -> None:
+def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processing() -> None:
     # Given old data at the sink from task1, then an adjustment of stage agg...
     run = _run("reference")
     _queue(run, "c1", "output", "task1")
@@ -136,16 +136,36 @@ def test_a_stateless_tail_keeps_merging_both_sides_and_aligns_after_the_old_data
         run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
         source="source",
     )  # fmt: skip
-    for node in ("task1", "task2", "task3", "agg-5"):
+    for node in ("task1", "task2", "task3"):
         _claim(run, node)
-    # ...and new data from task2, sent after task2 forwarded its marker
+    # ...new data from task2, sent after task2 forwarded its marker
     _queue(run, "c2", "output", "task2", config=adjustment.version)
-    # When the sink claims with every marker in, but old data not merged yet
+    # When the sink claims while one marker (agg-5's) is still missing
     first = _claim(run, "output")
-    # Then it keeps merging (the old data first) and aligns only after the old data
+    # Then it keeps merging both sides, the old data first, without aligning
     assert first.aligned is None and [s.pk for s in first] == ["c1", "c2"]
     ledger.complete_sink_batch(run.pk, "output", "test-output", first.segments, [])
+    # And it aligns as soon as the last marker is in and no batch of its is out
+    _claim(run, "agg-5")
     assert _claim(run, "output").aligned is not None
+
+
+def test_a_removed_stateless_instance_hands_its_queued_data_to_the_new_graph() -> None:
+    run = _run("reference")
+    for i in range(6):
+        _queue(run, f"c{i}", "task2", "source")
+    adjustment = adjustments.begin(
+        run.pk, Change("migrate", added=(NewInstance("agg-5", "agg"),), removed=("task2",)),
+        epoch=1, source="source",
+    )  # fmt: skip
+    aligned = _claim(run, "task2").aligned
+    assert aligned is not None and aligned.retired
+    moved = Segment.objects.filter(run=run, marker=False, chunk__lt=6)
+    assert moved.count() == 6
+    assert not moved.filter(node="task2").exists()
+    assert set(moved.values_list("node", flat=True)) <= set(
+        n["name"] for n in adjustment.after["nodes"] if n.get("stage") == "agg"
+    )
 
 
 def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups() -> None:
