@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -255,7 +256,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
         from orchestrator.results import summary
         from orchestrator.runs import create_run, request_adjustment, start_run
 
-        doc = pipeline(3, buffer_mb=16, segment_mb=1.0)
+        doc = pipeline(3, buffer_mb=4, segment_mb=0.5)
         doc["nodes"][0]["max_rate_mbps"] = args.source_mbps
         layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
         policy = Policy.from_mapping(layers).to_dict()
@@ -298,7 +299,8 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
         batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
 
         def pct(values: list[float], q: float) -> float:
-            return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+            # Nearest rank: the smallest value with at least q of the values at or below.
+            return round(values[max(0, math.ceil(q * len(values)) - 1)], 3)
 
         by_kind: dict[str, list[float]] = {}
         for a in done:
@@ -309,6 +311,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
             "completion_s_p50": pct(seconds, 0.5),
             "completion_s_p95": pct(seconds, 0.95),
             "completion_s_max": round(seconds[-1], 3) if seconds else None,
+            "completion_s_sorted": [round(x, 2) for x in seconds],
             "by_kind_p50_s": {k: pct(sorted(v), 0.5) for k, v in by_kind.items()},
             "sink_max_gap_s_p95": pct(gaps, 0.95),
             "run_s": round((run.finished_at - run.started_at).total_seconds(), 1),

@@ -46,7 +46,10 @@ class Adjuster:
         self._workers_changed = threading.Event()
         self.placement: dict[str, str] = {}
         self.last_auto_scale = float("-inf")
-        self.current: Adjustment | None = self.running()
+        # An adjustment a previous driver of the run began goes on under this one.
+        self.current: Adjustment | None = Adjustment.objects.filter(
+            run_id=run_id, status=Adjustment.Status.RUNNING
+        ).first()
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
         self._load_placement()
@@ -116,7 +119,7 @@ class Adjuster:
 
     def scale_out(self, stage: str, reason: str, now: float) -> bool:
         """The balancer's scale-out request: at most one per timeout, a bounded stage."""
-        if now - self.last_auto_scale < self.timeout_s or self.running() is not None:
+        if now - self.last_auto_scale < self.timeout_s or self.current is not None:
             return False
         self.last_auto_scale = now
         try:
@@ -189,53 +192,52 @@ class Adjuster:
 
     # -- progress ---------------------------------------------------------------------
 
-    def running(self) -> Adjustment | None:
-        return Adjustment.objects.filter(
-            run_id=self.run_id, status=Adjustment.Status.RUNNING
-        ).first()
-
-    def poll(self) -> None:
+    def poll(self) -> bool:
         """Every loop of the driver while an adjustment runs: align the instances that
         can (the step an instance's own claim would take, taken for it when it is idle
-        or its next batch is still queued), and report tails that did."""
-        if self.current is None:
-            return
-        for step in adjustments.align_waiting(self.run_id, self.current.version):
+        or its next batch is still queued), report tails that did, and complete the
+        adjustment once every tail has reported. True when the run's graph changed."""
+        adjustment = self.current
+        if adjustment is None:
+            return False
+        for step in adjustments.align_waiting(self.run_id, adjustment.version):
             if step.tail:
                 self.control.report_tail(self.key, step.version, step.instance,
                                          {"by": "driver"})  # fmt: skip
+        if not set(adjustment.plan["tails"]) <= self._tails(adjustment):
+            return False
+        done = adjustments.complete(adjustment.pk)
+        self.current = None
+        self._record_state(done)
+        self._load_placement()
+        return True
 
     def tick(self) -> bool:
-        """Complete or roll back the running adjustment, move instances off vanished
-        workers. True when the run's graph changed."""
+        """Roll back an adjustment that outlived the policy's timeout, move instances off
+        vanished workers. True when the run's graph changed."""
         changed = False
         if self._workers_changed.is_set():
             self._workers_changed.clear()
             self.live = self.control.live_workers()
             changed |= self._failover()
-        adjustment = self.running()
+        adjustment = self.current
         if adjustment is None:
             return changed
-        reported = self._tails(adjustment)
-        if set(adjustment.plan["tails"]) <= reported:
-            done = adjustments.complete(adjustment.pk)
-            self.current = None
-            self._record_state(done)
-            self._load_placement()
-            return True
         age = (timezone.now() - adjustment.started_at).total_seconds()
-        if age > self.timeout_s:
-            missing = sorted(set(adjustment.plan["tails"]) - reported)
-            done = adjustments.rollback(
-                adjustment.pk,
-                f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "
-                f"tails not reported: {', '.join(missing)}",
-            )
-            self.current = None
-            self._record_state(done)
-            self._load_placement()
-            return True
-        return changed
+        if age <= self.timeout_s:
+            return changed
+        missing = sorted(set(adjustment.plan["tails"]) - self._tails(adjustment))
+        if not missing:
+            return self.poll()  # the last tail reported just now
+        done = adjustments.rollback(
+            adjustment.pk,
+            f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "
+            f"tails not reported: {', '.join(missing)}",
+        )
+        self.current = None
+        self._record_state(done)
+        self._load_placement()
+        return True
 
     def _tails(self, adjustment: Adjustment) -> set[str]:
         """Tails that reported in ZooKeeper. A tail aligned in the ledger whose worker
@@ -270,7 +272,7 @@ class Adjuster:
                          f"worker {worker} vanished from ZooKeeper; its instances "
                          f"{', '.join(sorted(n for n, w in dead.items() if w == worker))} move",
                          data={"worker": worker})  # fmt: skip
-        if self.running() is not None:
+        if self.current is not None:
             return True  # the running adjustment completes or rolls back first
         removed = tuple(sorted(n for n in dead if self._is_operator(n)))
         if not removed:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max, Q, QuerySet
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
@@ -629,7 +629,8 @@ def _reroute(segments: QuerySet[Segment], doc: Mapping[str, Any]) -> int:
 
 def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     """How long the adjustment took; the sink's longest pause between merges and each
-    busy instance outside the subgraph's longest pause between batches, meanwhile."""
+    instance outside the subgraph's longest pause between batches, meanwhile (an
+    instance that did nothing paused for the whole adjustment)."""
     start = adjustment.started_at
     run_id = adjustment.run_id
     merges = list(
@@ -643,19 +644,18 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     # From the last merge before the adjustment to its end: a sink that merged nothing
     # meanwhile paused for all of it.
     sink_gap = _max_gap([last_before or start, *merges, until])
-    outside: dict[str, float] = {}
     inside = set(adjustment.plan["subgraph"])
-    done = (
-        Segment.objects.filter(run_id=run_id, marker=False, done_at__gte=start, done_at__lte=until)
-        .filter(~Q(node__in=inside))
-        .order_by("done_at")
-        .values_list("node", "done_at")
-    )
-    by_node: dict[str, list[dt.datetime]] = {}
+    workers = [
+        n["name"] for n in adjustment.after["nodes"]
+        if n["kind"] != "source" and n["name"] not in inside
+    ]  # fmt: skip
+    by_node: dict[str, list[dt.datetime]] = {name: [start, until] for name in workers}
+    done = Segment.objects.filter(
+        run_id=run_id, marker=False, node__in=workers, done_at__gte=start, done_at__lte=until
+    ).values_list("node", "done_at")
     for node, at in done:
-        by_node.setdefault(node, []).append(at)
-    for node, times in by_node.items():
-        outside[node] = _max_gap([start, *times, until])
+        by_node[node].append(at)
+    outside = {node: _max_gap(times) for node, times in by_node.items()}
     return Outcome((until - start).total_seconds(), sink_gap, outside)
 
 

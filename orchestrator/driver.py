@@ -224,8 +224,8 @@ class RunDriver:
                 except ledger.StaleEpochError:
                     return "superseded by a newer driver"
                 self._dispatch_ready(now)
-                if self.adjuster is not None:
-                    self.adjuster.poll()
+                if self.adjuster is not None and self.adjuster.poll():
+                    self._reload_topology()
             if now >= next_tick:
                 began = time.perf_counter()
                 self._tick(run, tick_s)
@@ -728,7 +728,7 @@ class RunDriver:
     def _finished(self, run: Run) -> bool:
         if not self.source_done or self.in_flight_running():
             return False
-        if self.adjuster is not None and self.adjuster.running() is not None:
+        if self.adjuster is not None and self.adjuster.current is not None:
             return False
         if ledger.unfinished(self.run_id):
             return False

@@ -305,28 +305,44 @@ def complete_sink_batch(
 
 
 def _upsert_results(run_id: int, deltas: list[KeyDelta]) -> None:
+    """Fold a batch's per-key deltas into the result: one set-based statement per table
+    (arrays unnested server-side), not one statement per row; a sink batch carries tens
+    of thousands of distinct values, mostly already there."""
     if not deltas:
         return
     with connection.cursor() as cursor:
-        cursor.executemany(
+        cursor.execute(
             """
             INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max)
-            VALUES (%s, %s, %s, %s, %s, %s)
+            SELECT %s, d.key, d.count, d.sum, d.min, d.max
+            FROM unnest(%s::text[], %s::bigint[], %s::numeric[], %s::numeric[], %s::numeric[])
+              AS d(key, count, sum, min, max)
             ON CONFLICT (run_id, key) DO UPDATE SET
               count = orchestrator_resultkey.count + EXCLUDED.count,
               sum = orchestrator_resultkey.sum + EXCLUDED.sum,
               min = LEAST(orchestrator_resultkey.min, EXCLUDED.min),
               max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max)
             """,
-            [(run_id, d.key, d.count, d.sum, d.min, d.max) for d in deltas],
+            [
+                run_id,
+                [d.key for d in deltas],
+                [d.count for d in deltas],
+                [d.sum for d in deltas],
+                [d.min for d in deltas],
+                [d.max for d in deltas],
+            ],
         )
-        cursor.executemany(
-            """
-            INSERT INTO orchestrator_resultdistinct (run_id, key, value)
-            VALUES (%s, %s, %s) ON CONFLICT DO NOTHING
-            """,
-            [(run_id, d.key, value) for d in deltas for value in d.distinct],
-        )
+        keys = [d.key for d in deltas for _ in d.distinct]
+        values = [value for d in deltas for value in d.distinct]
+        if values:
+            cursor.execute(
+                """
+                INSERT INTO orchestrator_resultdistinct (run_id, key, value)
+                SELECT %s, d.key, d.value FROM unnest(%s::text[], %s::text[]) AS d(key, value)
+                ON CONFLICT DO NOTHING
+                """,
+                [run_id, keys, values],
+            )
 
 
 def reclaim_expired(run_id: int | None = None) -> int:

@@ -27,7 +27,7 @@ from tests.runtime.scenarios import policy, skewed_reference, start, wait_until_
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
-SKEWED = "seed=21,volume_mb=16,dominance=0.85,skew_mean_s=1000,malformed_every=997"
+SKEWED = "seed=21,volume_mb=24,dominance=0.85,skew_mean_s=1000,malformed_every=997"
 MAX_SINK_STALL_S = 2.0
 
 
@@ -62,7 +62,7 @@ def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
     # Given a skewed run of the reference pipeline
-    doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+    doc = skewed_reference(slow_mbps=8.0, buffer_mb=1.0)
     run = start(doc, policy(), generator=SKEWED)
     _wait_started(run)
     # When an aggregate instance is hot-migrated, the stage scaled out, then in
@@ -249,7 +249,7 @@ def test_the_balancers_scale_out_request_adds_an_instance_to_the_flagged_stage(w
 
 def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(workers) -> None:
     # Given source -> clean (a filter stage of 2) -> agg (2) -> output, under load
-    doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+    doc = skewed_reference(slow_mbps=8.0, buffer_mb=1.0)
     aggs = [n for n in doc["nodes"] if n.get("stage") == "agg"][:2]
     cleans = [
         {"name": f"clean{i}", "kind": "operator", "stage": "clean", "operator": "filter",
