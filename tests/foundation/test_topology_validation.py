@@ -109,6 +109,16 @@ def test_stage_members_must_be_interchangeable(reference: dict[str, Any]) -> Non
     assert any("stage 'agg' mixes" in m for m in messages(reference))
 
 
+def test_every_upstream_of_a_keyed_stage_feeds_all_its_members() -> None:
+    doc = parse_yaml((REFERENCE.parent / "running-totals.yaml").read_text())
+    assert validate_document(doc) == []
+    doc["edges"] = [e for e in doc["edges"] if e != {"from": "source", "to": "totals2"}]
+    assert any(
+        m.startswith("node totals2: keyed stage 'totals'") and "source does not feed" in m
+        for m in messages(doc)
+    )
+
+
 def test_sources_take_no_input_and_sinks_give_no_output(reference: dict[str, Any]) -> None:
     reference["edges"].append({"from": "output", "to": "source"})
     found = messages(reference)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.service import Policy, validate_params, validate_policy
+from orchestrator.service import OPERATORS, Policy, validate_params, validate_policy
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 KINDS = ("source", "operator", "sink")
@@ -63,6 +63,7 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     problems += edge_problems
     problems += _check_shape(names, kinds, pairs)
     problems += _check_stages(nodes)
+    problems += _check_keyed(nodes, pairs)
     return problems
 
 
@@ -256,4 +257,31 @@ def _check_stages(nodes: list[Any]) -> list[Problem]:
                 )
         else:
             first[stage] = (i, *signature)
+    return problems
+
+
+def _check_keyed(nodes: list[Any], pairs: list[tuple[str, str]]) -> list[Problem]:
+    """A keyed (stateful) stage splits every upstream's records among its members by
+    key group, so each of its upstreams must feed all of its members."""
+    stages: dict[str, list[str]] = {}
+    for node in nodes:
+        if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
+            continue
+        spec = OPERATORS.get(node.get("operator") or "")
+        if spec is not None and spec.stateful:
+            stages.setdefault(node.get("stage") or node["name"], []).append(node["name"])
+    problems = []
+    for stage, members in stages.items():
+        feeds = {m: {src for src, dst in pairs if dst == m} for m in members}
+        upstreams = set().union(*feeds.values())
+        for member, ups in feeds.items():
+            if ups != upstreams:
+                missing = ", ".join(sorted(upstreams - ups))
+                problems.append(
+                    Problem(
+                        f"node {member}",
+                        f"keyed stage {stage!r}: every upstream must feed every member "
+                        f"(records are split by key group); {missing} does not feed {member}",
+                    )
+                )
     return problems
