@@ -54,7 +54,7 @@ def test_roles_include_the_ones_below() -> None:
     assert not has_role(operator, "admin")
 
 
-def test_bootstrap_creates_admin_and_reference_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bootstrap_creates_admin_and_the_demo_pipelines_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     from django.core.management import call_command
@@ -65,6 +65,7 @@ def test_bootstrap_creates_admin_and_reference_once(monkeypatch: pytest.MonkeyPa
     assert "Created user 'admin'" in out.getvalue()
     assert "s3cret-admin-pw" not in out.getvalue()
     assert "Loaded the reference pipeline." in out.getvalue()
+    assert "Loaded the running-totals pipeline." in out.getvalue()
     again = io.StringIO()
     call_command("bootstrap", stdout=again)
     assert again.getvalue() == ""

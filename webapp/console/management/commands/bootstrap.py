@@ -12,13 +12,15 @@ from django.core.management.base import BaseCommand
 from webapp.console.models import Pipeline
 from webapp.console.topology_io import parse_yaml, save_document
 
-REFERENCE = Path(__file__).resolve().parents[2] / "topologies" / "reference.yaml"
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+# The published experiment, and a keyed stateful pipeline to try hot rescale on.
+DEMOS = ("reference", "running-totals")
 
 
 class Command(BaseCommand):
     help = (
         "First-run set-up: an admin account when none exists (password from "
-        "BPCONSOLE_ADMIN_PASSWORD or generated and printed once) and the reference pipeline."
+        "BPCONSOLE_ADMIN_PASSWORD or generated and printed once) and the demo pipelines."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -35,6 +37,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 self.style.WARNING(f"Created user 'admin' with password: {shown} (shown once)")
             )
-        if not Pipeline.objects.filter(name="reference").exists():
-            save_document(parse_yaml(REFERENCE.read_text()))
-            self.stdout.write("Loaded the reference pipeline.")
+        for name in DEMOS:
+            if not Pipeline.objects.filter(name=name).exists():
+                save_document(parse_yaml((TOPOLOGIES / f"{name}.yaml").read_text()))
+                self.stdout.write(f"Loaded the {name} pipeline.")
