@@ -54,7 +54,9 @@ def test_roles_include_the_ones_below() -> None:
     assert not has_role(operator, "admin")
 
 
-def test_bootstrap_creates_admin_and_the_demo_pipelines_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bootstrap_creates_admin_and_the_demo_pipelines_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import io
 
     from django.core.management import call_command
