@@ -578,7 +578,16 @@ def rollback(adjustment_id: int, reason: str) -> Adjustment:
         ).update(status=Instance.Status.ACTIVE, config=version, target=version)
         Segment.objects.filter(run=run, marker=True, config=version).delete()
         moved = _requeue(run, before, added)
-        for stage, _hand in adjustment.plan["handoff"].items():
+        for stage in adjustment.plan["handoff"]:
+            # A keyed stage's data sent with the new key groups must be split by the old
+            # ones again, in flight included (its batch's completion is then refused).
+            members = {*stage_members(before, stage), *stage_members(adjustment.after, stage)}
+            moved += _reroute(
+                Segment.objects.filter(run=run, node__in=members, marker=False, config=version)
+                .exclude(node__in=added)
+                .exclude(state=Segment.State.DONE),
+                before,
+            )
             keystate.rehome(run.pk, stage, _owners(before, stage))
         run.topology = before
         run.save(update_fields=["topology"])
@@ -590,8 +599,7 @@ def rollback(adjustment_id: int, reason: str) -> Adjustment:
         _event(
             run.pk, "adjust_rolled_back",
             f"adjustment {version} ({adjustment.kind}) rolled back: {reason}; "
-            f"{moved} segment(s) queued at {', '.join(added) or 'no new instance'} went back "
-            "to the old instances",
+            f"{moved} segment(s) sent with the new graph went back to the old instances",
             data={"version": version, **adjustment.outcome},
         )  # fmt: skip
     return adjustment

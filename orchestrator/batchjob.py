@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from orchestrator import generator as generator_module
 from orchestrator.batches import downstreams_of
 from orchestrator.generator import GeneratorSpec, write_input
 from orchestrator.results import format_row, sorted_rows
@@ -47,12 +49,19 @@ def generated_input(topology: Mapping[str, Any], generator: str | Mapping[str, A
     source = next(n for n in topology["nodes"] if n["kind"] == "source")
     params = source.get("params") or {}
     branches = downstreams_of(topology, source["name"])
+    # The generator's own code is part of the key: a file made by an older version of
+    # it is not this spec's input any more.
+    code = hashlib.sha256(Path(generator_module.__file__).read_bytes()).hexdigest()
     digest = hashlib.sha256(
-        json.dumps([spec.to_json(), branches, params.get("segment_mb", 1.0)]).encode()
+        json.dumps([spec.to_json(), branches, params.get("segment_mb", 1.0), code]).encode()
     ).hexdigest()[:16]
     path = Path(settings.DATA_DIR) / "generated" / f"{digest}.jsonl"
     if not path.exists():
-        write_input(path, spec, branches, float(params.get("segment_mb", 1.0)))
+        # Written aside and renamed: a process killed half-way, or two writing at once,
+        # must not leave a file that later batch jobs would take for the input.
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        write_input(partial, spec, branches, float(params.get("segment_mb", 1.0)))
+        partial.replace(path)
     return str(path)
 
 

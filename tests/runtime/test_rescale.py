@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator import keystate
+from orchestrator import keystate, ledger
 from orchestrator.adjustments import key_groups
 from orchestrator.batchjob import batch_summary
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
@@ -27,7 +27,7 @@ from tests.runtime.scenarios import policy, skewed_reference, start, wait_until_
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
-SKEWED = "seed=21,volume_mb=24,dominance=0.85,skew_mean_s=1000,malformed_every=997"
+SKEWED = "seed=21,volume_mb=32,dominance=0.85,skew_mean_s=1000,malformed_every=997"
 MAX_SINK_STALL_S = 2.0
 
 
@@ -62,7 +62,7 @@ def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
     # Given a skewed run of the reference pipeline
-    doc = skewed_reference(slow_mbps=8.0, buffer_mb=1.0)
+    doc = skewed_reference(slow_mbps=8.0, buffer_mb=0.5)
     run = start(doc, policy(), generator=SKEWED)
     _wait_started(run)
     # When an aggregate instance is hot-migrated, the stage scaled out, then in
@@ -141,12 +141,18 @@ def _dec(value: Any) -> Any:
 
 
 def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
-    # Given a keyed stage so slow that it cannot hand over its old data in time
-    doc = _running_totals(max_rate_mbps=1.0, buffer_mb=0.5)
-    run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=3")
+    # Given a keyed stage, one of whose instances has a batch held by a stuck worker
+    doc = _running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
+    run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=4")
     _wait_started(run)
+    stuck = None
+    deadline = time.monotonic() + 60
+    while not stuck:
+        assert time.monotonic() < deadline, "totals1 never had data to hold"
+        stuck = ledger.claim_batch(run.pk, "totals1", "stuck-worker", max_segments=4,
+                                   max_bytes=1 << 30, lease_s=5)  # fmt: skip
     before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
-    # When an instance is added
+    # When an instance is added: totals1 cannot align while its batch is out
     adjustment = _adjust(run, "add_instance", stage="totals")
     # Then the adjustment rolled back, saying why, to the old graph...
     assert adjustment.status == "rolled_back"
@@ -155,7 +161,8 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     assert Run.objects.get(pk=run.pk).topology == before
     (added,) = adjustment.plan["added"]
     assert Instance.objects.get(run=run, name=added).status == "retired"
-    # ...and the run still completes exactly, every key's state with its old owner
+    # ...and once the stuck lease expires the run completes exactly, every key's state
+    # with its owner in the old graph
     run = wait_until_done(run, timeout_s=300)
     result = summary(run)
     assert result["coverage"] == "exact", result["error"]
