@@ -57,6 +57,43 @@ class Decision:
     state: BalancerState
 
 
+def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerState:
+    """The state for a graph whose nodes are now ``nodes`` (a hot rescale retired some):
+    what refers to a node no longer there is dropped, so no layer decides about it; a
+    migration that involved one is dropped whole and decided again on the next tick."""
+
+    def keep(mapping: Mapping[str, object]) -> dict[str, object]:
+        return {k: v for k, v in mapping.items() if k in nodes}
+
+    shares = {
+        group: {n: v for n, v in values.items() if n in nodes}
+        for group, values in state.shares.items()
+        if group[0] in nodes
+    }
+    stepwise = replace(
+        state.stepwise,
+        last_eval_s=keep(state.stepwise.last_eval_s),
+        underload_since_s=keep(state.stepwise.underload_since_s),
+        in_flight=keep(state.stepwise.in_flight),
+    )
+    migration = state.migration
+    if migration is not None:
+        active = tuple(
+            m for m in migration.active
+            if {m.branch_node, m.backpressure_node, *m.heavy, *m.light} <= nodes
+        )  # fmt: skip
+        migration = replace(migration, active=active)
+    return replace(
+        state,
+        watermarks=keep(state.watermarks),
+        rates=keep(state.rates),
+        shares=shares,
+        stepwise=stepwise,
+        stop_resume=replace(state.stop_resume, holding=state.stop_resume.holding & nodes),
+        migration=migration,
+    )  # type: ignore[arg-type]
+
+
 def step(observation: Observation, state: BalancerState, policy: Policy) -> Decision:
     """Decide one tick: throttling actions first, then routing, then migration."""
     actions, state = _throttle(observation, state, policy)

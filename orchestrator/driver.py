@@ -30,7 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from balancer.loop import BalancerState, step
+from balancer.loop import BalancerState, forget, step
 from balancer.model import (
     Action,
     ClearFlag,
@@ -615,6 +615,9 @@ class RunDriver:
         run = Run.objects.only("topology", "config_version").get(pk=self.run_id)
         self.topology_doc = run.topology
         self.topology = balancer_topology(run.topology)
+        self.state = forget(self.state, frozenset(self.topology.order))
+        for gone in sorted(self.flags - set(self.topology.order)):
+            self._apply(ClearFlag(reason=f"{gone} was retired by a hot rescale", node=gone))
         name = self.source["name"]
         self.source_config = Instance.objects.get(run_id=self.run_id, name=name).config
         self.source_doc = adjustments.topology_at(run, self.source_config, name)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from balancer.loop import BalancerState, Decision, step
+from balancer.loop import BalancerState, Decision, forget, step
 from balancer.model import NodeObservation, Observation
 from balancer.policy import MB, Policy
 from balancer.pressure import MigrationState, migration_step
@@ -168,3 +168,25 @@ def test_the_same_inputs_give_the_same_decision() -> None:
     run = Policy()
 
     assert step(observation, BalancerState(), run) == step(observation, BalancerState(), run)
+
+
+def test_a_retired_instance_is_forgotten_and_the_next_tick_decides_without_it() -> None:
+    # Given branch 1 migrating its data, flagged, with its own watermark state
+    hot = experiment(**{"1": node("1", 0.9, in_rate=6e6, out_rate=3e6)})
+    run = policy(throttling="watermark", migration="pressure", routing="water_level")
+    state = step(hot, BalancerState(), run).state
+    assert state.migration is not None and state.migration.active
+    assert "1" in state.watermarks
+    # When a hot rescale retires node 1
+    remaining = frozenset({"0", "2", "3", "4"})
+    pruned = forget(state, remaining)
+    # Then nothing refers to it any more, and a tick on the new graph runs
+    assert "1" not in pruned.watermarks and "1" not in pruned.rates
+    assert pruned.migration is not None and not pruned.migration.active
+    assert all("1" not in values for values in pruned.shares.values())
+    graph = Topology.build(
+        [NodeSpec("0", kind="source"), NodeSpec("2"), NodeSpec("3"), NodeSpec("4", kind="sink")],
+        [LinkSpec("0", "2"), LinkSpec("0", "3"), LinkSpec("2", "4"), LinkSpec("3", "4")],
+    )
+    after = Observation(0.5, 1.0, graph, {n: node(n) for n in remaining})
+    step(after, pruned, run)

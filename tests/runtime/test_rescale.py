@@ -236,11 +236,14 @@ def _wait_for_worker(prefix: str) -> list[str]:
 
 
 def test_the_balancers_scale_out_request_adds_an_instance_to_the_flagged_stage(workers) -> None:
-    # Given slow branches, watermark throttling, no migration, and k_min = 1: after the
-    # first slow-down, any new flag asks for a scale out instead of slowing further
-    doc = skewed_reference(slow_mbps=3.0)
-    values = policy(migration="off", rate_min=1.0, rate_floor=0.5)
-    run = start(doc, values, generator="seed=5,volume_mb=6,dominance=0.6")
+    # Given slow branches, watermark throttling, no migration, and k_min = floor = 1:
+    # never slow the source, ask for a scale out as soon as half the stage is flagged
+    doc = skewed_reference(slow_mbps=2.0)
+    for node in doc["nodes"]:
+        if node.get("stage") == "agg":
+            node["max_rate_mbps"] = 2.0  # every branch slow: flags come one after another
+    values = policy(migration="off", rate_min=1.0, rate_floor=1.0)
+    run = start(doc, values, generator="seed=5,volume_mb=6,dominance=0")
     run = wait_until_done(run, timeout_s=300)
     # Then the balancer asked for one more instance and the request ran as an adjustment
     request = Event.objects.filter(run=run, kind="scale_out_request").first()
