@@ -782,7 +782,13 @@ class RunDriver:
         )
 
     def in_flight_running(self) -> bool:
-        return any(not _finished_handle(d.handle) for d in self.in_flight.values())
+        """A batch may still complete. One that has not reported within a lease cannot
+        (its lease is gone): e.g. sent to the queue of a worker that died."""
+        now = time.monotonic()
+        return any(
+            not _finished_handle(d.handle) and now - d.started < settings.BPCONSOLE_LEASE_S
+            for d in self.in_flight.values()
+        )
 
 
 def _finished_handle(handle: Any) -> bool:

@@ -50,4 +50,40 @@ def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
         if not run.is_active:
             return run
         time.sleep(0.5)
-    raise AssertionError(f"run {run.pk} still {run.status} after {timeout_s} s")
+    raise AssertionError(
+        f"run {run.pk} still {run.status} after {timeout_s} s{_left(run)}{_sessions()}"
+    )
+
+
+def _left(run: Run) -> str:
+    """The data still unfinished, the instances and the adjustments of a stuck run."""
+    from django.db.models import Count
+
+    from orchestrator.models import Adjustment, Instance, Segment
+
+    unfinished = (
+        Segment.objects.filter(run=run)
+        .exclude(state="done")
+        .values("node", "state", "marker", "config")
+        .annotate(n=Count("id"))
+    )
+    instances = Instance.objects.filter(run=run).values_list("name", "status", "config", "target")
+    adjustments = Adjustment.objects.filter(run=run).values_list("version", "kind", "status")
+    return (
+        f"\n unfinished: {list(unfinished)}\n instances: {list(instances)}"
+        f"\n adjustments: {list(adjustments)}"
+    )
+
+
+def _sessions() -> str:
+    """What every other PostgreSQL session is doing or waiting for: a stuck run's
+    first clue, in the failure message."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 160)"
+            " FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database()"
+        )
+        rows = cursor.fetchall()
+    return "".join(f"\n  {row}" for row in rows)
