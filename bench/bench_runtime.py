@@ -293,7 +293,8 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.5)
             run.refresh_from_db()
         done = list(Adjustment.objects.filter(run=run).order_by("version"))
-        seconds = sorted((a.finished_at - a.started_at).total_seconds() for a in done)
+        durations = {a.pk: (a.finished_at - a.started_at).total_seconds() for a in done}
+        seconds = sorted(durations.values())
         gaps = sorted(a.outcome.get("sink_max_gap_s") or 0.0 for a in done)
         result = summary(run)
         batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
@@ -304,7 +305,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
 
         by_kind: dict[str, list[float]] = {}
         for a in done:
-            by_kind.setdefault(a.kind, []).append((a.finished_at - a.started_at).total_seconds())
+            by_kind.setdefault(a.kind, []).append(durations[a.pk])
         return {
             "adjustments": len(done),
             "complete": sum(a.status == "complete" for a in done),

@@ -130,11 +130,14 @@ class Adjuster:
             return False
 
     def _members(self, stage: str) -> list[str]:
-        run = Run.objects.only("topology").get(pk=self.run_id)
-        return [n["name"] for n in run.topology["nodes"] if (n.get("stage") or n["name"]) == stage]
+        return adjustments.stage_members(
+            Run.objects.only("topology").get(pk=self.run_id).topology, stage
+        )
 
-    def _new_name(self, stage: str) -> str:
+    def _new_name(self, stage: str, planned: tuple[NewInstance, ...] = ()) -> str:
+        """``<stage>-<n>``, unused by any instance the run ever had or is about to get."""
         taken = set(Instance.objects.filter(run_id=self.run_id).values_list("name", flat=True))
+        taken |= {p.name for p in planned}
         index = len(taken)
         while f"{stage}-{index}" in taken:
             index += 1
@@ -281,7 +284,7 @@ class Adjuster:
         for name in removed:
             stage = Instance.objects.get(run_id=self.run_id, name=name).stage
             target = self._least_loaded(set(dead.values()))
-            added.append(NewInstance(self._new_name_excluding(stage, added), stage, target))
+            added.append(NewInstance(self._new_name(stage, tuple(added)), stage, target))
         try:
             self._begin(Change("failover", added=tuple(added), removed=removed,
                                reason=f"worker(s) {', '.join(sorted(set(dead.values())))} lost",
@@ -289,14 +292,6 @@ class Adjuster:
         except AdjustmentError as err:
             record_event(self.run_id, "adjust_refused", f"failover refused: {err}")
         return True
-
-    def _new_name_excluding(self, stage: str, planned: list[NewInstance]) -> str:
-        name = self._new_name(stage)
-        index = int(name.rsplit("-", 1)[1])
-        while any(p.name == name for p in planned):
-            index += 1
-            name = f"{stage}-{index}"
-        return name
 
     def _is_operator(self, name: str) -> bool:
         run = Run.objects.only("topology").get(pk=self.run_id)

@@ -37,12 +37,11 @@ from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, p
 from orchestrator import keystate
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
 from orchestrator.routing import Routes, route
-from orchestrator.topology import balancer_topology
+from orchestrator.topology import balancer_topology, downstreams_of
 from sparkjobs.catalog import OPERATORS
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
 
 CONTROL = "control"  # the upstream name of a marker injected by the control side
-KINDS = ("migrate", "scale_out", "scale_in", "failover")
 
 
 class AdjustmentError(ValueError):
@@ -74,7 +73,6 @@ class Aligned:
     version: int
     tail: bool
     forwarded: tuple[str, ...]
-    keys_taken_over: int = 0
     retired: bool = False
 
 
@@ -128,7 +126,7 @@ def targets(
     slots, each carrying only those slots; any other stage gets the whole segment at
     the node its routes pick.
     """
-    downstreams = [e["to"] for e in doc["edges"] if e["from"] == sender]
+    downstreams = downstreams_of(doc, sender)
     if not downstreams:
         return []
     if is_keyed(doc, downstreams[0]):
@@ -458,7 +456,7 @@ def _align(instance: Instance, now: dt.datetime) -> Aligned:
         data={"version": version, "forwarded": instance.forward, "tail": instance.tail,
               "keys_taken_over": taken},
     )  # fmt: skip
-    return Aligned(instance.name, version, instance.tail, tuple(instance.forward), taken, retiring)
+    return Aligned(instance.name, version, instance.tail, tuple(instance.forward), retiring)
 
 
 # -- complete and roll back (the driver) ----------------------------------------------
@@ -653,14 +651,15 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     # meanwhile paused for all of it.
     sink_gap = _max_gap([last_before or start, *merges, until])
     inside = set(adjustment.plan["subgraph"])
-    workers = [
+    outside_nodes = [
         n["name"] for n in adjustment.after["nodes"]
         if n["kind"] != "source" and n["name"] not in inside
     ]  # fmt: skip
-    by_node: dict[str, list[dt.datetime]] = {name: [start, until] for name in workers}
+    by_node: dict[str, list[dt.datetime]] = {name: [start, until] for name in outside_nodes}
     done = Segment.objects.filter(
-        run_id=run_id, marker=False, node__in=workers, done_at__gte=start, done_at__lte=until
-    ).values_list("node", "done_at")
+        run_id=run_id, marker=False, node__in=outside_nodes, done_at__gte=start,
+        done_at__lte=until,
+    ).values_list("node", "done_at")  # fmt: skip
     for node, at in done:
         by_node[node].append(at)
     outside = {node: _max_gap(times) for node, times in by_node.items()}

@@ -20,6 +20,7 @@ from django.conf import settings
 from orchestrator import adjustments, keystate, ledger
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.routing import Routes
+from orchestrator.topology import bandwidth
 from sparkjobs.catalog import OPERATORS
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
@@ -58,21 +59,6 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _node(topology: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    return next(n for n in topology["nodes"] if n["name"] == name)
-
-
-def downstreams_of(topology: Mapping[str, Any], name: str) -> list[str]:
-    return [e["to"] for e in topology["edges"] if e["from"] == name]
-
-
-def bandwidth(topology: Mapping[str, Any], src: str, dst: str) -> float:
-    for edge in topology["edges"]:
-        if edge["from"] == src and edge["to"] == dst:
-            return float(edge.get("bandwidth_mbps", 0.0))
-    return 0.0
-
-
 def process_batch(
     run_id: int, node_name: str, routes_json: Mapping[str, Any] | None
 ) -> BatchReport:
@@ -91,6 +77,8 @@ def process_batch(
     aligned = claim.aligned
     if not claim:
         return BatchReport(node_name, 0, 0, aligned=aligned)
+    # Read again: an adjustment may have begun between reading the run and the claim,
+    # and the batch must route with the graph its claim aligned to.
     run.refresh_from_db(fields=["topology", "config_version"])
     topology = adjustments.topology_at(run, claim.config, node_name)
     size = sum(s.bytes for s in claim)

@@ -12,11 +12,11 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator import generator as generator_module
-from orchestrator.batches import downstreams_of
 from orchestrator.generator import GeneratorSpec, write_input
 from orchestrator.results import format_row, sorted_rows
 from orchestrator.runs import RunError
 from orchestrator.source import resolve_inputs
+from orchestrator.topology import downstreams_of
 
 
 def stage_chain(topology: Mapping[str, Any]) -> list[Mapping[str, Any]]:

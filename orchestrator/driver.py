@@ -52,7 +52,7 @@ from balancer.pressure import operator_migration
 from balancer.stepwise import TaskSpeed, apply_signal
 from orchestrator import adjustments, ledger
 from orchestrator.adjuster import COMMANDS, Adjuster
-from orchestrator.batches import bandwidth, downstreams_of, segment_path
+from orchestrator.batches import segment_path
 from orchestrator.control_plane import ControlPlane, StaleEpochError
 from orchestrator.events import record_event
 from orchestrator.models import Event, Instance, Run
@@ -60,7 +60,7 @@ from orchestrator.reporter import Report, Reporter
 from orchestrator.routing import Routes, tagged_route
 from orchestrator.snapshot import build_snapshot
 from orchestrator.source import Chunk, chunks, resolve_inputs
-from orchestrator.topology import balancer_topology, input_extent
+from orchestrator.topology import balancer_topology, bandwidth, downstreams_of, input_extent
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.segments import write_atomic
 

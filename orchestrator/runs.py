@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from balancer.policy import Policy
-from orchestrator.batches import downstreams_of, run_dir
+from orchestrator.batches import run_dir
 from orchestrator.control_plane import ControlPlane
 from orchestrator.events import record_event
 from orchestrator.generator import GeneratorSpec, write_input
@@ -19,6 +19,7 @@ from orchestrator.models import Run
 from orchestrator.routing import Routes
 from orchestrator.snapshot import Snapshot, build_snapshot
 from orchestrator.source import resolve_inputs
+from orchestrator.topology import downstreams_of
 
 
 class RunError(ValueError):

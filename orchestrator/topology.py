@@ -1,4 +1,5 @@
-"""A run's topology document as the balancer's :class:`~balancer.topology.Topology`."""
+"""A run's topology document: as the balancer's :class:`~balancer.topology.Topology`,
+and the few questions the runtime asks of it."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def _default(kind: str) -> str:
 def input_extent(files: Sequence[InputFile]) -> list[tuple[int, int]]:
     """Each input file's (data start, end): what the merged chunks must tile."""
     return [(f.data_start, f.size) for f in files]
+
+
+def downstreams_of(topology: Mapping[str, Any], name: str) -> list[str]:
+    return [e["to"] for e in topology["edges"] if e["from"] == name]
+
+
+def bandwidth(topology: Mapping[str, Any], src: str, dst: str) -> float:
+    for edge in topology["edges"]:
+        if edge["from"] == src and edge["to"] == dst:
+            return float(edge.get("bandwidth_mbps", 0.0))
+    return 0.0
