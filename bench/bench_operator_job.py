@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.generator import GeneratorSpec, write_input
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.batch import batch_aggregate
-from sparkjobs.session import spark_session
+from sparkjobs.session import operator_session, spark_session
 
 
 def main() -> int:
@@ -42,9 +42,10 @@ def main() -> int:
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()
     batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session
+    largest = max(path.stat().st_size for path in segments.values())
     for _ in range(args.repeat):
         began = time.monotonic()
-        partial_aggregate(spark, segments, outputs, AggregateParams())
+        partial_aggregate(operator_session(largest), segments, outputs, AggregateParams())
         operator_s = time.monotonic() - began
         began = time.monotonic()
         batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())

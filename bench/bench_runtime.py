@@ -1,6 +1,6 @@
 """End-to-end figures of the live runtime, on the project's own embedded stack.
 
-    .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--spark-workers 2]
+    .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--rounds 3] [--spark-workers 2]
     .venv/bin/python bench/bench_runtime.py ticks [--nodes 50]
     .venv/bin/python bench/bench_runtime.py rescale [--adjustments 20]
 
@@ -23,6 +23,7 @@ injected to completion, from the ledger) and the sink's longest pause meanwhile
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,16 +143,62 @@ def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[s
     return {"name": f"bench-{aggregators}", "nodes": nodes, "edges": edges}
 
 
-def run_to_end(doc: dict[str, Any], policy: dict[str, Any], generator: str) -> Any:
+def run_to_end(
+    doc: dict[str, Any],
+    policy: dict[str, Any],
+    generator: str,
+    before_start: Callable[[], object] | None = None,
+) -> Any:
     from orchestrator.runs import create_run, start_run
 
     run = create_run(topology=doc, policy=policy, generator=generator)
+    if before_start is not None:
+        before_start()  # after the run's own input is written, which is not the run
     start_run(run)
     while True:
         run.refresh_from_db()
         if not run.is_active:
             return run
         time.sleep(0.5)
+
+
+def tree_cpu_s(pid: int, *, children: bool = True) -> float:
+    """User plus system CPU seconds of a process and its live descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)] if children else [root]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def cpu_by_part(stack: Stack) -> dict[str, float]:
+    """Where the machine's CPU goes: each worker, each service and this process."""
+    roles = ("control worker", "spark worker", "beat")
+    parts = {role: tree_cpu_s(c.pid) for role, c in zip(roles, stack.children, strict=True)}
+    for service in stack.launcher.started:
+        if service.process:
+            parts[service.name] = tree_cpu_s(service.process.pid)
+    parts["bench (batch job driver)"] = tree_cpu_s(os.getpid(), children=False)
+    workers = {c.pid for c in stack.children}
+    parts["bench's Spark JVM"] = sum(
+        tree_cpu_s(c.pid) for c in psutil.Process().children() if c.pid not in workers
+    )
+    machine = psutil.cpu_times()
+    parts["machine idle"] = machine.idle + getattr(machine, "iowait", 0.0)
+    parts["machine steal"] = getattr(machine, "steal", 0.0)
+    return parts
+
+
+def _snapshot_cpu(stack: Stack, into: dict[str, float]) -> None:
+    into.update(cpu_by_part(stack))
 
 
 class MemorySampler(threading.Thread):
@@ -178,29 +226,58 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     from balancer.policy import Policy
 
     with Stack(args.spark_workers) as stack:
+        from orchestrator.batchjob import batch_summary, generated_input
+        from orchestrator.models import Segment
+        from orchestrator.results import summary
+
         doc = pipeline(3, buffer_mb=512, segment_mb=args.segment_mb)
         layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
         policy = Policy.from_mapping(layers).to_dict()
         generator = f"seed=3,volume_mb={args.mb},dominance=0"
-        from orchestrator.batchjob import generated_input
-        from sparkjobs.session import spark_session
-
         # Both sides warm: deployed workers keep their SparkSession between runs, and the
-        # batch job gets a started session too. JVM start-up is not what is compared.
-        run_to_end(doc, policy, "seed=1,volume_mb=16,dominance=0")
-        spark_session().range(1).count()
+        # batch job runs once on the warm-up input too. Neither JVM start-up nor JIT
+        # warm-up is what is compared.
+        warm = run_to_end(doc, policy, "seed=1,volume_mb=16,dominance=0")
+        batch_summary(topology=doc, input_path=warm.input_spec["paths"], generator=None)
         began = time.monotonic()
         generated_input(doc, generator)
         generation_s = time.monotonic() - began
         sampler = MemorySampler([os.getpid(), *(c.pid for c in stack.children)])
         sampler.start()
-        run = run_to_end(doc, policy, generator)
-        stream_s = (run.finished_at - run.started_at).total_seconds()
-        from orchestrator.batchjob import batch_summary
-        from orchestrator.results import summary
-
-        result = summary(run)
-        batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+        rounds = []
+        for _ in range(args.rounds):
+            cpu_before: dict[str, float] = {}
+            run = run_to_end(
+                doc, policy, generator, functools.partial(_snapshot_cpu, stack, cpu_before)
+            )
+            cpu_after = cpu_by_part(stack)
+            result = summary(run)
+            batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+            cpu_batch = cpu_by_part(stack)
+            stream_s = (run.finished_at - run.started_at).total_seconds()
+            emitted = Segment.objects.filter(run=run, upstream="source").latest("created_at")
+            rounds.append(
+                {
+                    "stream_s": round(stream_s, 1),
+                    "batch_s": batch["seconds"],
+                    "throughput_ratio": round(batch["seconds"] / stream_s, 3),
+                    "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
+                    "segments_claimed_more_than_once": Segment.objects.filter(
+                        run=run, attempts__gt=1
+                    ).count(),
+                    "source_emitted_all_s": round(
+                        (emitted.created_at - run.started_at).total_seconds(), 1
+                    ),
+                    "cpu_s_during_run": {
+                        k: round(v - cpu_before.get(k, 0.0), 1) for k, v in cpu_after.items()
+                    },
+                    "cpu_s_during_batch_job": {
+                        k: round(v - cpu_after.get(k, 0.0), 1)
+                        for k, v in cpu_batch.items()
+                        if k.startswith(("bench", "machine"))
+                    },
+                }
+            )
         sampler.stop.set()
         sampler.join()
         launcher_rss = sum(
@@ -209,25 +286,18 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             if s.process
         )
         size = run.input_spec["extent_total"]
-        from orchestrator.models import Segment
-
-        spans = sorted(
-            (s.done_at - s.claimed_at).total_seconds()
-            for s in Segment.objects.filter(run=run, state="done").exclude(claimed_at=None)
-        )
-        retried = Segment.objects.filter(run=run, attempts__gt=1).count()
+        stream = sorted(r["stream_s"] for r in rounds)[len(rounds) // 2]
+        batch_s = sorted(r["batch_s"] for r in rounds)[len(rounds) // 2]
         return {
             "input_mb": round(size / 2**20, 1),
             "generation_s": round(generation_s, 1),
-            "stream_s": round(stream_s, 1),
-            "batch_s": batch["seconds"],
-            "stream_mb_s": round(size / 2**20 / stream_s, 2),
-            "batch_mb_s": round(size / 2**20 / batch["seconds"], 2),
-            "throughput_ratio": round(batch["seconds"] / stream_s, 3),
-            "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
-            "segments_claimed_more_than_once": retried,
-            "segment_claim_to_done_s_p50": round(spans[len(spans) // 2], 2) if spans else None,
-            "segment_claim_to_done_s_max": round(spans[-1], 2) if spans else None,
+            "rounds": rounds,
+            "median_stream_s": stream,
+            "median_batch_s": batch_s,
+            "stream_mb_s": round(size / 2**20 / stream, 2),
+            "batch_mb_s": round(size / 2**20 / batch_s, 2),
+            "ratio_of_medians": round(batch_s / stream, 3),
+            "all_exact": all(r["exact"] for r in rounds),
             "peak_rss_mb_workers_and_bench": round(sampler.peak / 2**20),
             "services_rss_mb_at_end": round(launcher_rss / 2**20),
         }
@@ -327,6 +397,7 @@ def main() -> int:
     t.add_argument("--mb", type=int, default=1024)
     t.add_argument("--segment-mb", type=float, default=8.0)
     t.add_argument("--spark-workers", type=int, default=1)
+    t.add_argument("--rounds", type=int, default=1, help="stream + batch pairs; medians")
     k = sub.add_parser("ticks")
     k.add_argument("--nodes", type=int, default=50)
     k.add_argument("--mb", type=int, default=24)

@@ -26,7 +26,7 @@ from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
 
 MAX_BATCH_SEGMENTS = 64
-MAX_BATCH_BYTES = 256 * 1024 * 1024
+MAX_BATCH_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,12 @@ def _operate(
     routes: Routes,
 ) -> int:
     from sparkjobs.aggregate import AggregateParams, partial_aggregate
-    from sparkjobs.session import spark_session
+    from sparkjobs.session import operator_session
     from sparkjobs.transform import transform
 
     name = node["name"]
     batch = claim.segments
-    spark = spark_session()
+    spark = operator_session(max(s.bytes for s in batch))
     # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
     # copies for the other key groups, and operators name their results by file.
     by_file = {Path(s.path).stem: s for s in batch}

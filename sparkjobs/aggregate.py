@@ -80,7 +80,8 @@ def partial_aggregate(
         owned = ~F.col(MALFORMED_COL) & slot.between(slots.start, slots.stop - 1)
         parsed = parsed.where(owned | (F.col(MALFORMED_COL) & F.lit(key_group.counts_malformed)))
     # One pass: good records aggregate per (segment, key); malformed ones form their own
-    # groups that carry only their raw lines, for quarantine.
+    # groups, only counted. The raw lines are not carried through the aggregation (that
+    # cost a quarter of the job); the rare batch with malformed lines reads them again.
     grouped = (
         parsed.groupBy(SEGMENT_COL, MALFORMED_COL, params.key)
         .agg(
@@ -89,17 +90,16 @@ def partial_aggregate(
             F.min(params.value).alias("min"),
             F.max(params.value).alias("max"),
             F.sort_array(F.collect_set(params.distinct)).alias("distinct"),
-            F.collect_list(F.when(F.col(MALFORMED_COL), F.col(RAW_COL))).alias("raw"),
         )
         .collect()
     )
     partial_rows = [row for row in grouped if not row[MALFORMED_COL]]
-    bad_rows = [
-        (segment_of(row[SEGMENT_COL]), raw)
-        for row in grouped
-        if row[MALFORMED_COL]
-        for raw in row["raw"]
-    ]
+    bad_rows = []
+    if any(row[MALFORMED_COL] for row in grouped):
+        bad_rows = [
+            (segment_of(row[SEGMENT_COL]), row[RAW_COL])
+            for row in parsed.where(F.col(MALFORMED_COL)).select(SEGMENT_COL, RAW_COL).collect()
+        ]
 
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}

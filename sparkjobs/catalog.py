@@ -142,6 +142,9 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
             },
+            # A key's records go to the instance owning its key group: the balancer may
+            # neither shift shares between the stage's instances nor migrate data into one.
+            mergeable=False,
             stateful=True,
         ),
         OperatorSpec(

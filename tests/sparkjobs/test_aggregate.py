@@ -59,8 +59,10 @@ def test_partials_merged_equal_the_oracle(spark: Any, tmp_path: Path) -> None:
     produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
     assert sum(p.malformed for p in produced.values()) == len(BAD)
     assert sum(p.records for p in produced.values()) == len(GOOD)
-    quarantined = sorted(line for p in produced.values() for line in p.quarantined)
-    assert quarantined == sorted(BAD)
+    # Each malformed line is quarantined with the segment it came from.
+    assert {seg: sorted(p.quarantined) for seg, p in produced.items()} == {
+        "seg0": sorted(BAD[0:2]), "seg1": [BAD[2]], "seg2": sorted(BAD[3:5]),
+    }  # fmt: skip
     merged = {m.key: m for m in combine_partials(list(outputs.values()))}
     expected = oracle(GOOD)
     assert set(merged) == set(expected)
