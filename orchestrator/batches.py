@@ -26,7 +26,7 @@ from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
 
 MAX_BATCH_SEGMENTS = 64
-MAX_BATCH_BYTES = 512 * 1024 * 1024
+MAX_BATCH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
