@@ -9,6 +9,7 @@ batch of segments (what a worker runs) against the plain batch job over the same
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -52,6 +53,7 @@ def main() -> int:
         batch_s = time.monotonic() - began
         print(f"{len(data) / 2**20:.0f} MB: operator job {operator_s:.2f} s, "
               f"batch job {batch_s:.2f} s, ratio {batch_s / operator_s:.2f}")  # fmt: skip
+    shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -27,6 +27,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,12 +120,18 @@ class Stack:
                 raise RuntimeError(f"workers did not start; logs in {self.var}")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
         for child in self.children:
             child.terminate()
         for child in self.children:
             child.wait(30)
         self.launcher.stop()
+        # A throughput run leaves gigabytes of inputs and segments: keep them only to
+        # read the logs of a failed run.
+        if exc_type is None:
+            shutil.rmtree(self.var, ignore_errors=True)
+        else:
+            print(f"state and logs kept in {self.var}", file=sys.stderr)
 
 
 def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[str, Any]:
@@ -162,8 +169,9 @@ def run_to_end(
         time.sleep(0.5)
 
 
-def tree_cpu_s(pid: int, *, children: bool = True) -> float:
-    """User plus system CPU seconds of a process and its live descendants."""
+def tree_cpu_s(pid: int, *, children: bool = True, jvm: bool | None = None) -> float:
+    """User plus system CPU seconds of a process and its live descendants (only the
+    JVMs among them, or only the others, when ``jvm`` says so)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)] if children else [root]
@@ -172,6 +180,8 @@ def tree_cpu_s(pid: int, *, children: bool = True) -> float:
     total = 0.0
     for proc in procs:
         try:
+            if jvm is not None and (proc.name() == "java") != jvm:
+                continue
             times = proc.cpu_times()
         except psutil.Error:
             continue
@@ -181,8 +191,13 @@ def tree_cpu_s(pid: int, *, children: bool = True) -> float:
 
 def cpu_by_part(stack: Stack) -> dict[str, float]:
     """Where the machine's CPU goes: each worker, each service and this process."""
-    roles = ("control worker", "spark worker", "beat")
-    parts = {role: tree_cpu_s(c.pid) for role, c in zip(roles, stack.children, strict=True)}
+    control, spark, beat = stack.children
+    parts = {
+        "control worker": tree_cpu_s(control.pid),
+        "spark worker's Python": tree_cpu_s(spark.pid, jvm=False),
+        "spark worker's JVM": tree_cpu_s(spark.pid, jvm=True),
+        "beat": tree_cpu_s(beat.pid),
+    }
     for service in stack.launcher.started:
         if service.process:
             parts[service.name] = tree_cpu_s(service.process.pid)
