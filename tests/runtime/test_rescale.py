@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 SKEWED = "seed=21,volume_mb=32,dominance=0.85,skew_mean_s=1000,malformed_every=997"
 MAX_SINK_STALL_S = 2.0
+# An outside node's pace is its inputs' pace: here the sink's only inputs are the
+# subgraph's tails, and five instances share one Spark worker, so its cadence is a
+# round of their batches (1.6 to 5.6 s on this machine). What must never happen is the
+# first design's stall, outside nodes waiting for the subgraph to drain (40 s).
+OUTSIDE_STALL_GUARD_S = 10.0
 
 
 def _wait_started(run: Run) -> None:
@@ -280,7 +285,8 @@ def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(wor
     assert grown.status == "complete", grown.outcome
     assert "output" not in grown.plan["subgraph"]
     assert set(grown.plan["tails"]) == {a["name"] for a in aggs}
-    assert grown.outcome["outside_max_gap_s"]["output"] < MAX_SINK_STALL_S, grown.outcome
+    assert not Event.objects.filter(run=run, kind="adjust_aligned", node="output").exists()
+    assert grown.outcome["outside_max_gap_s"]["output"] < OUTSIDE_STALL_GUARD_S, grown.outcome
     run = wait_until_done(run, timeout_s=300)
     result = summary(run)
     assert result["coverage"] == "exact", result["error"]
