@@ -202,9 +202,12 @@ def cpu_by_part(stack: Stack) -> dict[str, float]:
         if service.process:
             parts[service.name] = tree_cpu_s(service.process.pid)
     parts["bench (batch job driver)"] = tree_cpu_s(os.getpid(), children=False)
-    workers = {c.pid for c in stack.children}
+    # The bench's other children are the workers and the services, counted above.
+    counted = {c.pid for c in stack.children} | {
+        s.process.pid for s in stack.launcher.started if s.process
+    }
     parts["bench's Spark JVM"] = sum(
-        tree_cpu_s(c.pid) for c in psutil.Process().children() if c.pid not in workers
+        tree_cpu_s(c.pid) for c in psutil.Process().children() if c.pid not in counted
     )
     machine = psutil.cpu_times()
     parts["machine idle"] = machine.idle + getattr(machine, "iowait", 0.0)

@@ -92,6 +92,13 @@ class Dispatch:
     started: float
     handle: Any
 
+    def may_complete(self, now: float) -> bool:
+        """The batch has not reported yet and still can. One silent for a lease cannot
+        (its lease is gone): e.g. sent to the queue of a worker that died."""
+        ready = getattr(self.handle, "ready", None)
+        finished = True if ready is None else bool(ready())
+        return not finished and now - self.started < settings.BPCONSOLE_LEASE_S
+
 
 Dispatcher = Callable[[int, str, dict[str, Any], Any], Any]
 Publisher = Callable[[int, dict[str, Any]], None]
@@ -384,10 +391,9 @@ class RunDriver:
             if node == self.source["name"] or flow.arrived_waiting == 0:
                 continue
             current = self.in_flight.get(node)
-            busy = current is not None and not _finished_handle(current.handle)
             # One batch at a time per node (an operator instance). A task that never
             # reports (its worker died before running it) is replaced after a lease.
-            if busy and now - current.started < settings.BPCONSOLE_LEASE_S:
+            if current is not None and current.may_complete(now):
                 continue
             routes = self.routes.get(node, Routes())
             queue = self._queue_for(node)
@@ -782,15 +788,5 @@ class RunDriver:
         )
 
     def in_flight_running(self) -> bool:
-        """A batch may still complete. One that has not reported within a lease cannot
-        (its lease is gone): e.g. sent to the queue of a worker that died."""
         now = time.monotonic()
-        return any(
-            not _finished_handle(d.handle) and now - d.started < settings.BPCONSOLE_LEASE_S
-            for d in self.in_flight.values()
-        )
-
-
-def _finished_handle(handle: Any) -> bool:
-    ready = getattr(handle, "ready", None)
-    return True if ready is None else bool(ready())
+        return any(d.may_complete(now) for d in self.in_flight.values())
