@@ -84,7 +84,13 @@ def partial_aggregate(
     # One pass: good records aggregate per (segment, key); a malformed one groups under
     # its own raw line, so the groups carry what to quarantine (a repeated line once,
     # with its count). Collecting the raw lines instead had cost a quarter of the job.
+    # The distinct values are collected as DISTINCT, which Spark plans like the batch
+    # job's count(DISTINCT): hash-aggregated per (group, value) first, so the set is
+    # built from distinct values only. collect_set over every record cost about a tenth
+    # of the job more.
     group = F.when(F.col(MALFORMED_COL), F.col(RAW_COL)).otherwise(F.col(params.key))
+    quoted = params.distinct.replace("`", "``")
+    distinct = F.expr(f"collect_list(DISTINCT `{quoted}`)")
     grouped = (
         parsed.groupBy(SEGMENT_COL, MALFORMED_COL, group.alias(GROUP_COL))
         .agg(
@@ -92,7 +98,7 @@ def partial_aggregate(
             F.sum(params.value).alias("sum"),
             F.min(params.value).alias("min"),
             F.max(params.value).alias("max"),
-            F.sort_array(F.collect_set(params.distinct)).alias("distinct"),
+            F.sort_array(distinct).alias("distinct"),
         )
         .collect()
     )
