@@ -9,15 +9,16 @@ batch of segments (what a worker runs) against the plain batch job over the same
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
 from orchestrator.generator import GeneratorSpec, write_input
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
@@ -26,13 +27,8 @@ from sparkjobs.session import operator_session, spark_session
 
 
 def jvm_cpu_s() -> float:
-    """CPU seconds of this process's JVM children (the session's driver)."""
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        if child.name() == "java":
-            times = child.cpu_times()
-            total += times.user + times.system
-    return total
+    """CPU seconds of the session's JVM, a child of this process."""
+    return tree_cpu_s(os.getpid(), jvm=True)
 
 
 def main() -> int:

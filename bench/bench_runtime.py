@@ -1,6 +1,7 @@
 """End-to-end figures of the live runtime, on the project's own embedded stack.
 
     .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--rounds 3] [--warmup-mb 256]
+        [--spark-workers 1|2]
     .venv/bin/python bench/bench_runtime.py ticks [--nodes 50]
     .venv/bin/python bench/bench_runtime.py rescale [--adjustments 20]
 
