@@ -89,8 +89,7 @@ def partial_aggregate(
     # built from distinct values only. collect_set over every record cost about a tenth
     # of the job more.
     group = F.when(F.col(MALFORMED_COL), F.col(RAW_COL)).otherwise(F.col(params.key))
-    quoted = params.distinct.replace("`", "``")
-    distinct = F.expr(f"collect_list(DISTINCT `{quoted}`)")
+    distinct = F.expr(f"collect_list(DISTINCT `{params.distinct}`)")  # a validated name
     grouped = (
         parsed.groupBy(SEGMENT_COL, MALFORMED_COL, group.alias(GROUP_COL))
         .agg(
