@@ -149,7 +149,7 @@ def _operate(
                     id=adjustments.copy_id(new_id, target, part, len(copies)), chunk=seg.chunk,
                     origin_file=seg.origin_file, origin_offset=seg.origin_offset,
                     origin_length=seg.origin_length, node=target, upstream=name, tag=seg.tag,
-                    path=str(out.path), bytes=out.bytes, records=out.records,
+                    path=str(out.path), bytes=out.bytes,
                     migrated_from=migrated_from, link_mbps=bandwidth(topology, name, target),
                     config=claim.config, slots_from=part.low, slots_to=part.high,
                 )

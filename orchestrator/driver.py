@@ -59,10 +59,9 @@ from orchestrator.models import Event, Instance, Run
 from orchestrator.reporter import Report, Reporter
 from orchestrator.routing import Routes, tagged_route
 from orchestrator.snapshot import build_snapshot
-from orchestrator.source import Chunk, chunks, resolve_inputs
+from orchestrator.source import Chunk, chunks, resolve_inputs, write_chunk
 from orchestrator.topology import balancer_topology, bandwidth, downstreams_of, input_extent
 from sparkjobs.keygroups import KeyGroup
-from sparkjobs.segments import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -307,14 +306,14 @@ class RunDriver:
                 routes=source_routes, slots=KeyGroup(),
             )  # fmt: skip
             target = copies[0][0]
-            if not self._may_send(target, len(chunk.body), rate):
-                if self._pool_full(target, len(chunk.body)):
+            if not self._may_send(target, chunk.size, rate):
+                if self._pool_full(target, chunk.size):
                     # Demand the node could not take: part of its input rate, so a full
                     # pool still reads as "input faster than output".
-                    self.blocked[target] = len(chunk.body)
+                    self.blocked[target] = chunk.size
                 break
             path = segment_path(self.run_id, seg_id)
-            write_atomic(path, chunk.body)
+            write_chunk(path, chunk)
             next_pos = self._position_after(chunk)
             ledger.emit_chunk(
                 self.run_id,
@@ -325,7 +324,7 @@ class RunDriver:
                         chunk=chunk.index, origin_file=chunk.file_index,
                         origin_offset=chunk.offset, origin_length=chunk.length, node=node,
                         upstream=self.source["name"], tag=chunk.tag, path=str(path),
-                        bytes=len(chunk.body), records=chunk.records,
+                        bytes=chunk.size,
                         migrated_from=migrated_from,
                         link_mbps=bandwidth(self.source_doc, self.source["name"], node),
                         config=self.source_config, slots_from=slots.low, slots_to=slots.high,
@@ -333,21 +332,21 @@ class RunDriver:
                     for node, migrated_from, slots in copies
                 ],
                 next_pos,
-                self.emitted_bytes + len(chunk.body),
+                self.emitted_bytes + chunk.size,
             )  # fmt: skip
-            self.emitted_bytes += len(chunk.body)
+            self.emitted_bytes += chunk.size
             for node, _, _ in copies:
-                self.pool[node] = self.pool.get(node, 0) + len(chunk.body)
+                self.pool[node] = self.pool.get(node, 0) + chunk.size
             if rate is not None:
-                self.tokens -= len(chunk.body)
+                self.tokens -= chunk.size
             credits = self.controls[self.source["name"]].credits
             if credits is not None:
-                credits[target] = credits.get(target, 0.0) - len(chunk.body)
+                credits[target] = credits.get(target, 0.0) - chunk.size
             self.next_index = chunk.index + 1
             self.ahead.popleft()
             tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
-            self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + len(chunk.body)
-            sent += len(chunk.body)
+            self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
+            sent += chunk.size
         if rate is None and sent:
             spent = max(time.monotonic() - began, 1e-3)
             self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
@@ -355,7 +354,7 @@ class RunDriver:
     def _read_ahead(self) -> None:
         """Keep the next chunks read: the source's queue, whose mix of routes the
         balancer sees (what is about to leave, per branch)."""
-        ahead_bytes = sum(len(c.body) for c in self.ahead)
+        ahead_bytes = sum(c.size for c in self.ahead)
         while self.source_iter is not None and (
             len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES
         ):
@@ -364,7 +363,7 @@ class RunDriver:
                 self.source_iter = None
                 break
             self.ahead.append(chunk)
-            ahead_bytes += len(chunk.body)
+            ahead_bytes += chunk.size
 
     def _position_after(self, chunk: Chunk) -> dict[str, int]:
         return {"chunk": chunk.index + 1, "file": chunk.file_index,
@@ -427,7 +426,7 @@ class RunDriver:
                 source_routes = self.routes.get(node_id, Routes())
                 for chunk in self.ahead:
                     tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
-                    head[tagged] = head.get(tagged, 0.0) + len(chunk.body)
+                    head[tagged] = head.get(tagged, 0.0) + chunk.size
                 queued = int(sum(head.values()))
                 arriving = {r: b / interval_s for r, b in self.sent_by_route.items()}
                 self.sent_by_route.clear()

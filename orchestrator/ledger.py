@@ -57,7 +57,6 @@ class NewSegment:
     tag: str
     path: str
     bytes: int
-    records: int
     migrated_from: str = ""
     link_mbps: float = 0.0  # bandwidth of the link it travels; 0 = unlimited
     config: int = 0  # graph version the sender routed it with
@@ -94,7 +93,7 @@ def _insert(run_id: int, epoch: int, items: Sequence[NewSegment], now: dt.dateti
                 id=item.id, run_id=run_id, chunk=item.chunk, origin_file=item.origin_file,
                 origin_offset=item.origin_offset, origin_length=item.origin_length,
                 node=item.node, upstream=item.upstream, tag=item.tag[:200], path=item.path,
-                bytes=item.bytes, records=item.records, migrated_from=item.migrated_from,
+                bytes=item.bytes, migrated_from=item.migrated_from,
                 available_at=arrival, epoch=epoch, config=item.config,
                 slots_from=item.slots_from, slots_to=item.slots_to,
             )

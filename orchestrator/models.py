@@ -84,7 +84,6 @@ class Segment(models.Model):
     tag = models.CharField(max_length=200, blank=True)
     path = models.CharField(max_length=500)
     bytes = models.BigIntegerField()
-    records = models.IntegerField(default=0)
     malformed = models.IntegerField(default=0)
     state = models.CharField(max_length=8, choices=State.choices, default=State.QUEUED)
     lease_owner = models.CharField(max_length=200, blank=True)

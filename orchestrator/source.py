@@ -4,6 +4,11 @@ JSON lines and CSV are cut at line boundaries by bytes (offsets are byte offsets
 header excluded); Parquet is cut by rows (offsets are row indexes). Every chunk becomes a
 JSON-lines segment file, so operators read one format. A chunk's *tag* is the routing
 field of its first record, which picks the branch it is meant for.
+
+A JSON-lines chunk is never read into the source: only the bytes around its cut and its
+first line are, and the kernel copies the range into the segment file (write_chunk).
+Reading, counting and writing every byte in Python had cost the source about 6 CPU
+seconds per GB, taken from the Spark workers on the same machine while a run starts.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import csv
 import glob
 import io
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sparkjobs.segments import copy_atomic, write_atomic
 
 FORMATS = ("jsonl", "csv", "parquet")
 
@@ -37,9 +45,10 @@ class Chunk:
     file_index: int
     offset: int
     length: int
-    body: bytes  # JSON lines
-    records: int
     tag: str
+    size: int  # bytes of the segment file it becomes
+    body: bytes | None  # converted JSON lines; None: the input's own bytes, copied as they are
+    path: str  # the input file
 
 
 def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:
@@ -98,20 +107,76 @@ def chunks(
             if (start_offset is None or file_index != start_file)
             else (start_offset)
         )
-        reader = _parquet_chunks if fmt == "parquet" else _text_chunks
-        for chunk_offset, length, body, records in reader(item, fmt, offset, segment_bytes):
-            yield Chunk(index, file_index, chunk_offset, length, body, records,
-                        _tag(body, route_by))  # fmt: skip
+        if fmt == "jsonl":
+            for chunk_offset, length, size, tag in _jsonl_ranges(item, offset, segment_bytes,
+                                                                 route_by):  # fmt: skip
+                yield Chunk(index, file_index, chunk_offset, length, tag, size, None, item.path)
+                index += 1
+            continue
+        reader = _parquet_chunks if fmt == "parquet" else _csv_chunks
+        for chunk_offset, length, body in reader(item, offset, segment_bytes):
+            yield Chunk(index, file_index, chunk_offset, length, _tag(body, route_by),
+                        len(body), body, item.path)  # fmt: skip
             index += 1
 
 
-def _text_chunks(
-    item: InputFile, fmt: str, offset: int, segment_bytes: int
-) -> Iterator[tuple[int, int, bytes, int]]:
-    header: list[str] = []
+def write_chunk(path: Path, chunk: Chunk) -> int:
+    """The chunk's segment file, all or nothing; returns its size."""
+    if chunk.body is not None:
+        return write_atomic(path, chunk.body)
+    return copy_atomic(path, chunk.path, chunk.offset, chunk.length,
+                       newline=chunk.size > chunk.length)  # fmt: skip
+
+
+CUT_WINDOW = 64 * 1024
+
+
+def _jsonl_ranges(
+    item: InputFile, offset: int, segment_bytes: int, route_by: str
+) -> Iterator[tuple[int, int, int, str]]:
+    """(offset, length, segment size, tag) of each chunk: cut after the first newline
+    at or past ``segment_bytes``, so records never split."""
+    fd = os.open(item.path, os.O_RDONLY)
+    try:
+        while offset < item.size:
+            end = _line_end(fd, min(item.size, offset + segment_bytes) - 1, item.size)
+            length = end - offset
+            newline = os.pread(fd, 1, end - 1) == b"\n"
+            yield offset, length, length + (not newline), _first_tag(fd, offset, end, route_by)
+            offset = end
+    finally:
+        os.close(fd)
+
+
+def _line_end(fd: int, position: int, size: int) -> int:
+    """The offset just past the line holding ``position`` (or the end of the file)."""
+    while position < size:
+        window = os.pread(fd, CUT_WINDOW, position)
+        found = window.find(b"\n")
+        if found >= 0:
+            return position + found + 1
+        position += len(window)
+    return size
+
+
+def _first_tag(fd: int, start: int, end: int, route_by: str) -> str:
+    """The tag of the range's first non-empty line, read up to its end only."""
+    head = b""
+    position = start
+    while position < end:
+        head += os.pread(fd, min(CUT_WINDOW, end - position), position)
+        position = start + len(head)
+        if head.strip() and b"\n" in head.lstrip():
+            break
+    return _tag(head, route_by)
+
+
+Ranges = Iterator[tuple[int, int, bytes]]  # (offset, length, JSON lines) of each chunk
+
+
+def _csv_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
     with open(item.path, "rb") as handle:  # noqa: PTH123 - seek/read on a binary handle
-        if fmt == "csv":
-            header = next(csv.reader([handle.readline().decode("utf-8", "replace")]), [])
+        header = next(csv.reader([handle.readline().decode("utf-8", "replace")]), [])
         handle.seek(offset)
         while offset < item.size:
             raw = handle.read(segment_bytes)
@@ -119,40 +184,24 @@ def _text_chunks(
                 break
             if not raw.endswith(b"\n"):
                 raw += handle.readline()  # finish the last line: records never split
-            length = len(raw)
-            body, records = _csv_to_jsonl(raw, header) if fmt == "csv" else _normalise(raw)
-            yield offset, length, body, records
-            offset += length
+            yield offset, len(raw), _csv_to_jsonl(raw, header)
+            offset += len(raw)
 
 
-def _normalise(raw: bytes) -> tuple[bytes, int]:
-    """The chunk ending in a newline, and its count of non-empty lines: counted in C,
-    since the source shares the cores with Spark (splitting 8 MB into lines to count
-    them cost about as much as reading it)."""
-    if not raw.endswith(b"\n"):
-        raw += b"\n"
-    empty = raw.count(b"\n\n") + raw.startswith(b"\n")
-    return raw, raw.count(b"\n") - empty
-
-
-def _csv_to_jsonl(raw: bytes, header: list[str]) -> tuple[bytes, int]:
+def _csv_to_jsonl(raw: bytes, header: list[str]) -> bytes:
     out = io.StringIO()
-    records = 0
     for row in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
         if not row:
             continue
-        records += 1
         if len(row) != len(header):
             # Kept as a line that is not a JSON object, so it is counted as malformed.
             out.write(json.dumps(",".join(row)) + "\n")
             continue
         out.write(json.dumps(dict(zip(header, row, strict=True)), separators=(",", ":")) + "\n")
-    return out.getvalue().encode(), records
+    return out.getvalue().encode()
 
 
-def _parquet_chunks(
-    item: InputFile, fmt: str, offset: int, segment_bytes: int
-) -> Iterator[tuple[int, int, bytes, int]]:
+def _parquet_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
     import pyarrow.parquet as pq
 
     table = pq.read_table(item.path)
@@ -162,7 +211,7 @@ def _parquet_chunks(
         part = table.slice(offset, rows_per_chunk)
         lines = [json.dumps(_jsonable(r), separators=(",", ":")) for r in part.to_pylist()]
         body = ("\n".join(lines) + "\n").encode()
-        yield offset, part.num_rows, body, part.num_rows
+        yield offset, part.num_rows, body
         offset += part.num_rows
 
 

@@ -2,17 +2,70 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
+
+COPY_STEP = 8 * 1024 * 1024
+# copy_file_range cannot copy between these (another file system on older kernels, or
+# one that does not support it): the bytes then go through user space.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 def write_atomic(path: Path, body: bytes) -> int:
     """Write ``body`` to ``path`` all or nothing (temp file, fsync, rename)."""
+    with _atomic(path) as handle:
+        handle.write(body)
+    return len(body)
+
+
+def copy_atomic(path: Path, source: str, offset: int, length: int, *, newline: bool) -> int:
+    """Copy ``length`` bytes of ``source`` from ``offset`` to ``path`` all or nothing,
+    plus a final newline when ``newline``; the kernel copies, nothing passes through
+    Python where the file system allows it."""
+    with _atomic(path) as handle, open(source, "rb") as src:  # noqa: PTH123 - a raw descriptor
+        handle.flush()
+        _copy_range(src.fileno(), handle.fileno(), offset, length)
+        handle.seek(length)
+        if newline:
+            handle.write(b"\n")
+    return length + newline
+
+
+def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    done = 0
+    try:
+        while done < length:
+            copied = os.copy_file_range(src, dst, length - done, offset + done)
+            if copied == 0:
+                raise OSError(errno.EIO, f"input ended {length - done} bytes early")
+            done += copied
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in _NO_KERNEL_COPY:
+            raise
+        os.lseek(dst, done, os.SEEK_SET)
+        while done < length:
+            data = os.pread(src, min(COPY_STEP, length - done), offset + done)
+            if not data:
+                raise OSError(errno.EIO, f"input ended {length - done} bytes early") from None
+            os.write(dst, data)
+            done += len(data)
+
+
+@contextmanager
+def _atomic(path: Path) -> Iterator[BinaryIO]:
+    """A temp file beside ``path``, fsynced and renamed over it on success."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(body)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with tmp.open("wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
-    return len(body)

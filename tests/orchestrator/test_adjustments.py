@@ -104,7 +104,7 @@ def _queue(run: Run, seg_id: str, node: str, upstream: str, config: int = 0) -> 
     seg = ledger.NewSegment(
         id=seg_id, chunk=int(seg_id[1:]), origin_file=0, origin_offset=int(seg_id[1:]),
         origin_length=1, node=node, upstream=upstream, tag="", path="/dev/null", bytes=1,
-        records=0, config=config,
+        config=config,
     )  # fmt: skip
     ledger.complete_batch(run.pk, "nobody", [], [seg], {})
 
@@ -225,7 +225,7 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
     group = adjustments.key_groups(adjustment.after, "totals")["totals-4"]
     stranded = ledger.NewSegment(
         id="c9@totals-4", chunk=9, origin_file=0, origin_offset=9, origin_length=1,
-        node="totals-4", upstream="source", tag="", path="/dev/null", bytes=1, records=0,
+        node="totals-4", upstream="source", tag="", path="/dev/null", bytes=1,
         config=adjustment.version, slots_from=group.low, slots_to=group.high,
     )  # fmt: skip
     ledger.complete_batch(run.pk, "nobody", [], [stranded], {})
@@ -258,7 +258,7 @@ def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     run = _run("reference")
     seg = ledger.NewSegment(
         id="late", chunk=0, origin_file=0, origin_offset=0, origin_length=1, node="task2",
-        upstream="source", tag="", path="/dev/null", bytes=1, records=0,
+        upstream="source", tag="", path="/dev/null", bytes=1,
     )  # fmt: skip
     ledger.complete_batch(run.pk, "nobody", [], [seg], {})
     stalled = _claim(run, "task2")  # a worker takes task2's batch, then stalls
