@@ -51,7 +51,9 @@ def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
             data = os.pread(src, min(COPY_STEP, length - done), offset + done)
             if not data:
                 raise OSError(errno.EIO, f"input ended {length - done} bytes early") from None
-            os.write(dst, data)
+            view = memoryview(data)
+            while view:  # a write may take only part of it
+                view = view[os.write(dst, view) :]
             done += len(data)
 
 
