@@ -251,11 +251,8 @@ def _snapshot_cpu(stack: Stack, into: dict[str, float]) -> None:
 
 
 class MemorySampler(threading.Thread):
-    """Peak resident memory of the given processes and all their descendants.
-
-    One pass over the process table per sample: walking each root's children with
-    psutil scans the table once per root and had cost this process 2 to 3 CPU seconds
-    per run, taken from the stack it measures."""
+    """Peak resident memory of the given processes and all their descendants, from one
+    pass over the process table per sample (not one per root)."""
 
     def __init__(self, roots: list[int]) -> None:
         super().__init__(daemon=True)

@@ -27,34 +27,35 @@ def copy_atomic(path: Path, source: str, offset: int, length: int, *, newline: b
     plus a final newline when ``newline``; the kernel copies, nothing passes through
     Python where the file system allows it."""
     with _atomic(path) as handle, open(source, "rb") as src:  # noqa: PTH123 - a raw descriptor
-        handle.flush()
-        _copy_range(src.fileno(), handle.fileno(), offset, length)
-        handle.seek(length)
+        done = _kernel_copy(src.fileno(), handle.fileno(), offset, length)
+        handle.seek(done)
+        while done < length:
+            data = os.pread(src.fileno(), min(COPY_STEP, length - done), offset + done)
+            if not data:
+                raise OSError(errno.EIO, f"input ended {length - done} bytes early")
+            handle.write(data)
+            done += len(data)
         if newline:
             handle.write(b"\n")
     return length + newline
 
 
-def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
+def _kernel_copy(src: int, dst: int, offset: int, length: int) -> int:
+    """How many bytes from the start the kernel copied: all of them, or fewer when the
+    input ended early or the file system cannot (the caller reads the rest)."""
     done = 0
     try:
         while done < length:
             copied = os.copy_file_range(src, dst, length - done, offset + done)
             if copied == 0:
-                raise OSError(errno.EIO, f"input ended {length - done} bytes early")
+                break
             done += copied
-    except (AttributeError, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno not in _NO_KERNEL_COPY:
+    except AttributeError:  # not Linux
+        pass
+    except OSError as exc:
+        if exc.errno not in _NO_KERNEL_COPY:
             raise
-        os.lseek(dst, done, os.SEEK_SET)
-        while done < length:
-            data = os.pread(src, min(COPY_STEP, length - done), offset + done)
-            if not data:
-                raise OSError(errno.EIO, f"input ended {length - done} bytes early") from None
-            view = memoryview(data)
-            while view:  # a write may take only part of it
-                view = view[os.write(dst, view) :]
-            done += len(data)
+    return done
 
 
 @contextmanager
