@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator import adjustments, keystate, ledger
+from orchestrator.lease import LeaseKeeper
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.routing import Routes
 from orchestrator.topology import bandwidth
@@ -26,7 +27,6 @@ from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
 
 MAX_BATCH_SEGMENTS = 64
-MAX_BATCH_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,18 @@ def process_batch(
     run = Run.objects.get(pk=run_id)
     owner = worker_identity()
     node = _node_at(run, node_name)
+    if node["kind"] != "sink":
+        # Spark first, then the batch: a new worker's JVM takes seconds to start, and
+        # while a batch is claimed its node cannot align for an adjustment.
+        from sparkjobs.session import operator_session
+
+        operator_session()
     claim = ledger.claim_batch(
         run_id,
         node_name,
         owner,
         max_segments=MAX_BATCH_SEGMENTS,
-        max_bytes=MAX_BATCH_BYTES,
+        max_bytes=int(settings.BPCONSOLE_BATCH_MB * 1024 * 1024),
         lease_s=settings.BPCONSOLE_LEASE_S,
         rate_mbps=float(node.get("max_rate_mbps", 0.0)),
     )
@@ -82,13 +88,18 @@ def process_batch(
     run.refresh_from_db(fields=["topology", "config_version"])
     topology = adjustments.topology_at(run, claim.config, node_name)
     size = sum(s.bytes for s in claim)
-    if node["kind"] == "sink":
-        _merge(run, node_name, owner, claim.segments)
-        return BatchReport(node_name, len(claim), size, aligned=aligned)
-    malformed = _operate(
-        run, topology=topology, node=node, owner=owner, claim=claim,
-        routes=Routes.from_json(routes_json),
+    keeper = LeaseKeeper(
+        [s.pk for s in claim], owner,
+        lease_s=settings.BPCONSOLE_LEASE_S, max_hold_s=settings.BPCONSOLE_BATCH_MAX_S,
     )  # fmt: skip
+    with keeper:
+        if node["kind"] == "sink":
+            _merge(run, node_name, owner, claim.segments)
+            return BatchReport(node_name, len(claim), size, aligned=aligned)
+        malformed = _operate(
+            run, topology=topology, node=node, owner=owner, claim=claim,
+            routes=Routes.from_json(routes_json),
+        )  # fmt: skip
     return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
 
 

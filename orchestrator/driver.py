@@ -91,12 +91,14 @@ class Dispatch:
     started: float
     handle: Any
 
-    def may_complete(self, now: float) -> bool:
-        """The batch has not reported yet and still can. One silent for a lease cannot
-        (its lease is gone): e.g. sent to the queue of a worker that died."""
+    def may_complete(self, now: float, *, held: bool = False) -> bool:
+        """The batch has not reported yet and still can: it was sent less than a lease
+        ago (it may be waiting in its queue), or its node's segments are under a live
+        lease (its worker renews it while the batch runs). One silent for a lease with
+        nothing held cannot: e.g. sent to the queue of a worker that died."""
         ready = getattr(self.handle, "ready", None)
         finished = True if ready is None else bool(ready())
-        return not finished and now - self.started < settings.BPCONSOLE_LEASE_S
+        return not finished and (held or now - self.started < settings.BPCONSOLE_LEASE_S)
 
 
 Dispatcher = Callable[[int, str, dict[str, Any], Any], Any]
@@ -392,7 +394,7 @@ class RunDriver:
             current = self.in_flight.get(node)
             # One batch at a time per node (an operator instance). A task that never
             # reports (its worker died before running it) is replaced after a lease.
-            if current is not None and current.may_complete(now):
+            if current is not None and current.may_complete(now, held=flow.held > 0):
                 continue
             routes = self.routes.get(node, Routes())
             queue = self._queue_for(node)

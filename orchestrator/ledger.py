@@ -344,6 +344,13 @@ def _upsert_results(run_id: int, deltas: list[KeyDelta]) -> None:
             )
 
 
+def renew_lease(segment_ids: Sequence[str], owner: str, lease_s: float) -> int:
+    """Extend the lease of the segments ``owner`` still holds; how many it holds."""
+    return Segment.objects.filter(
+        pk__in=segment_ids, state=Segment.State.CLAIMED, lease_owner=owner
+    ).update(lease_expires=timezone.now() + dt.timedelta(seconds=lease_s))
+
+
 def reclaim_expired(run_id: int | None = None) -> int:
     """Give segments whose lease ran out back to their node's pool."""
     query = Q(state=Segment.State.CLAIMED, lease_expires__lt=timezone.now())
@@ -360,7 +367,7 @@ class NodeFlow:
     arrived_bytes: int  # bytes that arrived in the window
     done_bytes: int  # bytes processed in the window
     arrived_waiting: int  # queued segments that have arrived (ready to claim)
-    claimed: int
+    held: int  # segments claimed under a live lease: a batch of the node is running
 
 
 def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
@@ -373,7 +380,7 @@ def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
                                              AND available_at <= now()), 0),
               COALESCE(SUM(bytes) FILTER (WHERE state = 'done' AND done_at >= %s), 0),
               COUNT(*) FILTER (WHERE state = 'queued' AND available_at <= now()),
-              COUNT(*) FILTER (WHERE state = 'claimed')
+              COUNT(*) FILTER (WHERE state = 'claimed' AND lease_expires > now())
             FROM orchestrator_segment
             WHERE run_id = %s AND (state <> 'done' OR done_at >= %s OR available_at >= %s)
             GROUP BY node

@@ -52,4 +52,8 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
 
 @cache
 def _operator_session() -> SparkSession:
-    return spark_session().newSession()
+    session = spark_session().newSession()
+    # Past 32 paths Spark lists a batch's files in a Spark job of its own, which costs
+    # as much as a small batch; a batch's paths are files, listed in a few milliseconds.
+    session.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
+    return session

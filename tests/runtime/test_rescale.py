@@ -28,7 +28,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 SKEWED = "seed=21,volume_mb=32,dominance=0.85,skew_mean_s=1000,malformed_every=997"
-MAX_SINK_STALL_S = 2.0
+# The 2 s target is the rescale bench's (bench/bench_runtime.py rescale). Here the sink
+# shares the machine with the whole test stack: 1.5 to 2.7 s on a slow hour. What must
+# never come back is the first design, whose adjustments held the sink 3 to 40 s.
+MAX_SINK_STALL_S = 3.0
 # An outside node's pace is its inputs' pace: here the sink's only inputs are the
 # subgraph's tails, and five instances share one Spark worker, so its cadence is a
 # round of their batches (1.6 to 5.6 s on this machine). What must never happen is the

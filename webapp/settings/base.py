@@ -25,8 +25,15 @@ DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
 # Folders a run started from the console may read its input from (the command line is
 # not limited): a browser must not turn any file the server can read into a run's input.
 INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DATA_DIR)])
-# How long a worker owns a claimed batch before others may take it over.
+# How long a worker owns a claimed batch without renewing it (it renews every third of
+# this while the batch runs) before others may take it over.
 BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
+# Most input one operator batch takes from its node's pool. Every Spark job costs about
+# a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
+# goes in as few jobs as this allows.
+BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
+# The longest a worker may hold one batch: a hung worker's batch goes back to the pool.
+BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
 
 SECRET_KEY = env_str("SECRET_KEY", "")
 HEALTH_TOKEN = env_str("BPCONSOLE_HEALTH_TOKEN", "")
