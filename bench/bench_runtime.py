@@ -1,7 +1,7 @@
 """End-to-end figures of the live runtime, on the project's own embedded stack.
 
-    .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--rounds 3] [--warmup-mb 256]
-        [--spark-workers 1|2]
+    .venv/bin/python bench/bench_runtime.py throughput [--mb 1024] [--rounds 3] [--warmup-runs 4]
+        [--warmup-mb 64] [--spark-workers 1|2]
     .venv/bin/python bench/bench_runtime.py ticks [--nodes 50]
     .venv/bin/python bench/bench_runtime.py rescale [--adjustments 20]
 
@@ -291,11 +291,15 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         policy = Policy.from_mapping(layers).to_dict()
         generator = f"seed=3,volume_mb={args.mb},dominance=0"
         # Both sides warm: deployed workers keep their SparkSession between runs, and the
-        # batch job runs once on the warm-up input too. Neither JVM start-up nor JIT
-        # warm-up is what is compared: after a 16 MB warm-up the streaming side's first
-        # batches still ran at a third of their later speed.
-        warm = run_to_end(doc, policy, f"seed=1,volume_mb={args.warmup_mb},dominance=0")
-        batch_summary(topology=doc, input_path=warm.input_spec["paths"], generator=None)
+        # batch job runs on every warm-up input too. Neither JVM start-up nor JIT
+        # warm-up is what is compared: the JIT compiles lukewarm planning code for a
+        # worker's first 15 or so Spark jobs (2 to 3 CPU s per job at first, 0.5 to 1
+        # after; docs/benchmarks.md), and one warm-up run is only 4 or 5 jobs.
+        warmup_jobs = 0
+        for seed in range(1, args.warmup_runs + 1):
+            warm = run_to_end(doc, policy, f"seed={seed},volume_mb={args.warmup_mb},dominance=0")
+            warmup_jobs += len(operator_batches(warm))
+            batch_summary(topology=doc, input_path=warm.input_spec["paths"], generator=None)
         began = time.monotonic()
         generated_input(doc, generator)
         generation_s = time.monotonic() - began
@@ -348,6 +352,12 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         batch_s = sorted(r["batch_s"] for r in rounds)[len(rounds) // 2]
         return {
             "input_mb": round(size / 2**20, 1),
+            "warmup": {
+                "runs": args.warmup_runs,
+                "mb_each": args.warmup_mb,
+                "stream_operator_jobs": warmup_jobs,
+                "batch_jobs": args.warmup_runs,
+            },
             "generation_s": round(generation_s, 1),
             "rounds": rounds,
             "median_stream_s": stream,
@@ -456,7 +466,8 @@ def main() -> int:
     t.add_argument("--segment-mb", type=float, default=8.0)
     t.add_argument("--spark-workers", type=int, default=1)
     t.add_argument("--rounds", type=int, default=1, help="stream + batch pairs; medians")
-    t.add_argument("--warmup-mb", type=int, default=256, help="warm-up run and batch job input")
+    t.add_argument("--warmup-runs", type=int, default=4, help="warm-up runs (and batch jobs)")
+    t.add_argument("--warmup-mb", type=int, default=64, help="input of each warm-up run")
     k = sub.add_parser("ticks")
     k.add_argument("--nodes", type=int, default=50)
     k.add_argument("--mb", type=int, default=24)

@@ -226,9 +226,10 @@ class RunDriver:
                 self._publish(run, final=True)
                 return "cancelled"
             now = time.monotonic()
+            sending = False
             if run.status == Run.Status.RUNNING:
                 try:
-                    self._emit(now)
+                    sending = self._emit(now)
                 except ledger.StaleEpochError:
                     return "superseded by a newer driver"
                 self._dispatch_ready(now)
@@ -241,7 +242,8 @@ class RunDriver:
                 next_tick = now + tick_s
                 if self._finished(run):
                     return run.status
-            time.sleep(LOOP_S)
+            if not sending:  # a source with more to send now goes on at once
+                time.sleep(LOOP_S)
 
     # -- source -----------------------------------------------------------------------
 
@@ -279,9 +281,10 @@ class RunDriver:
             limit = max(self.measured_rate, MB)
         return factor * limit
 
-    def _emit(self, now: float) -> None:
+    def _emit(self, now: float) -> bool:
+        """Send what the source may for up to 0.2 s; True when it could send more now."""
         if self.source_done:
-            return
+            return False
         rate = self._source_rate()
         elapsed = now - self.last_refill
         self.last_refill = now
@@ -299,7 +302,7 @@ class RunDriver:
                     f"source read all {self.next_index} chunks",
                     node=self.source["name"],
                 )
-                return
+                return False
             chunk = self.ahead[0]
             seg_id = f"r{self.run_id}.c{chunk.index:07d}"
             source_routes = self.routes.get(self.source["name"], Routes())
@@ -313,7 +316,7 @@ class RunDriver:
                     # Demand the node could not take: part of its input rate, so a full
                     # pool still reads as "input faster than output".
                     self.blocked[target] = chunk.size
-                break
+                return self._measure_rate(rate, began, sent, more=False)
             path = segment_path(self.run_id, seg_id)
             write_chunk(path, chunk)
             next_pos = self._position_after(chunk)
@@ -349,9 +352,13 @@ class RunDriver:
             tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
             self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
             sent += chunk.size
+        return self._measure_rate(rate, began, sent, more=True)
+
+    def _measure_rate(self, rate: float | None, began: float, sent: int, *, more: bool) -> bool:
         if rate is None and sent:
             spent = max(time.monotonic() - began, 1e-3)
             self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
+        return more
 
     def _read_ahead(self) -> None:
         """Keep the next chunks read: the source's queue, whose mix of routes the
