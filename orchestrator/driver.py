@@ -316,7 +316,8 @@ class RunDriver:
                     # Demand the node could not take: part of its input rate, so a full
                     # pool still reads as "input faster than output".
                     self.blocked[target] = chunk.size
-                return self._measure_rate(rate, began, sent, more=False)
+                self._measure_rate(rate, began, sent)
+                return False
             path = segment_path(self.run_id, seg_id)
             write_chunk(path, chunk)
             next_pos = self._position_after(chunk)
@@ -352,13 +353,14 @@ class RunDriver:
             tagged = tagged_route(chunk.tag, self.downstream_of_source, source_routes)
             self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
             sent += chunk.size
-        return self._measure_rate(rate, began, sent, more=True)
+        self._measure_rate(rate, began, sent)
+        return True
 
-    def _measure_rate(self, rate: float | None, began: float, sent: int, *, more: bool) -> bool:
+    def _measure_rate(self, rate: float | None, began: float, sent: int) -> None:
+        """What an unlimited source reaches: a rate coefficient below 1 is a share of it."""
         if rate is None and sent:
             spent = max(time.monotonic() - began, 1e-3)
             self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
-        return more
 
     def _read_ahead(self) -> None:
         """Keep the next chunks read: the source's queue, whose mix of routes the
