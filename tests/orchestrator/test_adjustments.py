@@ -9,30 +9,16 @@ from __future__ import annotations
 
 import copy
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator import adjustments, keystate, ledger
 from orchestrator.adjustments import AdjustmentError, Change, NewInstance
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
+from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
-
-
-def _run(name: str) -> Run:
-    doc = yaml.safe_load((TOPOLOGIES / f"{name}.yaml").read_text())
-    # Pending: the watchdog of a test session's workers must not give it a driver.
-    run = Run.objects.create(
-        pipeline_name=doc["name"], topology=doc, policy={}, input_spec={}, status="pending",
-        epoch=1,
-    )  # fmt: skip
-    adjustments.ensure_instances(run)
-    return run
 
 
 def _claim(run: Run, node: str) -> ledger.Claim:
@@ -67,7 +53,7 @@ def _seed_state(run: Run) -> dict[str, keystate.Totals]:
 
 def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
     # Given the reference pipeline and a new instance of stage agg
-    run = _run("reference")
+    run = pending_run("reference")
     adjustment = adjustments.begin(
         run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
         source="source",
@@ -111,7 +97,7 @@ def _queue(run: Run, seg_id: str, node: str, upstream: str, config: int = 0) -> 
 
 def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> None:
     # Given data queued at a keyed instance before an adjustment of its stage...
-    run = _run("running-totals")
+    run = pending_run("running-totals")
     _queue(run, "c1", "totals1", "source")
     adjustment = adjustments.begin(
         run.pk, Change("scale_out", added=(NewInstance("totals-4", "totals"),)), epoch=1,
@@ -131,7 +117,7 @@ def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> N
 
 def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processing() -> None:
     # Given old data at the sink from task1, then an adjustment of stage agg...
-    run = _run("reference")
+    run = pending_run("reference")
     _queue(run, "c1", "output", "task1")
     adjustment = adjustments.begin(
         run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
@@ -152,7 +138,7 @@ def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processi
 
 
 def test_a_removed_stateless_instance_hands_its_queued_data_to_the_new_graph() -> None:
-    run = _run("reference")
+    run = pending_run("reference")
     for i in range(6):
         _queue(run, f"c{i}", "task2", "source")
     adjustment = adjustments.begin(
@@ -171,7 +157,7 @@ def test_a_removed_stateless_instance_hands_its_queued_data_to_the_new_graph() -
 
 def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups() -> None:
     # Given two stateful instances holding their key groups' state
-    run = _run("running-totals")
+    run = pending_run("running-totals")
     before = _seed_state(run)
     # When a third instance joins, with the protocol driven through every claim
     adjustment = adjustments.begin(
@@ -196,7 +182,7 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
 
 
 def test_state_is_identical_after_scale_in_and_hot_migration() -> None:
-    run = _run("running-totals")
+    run = pending_run("running-totals")
     before = _seed_state(run)
     for change in (
         Change("scale_in", removed=("totals2",)),
@@ -214,7 +200,7 @@ def test_state_is_identical_after_scale_in_and_hot_migration() -> None:
 
 
 def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instances() -> None:
-    run = _run("running-totals")
+    run = pending_run("running-totals")
     before_doc = copy.deepcopy(run.topology)
     before = _seed_state(run)
     adjustment = adjustments.begin(
@@ -255,7 +241,7 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
 
 
 def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
-    run = _run("reference")
+    run = pending_run("reference")
     seg = ledger.NewSegment(
         id="late", chunk=0, origin_file=0, origin_offset=0, origin_length=1, node="task2",
         upstream="source", tag="", path="/dev/null", bytes=1,
@@ -293,7 +279,7 @@ def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     ],
 )
 def test_bad_adjustments_are_refused_and_change_nothing(change: Change, message: str) -> None:
-    run = _run("reference")
+    run = pending_run("reference")
     before = copy.deepcopy(run.topology)
     with pytest.raises(AdjustmentError, match=message):
         adjustments.begin(run.pk, change, epoch=1, source="source")
@@ -304,7 +290,7 @@ def test_bad_adjustments_are_refused_and_change_nothing(change: Change, message:
 
 
 def test_one_adjustment_at_a_time_and_only_for_the_current_driver() -> None:
-    run = _run("reference")
+    run = pending_run("reference")
     adjustments.begin(run.pk, Change("scale_in", removed=("task3",)), epoch=1, source="source")
     with pytest.raises(AdjustmentError, match="one adjustment at a time"):
         adjustments.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1,

@@ -12,28 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from orchestrator import adjustments, ledger
+from orchestrator import ledger
 from orchestrator.batches import process_batch
 from orchestrator.driver import Dispatch
 from orchestrator.lease import LeaseKeeper
 from orchestrator.models import Run, Segment
+from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
-
-
-def _run() -> Run:
-    doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
-    # Pending: the watchdog of a test session's workers must not give it a driver.
-    run = Run.objects.create(
-        pipeline_name=doc["name"], topology=doc, policy={}, input_spec={}, status="pending",
-        epoch=1,
-    )  # fmt: skip
-    adjustments.ensure_instances(run)
-    return run
 
 
 def _queue(run: Run, paths: list[Path | str], node: str = "task1") -> list[str]:
@@ -70,7 +57,7 @@ def _holders(ids: list[str]) -> set[tuple[str, str]]:
 
 
 def test_a_batch_running_longer_than_its_lease_keeps_it() -> None:
-    run = _run()
+    run = pending_run("reference")
     _queue(run, ["/dev/null"] * 3)
     ids = _claim(run, "w1", lease_s=0.6)
     with LeaseKeeper(ids, "w1", lease_s=0.6, max_hold_s=60) as keeper:
@@ -83,7 +70,7 @@ def test_a_batch_running_longer_than_its_lease_keeps_it() -> None:
 
 
 def test_a_hung_batch_goes_back_to_the_pool_after_the_longest_hold() -> None:
-    run = _run()
+    run = pending_run("reference")
     _queue(run, ["/dev/null"] * 3)
     ids = _claim(run, "w1", lease_s=0.6)
     with LeaseKeeper(ids, "w1", lease_s=0.6, max_hold_s=0.5):
@@ -93,7 +80,7 @@ def test_a_hung_batch_goes_back_to_the_pool_after_the_longest_hold() -> None:
 
 
 def test_the_keeper_stops_once_another_worker_has_the_batch() -> None:
-    run = _run()
+    run = pending_run("reference")
     _queue(run, ["/dev/null"] * 2)
     ids = _claim(run, "w1", lease_s=60)
     with LeaseKeeper(ids, "w1", lease_s=0.3, max_hold_s=60) as keeper:
@@ -143,7 +130,7 @@ def test_an_operator_batch_longer_than_its_lease_completes_once(
 ) -> None:
     settings.BPCONSOLE_LEASE_S = 0.6
     settings.DATA_DIR = tmp_path / "data"
-    run = _run()
+    run = pending_run("reference")
     paths = [_records(tmp_path / f"in{n}.jsonl", 40_000, n * 40_000) for n in range(4)]
     ids = _queue(run, paths)
     started = time.monotonic()
