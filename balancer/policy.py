@@ -424,6 +424,19 @@ PARAMETERS: tuple[Param, ...] = (
         min_inclusive=False,
         maximum=3600.0,
     ),
+    # Not a balancing mechanism: how the runtime treats a batch that keeps failing.
+    Param(
+        "max_batch_attempts",
+        "Batch attempts",
+        3,
+        "A batch whose operator fails this many times fails the run, with the error, "
+        "node and segment; a batch lost with its worker is not a failure of the batch.",
+        "runtime",
+        kind="int",
+        unit="attempts",
+        minimum=1,
+        maximum=20,
+    ),
 )
 
 PARAMETERS_BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMETERS}
@@ -474,6 +487,7 @@ class Policy:
     alpha: float = _default("alpha")
     beta: float = _default("beta")
     adjust_timeout_s: float = _default("adjust_timeout_s")
+    max_batch_attempts: int = _default("max_batch_attempts")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None = None) -> Policy:

@@ -7,24 +7,34 @@ and inserts no new rows; the completion is refused when the lease was lost meanw
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.db import DatabaseError
 
-from orchestrator import adjustments, keystate, ledger
+from orchestrator import adjustments, failures, keystate, ledger
 from orchestrator.lease import LeaseKeeper
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.routing import Routes
+from orchestrator.stopwatch import StopWatch, job_group
 from orchestrator.topology import bandwidth
 from sparkjobs.catalog import OPERATORS
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sparkjobs.aggregate import PartialOutput
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH_SEGMENTS = 64
 
@@ -36,10 +46,11 @@ class BatchReport:
     bytes: int
     malformed: int = 0
     aligned: adjustments.Aligned | None = None
+    failure: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "segments": self.segments, "bytes": self.bytes,
-                "malformed": self.malformed,
+                "malformed": self.malformed, "failure": self.failure,
                 "aligned": None if self.aligned is None else self.aligned.version}  # fmt: skip
 
 
@@ -63,14 +74,14 @@ def process_batch(
     run_id: int, node_name: str, routes_json: Mapping[str, Any] | None
 ) -> BatchReport:
     run = Run.objects.get(pk=run_id)
+    if not run.is_active:
+        return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
     owner = worker_identity()
     node = _node_at(run, node_name)
     if node["kind"] != "sink":
         # Spark first, then the batch: a new worker's JVM takes seconds to start, and
         # while a batch is claimed its node cannot align for an adjustment.
-        from sparkjobs.session import operator_session
-
-        operator_session()
+        _spark_ready()
     claim = ledger.claim_batch(
         run_id,
         node_name,
@@ -96,11 +107,48 @@ def process_batch(
         if node["kind"] == "sink":
             _merge(run, node_name, owner, claim.segments)
             return BatchReport(node_name, len(claim), size, aligned=aligned)
-        malformed = _operate(
-            run, topology=topology, node=node, owner=owner, claim=claim,
-            routes=Routes.from_json(routes_json),
-        )  # fmt: skip
+        try:
+            malformed = _operate(
+                run, topology=topology, node=node, owner=owner, claim=claim,
+                routes=Routes.from_json(routes_json),
+            )  # fmt: skip
+        except (ledger.LeaseLostError, DatabaseError):
+            raise  # not the operator's failure: the task's retry policy and the lease
+        except Exception as error:  # noqa: BLE001 - any operator error is this batch's
+            failure = _failed(run, node_name, owner, claim.segments, error)
+            return BatchReport(node_name, len(claim), size, aligned=aligned, failure=failure)
     return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
+
+
+def _spark_ready() -> None:
+    """This worker's Spark session, a new one when the JVM of the last has died."""
+    from orchestrator import heartbeat
+    from sparkjobs.session import operator_session, restart_if_dead
+
+    code = restart_if_dead()
+    if code is not None:
+        log.warning("the Spark JVM of this worker had exited with code %s; new session", code)
+    operator_session()
+    heartbeat.start()
+
+
+def _failed(run: Run, node: str, owner: str, segments: list[Segment], error: Exception) -> str:
+    """Record an operator's failure (retry, or fail the run); a batch of a run that was
+    stopped meanwhile was cancelled, not failed, and goes back to its pool."""
+    from sparkjobs.expressions import ExpressionRefused
+
+    if not Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).exists():
+        ledger.release(owner, segments)
+        return f"cancelled: run {run.pk} is no longer active"
+    text = failures.describe(error)
+    outcome = failures.record_failure(
+        run.pk, node, owner, segments, text,
+        max_attempts=int(run.policy.get("max_batch_attempts", 3)),
+        retryable=not isinstance(error, ExpressionRefused),
+    )  # fmt: skip
+    log.warning("run %s node %s: batch failed (attempt %s%s): %s", run.pk, node,
+                outcome.attempt, ", run failed" if outcome.run_failed else "", text)  # fmt: skip
+    return text
 
 
 def _node_at(run: Run, name: str) -> Mapping[str, Any]:
@@ -124,9 +172,7 @@ def _operate(
     claim: ledger.Claim,
     routes: Routes,
 ) -> int:
-    from sparkjobs.aggregate import AggregateParams, partial_aggregate
     from sparkjobs.session import operator_session
-    from sparkjobs.transform import transform
 
     name = node["name"]
     batch = claim.segments
@@ -139,13 +185,12 @@ def _operate(
     params = node.get("params") or {}
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
     stateful = OPERATORS[node["operator"]].stateful
-    if node["operator"] in ("aggregate", "running"):
-        produced = partial_aggregate(
-            spark, inputs, outputs, AggregateParams.from_params(params),
-            key_group=None if slots.whole else slots,
-        )  # fmt: skip
-    else:
-        produced = transform(spark, node["operator"], params, inputs, outputs)
+    group = job_group(run.pk)
+    spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
+    with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
+        produced = _run_operator(
+            spark, node=node, params=params, inputs=inputs, outputs=outputs, slots=slots
+        )
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     new = []
     for stem, seg in by_file.items():
@@ -180,6 +225,26 @@ def _operate(
 
     ledger.complete_batch(run.pk, owner, batch, new, malformed, fold=fold)
     return sum(malformed.values())
+
+
+def _run_operator(
+    spark: SparkSession,
+    *,
+    node: Mapping[str, Any],
+    params: Mapping[str, Any],
+    inputs: dict[str, Path],
+    outputs: dict[str, Path],
+    slots: KeyGroup,
+) -> Mapping[str, PartialOutput]:
+    from sparkjobs.aggregate import AggregateParams, partial_aggregate
+    from sparkjobs.transform import transform
+
+    if node["operator"] in ("aggregate", "running"):
+        return partial_aggregate(
+            spark, inputs, outputs, AggregateParams.from_params(params),
+            key_group=None if slots.whole else slots,
+        )  # fmt: skip
+    return transform(spark, node["operator"], params, inputs, outputs)
 
 
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:

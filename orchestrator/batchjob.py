@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from orchestrator import generator as generator_module
-from orchestrator.generator import GeneratorSpec, write_input
+from orchestrator.generator import GeneratorSpec, write_input_atomically
 from orchestrator.results import format_row, sorted_rows
 from orchestrator.runs import RunError
 from orchestrator.source import resolve_inputs
@@ -59,9 +58,7 @@ def generated_input(topology: Mapping[str, Any], generator: str | Mapping[str, A
     if not path.exists():
         # Written aside and renamed: a process killed half-way, or two writing at once,
         # must not leave a file that later batch jobs would take for the input.
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write_input(partial, spec, branches, float(params.get("segment_mb", 1.0)))
-        partial.replace(path)
+        write_input_atomically(path, spec, branches, float(params.get("segment_mb", 1.0)))
     return str(path)
 
 

@@ -50,7 +50,7 @@ from balancer.model import (
 from balancer.policy import Policy
 from balancer.pressure import operator_migration
 from balancer.stepwise import TaskSpeed, apply_signal
-from orchestrator import adjustments, ledger
+from orchestrator import adjustments, generation, ledger
 from orchestrator.adjuster import COMMANDS, Adjuster
 from orchestrator.batches import segment_path
 from orchestrator.control_plane import ControlPlane, StaleEpochError
@@ -192,6 +192,13 @@ class RunDriver:
         self.source = next(n for n in run.topology["nodes"] if n["kind"] == "source")
         adjustments.ensure_instances(run)
         self._reload_topology()
+        if generation.needs_input(run):  # written here, on a worker, never in a request
+            outcome = generation.prepare_input(
+                run, self.epoch, alive=lambda: not self.lost,
+                publish=lambda final: self._publish(run, final=final),
+            )  # fmt: skip
+            if outcome is not None:
+                return outcome
         self._open_source(run)
         self._restore_routes()
         self.adjuster = Adjuster(
@@ -222,9 +229,10 @@ class RunDriver:
             run.refresh_from_db(fields=["status", "epoch"])
             if run.epoch != self.epoch or self.superseded:
                 return "superseded by a newer driver"
-            if run.status == Run.Status.CANCELLED:
+            if run.status in (Run.Status.CANCELLED, Run.Status.FAILED):
+                # Stopped by an operator, or failed by a batch (orchestrator/failures.py).
                 self._publish(run, final=True)
-                return "cancelled"
+                return str(run.status)
             now = time.monotonic()
             sending = False
             if run.status == Run.Status.RUNNING:

@@ -113,8 +113,27 @@ def _run_spark_job() -> Check:
     return Check("spark", up=bool(answer["ok"]), detail=str(answer["detail"]))
 
 
+def check_spark_workers() -> Check:
+    """The Spark workers' own word on their JVMs (``orchestrator/heartbeat.py``): cheap,
+    and it sees what a separate probe job cannot, a worker whose JVM has died."""
+
+    def probe() -> str:
+        from orchestrator.heartbeat import beats
+
+        entries = beats()
+        dead = [b for b in entries if b["jvm"] != "up"]
+        if dead:
+            raise RuntimeError(
+                "; ".join(f"{b['worker']}: Spark JVM {b['jvm']}" for b in dead)
+                + " (the worker starts a new session at its next batch)"
+            )
+        return f"{len(entries)} Spark worker(s) report a live JVM"
+
+    return _guard("spark-workers", probe)
+
+
 def run_checks(*, spark: bool = True) -> list[Check]:
-    checks = [check_postgresql(), check_redis(), check_zookeeper()]
+    checks = [check_postgresql(), check_redis(), check_zookeeper(), check_spark_workers()]
     if spark:
         checks.append(check_spark())
     return checks

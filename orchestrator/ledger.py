@@ -344,6 +344,13 @@ def _upsert_results(run_id: int, deltas: list[KeyDelta]) -> None:
             )
 
 
+def release(owner: str, segments: Sequence[Segment]) -> int:
+    """Give claimed segments back to their pool unprocessed (a batch that was cancelled)."""
+    return Segment.objects.filter(
+        pk__in=[s.pk for s in segments], state=Segment.State.CLAIMED, lease_owner=owner
+    ).update(state=Segment.State.QUEUED, lease_owner="", lease_expires=None)
+
+
 def renew_lease(segment_ids: Sequence[str], owner: str, lease_s: float) -> int:
     """Extend the lease of the segments ``owner`` still holds; how many it holds."""
     return Segment.objects.filter(

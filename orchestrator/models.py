@@ -89,6 +89,9 @@ class Segment(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires = models.DateTimeField(null=True, blank=True)
     attempts = models.IntegerField(default=0)
+    failures = models.IntegerField(
+        default=0, help_text="Batches holding it whose operator failed (not lost workers)."
+    )
     available_at = models.DateTimeField(help_text="When it arrives (emulated link).")
     migrated_from = models.CharField(
         max_length=100, blank=True, help_text="The branch it was meant for, if migrated."

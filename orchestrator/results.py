@@ -64,7 +64,10 @@ def summary(run: Run) -> dict[str, Any]:
     from orchestrator.source import resolve_inputs
     from orchestrator.topology import input_extent
 
-    files = resolve_inputs(run.input_spec["paths"], run.input_spec.get("format", "jsonl"))
+    # A generated input has no paths until the run's driver has written it (a run
+    # cancelled or failed before that has nothing to cover).
+    paths = run.input_spec.get("paths") or []
+    files = resolve_inputs(paths, run.input_spec.get("format", "jsonl")) if paths else []
     cover = ledger.coverage(run, input_extent(files)).to_json()
     seconds = (
         (run.finished_at - run.started_at).total_seconds()

@@ -14,12 +14,12 @@ from balancer.policy import Policy
 from orchestrator.batches import run_dir
 from orchestrator.control_plane import ControlPlane
 from orchestrator.events import record_event
-from orchestrator.generator import GeneratorSpec, write_input
+from orchestrator.generator import GeneratorSpec
 from orchestrator.models import Run
 from orchestrator.routing import Routes
 from orchestrator.snapshot import Snapshot, build_snapshot
 from orchestrator.source import resolve_inputs
-from orchestrator.topology import downstreams_of
+from orchestrator.topology import operator_problems
 
 
 class RunError(ValueError):
@@ -35,24 +35,46 @@ def create_run(
     generator: str | Mapping[str, Any] | None = None,
     user: Any = None,
 ) -> Run:
-    """Validate the input and create the run (pending). Raises :class:`RunError`."""
+    """Validate the input and create the run (pending). Raises :class:`RunError`.
+
+    Nothing here grows with the input: files are only checked and measured, and a
+    generator spec is only checked against its bounds (``BPCONSOLE_GENERATOR_MAX_MB``);
+    the run's driver writes a generated input (orchestrator/generation.py).
+    """
     Policy.from_mapping(policy)  # a snapshot that no longer validates must not run
+    refused = operator_problems(topology)
+    if refused:
+        raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
     source = next(n for n in topology["nodes"] if n["kind"] == "source")
     params = source.get("params") or {}
     fmt = params.get("format", "jsonl")
     if (input_path is None) == (generator is None):
         raise RunError("give exactly one of an input path (or glob) and a generator spec")
     spec = GeneratorSpec.parse(generator) if generator is not None else None
-    if input_path is not None:
-        files = resolve_inputs(input_path, fmt)
-        paths = [f.path for f in files]
+    if spec is not None:
+        if fmt != "jsonl":
+            raise RunError("the generator writes JSON lines; the source must read jsonl")
+        input_spec: dict[str, Any] = {"format": fmt, "generator": spec.to_json()}
+        what = (
+            f"run created; its generated input ({spec.volume_mb:g} MB, seed {spec.seed}) "
+            "is written by the run's driver"
+        )
+    else:
+        files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
+        input_spec = {
+            "paths": [f.path for f in files],
+            "format": fmt,
+            "generator": None,
+            "extent_total": sum(f.size - f.data_start for f in files),
+        }
+        what = f"run created over {len(files)} input file(s)"
     with transaction.atomic():
         run = Run.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
             topology=dict(topology),
             policy=dict(policy),
-            input_spec={},
+            input_spec=input_spec,
             created_by=user if getattr(user, "is_authenticated", False) else None,
         )
         # The id is new, so anything in its folder or under its znode is left from a
@@ -60,22 +82,7 @@ def create_run(
         shutil.rmtree(run_dir(run.pk), ignore_errors=True)
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             control.delete_run(str(run.pk))
-        if spec is not None:
-            if fmt != "jsonl":
-                raise RunError("the generator writes JSON lines; the source must read jsonl")
-            path = run_dir(run.pk) / "input.jsonl"
-            write_input(path, spec, downstreams_of(topology, source["name"]),
-                        float(params.get("segment_mb", 1.0)))  # fmt: skip
-            files = resolve_inputs(str(path), fmt)
-            paths = [f.path for f in files]
-        run.input_spec = {
-            "paths": paths,
-            "format": fmt,
-            "generator": spec.to_json() if spec else None,
-            "extent_total": sum(f.size - f.data_start for f in files),
-        }
-        run.save(update_fields=["input_spec"])
-        record_event(run.pk, "run_created", f"run created over {len(paths)} input file(s)",
+        record_event(run.pk, "run_created", what,
                      user=user if getattr(user, "is_authenticated", False) else None)  # fmt: skip
     return run
 

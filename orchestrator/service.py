@@ -31,7 +31,7 @@ from orchestrator.runs import (
     snapshot,
     start_run,
 )
-from orchestrator.source import InputError
+from orchestrator.source import InputError, confined_files
 from sparkjobs.catalog import OPERATORS, OperatorSpec, validate_params
 
 # Importing ``celery_app`` makes the project's Celery app current in every process that
@@ -59,6 +59,7 @@ __all__ = [
     "PolicyError",
     "RunError",
     "batch_summary",
+    "confined_files",
     "create_run",
     "live_workers",
     "request_adjustment",
@@ -208,3 +209,14 @@ def live_group(run_id: int) -> str:
 
 
 __all__ += ["live_group"]
+
+
+def input_preparing(run: Any) -> dict[str, Any] | None:
+    """How far the writing of a run's generated input is ({"written", "total",
+    "fraction"}), or None once the input exists or for an input of files."""
+    from orchestrator.generation import preparing
+
+    return preparing(run.input_spec or {})
+
+
+__all__ += ["input_preparing"]

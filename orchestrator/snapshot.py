@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from orchestrator.generation import preparing
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
 
 RECENT_EVENTS = 30
@@ -83,6 +84,10 @@ def progress(run: Run) -> dict[str, Any]:
         "completed_fraction": (done / total) if total else 0.0,
         "migrated_segments": Segment.objects.filter(run=run).exclude(migrated_from="").count(),
         "input_bytes": run.input_bytes,
+        # The input's size once it exists (a generated one is written by the driver),
+        # and meanwhile how far its writing is: {"written", "total", "fraction"} or None.
+        "input_total": total,
+        "preparing": preparing(run.input_spec),
     }
 
 

@@ -18,7 +18,7 @@ import glob
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,63 @@ def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFil
             raise InputError(f"input {path!r} does not exist or is not a file")
         files.append(_measure(p.resolve(), fmt))
     return files
+
+
+MAX_INPUT_FILES = 10_000
+MAX_PATH_CHARS = 1000
+
+
+def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) -> list[str]:
+    """The files a path or glob from the console names, each resolved and inside a root.
+
+    A run started from the console may only read below the input roots: every match of
+    a pattern is resolved (``..`` and links followed) and refused when it leaves them,
+    and a match reached through a symbolic link is refused unless links are allowed
+    (``BPCONSOLE_INPUT_FOLLOW_SYMLINKS``): a link is how a folder someone can write to
+    comes to name ``/etc``. Raises :class:`InputError` naming the path and why.
+    """
+    real_roots = [Path(os.path.realpath(r)) for r in roots]
+    if not real_roots:
+        raise InputError("no input folder is configured (BPCONSOLE_INPUT_ROOTS)")
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text or "\x00" in text or len(text) > MAX_PATH_CHARS:
+        raise InputError(f"an input path is a path or glob of at most {MAX_PATH_CHARS} characters")
+    path = Path(text) if Path(text).is_absolute() else real_roots[0] / text
+    pattern = str(path)
+    # Never recursive: "**" matches one folder level, as "*" does.
+    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]  # noqa: PTH207
+    if not matches:
+        raise InputError(f"no input file matches {raw!r}")
+    if len(matches) > MAX_INPUT_FILES:
+        raise InputError(f"{raw!r} matches more than {MAX_INPUT_FILES} files")
+    allowed = ", ".join(str(r) for r in real_roots)
+    files = []
+    for match in matches:
+        real = Path(os.path.realpath(match))
+        root = next((r for r in real_roots if real == r or r in real.parents), None)
+        if root is None:
+            raise InputError(f"input {match!r} lies outside the input folders ({allowed})")
+        if not follow_symlinks and _through_link(Path(match), real_roots):
+            raise InputError(
+                f"input {match!r} is reached through a symbolic link; links are not followed "
+                "(an administrator can allow links that stay inside the input folders with "
+                "BPCONSOLE_INPUT_FOLLOW_SYMLINKS)"
+            )
+        if not real.is_file():
+            raise InputError(f"input {match!r} does not exist or is not a file")
+        files.append(str(real))
+    return files
+
+
+def _through_link(path: Path, real_roots: Sequence[Path]) -> bool:
+    """Is ``path``, or a folder between it and the input root holding it, a link?"""
+    roots = {str(r) for r in real_roots}
+    for step in (path, *path.parents):
+        if os.path.realpath(step) in roots:
+            return False  # the root itself may be a link: an administrator chose it
+        if step.is_symlink():
+            return True
+    return False
 
 
 def _measure(path: Path, fmt: str) -> InputFile:

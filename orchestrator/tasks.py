@@ -11,6 +11,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
+from django.db.models import Q
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from orchestrator import ledger
@@ -80,10 +81,13 @@ def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one."""
     reclaimed = ledger.reclaim_expired()
     started = []
+    # A pending run whose driver began writing its generated input (input_spec has
+    # "generating") lost that driver if nobody holds its lock: the next one resumes it.
     active = list(
-        Run.objects.filter(status__in=[Run.Status.RUNNING, Run.Status.PAUSED]).values_list(
-            "pk", flat=True
-        )
+        Run.objects.filter(
+            Q(status__in=[Run.Status.RUNNING, Run.Status.PAUSED])
+            | Q(status=Run.Status.PENDING, input_spec__has_key="generating")
+        ).values_list("pk", flat=True)
     )
     if active:
         with ControlPlane.connect(settings.ZK_HOSTS) as control:

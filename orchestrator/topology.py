@@ -8,7 +8,7 @@ from typing import Any
 
 from balancer.topology import LinkSpec, NodeSpec, Topology
 from orchestrator.source import InputFile
-from sparkjobs.catalog import OPERATORS
+from sparkjobs.catalog import OPERATORS, validate_params
 
 MB = 1024 * 1024
 MEGABIT_BYTES = 1_000_000 / 8
@@ -51,3 +51,18 @@ def bandwidth(topology: Mapping[str, Any], src: str, dst: str) -> float:
         if edge["from"] == src and edge["to"] == dst:
             return float(edge.get("bandwidth_mbps", 0.0))
     return 0.0
+
+
+def operator_problems(doc: Mapping[str, Any]) -> list[str]:
+    """Why a stored pipeline's nodes may not run as they are, one line per problem.
+
+    The console checks a document when it is saved; a run checks it again when it
+    starts, because what is admitted may have narrowed since (expressions, say).
+    """
+    return [
+        f"node {node['name']}: {problem}"
+        for node in doc["nodes"]
+        for problem in validate_params(
+            node.get("operator") or _default(node["kind"]), node["kind"], node.get("params") or {}
+        )
+    ]

@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import AggregateParams
+from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.records import MALFORMED_COL, RAW_COL, VALUE_TYPE, parse_fields, read_lines
 from sparkjobs.transform import CORRUPT
 
@@ -72,10 +73,7 @@ def _after_record_steps(
     if CORRUPT in frame.columns:
         frame = frame.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
     for operator, params in steps:
-        if operator == "filter":
-            frame = frame.where(F.expr(params["condition"]))
-        else:
-            frame = frame.select(*[F.expr(e) for e in params["columns"]])
+        frame = apply_record_step(frame, operator, params)
     return frame.select(
         F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns])).alias(RAW_COL)
     )

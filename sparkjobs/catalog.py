@@ -11,9 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sparkjobs import expressions
+
 NodeKind = Literal["source", "operator", "sink"]
 AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
 FORMATS = ("jsonl", "csv", "parquet")
+MAX_COLUMNS = 100
 IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 Check = Callable[[Any], str | None]
@@ -25,12 +28,12 @@ def _field_name(value: Any) -> str | None:
     return None
 
 
-def _expression(value: Any) -> str | None:
+def _expression(value: Any, *, project: bool = False) -> str | None:
+    """Why ``value`` is not an admitted expression (sparkjobs/expressions.py), or None."""
     if not isinstance(value, str) or not value.strip():
         return f"must be a non-empty Spark SQL expression, got {value!r}"
-    if ";" in value:
-        return "must be a single expression (no ';')"
-    return None
+    problems = expressions.check(value, project=project)
+    return "; ".join(str(p) for p in problems) or None
 
 
 def _number(low: float, high: float) -> Check:
@@ -65,11 +68,14 @@ def _aggregates(value: Any) -> str | None:
 def _expressions(value: Any) -> str | None:
     if not isinstance(value, list) or not value:
         return "must be a non-empty list of Spark SQL expressions"
-    for item in value:
-        problem = _expression(item)
+    if len(value) > MAX_COLUMNS:
+        return f"at most {MAX_COLUMNS} columns, got {len(value)}"
+    problems = []
+    for index, item in enumerate(value):
+        problem = _expression(item, project=True)
         if problem:
-            return problem
-    return None
+            problems.append(f"[{index}] {problem}")
+    return "; ".join(problems) or None
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import cache
 
+from py4j.protocol import Py4JError
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 # Spark binds its driver to the machine's hostname by default; on a single machine
@@ -57,3 +60,41 @@ def _operator_session() -> SparkSession:
     # as much as a small batch; a batch's paths are files, listed in a few milliseconds.
     session.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
     return session
+
+
+def jvm_exit_code() -> int | None:
+    """The exit code of this process's Spark JVM once it has died; None while it runs
+    (or before the first session started it)."""
+    gateway = SparkContext._gateway
+    process = getattr(gateway, "proc", None)
+    return None if process is None else process.poll()
+
+
+def restart_if_dead() -> int | None:
+    """Forget a session whose JVM died, so the next call starts a new one.
+
+    pyspark caches the gateway, context and session process-wide and never checks them:
+    after the JVM died every batch failed at once on a refused connection. Returns the
+    dead JVM's exit code, or None when it was alive (nothing changed).
+    """
+    code = jvm_exit_code()
+    if code is None:
+        return None
+    context = SparkContext._active_spark_context
+    gateway = SparkContext._gateway
+    # Releasing the Python side of a dead JVM's context and gateway fails on its refused
+    # connection part-way; what is left is dropped with the references below.
+    with contextlib.suppress(Py4JError, OSError):
+        if context is not None:
+            context.stop()
+    with contextlib.suppress(Py4JError, OSError):
+        if gateway is not None:
+            gateway.shutdown()
+    SparkContext._active_spark_context = None
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    spark_session.cache_clear()
+    _operator_session.cache_clear()
+    return code

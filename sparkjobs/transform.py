@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import PartialOutput
+from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.records import SEGMENT_COL, segment_of
 from sparkjobs.segments import write_atomic
 
@@ -40,12 +41,7 @@ def transform(
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
         data_cols = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
         good = good.select(SEGMENT_COL, *data_cols)
-        if operator == "filter":
-            result = good.where(F.expr(params["condition"]))
-        elif operator == "project":
-            result = good.select(SEGMENT_COL, *[F.expr(e) for e in params["columns"]])
-        else:
-            raise ValueError(f"unknown record operator {operator!r}")
+        result = apply_record_step(good, operator, params, keep=[SEGMENT_COL])
         payload = [c for c in result.columns if c != SEGMENT_COL]
         rows = result.select(
             SEGMENT_COL, F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("j")

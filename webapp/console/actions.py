@@ -97,21 +97,16 @@ def input_roots() -> list[Path]:
     return [Path(p).resolve() for p in settings.INPUT_ROOTS]
 
 
-def checked_input_path(raw: str) -> str:
-    """An input path (or glob) from the browser, kept inside the configured input folders:
-    an operator must not turn any file the server can read into a run's input."""
-    roots = input_roots()
-    path = Path(raw.strip())
-    if not path.is_absolute():
-        if not roots:
-            raise ActionError("no input folder is configured (BPCONSOLE_INPUT_ROOTS)")
-        path = roots[0] / path
-    # Resolve the folder part only: the last part may be a glob pattern.
-    folder = path.parent.resolve()
-    if not any(folder == root or root in folder.parents for root in roots):
-        allowed = ", ".join(str(r) for r in roots) or "none configured"
-        raise ActionError(f"input paths must lie under an input folder ({allowed}), got {raw!r}")
-    return str(folder / path.name)
+def checked_input_files(raw: str) -> list[str]:
+    """The files an input path (or glob) from the browser names, every one resolved and
+    inside the configured input folders: an operator must not turn any file the server
+    can read into a run's input (orchestrator/source.py ``confined_files``)."""
+    try:
+        return service.confined_files(
+            raw, input_roots(), follow_symlinks=settings.INPUT_FOLLOW_SYMLINKS
+        )
+    except service.InputError as exc:
+        raise ActionError(str(exc)) from None
 
 
 def start_run(request: RunRequest, user: User) -> Any:
@@ -126,7 +121,7 @@ def start_run(request: RunRequest, user: User) -> Any:
     inputs: dict[str, Any] = (
         {"generator": request.generator.strip()}
         if request.generator
-        else {"input_path": checked_input_path(request.input_path or "")}
+        else {"input_path": checked_input_files(request.input_path or "")}
     )
     try:
         run = service.create_run(

@@ -44,6 +44,7 @@ def _policy_fieldsets() -> list[tuple[str, dict[str, object]]]:
         "credit": "Credit-based flow control",
         "migration": "Pressure-score migration",
         "rescale": "Hot rescale",
+        "runtime": "Runtime (batches that keep failing)",
     }
     return [(None, {"fields": ["name", "description", "is_default"]})] + [  # type: ignore[list-item]
         (titles.get(group, group), {"fields": names}) for group, names in groups.items()

@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from orchestrator import service
+
 
 def run_json(run: Any) -> dict[str, Any]:
     spec = run.input_spec or {}
@@ -24,6 +26,7 @@ def run_json(run: Any) -> dict[str, Any]:
             "paths": spec.get("paths", []),
             "format": spec.get("format"),
             "bytes": int(spec.get("extent_total") or 0),
+            "preparing": service.input_preparing(run),
         },
         "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration", "tick_ms")},
         "error": run.error,
@@ -98,6 +101,11 @@ class RunInputSerializer(serializers.Serializer):
     paths = serializers.ListField(child=serializers.CharField())
     format = serializers.CharField(allow_null=True)
     bytes = serializers.IntegerField()
+    preparing = serializers.DictField(
+        allow_null=True,
+        help_text="While the run's driver writes a generated input: written and total bytes "
+        "and the fraction; null once the input exists (bytes is then its size)",
+    )
 
 
 class RunSerializer(serializers.Serializer):

@@ -214,6 +214,7 @@ def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
             ],
         },
         "input_bytes": int(run.input_spec.get("extent_total") or 0),
+        "preparing": service.input_preparing(run),
         "can_operate": has_role(request.user, "operator"),
         "user": request.user.get_username(),
         "ws_path": f"/ws/runs/{run.pk}/",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from orchestrator.launcher import recorded_endpoints, var_dir_from_env
 from webapp.settings.env import database_from_url, env_bool, env_int, env_list, env_str
 
@@ -25,6 +27,9 @@ DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
 # Folders a run started from the console may read its input from (the command line is
 # not limited): a browser must not turn any file the server can read into a run's input.
 INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DATA_DIR)])
+# A match reached through a symbolic link is refused unless this is set (the link's
+# target must still lie inside the input roots).
+INPUT_FOLLOW_SYMLINKS = env_bool("BPCONSOLE_INPUT_FOLLOW_SYMLINKS", default=False)
 # How long a worker owns a claimed batch without renewing it (it renews every third of
 # this while the batch runs) before others may take it over.
 BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
@@ -34,6 +39,14 @@ BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
 BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
 # The longest a worker may hold one batch: a hung worker's batch goes back to the pool.
 BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
+# The largest input the built-in generator writes for one run, in MB (4 GB by default):
+# a run's generator spec asking for more is refused before anything is written, so an
+# operator cannot fill the data folder's disk (docs/security.md, "Bounded generation").
+BPCONSOLE_GENERATOR_MAX_MB = env_int("BPCONSOLE_GENERATOR_MAX_MB", 4096)
+if BPCONSOLE_GENERATOR_MAX_MB < 1:
+    raise ImproperlyConfigured(
+        f"BPCONSOLE_GENERATOR_MAX_MB={BPCONSOLE_GENERATOR_MAX_MB} must be at least 1 (MB)"
+    )
 
 SECRET_KEY = env_str("SECRET_KEY", "")
 HEALTH_TOKEN = env_str("BPCONSOLE_HEALTH_TOKEN", "")

@@ -20,6 +20,7 @@
 
   const state = {
     snapshot: null,
+    inputTotal: 0,                 // input bytes, once it exists (the driver writes a generated one)
     history: new Map(),            // node -> [{t, level, high, low}]
     rates: new Map(),              // node -> {in, out, t}: rates averaged over ~2 s
     completion: [],                // [seconds, fraction]
@@ -158,7 +159,7 @@
   function throughputOf(points, windowS) {
     // Merged bytes per second over a sliding window (the sink merges in bursts).
     const span = windowS || THROUGHPUT_WINDOW_S;
-    const total = config.input_bytes || 0;
+    const total = state.inputTotal || config.input_bytes || 0;
     const out = [];
     let j = 0;
     for (let i = 1; i < points.length; i++) {
@@ -179,6 +180,11 @@
     badge.setAttribute("data-status", run.status);
     $("run-elapsed").textContent = BP.duration(run.elapsed_s);
     $("run-completed").textContent = BP.pct(run.completed_fraction, 1);
+    // A generated input is written by the run's driver before the source starts.
+    const preparing = run.preparing;
+    $("run-preparing").hidden = !preparing;
+    if (preparing) $("run-preparing").textContent = `preparing input: ${BP.pct(preparing.fraction)}`;
+    if (run.input_total) state.inputTotal = run.input_total;
     $("run-chunks").textContent = `${run.merged_chunks || 0} / ${run.chunks_total ?? "?"}`;
     $("run-migrated").textContent = run.migrated_segments ?? 0;
     const flagged = (snap.nodes || []).filter((n) => n.state && n.state.flagged).map((n) => n.name);

@@ -1,0 +1,67 @@
+"""A worker stops a batch's Spark jobs the moment its run stops or fails.
+
+Without it a stopped run's batch ran to the end (17 s, measured), and a failed run's
+other batches went on writing. The batch's jobs run in a Spark job group named for
+the run; a thread polls the run's status and cancels the group as soon as the run is
+no longer active. Spark interrupts the group's tasks and the batch's call raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from django.db import DatabaseError, connection
+
+from orchestrator.models import Run
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+
+
+def job_group(run_id: int) -> str:
+    return f"bpconsole-run-{run_id}"
+
+
+class StopWatch:
+    def __init__(self, run_id: int, cancel: Callable[[], None], *, poll_s: float = POLL_S) -> None:
+        self.run_id = run_id
+        self.cancel = cancel
+        self.poll_s = poll_s
+        self.stopped = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stop-watch", daemon=True)
+
+    def __enter__(self) -> StopWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._done.wait(self.poll_s):
+                try:
+                    status = (
+                        Run.objects.filter(pk=self.run_id).values_list("status", flat=True).first()
+                    )
+                except DatabaseError:
+                    continue  # the batch's own writes will say whether the database is gone
+                if status not in Run.ACTIVE:
+                    log.info("run %s is %s: cancelling its Spark jobs", self.run_id, status)
+                    self.stopped.set()
+                    self.cancel()
+                    return
+        finally:
+            # Django opened a connection for this thread; nobody else will close it.
+            connection.close()

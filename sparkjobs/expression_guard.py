@@ -1,0 +1,181 @@
+"""The worker's check of a filter condition or project column, on Spark's own parse.
+
+The console admitted the expression with ``sparkjobs/expressions.py`` (pure Python).
+Here, before any job runs, Spark's own SQL parser reads the very text that Spark will
+execute, and every node of that parse must be of an allowed kind: a construct the two
+parsers read differently is refused by at least one of them. A field reference must
+name a field of the records, because Spark reads ``user`` or ``current_date`` as a
+function when the data has no field of that name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkjobs.expressions import (
+    MAX_DEPTH,
+    MAX_EXPRESSION_CHARS,
+    MAX_NODES,
+    ExpressionProblem,
+    ExpressionRefused,
+    refusal_reason,
+    words,
+)
+
+#: Catalyst expressions the admitted language parses into (checked against Spark 4).
+ALLOWED_NODES = frozenset(
+    words(
+        "Add Alias And BitwiseAnd BitwiseNot BitwiseOr BitwiseXor CaseWhen Cast Concat "
+        "CreateNamedStruct Divide EqualNullSafe EqualTo GreaterThan GreaterThanOrEqual ILike "
+        "In IntegralDivide IsNotNull IsNull LessThan LessThanOrEqual Like Literal Multiply "
+        "Not Or Remainder ShiftLeft ShiftRight ShiftRightUnsigned Subtract UnaryMinus "
+        "UnaryPositive UnresolvedAttribute UnresolvedExtractValue UnresolvedFunction"
+    )
+)
+SUBQUERY_NODES = frozenset(
+    words(
+        "ScalarSubquery Exists ListQuery InSubquery LateralSubquery FunctionTableSubqueryArgument"
+    )
+)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One node of Spark's parse, as far as the check needs it."""
+
+    kind: str
+    position: int
+    name: str = ""  # function or field name
+    detail: str = ""  # a function call's modifier Spark would honour (DISTINCT, FILTER...)
+
+
+_parsed: dict[str, list[_Part]] = {}
+
+
+def _parts(spark: SparkSession, text: str) -> list[_Part]:
+    """Spark's parse of ``text`` as a flat list of parts (cached: the parse never changes)."""
+    cached = _parsed.get(text)
+    if cached is not None:
+        return cached
+    parser = spark._jsparkSession.sessionState().sqlParser()  # Spark's own parser
+    try:
+        root = parser.parseExpression(text)
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's ParseException
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        problem = ExpressionProblem(0, f"Spark cannot parse it: {first}")
+        raise ExpressionRefused(text, [problem]) from None
+    parts = list(_walk(root))
+    if len(_parsed) > 10_000:  # texts come from topologies: a handful per run
+        _parsed.clear()
+    _parsed[text] = parts
+    return parts
+
+
+def _walk(root: Any) -> Iterator[_Part]:
+    stack = [(root, 0)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        kind = node.getClass().getSimpleName()
+        origin = node.origin().startIndex()
+        position = int(origin.get()) if origin.isDefined() else 0
+        if seen > MAX_NODES or depth > MAX_DEPTH:
+            yield _Part("too complex", position)
+            return
+        if kind == "UnresolvedFunction":
+            name_parts = node.nameParts()
+            name = ".".join(name_parts.apply(i) for i in range(name_parts.size()))
+            modifiers = [
+                word
+                for word, used in (
+                    ("DISTINCT", node.isDistinct()),
+                    ("FILTER", node.filter().isDefined()),
+                    ("WITHIN GROUP", node.orderingWithinGroup().nonEmpty()),
+                )
+                if used
+            ]
+            yield _Part(kind, position, name, ", ".join(modifiers))
+        elif kind == "UnresolvedAttribute":
+            name_parts = node.nameParts()
+            yield _Part(kind, position, str(name_parts.apply(0)) if name_parts.size() else "")
+        elif kind == "UnresolvedStar":
+            target = node.target()
+            yield _Part(kind, position, "" if target.isEmpty() else "qualified")
+        else:
+            yield _Part(kind, position)
+        children = node.children()
+        stack.extend((children.apply(i), depth + 1) for i in range(children.size() - 1, -1, -1))
+
+
+def problems(
+    spark: SparkSession, text: str, *, fields: Collection[str], project: bool
+) -> list[ExpressionProblem]:
+    """Every reason Spark's parse of ``text`` is not admitted over records with ``fields``."""
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
+        limit = f"must be a non-empty expression of at most {MAX_EXPRESSION_CHARS} characters"
+        return [ExpressionProblem(0, limit)]
+    known = {f.lower() for f in fields}
+    found = []
+    for part in _parts(spark, text):
+        problem = _problem(part, known, project=project)
+        if problem:
+            found.append(ExpressionProblem(part.position, problem))
+    return found
+
+
+def _problem(part: _Part, known: set[str], *, project: bool) -> str | None:
+    if part.kind == "too complex":
+        return f"too complex (more than {MAX_NODES} parts or {MAX_DEPTH} levels)"
+    if part.kind in SUBQUERY_NODES:
+        return "subqueries and table references are not allowed"
+    if part.kind == "UnresolvedFunction":
+        if "." in part.name:
+            return f"qualified function names are not allowed ({part.name!r})"
+        if part.detail:
+            return f"{part.detail} in a call of {part.name!r} is not allowed"
+        return refusal_reason(part.name)
+    if part.kind == "UnresolvedAttribute":
+        if part.name.lower() not in known:
+            fields = ", ".join(sorted(known)) or "none"
+            return f"unknown field {part.name!r} (the records have: {fields})"
+        return None
+    if part.kind == "UnresolvedStar":
+        return None if project else "'*' is only a project column"
+    if part.kind not in ALLOWED_NODES:
+        return f"{part.kind or 'this construct'} is not allowed in an expression"
+    return None
+
+
+def admitted(
+    spark: SparkSession, text: str, *, fields: Collection[str], project: bool = False
+) -> Column:
+    """The Spark column for ``text`` once Spark's parse of it is admitted; raises
+    :class:`~sparkjobs.expressions.ExpressionRefused` before anything runs otherwise."""
+    found = problems(spark, text, fields=fields, project=project)
+    if found:
+        raise ExpressionRefused(text, found)
+    return F.expr(text)
+
+
+def apply_record_step(
+    frame: DataFrame, operator: str, params: Any, *, keep: Collection[str] = ()
+) -> DataFrame:
+    """``frame`` after a filter or project node, its expressions admitted first.
+
+    ``keep``: columns carried through a project untouched (the segment a record came
+    from); they are neither fields an expression may name nor part of the output.
+    """
+    spark = frame.sparkSession
+    fields = [c for c in frame.columns if c not in keep]
+    if operator == "filter":
+        return frame.where(admitted(spark, params["condition"], fields=fields))
+    if operator == "project":
+        columns = [admitted(spark, e, fields=fields, project=True) for e in params["columns"]]
+        return frame.select(*keep, *columns)
+    raise ValueError(f"unknown record operator {operator!r}")

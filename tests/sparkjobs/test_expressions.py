@@ -1,0 +1,182 @@
+"""Expressions are an allow-list: the console's parser (sparkjobs/expressions.py) admits
+column references, literals, operators, CASE, casts and pure built-ins, and refuses
+everything else with the function's name and where it is."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkjobs.expressions import (
+    ALLOWED_FUNCTIONS,
+    MAX_DEPTH,
+    MAX_EXPRESSION_CHARS,
+    REFUSED_FUNCTIONS,
+    ExpressionRefused,
+    admit,
+    check,
+)
+
+# The attacks of the security issue, as an operator typed them.
+LEAK_COLUMN = (
+    "concat_ws('|', reflect('java.lang.System','getenv','DATABASE_URL'), "
+    "java_method('java.lang.System','getProperty','user.name')) AS key"
+)
+SUBQUERY = "(SELECT first(value) FROM text.`/etc/passwd`) AS key"
+
+
+def messages(text: str, *, project: bool = False) -> list[str]:
+    return [str(p) for p in check(text, project=project)]
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "position"),
+    [
+        ("reflect('java.lang.System','getenv','DATABASE_URL')", "reflect", 1),
+        ("reflect('java.lang.System','getenv')", "reflect", 1),
+        ("reflect('java.lang.System','exit',3) > 0", "reflect", 1),
+        ("java_method('java.lang.System','getProperty','user.name') = 'root'", "java_method", 1),
+        ("try_reflect('java.lang.Thread','sleep', 1000) IS NULL", "try_reflect", 1),
+        ("value > 1 AND raise_error('boom') IS NULL", "raise_error", 15),
+        ("assert_true(value > 1) IS NULL", "assert_true", 1),
+        ("rand() > 0.5", "rand", 1),
+        ("input_file_name() LIKE '%x%'", "input_file_name", 1),
+        ("current_user() = 'root'", "current_user", 1),
+        ("my_udf(value) > 1", "my_udf", 1),
+        ("regexp_extract(key, '(a+)+$', 1) = ''", "regexp_extract", 1),
+        ("length(repeat('x', 2000000000)) > 0", "repeat", 8),
+    ],
+)
+def test_a_refused_function_is_named_with_its_position(text: str, name: str, position: int) -> None:
+    found = messages(text)
+    assert found, text
+    assert f"at character {position}: function '{name}' is not allowed" in found[0]
+
+
+def test_the_leaking_project_column_is_refused_for_each_java_call() -> None:
+    found = messages(LEAK_COLUMN, project=True)
+    assert [m.split(":")[1].strip() for m in found] == [
+        "function 'reflect' is not allowed",
+        "function 'java_method' is not allowed",
+    ]
+    assert "calls Java methods" in found[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        SUBQUERY,
+        "key IN (SELECT key FROM t)",
+        "EXISTS (SELECT 1)",
+        "value > (SELECT max(value) FROM json.`/etc/passwd`)",
+    ],
+)
+def test_subqueries_and_data_sources_are_refused(text: str) -> None:
+    assert any("subqueries" in m for m in messages(text, project=True))
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("`sys`.`reflect`('a', 'b')", "qualified function names"),
+        ("IDENTIFIER('reflect')('a')", "IDENTIFIER"),
+        ("transform(array(1), x -> x + 1) IS NULL", "lambda"),
+        ("count(DISTINCT key) > 1", "DISTINCT"),
+        ("sum(value) OVER () > 1", "OVER"),
+        ("key = 'a' -- ' OR reflect('a','b')", "comments"),
+        ("key = 'a' /* */", "comments"),
+        ("current_user = 'root'", "server's environment"),
+        ("value; DROP TABLE x", "unexpected character ';'"),
+        ("key RLIKE '(a+)+$'", "regular expressions"),
+        ("CAST(value AS ARRAY<INT>) IS NULL", "only simple types"),
+        ("value AS v", "AS names a project column"),
+    ],
+)
+def test_constructs_outside_the_language_are_refused_with_a_reason(text: str, why: str) -> None:
+    assert any(why in m for m in messages(text)), messages(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "project"),
+    [
+        ("value > 10 AND key LIKE 'key-1%'", False),
+        ("NOT (value BETWEEN 1 AND 2) OR key IN ('a', 'b')", False),
+        ("user = 'u1' AND value IS NOT NULL", False),
+        ("coalesce(nullif(key, ''), 'none') <> 'none'", False),
+        ("get_json_object(payload, '$.a.b') = 'x'", False),
+        ("CASE WHEN value > 100 THEN 'high' ELSE 'low' END AS band", True),
+        ("upper(key) AS key", True),
+        ("CAST(value AS DECIMAL(38, 10)) * 2 AS value", True),
+        ("value::double / 3 AS third", True),
+        ("date_format(to_timestamp(ts), 'yyyy-MM') AS month", True),
+        ("ts - INTERVAL 2 HOURS AS earlier", True),
+        ("concat_ws('-', key, user) `joined key`", True),
+        ("sha2(user, 256) AS user", True),
+        ("*", True),
+        ("'it''s' || \"a\\\"b\" AS quoted", True),
+        ("abs(-value) % 3 DIV 2 + 1e3 - 2.5BD AS n", True),
+    ],
+)
+def test_ordinary_expressions_are_admitted(text: str, project: bool) -> None:
+    assert check(text, project=project) == []
+    assert admit(text, project=project) == text
+
+
+def test_size_and_nesting_are_bounded() -> None:
+    assert "longer than" in messages("a" * (MAX_EXPRESSION_CHARS + 1))[0]
+    deep = "(" * (MAX_DEPTH + 5) + "a" + ")" * (MAX_DEPTH + 5)
+    assert "nested more than" in messages(deep)[0]
+    negations = "NOT " * 100_000 + "a"
+    assert check(negations)  # refused, not a RecursionError
+    with pytest.raises(ExpressionRefused, match="at character"):
+        admit("reflect('a', 'b')")
+
+
+def test_no_function_is_both_allowed_and_refused() -> None:
+    assert not set(ALLOWED_FUNCTIONS) & set(REFUSED_FUNCTIONS)
+
+
+ALLOWED_CALLS = sorted(name for name, kind in ALLOWED_FUNCTIONS.items() if kind != "cast")
+atoms = st.one_of(
+    st.sampled_from(["key", "value", "`user name`", "1", "2.5", "'text'", "NULL", "TRUE"]),
+)
+
+
+@st.composite
+def admitted_expressions(draw: st.DrawFn, depth: int = 3) -> str:
+    if depth == 0:
+        return draw(atoms)
+    left = draw(admitted_expressions(depth=depth - 1))
+    right = draw(admitted_expressions(depth=depth - 1))
+    form = draw(st.integers(0, 4))
+    if form == 0:
+        return f"{draw(st.sampled_from(ALLOWED_CALLS))}({left}, {right})"
+    if form == 1:
+        operator = draw(st.sampled_from(["+", "-", "*", "/", "=", "<>", "AND", "OR", "||"]))
+        return f"({left} {operator} {right})"
+    if form == 2:
+        return f"CASE WHEN {left} THEN {right} ELSE NULL END"
+    if form == 3:
+        return f"(NOT {left})"  # NOT binds looser than arithmetic, as in Spark
+    return f"CAST({left} AS STRING)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(admitted_expressions())
+def test_anything_built_from_the_language_is_admitted(text: str) -> None:
+    assert check(text) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(admitted_expressions(), st.sampled_from(sorted(REFUSED_FUNCTIONS)))
+def test_a_refused_call_anywhere_is_found(text: str, name: str) -> None:
+    hostile = f"{text} = {name}('x')"
+    assert any(f"function '{name}' is not allowed" in m for m in messages(hostile))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_is_admitted_or_refused_never_a_crash(text: str) -> None:
+    result = check(text, project=True)
+    assert isinstance(result, list)
