@@ -133,7 +133,9 @@ def check_spark_workers() -> Check:
 
 
 def run_checks(*, spark: bool = True) -> list[Check]:
-    checks = [check_postgresql(), check_redis(), check_zookeeper(), check_spark_workers()]
+    checks = [check_postgresql(), check_redis(), check_zookeeper()]
+    if spark:
+        checks.append(check_spark_workers())
     if spark:
         checks.append(check_spark())
     return checks

@@ -96,7 +96,7 @@ def test_a_dead_spark_jvm_is_reported_and_replaced(services, client) -> None:
         # Then its heartbeat says so
         assert child.stdout.readline().split() == ["beat", "exited", "with", "code", "-9"]
         # and /healthz reports the dead JVM while the heartbeat lasts
-        answer = client.get("/healthz?spark=0")
+        answer = client.get("/healthz")
         assert answer.status_code == 503
         check = next(c for c in answer.json()["checks"] if c["service"] == "spark-workers")
         assert "jvm-test: Spark JVM exited with code -9" in check["detail"]
