@@ -104,7 +104,7 @@ def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) ->
         real = Path(os.path.realpath(match))
         root = next((r for r in real_roots if real == r or r in real.parents), None)
         if root is None:
-            raise InputError(f"input {match!r} lies outside the input folders ({allowed})")
+            raise InputError(f"input {match!r} must lie under an input folder ({allowed})")
         if not follow_symlinks and _through_link(Path(match), real_roots):
             raise InputError(
                 f"input {match!r} is reached through a symbolic link; links are not followed "

@@ -132,7 +132,7 @@ def test_a_symlink_out_of_the_input_root_is_refused(
     response = start(client, pattern.format(root=input_root))
     # Then it is refused: the file lies outside the input folders; no run was created
     assert response.status_code == 400, response.json()
-    assert "outside the input folders" in response.json()["detail"]
+    assert "must lie under an input folder" in response.json()["detail"]
     assert Run.objects.count() == 0 and no_start == []
 
 
