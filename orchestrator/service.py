@@ -168,6 +168,12 @@ def completion_history(run_id: int, points: int = 400) -> list[tuple[float, floa
     return curve
 
 
+# A text the user sent that names no node of the run is kept only this long, marked.
+REFUSAL_MENTION_CHARS = 32
+# Namespace of the advisory locks that serialise one user's refusals (pg_advisory_xact_lock).
+_REFUSAL_LOCKS = 0x62707266
+
+
 def record_refusal(
     *,
     run_id: int | None,
@@ -177,17 +183,79 @@ def record_refusal(
     data: dict[str, Any] | None = None,
 ) -> Any:
     """An action the console refused (a viewer pressing an operator's button), as an
-    event with the user, so it shows in the run's timeline and the activity page."""
-    from orchestrator.events import record_event
+    event with the user, so it shows in the run's timeline and the activity page.
 
-    return record_event(
-        run_id,
-        "action_refused",
-        reason,
-        node=str((data or {}).get("node", "")),
-        user=user if getattr(user, "is_authenticated", False) else None,
-        data={"action": action, **(data or {})},
-    )
+    The event names a node only when it is a node of the run; any other text the user
+    sent as a node is kept in ``data["unknown_node"]``, cut to a few characters. The
+    same user's refusals of the same action on the same run, less than
+    ``BPCONSOLE_REFUSAL_WINDOW_S`` apart, are one event: its ``data["count"]`` (absent:
+    once) and ``data["last"]`` go up instead of new events being written, so a refused
+    user cannot push the run's real events out of the live view.
+    """
+    import zlib
+    from datetime import datetime, timedelta
+
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from orchestrator.events import record_event
+    from orchestrator.models import Event
+
+    if not getattr(user, "is_authenticated", False):
+        user = None
+    node, details = _refusal_details(run_id, data or {})
+    now = timezone.now()
+    window = timedelta(seconds=settings.BPCONSOLE_REFUSAL_WINDOW_S)
+    with transaction.atomic():
+        # One writer at a time per (user, run, action): two refusals at the same moment
+        # must not both find no recent event and both write one.
+        key = zlib.crc32(f"{getattr(user, 'pk', None)}:{run_id}:{action}".encode())
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, %s)", [_REFUSAL_LOCKS, key - (1 << 31)]
+            )
+        recent = (
+            Event.objects.select_for_update()
+            .filter(kind="action_refused", run_id=run_id, user=user, data__action=action)
+            .order_by("-time", "-id")
+            .first()
+        )
+        last = recent and (
+            datetime.fromisoformat(recent.data["last"]) if "last" in recent.data else recent.time
+        )
+        if recent is not None and last and now - last < window:
+            count = int(recent.data.get("count", 1)) + 1
+            recent.data = {**recent.data, "count": count, "last": now.isoformat()}
+            recent.reason = f"{reason} ({count} attempts, the last at {now:%H:%M:%S} UTC)"
+            recent.save(update_fields=["data", "reason"])
+            return recent
+        return record_event(
+            run_id,
+            "action_refused",
+            reason,
+            node=node,
+            user=user,
+            data={"action": action, **details},
+        )
+
+
+def _refusal_details(run_id: int | None, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The node a refusal names (a node of the run, or "") and its data to keep."""
+    from orchestrator.models import Run
+
+    details = {key: str(value)[:100] for key, value in data.items() if key != "node"}
+    sent = data.get("node")
+    if sent in (None, ""):
+        return "", details
+    topology = Run.objects.filter(pk=run_id).values_list("topology", flat=True).first()
+    nodes = {n.get("name") for n in (topology or {}).get("nodes", []) if isinstance(n, dict)}
+    if isinstance(sent, str) and sent in nodes:
+        return sent, {"node": sent, **details}
+    text = str(sent)
+    if len(text) > REFUSAL_MENTION_CHARS:
+        text = text[:REFUSAL_MENTION_CHARS] + "…"
+    return "", {"unknown_node": text, **details}
 
 
 __all__ += [

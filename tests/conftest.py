@@ -161,7 +161,8 @@ def asgi_server(services: Endpoints, django_db_setup: None) -> Iterator[AsgiServ
         process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
              "webapp.asgi:application"],
-            env=child_env(services),
+            # The pages the browser loads from this port may open websockets to it.
+            env={**child_env(services), "BPCONSOLE_ALLOWED_ORIGINS": f"http://127.0.0.1:{port}"},
             cwd=PROJECT_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+A websocket's Origin must equal one of BPCONSOLE_ALLOWED_ORIGINS in scheme, host and
+port (webapp/console/security.py): a page on another port or scheme of the same host, a
+missing Origin or an opaque one (``null``) is refused before the session is read.
+"""
 
 import os
 
@@ -9,14 +14,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs Django set up first
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from webapp.console.security import websocket_origin_validator  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": websocket_origin_validator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }

@@ -26,14 +26,16 @@ def session_cookie(name: str, role: str | None) -> bytes:
     return f"sessionid={client.cookies['sessionid'].value}".encode()
 
 
-def communicator(run_id: int, cookie: bytes | None, origin: bytes = GOOD_ORIGIN) -> Any:
-    headers = [(b"host", b"127.0.0.1:8000"), (b"origin", origin)]
+def communicator(run_id: int, cookie: bytes | None, origin: bytes | None = GOOD_ORIGIN) -> Any:
+    headers = [(b"host", b"127.0.0.1:8000")]
+    if origin is not None:
+        headers.append((b"origin", origin))
     if cookie is not None:
         headers.append((b"cookie", cookie))
     return WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
 
 
-def connects(run_id: int, cookie: bytes | None, origin: bytes = GOOD_ORIGIN) -> bool:
+def connects(run_id: int, cookie: bytes | None, origin: bytes | None = GOOD_ORIGIN) -> bool:
     async def attempt() -> bool:
         ws = communicator(run_id, cookie, origin)
         connected, _ = await ws.connect()
@@ -54,6 +56,24 @@ def test_a_foreign_origin_is_refused_even_for_a_viewer(services) -> None:
     cookie = session_cookie("vera", "viewer")
     assert not connects(run.pk, cookie, origin=b"http://evil.example")
     assert connects(run.pk, cookie)
+
+
+def test_the_origin_must_match_in_scheme_host_and_port(services) -> None:
+    # Given a viewer's session, and the console served at http://127.0.0.1:8000
+    run = make_run()
+    cookie = session_cookie("vera", "viewer")
+    assert connects(run.pk, cookie, origin=b"http://127.0.0.1:8000")
+    # Then a page of the same host on another port or scheme may not open the websocket
+    assert not connects(run.pk, cookie, origin=b"http://127.0.0.1:9999")
+    assert not connects(run.pk, cookie, origin=b"https://127.0.0.1:8000")
+    assert not connects(run.pk, cookie, origin=b"http://127.0.0.1")
+    # nor another host, a look-alike, an opaque origin or a malformed one
+    assert not connects(run.pk, cookie, origin=b"http://evil.example")
+    assert not connects(run.pk, cookie, origin=b"http://127.0.0.1:8000.evil.example")
+    assert not connects(run.pk, cookie, origin=b"http://127.0.0.1:8000@evil.example")
+    assert not connects(run.pk, cookie, origin=b"null")
+    # and a request without Origin (browsers always send one on websockets) is refused
+    assert not connects(run.pk, cookie, origin=None)
 
 
 def test_an_unknown_run_is_refused(services) -> None:

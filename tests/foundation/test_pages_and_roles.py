@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.http import HttpRequest
 from django.test import Client
 
 from webapp.console.roles import has_role, role_of
@@ -72,7 +73,8 @@ def test_bootstrap_creates_admin_and_the_demo_pipelines_once(
     call_command("bootstrap", stdout=again)
     assert again.getvalue() == ""
     client = Client()
-    assert client.login(username="admin", password="s3cret-admin-pw")
+    # django-axes throttles log-ins by address: authenticate() needs the request
+    assert client.login(request=HttpRequest(), username="admin", password="s3cret-admin-pw")
     page = client.get("/admin/console/pipeline/")
     assert page.status_code == 200
     assert b"reference" in page.content

@@ -2,12 +2,16 @@
 
 Every action checks the user's role first. A refusal is recorded as an event (with the
 user and what they tried) before the caller answers 403, so refused attempts show in the
-run's timeline and on the activity page, not only in a log file.
+run's timeline and on the activity page, not only in a log file. Repeated refusals of
+one user's action on one run fold into that one event (its count goes up), and only a
+node of the run is named as the event's node (``service.record_refusal``): a refused
+user cannot flood the timeline or write text of their choosing into it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,13 +265,23 @@ def save_pipeline(doc: Any, user: User, *, name: str | None = None) -> tuple[Pip
     if name is not None and isinstance(doc, dict) and doc.get("name") != name:
         raise TopologyError([Problem("name", f"renaming is not supported: keep {name!r}")])
     if isinstance(doc, dict) and not has_role(user, "admin"):
-        stored = Pipeline.objects.filter(name=doc.get("name")).first()
-        before = (
-            (stored.policy.name if stored and stored.policy else None),
-            dict(stored.policy_overrides or {}) if stored else {},
+        policy, overrides = doc.get("policy") or None, doc.get("policy_overrides") or {}
+        # A name, policy or overrides of the wrong type is not a policy change but an
+        # invalid document: save_document answers it with located problems (400) and
+        # saves nothing, so there is nothing to compare (and dict() of a list or a
+        # string would raise).
+        well_typed = (
+            isinstance(doc.get("name"), str)
+            and (policy is None or isinstance(policy, str))
+            and isinstance(overrides, Mapping)
         )
-        after = (doc.get("policy") or None, dict(doc.get("policy_overrides") or {}))
-        if before != after:
-            require(user, "admin", action="change_pipeline_policy",
-                    data={"pipeline": str(doc.get("name"))})  # fmt: skip
+        if well_typed:
+            stored = Pipeline.objects.filter(name=doc["name"]).first()
+            before = (
+                (stored.policy.name if stored and stored.policy else None),
+                dict(stored.policy_overrides or {}) if stored else {},
+            )
+            if before != (policy, dict(overrides)):
+                require(user, "admin", action="change_pipeline_policy",
+                        data={"pipeline": doc["name"]})  # fmt: skip
     return save_document(doc)

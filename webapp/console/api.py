@@ -15,9 +15,11 @@ from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import status
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,10 +27,11 @@ from rest_framework.views import APIView
 from orchestrator import service
 from webapp.console import actions
 from webapp.console.models import Pipeline
-from webapp.console.roles import has_role
+from webapp.console.roles import IsViewer, has_role
 from webapp.console.serializers import (
     ActionResultSerializer,
     AdjustSerializer,
+    BadRequestSerializer,
     CompletionSerializer,
     DetailSerializer,
     EventSerializer,
@@ -48,24 +51,54 @@ from webapp.console.serializers import (
 from webapp.console.topology import TopologyError
 from webapp.console.topology_io import dump_yaml, export_document, parse_yaml, validate_for_save
 
-
-class IsViewer(BasePermission):
-    message = "this needs the viewer role"
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return has_role(request.user, "viewer")
+# What the schema says every answer may be besides the success: each 4xx is a JSON
+# object with a ``detail`` sentence, and a 400 about a document lists its ``problems``
+# (docs/api.md, "Errors"). A body that is not an acceptable JSON document (too large,
+# too deep, not JSON) is a 400 with problems on every operation that takes one.
+DENIED = {
+    403: OpenApiResponse(DetailSerializer, description="not logged in, or the role is missing")
+}
+NOT_FOUND = {404: OpenApiResponse(DetailSerializer, description="no such pipeline or run")}
+BAD_QUERY = {400: OpenApiResponse(DetailSerializer, description="an unusable query parameter")}
+BAD_BODY = {
+    400: OpenApiResponse(
+        BadRequestSerializer,
+        description="invalid input; for a body that is not an acceptable JSON document, "
+        "its problems",
+    )
+}
+BAD_DOCUMENT = {
+    400: OpenApiResponse(ProblemsSerializer, description="invalid document: every problem"),
+    413: OpenApiResponse(
+        DetailSerializer, description="the body is larger than BPCONSOLE_MAX_DOCUMENT_KB allows"
+    ),
+}
+CONFLICT = {409: OpenApiResponse(DetailSerializer, description="the run's state does not allow it")}
 
 
 def _error(exc: actions.ActionError) -> Response:
     return Response({"detail": exc.message}, status=exc.status)
 
 
+def _problem_list(problems: list[Any]) -> list[dict[str, str]]:
+    return [{"location": str(p.location), "message": str(p.message)} for p in problems]
+
+
 def _problems(exc: TopologyError) -> Response:
-    problems = [{"location": p.location, "message": p.message} for p in exc.problems]
+    problems = _problem_list(exc.problems)
     return Response(
         {"detail": f"{len(problems)} problem(s), nothing saved", "problems": problems},
         status=status.HTTP_400_BAD_REQUEST,
     )
+
+
+def _text(request: Request, name: str) -> str | None:
+    """A query parameter's text; 400 (ActionError) for a NUL character, which no stored
+    value holds and the database refuses to compare with."""
+    value = request.query_params.get(name)
+    if value is not None and "\x00" in value:
+        raise actions.ActionError(f"the query parameter {name!r} contains a NUL character")
+    return value
 
 
 def _pipeline_json(pipeline: Pipeline, last: Any, *, detail: bool = False) -> dict[str, Any]:
@@ -93,13 +126,43 @@ def _pipeline_or_404(name: str) -> Pipeline:
     return pipeline
 
 
+# -- the schema -------------------------------------------------------------------------
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI 3 schema of this API (YAML; JSON with ?format=json or Accept:
+    application/json), for users with the viewer role."""
+
+    # The role: SPECTACULAR_SETTINGS SERVE_PERMISSIONS. Errors (403, an unknown format's
+    # 404) are JSON {"detail": ...} like every other answer under /api/, whatever format
+    # was asked for: drf-spectacular would render them with the schema's YAML renderer.
+    def handle_exception(self, exc: Exception) -> Response:
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = "application/json"
+        return super().handle_exception(exc)
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="This schema"),
+            (403, "application/json"): DENIED[403],
+            (404, "application/json"): OpenApiResponse(
+                DetailSerializer, description="an unknown format"
+            ),
+        },
+        tags=["schema"],
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
 # -- pipelines --------------------------------------------------------------------------
 
 
 class PipelineListView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses=PipelineSummarySerializer(many=True), tags=["pipelines"])
+    @extend_schema(responses={200: PipelineSummarySerializer(many=True), **DENIED},
+                   tags=["pipelines"])  # fmt: skip
     def get(self, request: Request) -> Response:
         if not has_role(request.user, "viewer"):
             return Response({"detail": IsViewer.message}, status=403)
@@ -109,7 +172,12 @@ class PipelineListView(APIView):
 
     @extend_schema(
         request=PipelineDocumentSerializer,
-        responses={201: PipelineDetailSerializer, 400: ProblemsSerializer, 403: DetailSerializer},
+        responses={
+            201: PipelineDetailSerializer,
+            200: PipelineDetailSerializer,
+            **BAD_DOCUMENT,
+            **DENIED,
+        },
         tags=["pipelines"],
         summary="Create (or update) a pipeline from a document; nothing saved when invalid",
     )
@@ -117,10 +185,17 @@ class PipelineListView(APIView):
         return _save(request, lambda: request.data)
 
 
+def _require_editor(request: Request, name: str = "") -> None:
+    """The operator role before the body is parsed: someone without it is refused (403,
+    recorded) without making the server parse their document first."""
+    actions.require(request.user, "operator", action="edit_pipeline", data={"pipeline": name})
+
+
 def _save(request: Request, document: Callable[[], Any]) -> Response:
     """Create or update a pipeline from a document (parsed inside the guard, so a YAML
     error is reported like any other problem); 201 when created, 200 when updated."""
     try:
+        _require_editor(request)
         pipeline, created = actions.save_pipeline(document(), request.user)
     except actions.ActionError as exc:
         return _error(exc)
@@ -132,7 +207,8 @@ def _save(request: Request, document: Callable[[], Any]) -> Response:
 class PipelineDetailView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses=PipelineDetailSerializer, tags=["pipelines"])
+    @extend_schema(responses={200: PipelineDetailSerializer, **DENIED, **NOT_FOUND},
+                   tags=["pipelines"])  # fmt: skip
     def get(self, request: Request, name: str) -> Response:
         if not has_role(request.user, "viewer"):
             return Response({"detail": IsViewer.message}, status=403)
@@ -145,13 +221,14 @@ class PipelineDetailView(APIView):
 
     @extend_schema(
         request=PipelineDocumentSerializer,
-        responses={200: PipelineDetailSerializer, 400: ProblemsSerializer, 403: DetailSerializer},
+        responses={200: PipelineDetailSerializer, **BAD_DOCUMENT, **DENIED, **NOT_FOUND},
         tags=["pipelines"],
         summary="Replace a pipeline's topology; nothing saved when invalid",
     )
     def put(self, request: Request, name: str) -> Response:
         try:
             _pipeline_or_404(name)
+            _require_editor(request, name)
             pipeline, _ = actions.save_pipeline(request.data, request.user, name=name)
         except actions.ActionError as exc:
             return _error(exc)
@@ -165,7 +242,7 @@ class PipelineValidateView(APIView):
 
     @extend_schema(
         request=PipelineDocumentSerializer,
-        responses=ValidationResultSerializer,
+        responses={200: ValidationResultSerializer, **BAD_DOCUMENT, **DENIED},
         tags=["pipelines"],
         summary="Check a document without saving it (every problem, with where it is)",
     )
@@ -174,7 +251,7 @@ class PipelineValidateView(APIView):
         return Response(
             {
                 "valid": not problems,
-                "problems": [{"location": p.location, "message": p.message} for p in problems],
+                "problems": _problem_list(problems),
             }
         )
 
@@ -183,7 +260,15 @@ class PipelineYamlView(APIView):
     permission_classes = [IsViewer]
 
     @extend_schema(
-        responses={(200, "application/yaml"): OpenApiTypes.STR},
+        responses={
+            (200, "application/yaml"): OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="The pipeline as a topology file (docs/topology-format.md): "
+                "a YAML mapping with name, nodes and edges",
+            ),
+            (403, "application/json"): DENIED[403],
+            (404, "application/json"): NOT_FOUND[404],
+        },
         tags=["pipelines"],
         summary="Export a pipeline as a topology file",
     )
@@ -205,14 +290,25 @@ class PipelineImportView(APIView):
     @extend_schema(
         request=YamlImportSerializer,
         responses={200: PipelineDetailSerializer, 201: PipelineDetailSerializer,
-                   400: ProblemsSerializer, 403: DetailSerializer},
+                   **BAD_DOCUMENT, **DENIED},
         tags=["pipelines"],
-        summary="Create or update a pipeline from a topology file's text",
+        summary="Create or update a pipeline from a topology file's text (operator; the "
+        "role is checked before the body is read)",
     )  # fmt: skip
     def post(self, request: Request) -> Response:
         payload = YamlImportSerializer(data=request.data)
         if not payload.is_valid():
-            return Response({"detail": "send {'yaml': '<topology file text>'}"}, status=400)
+            problems = [
+                {"location": "(document)" if field == "non_field_errors" else field,
+                 "message": str(message)}
+                for field, messages in payload.errors.items()
+                for message in messages
+            ]  # fmt: skip
+            return Response(
+                {"detail": "send {'yaml': '<topology file text>'}; nothing saved",
+                 "problems": problems},
+                status=400,
+            )  # fmt: skip
         return _save(request, lambda: parse_yaml(payload.validated_data["yaml"]))
 
 
@@ -228,33 +324,51 @@ class RunListView(APIView):
             OpenApiParameter("status", str, description="pending, running, paused, ..."),
             OpenApiParameter("limit", int, description="at most this many (default 50)"),
         ],
-        responses=RunSerializer(many=True),
+        responses={200: RunSerializer(many=True), **BAD_QUERY, **DENIED, **NOT_FOUND},
         tags=["runs"],
     )
     def get(self, request: Request) -> Response:
         if not has_role(request.user, "viewer"):
             return Response({"detail": IsViewer.message}, status=403)
+        try:
+            name, run_status = _text(request, "pipeline"), _text(request, "status")
+        except actions.ActionError as exc:
+            return _error(exc)
         pipeline_id = None
-        name = request.query_params.get("pipeline")
         if name:
             pipeline = Pipeline.objects.filter(name=name).first()
             if pipeline is None:
                 return Response({"detail": f"there is no pipeline {name!r}"}, status=404)
             pipeline_id = pipeline.pk
         limit = _int(request.query_params.get("limit"), 50)
-        runs = service.runs_of(pipeline_id=pipeline_id, status=request.query_params.get("status"))
+        runs = service.runs_of(pipeline_id=pipeline_id, status=run_status)
         return Response([run_json(r) for r in runs[: max(1, min(limit, 500))]])
 
     @extend_schema(
         request=StartRunSerializer,
-        responses={201: RunSerializer, 400: DetailSerializer, 403: DetailSerializer},
+        examples=[
+            OpenApiExample(
+                "generated input",
+                value={"pipeline": "reference", "generator": "seed=7,volume_mb=8,dominance=0.8"},
+                request_only=True,
+            )
+        ],
+        responses={201: RunSerializer, **BAD_BODY, **DENIED, **NOT_FOUND,
+                   503: OpenApiResponse(DetailSerializer, description="the broker is down; "
+                                        "the run was created and marked cancelled")},
         tags=["runs"],
         summary="Start a run of a saved pipeline (operator)",
-    )
+    )  # fmt: skip
     def post(self, request: Request) -> Response:
         payload = StartRunSerializer(data=request.data)
         if not payload.is_valid():
-            return Response({"detail": "invalid request", "errors": payload.errors}, status=400)
+            fields = "; ".join(
+                f"{field}: {' '.join(str(m) for m in messages)}"
+                for field, messages in payload.errors.items()
+            )
+            return Response(
+                {"detail": f"invalid request ({fields})", "errors": payload.errors}, status=400
+            )
         data = payload.validated_data
         try:
             run = actions.start_run(
@@ -274,7 +388,7 @@ class RunListView(APIView):
 class RunDetailView(APIView):
     permission_classes = [IsViewer]
 
-    @extend_schema(responses=RunSerializer, tags=["runs"])
+    @extend_schema(responses={200: RunSerializer, **DENIED, **NOT_FOUND}, tags=["runs"])
     def get(self, request: Request, run_id: int) -> Response:
         try:
             return Response(run_json(actions.get_run(run_id)))
@@ -286,11 +400,15 @@ class RunSnapshotView(APIView):
     permission_classes = [IsViewer]
 
     @extend_schema(
-        responses=OpenApiResponse(
-            OpenApiTypes.OBJECT,
-            description="The same snapshot the websocket sends: run, nodes, links, events "
-            "(see docs/api.md)",
-        ),
+        responses={
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="The same snapshot the websocket sends: run, nodes, links, events "
+                "(see docs/api.md)",
+            ),
+            **DENIED,
+            **NOT_FOUND,
+        },
         tags=["runs"],
     )
     def get(self, request: Request, run_id: int) -> Response:
@@ -304,7 +422,7 @@ class RunSnapshotView(APIView):
 class RunCompletionView(APIView):
     permission_classes = [IsViewer]
 
-    @extend_schema(responses=CompletionSerializer, tags=["runs"],
+    @extend_schema(responses={200: CompletionSerializer, **DENIED, **NOT_FOUND}, tags=["runs"],
                    summary="Completed fraction over time (Figures 7/8)")  # fmt: skip
     def get(self, request: Request, run_id: int) -> Response:
         try:
@@ -325,13 +443,17 @@ EVENT_FILTERS = [
 class RunEventsView(APIView):
     permission_classes = [IsViewer]
 
-    @extend_schema(parameters=EVENT_FILTERS, responses=EventSerializer(many=True), tags=["runs"])
+    @extend_schema(
+        parameters=EVENT_FILTERS,
+        responses={200: EventSerializer(many=True), **BAD_QUERY, **DENIED, **NOT_FOUND},
+        tags=["runs"],
+    )
     def get(self, request: Request, run_id: int) -> Response:
         try:
             actions.get_run(run_id)
+            return Response(_events(request, run_id=run_id))
         except actions.ActionError as exc:
             return _error(exc)
-        return Response(_events(request, run_id=run_id))
 
 
 class EventListView(APIView):
@@ -343,12 +465,15 @@ class EventListView(APIView):
             OpenApiParameter("run", int),
             OpenApiParameter("actor", str, description="'user': operator actions and refusals"),
         ],
-        responses=EventSerializer(many=True),
+        responses={200: EventSerializer(many=True), **BAD_QUERY, **DENIED},
         tags=["events"],
     )
     def get(self, request: Request) -> Response:
         run = request.query_params.get("run")
-        return Response(_events(request, run_id=_int(run, None)))
+        try:
+            return Response(_events(request, run_id=_int(run, None)))
+        except actions.ActionError as exc:
+            return _error(exc)
 
 
 def _events(request: Request, *, run_id: int | None) -> list[dict[str, Any]]:
@@ -356,8 +481,8 @@ def _events(request: Request, *, run_id: int | None) -> list[dict[str, Any]]:
     events = service.events_of(
         run_id=run_id,
         since_id=_int(params.get("since"), None),
-        node=params.get("node") or None,
-        kind=params.get("kind") or None,
+        node=_text(request, "node") or None,
+        kind=_text(request, "kind") or None,
         by_users=params.get("actor") == "user",
         limit=_int(params.get("limit"), 200) or 200,
     )
@@ -382,10 +507,9 @@ class RunControlView(APIView):
 
     @extend_schema(
         request=None,
-        responses={200: ActionResultSerializer, 403: DetailSerializer, 404: DetailSerializer,
-                   409: DetailSerializer},
+        responses={200: ActionResultSerializer, **DENIED, **NOT_FOUND, **CONFLICT},
         tags=["actions"],
-    )  # fmt: skip
+    )
     def post(self, request: Request, run_id: int) -> Response:
         try:
             run = actions.control_run(run_id, self.verb, request.user)
@@ -412,10 +536,10 @@ class NodeActionView(APIView):
 
     @extend_schema(
         request=NodeActionSerializer,
-        responses={200: DetailSerializer, 400: DetailSerializer, 403: DetailSerializer,
-                   404: DetailSerializer, 409: DetailSerializer},
+        examples=[OpenApiExample("a node", value={"node": "task1"}, request_only=True)],
+        responses={200: DetailSerializer, **BAD_BODY, **DENIED, **NOT_FOUND, **CONFLICT},
         tags=["actions"],
-    )  # fmt: skip
+    )
     def post(self, request: Request, run_id: int) -> Response:
         node = request.data.get("node") if hasattr(request.data, "get") else None
         try:
@@ -444,11 +568,22 @@ class AdjustView(APIView):
 
     @extend_schema(
         request=AdjustSerializer,
-        responses={200: DetailSerializer, 400: DetailSerializer, 403: DetailSerializer,
-                   404: DetailSerializer, 409: DetailSerializer},
+        examples=[
+            OpenApiExample(
+                "hot migration",
+                value={"action": "hot_migrate", "node": "task2"},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "one more instance",
+                value={"action": "add_instance", "stage": "agg"},
+                request_only=True,
+            ),
+        ],
+        responses={200: DetailSerializer, **BAD_BODY, **DENIED, **NOT_FOUND, **CONFLICT},
         tags=["actions"],
         summary="Hot-migrate, add or remove an operator instance; the driver acts next tick",
-    )  # fmt: skip
+    )
     def post(self, request: Request, run_id: int) -> Response:
         body = request.data if hasattr(request.data, "get") else {}
         try:
@@ -472,7 +607,7 @@ class WorkerListView(APIView):
     permission_classes = [IsViewer]
 
     @extend_schema(
-        responses=WorkerSerializer(many=True),
+        responses={200: WorkerSerializer(many=True), **DENIED},
         tags=["workers"],
         summary="Live Spark workers, where instances can be placed",
     )

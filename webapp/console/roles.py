@@ -10,6 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from rest_framework.permissions import BasePermission
 
 Role = Literal["viewer", "operator", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
@@ -50,3 +51,14 @@ def role_required(role: Role) -> Callable[[View], View]:
         return wrapper
 
     return decorator
+
+
+class IsViewer(BasePermission):
+    """REST framework permission: the viewer role (or above). Also guards the OpenAPI
+    schema (SPECTACULAR_SETTINGS SERVE_PERMISSIONS): a logged-in user without a role
+    gets 403 there as everywhere else under /api/."""
+
+    message = "this needs the viewer role"
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return has_role(request.user, "viewer")

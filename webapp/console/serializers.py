@@ -53,6 +53,18 @@ class ProblemsSerializer(serializers.Serializer):
     problems = ProblemSerializer(many=True)
 
 
+class BadRequestSerializer(serializers.Serializer):
+    """A 400 of an operation that takes a body: ``detail`` always; ``problems`` when the
+    body is not an acceptable JSON document (too large, nested too deeply, not JSON);
+    ``errors`` by field when a field is missing or of the wrong type (POST /api/runs/)."""
+
+    detail = serializers.CharField()
+    problems = ProblemSerializer(many=True, required=False)
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )
+
+
 class ValidationResultSerializer(serializers.Serializer):
     valid = serializers.BooleanField()
     problems = ProblemSerializer(many=True)

@@ -7,6 +7,7 @@ database: saving happens only after this returns no problem.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,12 @@ KINDS = ("source", "operator", "sink")
 NODE_KEYS = {"name", "kind", "stage", "operator", "params", "buffer_mb", "max_rate_mbps"}
 EDGE_KEYS = {"from", "to", "bandwidth_mbps"}
 TOP_KEYS = {"name", "description", "policy", "policy_overrides", "nodes", "edges"}
+# What the database holds (Pipeline.name, Node.name and Node.stage are 100 characters)
+# and bounds on a document's size in nodes and edges: a pipeline has tens of nodes, and
+# validating and saving are linear in these, so a document cannot keep a worker busy.
+MAX_NAME = 100
+MAX_NODES = 1000
+MAX_EDGES = 5000
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,16 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     """
     if not isinstance(doc, Mapping):
         return [Problem("(document)", "must be a mapping with name, nodes and edges")]
-    problems = [Problem(key, "unknown key") for key in doc if key not in TOP_KEYS]
+    problems = [Problem(str(key), "unknown key") for key in doc if key not in TOP_KEYS]
     name = doc.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        problems.append(Problem("name", f"must be a name (letters, digits, _ . -), got {name!r}"))
+    if not _is_name(name):
+        problems.append(
+            Problem("name", f"must be a name (letters, digits, _ . -; at most {MAX_NAME}), "
+                    f"got {_short(name)}")
+        )  # fmt: skip
+    description = doc.get("description", "")
+    if description is not None and not isinstance(description, str):
+        problems.append(Problem("description", f"must be text, got {_short(description)}"))
     problems += _check_policy(doc, base_policy)
     nodes = doc.get("nodes")
     edges = doc.get("edges", [])
@@ -56,6 +69,13 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
         return problems
     if not isinstance(edges, list):
         problems.append(Problem("edges", "must be a list of edges"))
+        return problems
+    if len(nodes) > MAX_NODES or len(edges) > MAX_EDGES:
+        problems.append(
+            Problem("nodes" if len(nodes) > MAX_NODES else "edges",
+                    f"at most {MAX_NODES} nodes and {MAX_EDGES} edges, "
+                    f"got {len(nodes)} and {len(edges)}")
+        )  # fmt: skip
         return problems
     names, kinds, node_problems = _check_nodes(nodes)
     problems += node_problems
@@ -67,6 +87,29 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     return problems
 
 
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_NAME and bool(NAME_RE.match(value))
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a value for a message, cut short: it may be a whole sub-document."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _number_problem(value: Any) -> str | None:
+    """Why ``value`` is not a finite number a float column holds, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {_short(value)}"
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:
+        finite = False
+    if not finite:
+        return f"must be a finite number, got {_short(value)}"
+    return None
+
+
 def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[Problem]:
     overrides = doc.get("policy_overrides", {}) or {}
     if not isinstance(overrides, Mapping):
@@ -74,7 +117,15 @@ def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> lis
     policy = doc.get("policy")
     problems = []
     if policy is not None and not isinstance(policy, str):
-        problems.append(Problem("policy", f"must be the name of a policy, got {policy!r}"))
+        problems.append(Problem("policy", f"must be the name of a policy, got {_short(policy)}"))
+    # The policy's checks compare and format numbers as floats: an integer beyond a
+    # float's range is reported here rather than raising there.
+    too_large = [
+        key for key, value in overrides.items()
+        if isinstance(value, int) and not isinstance(value, bool) and _number_problem(value)
+    ]  # fmt: skip
+    if too_large:
+        return [Problem(f"policy_overrides.{key}", "is too large a number") for key in too_large]
     merged = {**(base if base is not None else Policy().to_dict()), **overrides}
     for problem in validate_policy(merged):
         param, _, message = problem.partition(": ")
@@ -93,8 +144,8 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
             continue
         problems += [Problem(f"{at}.{k}", "unknown key") for k in node if k not in NODE_KEYS]
         name = node.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            problems.append(Problem(f"{at}.name", f"must be a node name, got {name!r}"))
+        if not _is_name(name):
+            problems.append(Problem(f"{at}.name", f"must be a node name, got {_short(name)}"))
             continue
         at = f"nodes[{i}] ({name})"
         if name in kinds:
@@ -106,9 +157,15 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
             kind = "operator"
         names.append(name)
         kinds[name] = kind
+        stage = node.get("stage")
+        if stage not in (None, "") and not _is_name(stage):
+            problems.append(Problem(f"{at}.stage", f"must be a stage name, got {_short(stage)}"))
         operator = node.get("operator", _default_operator(kind))
         params = node.get("params", {}) or {}
-        if not isinstance(params, Mapping):
+        if not isinstance(operator, str):
+            problems.append(Problem(f"{at}.operator", f"must be an operator's name, "
+                                    f"got {_short(operator)}"))  # fmt: skip
+        elif not isinstance(params, Mapping):
             problems.append(Problem(f"{at}.params", "must be a mapping"))
         else:
             for message in validate_params(operator, kind, params):
@@ -126,8 +183,9 @@ def _check_number(
     item: Mapping[str, Any], key: str, at: str, *, minimum: float, default: float
 ) -> list[Problem]:
     value = item.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return [Problem(f"{at}.{key}", f"must be a number, got {value!r}")]
+    problem = _number_problem(value)
+    if problem:
+        return [Problem(f"{at}.{key}", problem)]
     if value < minimum:
         return [Problem(f"{at}.{key}", f"must be at least {minimum:g}, got {value:g}")]
     return []
@@ -137,6 +195,7 @@ def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, st
     known = set(names)
     problems: list[Problem] = []
     pairs: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
     for i, edge in enumerate(edges):
         at = f"edges[{i}]"
         if not isinstance(edge, Mapping):
@@ -146,18 +205,19 @@ def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, st
         src, dst = edge.get("from"), edge.get("to")
         ok = True
         for end, value in (("from", src), ("to", dst)):
-            if value not in known:
-                problems.append(Problem(f"{at}.{end}", f"unknown node {value!r}"))
+            if not isinstance(value, str) or value not in known:
+                problems.append(Problem(f"{at}.{end}", f"unknown node {_short(value)}"))
                 ok = False
         problems += _check_number(edge, "bandwidth_mbps", at, minimum=0.0, default=0.0)
         if not ok:
             continue
         if src == dst:
             problems.append(Problem(at, f"links {src!r} to itself"))
-        elif (src, dst) in pairs:
+        elif (src, dst) in seen:
             problems.append(Problem(at, f"duplicate edge {src} -> {dst}"))
         else:
             pairs.append((src, dst))
+            seen.add((src, dst))
     return pairs, problems
 
 
@@ -244,6 +304,8 @@ def _check_stages(nodes: list[Any]) -> list[Problem]:
         if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
             continue
         stage = node.get("stage") or node["name"]
+        if not isinstance(stage, str):  # reported by _check_nodes
+            continue
         signature = (node.get("kind"), node.get("operator"), node.get("params") or {})
         if stage in first:
             j, *sig = first[stage]
@@ -267,12 +329,18 @@ def _check_keyed(nodes: list[Any], pairs: list[tuple[str, str]]) -> list[Problem
     for node in nodes:
         if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
             continue
-        spec = OPERATORS.get(node.get("operator") or "")
+        operator, stage = node.get("operator") or "", node.get("stage") or node["name"]
+        if not isinstance(operator, str) or not isinstance(stage, str):
+            continue  # reported by _check_nodes
+        spec = OPERATORS.get(operator)
         if spec is not None and spec.stateful:
-            stages.setdefault(node.get("stage") or node["name"], []).append(node["name"])
+            stages.setdefault(stage, []).append(node["name"])
+    feeding: dict[str, set[str]] = {}
+    for src, dst in pairs:
+        feeding.setdefault(dst, set()).add(src)
     problems = []
     for stage, members in stages.items():
-        feeds = {m: {src for src, dst in pairs if dst == m} for m in members}
+        feeds = {m: feeding.get(m, set()) for m in members}
         upstreams = set().union(*feeds.values())
         for member, ups in feeds.items():
             if ups != upstreams:

@@ -5,7 +5,6 @@ state needs the operator role, and refused attempts are recorded (webapp/console
 from __future__ import annotations
 
 import hmac
-import json
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +22,13 @@ from webapp.console import actions
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import has_role, role_required
 from webapp.console.topology import Problem, TopologyError
-from webapp.console.topology_io import dump_yaml, export_document, parse_yaml
+from webapp.console.topology_io import (
+    dump_yaml,
+    export_document,
+    max_document_bytes,
+    parse_json,
+    parse_yaml,
+)
 
 DEFAULT_GENERATOR = "seed=7,volume_mb=8,dominance=0.8"
 RUN_HISTORY = 15
@@ -133,11 +138,15 @@ def pipeline_edit(request: HttpRequest, name: str | None = None) -> HttpResponse
             raise PermissionDenied("editing pipelines needs the operator role")
         doc = export_document(pipeline) if pipeline else NEW_DOCUMENT
         return _editor(request, pipeline, doc, [])
+    _require_operator(request, name)
+    text = request.POST.get("document", "")
     try:
-        doc = json.loads(request.POST.get("document", ""))
-    except json.JSONDecodeError:
-        problem = Problem("(document)", "the editor sent no document")
-        return _editor(request, pipeline, NEW_DOCUMENT, [problem], status=400)
+        if not text.strip():
+            raise TopologyError([Problem("(document)", "the editor sent no document")])
+        doc = parse_json(text)  # bounded: size, depth (docs/security.md)
+    except TopologyError as exc:
+        shown = export_document(pipeline) if pipeline else NEW_DOCUMENT
+        return _editor(request, pipeline, shown, exc.problems, status=400)
     try:
         saved, created = actions.save_pipeline(doc, request.user, name=name)
     except actions.Refused as exc:
@@ -149,15 +158,33 @@ def pipeline_edit(request: HttpRequest, name: str | None = None) -> HttpResponse
     return redirect("pipeline", name=saved.name)
 
 
+def _require_operator(request: HttpRequest, name: str | None) -> None:
+    """Refuse (recorded, 403) an edit by someone without the operator role before the
+    document is parsed, so that parsing is never done for nothing."""
+    try:
+        actions.require(request.user, "operator", action="edit_pipeline",
+                        data={"pipeline": name or ""})  # fmt: skip
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+
+
 @role_required("viewer")
 @require_POST
 def pipeline_import(request: HttpRequest) -> HttpResponse:
     """A topology file (uploaded or pasted): saved when valid; otherwise it opens in the
-    editor with every problem next to its field, and nothing is saved."""
+    editor with every problem next to its field, and nothing is saved.
+
+    BoundedRequestMiddleware has already refused a user without the operator role and a
+    body over the cap before anything read the upload; the role is checked here again so
+    that the view is safe on its own, and the file is read only up to the cap."""
+    _require_operator(request, None)
     upload = request.FILES.get("file")
-    text = upload.read().decode("utf-8", "replace") if upload else request.POST.get("yaml", "")
+    if upload:
+        text = upload.read(max_document_bytes() + 1).decode("utf-8", "replace")
+    else:
+        text = request.POST.get("yaml", "")
     try:
-        doc = parse_yaml(text)
+        doc = parse_yaml(text)  # bounded: size, depth, no anchors or aliases
         saved, created = actions.save_pipeline(doc, request.user)
     except actions.Refused as exc:
         raise PermissionDenied(exc.message) from None

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from orchestrator.launcher import recorded_endpoints, var_dir_from_env
-from webapp.settings.env import database_from_url, env_bool, env_int, env_list, env_str
+from webapp.settings.env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    full_origins,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = var_dir_from_env()
@@ -48,6 +57,24 @@ if BPCONSOLE_GENERATOR_MAX_MB < 1:
         f"BPCONSOLE_GENERATOR_MAX_MB={BPCONSOLE_GENERATOR_MAX_MB} must be at least 1 (MB)"
     )
 
+# The largest document the console parses, in KB (a pipeline in JSON or YAML: API bodies,
+# imports, the editor, load_topology); documents also nest at most 32 levels and YAML
+# may have no anchors or aliases (docs/security.md, "Bounded documents").
+BPCONSOLE_MAX_DOCUMENT_KB = env_int("BPCONSOLE_MAX_DOCUMENT_KB", 512)
+if BPCONSOLE_MAX_DOCUMENT_KB < 1:
+    raise ImproperlyConfigured(
+        f"BPCONSOLE_MAX_DOCUMENT_KB={BPCONSOLE_MAX_DOCUMENT_KB} must be at least 1 (KB)"
+    )
+# The largest request body, by its Content-Length, refused (413) before anything reads
+# it: one document form-encoded (at most 3 bytes a byte) and a form's other fields.
+BPCONSOLE_MAX_BODY_BYTES = 3 * BPCONSOLE_MAX_DOCUMENT_KB * 1024 + 64 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = BPCONSOLE_MAX_BODY_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = BPCONSOLE_MAX_BODY_BYTES  # an upload is never written to disk
+# Form fields per request: the admin's pipeline form posts about two per node and edge
+# (its read-only inlines), every other form a few dozen.
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+DATA_UPLOAD_MAX_NUMBER_FILES = 1  # the import's one topology file
+
 SECRET_KEY = env_str("SECRET_KEY", "")
 HEALTH_TOKEN = env_str("BPCONSOLE_HEALTH_TOKEN", "")
 DEBUG = env_bool("DEBUG", default=False)
@@ -55,6 +82,21 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env_list(
     "CSRF_TRUSTED_ORIGINS", ["http://127.0.0.1:8000", "http://localhost:8000"]
 )
+# The pages that may open the run view's websocket: its Origin must equal one of these
+# in scheme, host and port (webapp/console/security.py); by default the CSRF origins.
+BPCONSOLE_ALLOWED_ORIGINS = full_origins(
+    "BPCONSOLE_ALLOWED_ORIGINS"
+    if "BPCONSOLE_ALLOWED_ORIGINS" in os.environ
+    else "BPCONSOLE_ALLOWED_ORIGINS (from CSRF_TRUSTED_ORIGINS)",
+    env_list("BPCONSOLE_ALLOWED_ORIGINS", CSRF_TRUSTED_ORIGINS),
+)
+# Repeated refusals of one user's action on one run, less than this many seconds apart,
+# are one action_refused event whose count goes up (orchestrator/service.py).
+BPCONSOLE_REFUSAL_WINDOW_S = env_int("BPCONSOLE_REFUSAL_WINDOW_S", 60)
+if BPCONSOLE_REFUSAL_WINDOW_S < 1:
+    raise ImproperlyConfigured(
+        f"BPCONSOLE_REFUSAL_WINDOW_S={BPCONSOLE_REFUSAL_WINDOW_S} must be at least 1 (s)"
+    )
 
 INSTALLED_APPS = [
     "daphne",
@@ -64,6 +106,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",  # login throttling: its own models and migrations
     "rest_framework",
     "drf_spectacular",
     "channels",
@@ -72,14 +115,21 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost, so every answer carries the policy, those of the middleware below too.
+    "webapp.console.security.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Bounded bodies, and uploads only from operators, decided on the headers before the
+    # CSRF check (its process_view) or a view reads the body.
+    "webapp.console.middleware.BoundedRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -111,6 +161,28 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# django-axes first: it refuses a locked-out user name before any password is checked.
+# It needs the request, so authenticate() without one (Django's test client login()
+# without request=...) raises instead of skipping the throttle.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling: after this many failed log-ins of one user name from one address,
+# that pair is locked out for the cool-off (the page says so, status 429). Keyed on user
+# name and address together, so one attacker can neither lock everyone out nor, from
+# one address, keep guessing one user's password. A success resets the count.
+BPCONSOLE_LOGIN_FAILURE_LIMIT = env_int("BPCONSOLE_LOGIN_FAILURE_LIMIT", 5)
+BPCONSOLE_LOGIN_COOLOFF_MIN = env_int("BPCONSOLE_LOGIN_COOLOFF_MIN", 15)
+if BPCONSOLE_LOGIN_FAILURE_LIMIT < 1 or BPCONSOLE_LOGIN_COOLOFF_MIN < 1:
+    raise ImproperlyConfigured(
+        "BPCONSOLE_LOGIN_FAILURE_LIMIT and BPCONSOLE_LOGIN_COOLOFF_MIN must be at least 1"
+    )
+AXES_FAILURE_LIMIT = BPCONSOLE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=BPCONSOLE_LOGIN_COOLOFF_MIN)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "webapp.console.security.lockout_response"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -127,15 +199,23 @@ STATICFILES_DIRS = [BASE_DIR / "webapp" / "static"]
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        # HTTP Basic under the login throttling (django-axes), a lockout said as 429
+        "webapp.console.security.ThrottledBasicAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON only, bounded in size and depth (webapp/console/parsers.py).
+    "DEFAULT_PARSER_CLASSES": ["webapp.console.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Backpressure console API",
     "VERSION": "1",
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The schema is for users with a role, as everything else under /api/ is.
+    "SERVE_PERMISSIONS": ["webapp.console.roles.IsViewer"],
+    # Run ids are at most 18 digits (webapp/urls.py RunIdConverter).
+    "PATH_CONVERTER_OVERRIDES": {
+        "run_id": {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+    },
 }
 
 CHANNEL_LAYERS = {
@@ -168,7 +248,13 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"kazoo": {"level": "WARNING"}, "py4j": {"level": "WARNING"}},
+    # axes: every failed log-in and lockout is a WARNING (user name and address masked);
+    # its INFO lines repeat each step of each attempt.
+    "loggers": {
+        "kazoo": {"level": "WARNING"},
+        "py4j": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
+    },
 }
 CELERY_BEAT_SCHEDULE = {
     "watchdog": {"task": "orchestrator.watchdog", "schedule": 2.0, "options": {"queue": "control"}},

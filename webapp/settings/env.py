@@ -44,6 +44,42 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
 
 
+def _origin_problem(origin: str) -> str:
+    """Why ``origin`` is not an exact ``http(s)://host[:port]`` origin ("" when it is)."""
+    parts = urlsplit(origin)
+    if parts.scheme not in {"http", "https"}:
+        return "the scheme must be http or https"
+    if not parts.hostname:
+        return "a host is needed"
+    if "*" in origin or parts.hostname.startswith("."):
+        return "wildcards are not accepted; name each origin"
+    try:
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+    except ValueError:
+        return "the port is not a number"
+    if parts.path not in {"", "/"} or parts.query or parts.fragment or parts.username:
+        return "an origin has no path, query or user part"
+    return ""
+
+
+def full_origins(name: str, origins: list[str]) -> list[str]:
+    """``origins`` as ``scheme://host[:port]`` (lower case), each an exact http(s)
+    origin: a wildcard, a bare host name, a path or a user part is refused, because an
+    origin check that sees only the host (or any subdomain) accepts pages it should not.
+    ``name`` is the setting the list came from, for the error message."""
+    checked = []
+    for raw in origins:
+        origin = raw.strip().lower()
+        problem = _origin_problem(origin)
+        if problem:
+            raise ImproperlyConfigured(
+                f"{name}: {raw!r} is not an origin like https://console.example.org "
+                f"or http://127.0.0.1:8000 ({problem})"
+            )
+        checked.append(f"{urlsplit(origin).scheme}://{urlsplit(origin).netloc}")
+    return checked
+
+
 def database_from_url(url: str) -> dict[str, object]:
     """Django DATABASES entry for a ``postgresql://user:pass@host:port/name`` URL."""
     parts = urlsplit(url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from webapp.settings.base import *  # noqa: F403
-from webapp.settings.env import env_bool, env_int
+from webapp.settings.env import env_bool, env_int, env_list
 
 if not SECRET_KEY:  # noqa: F405
     raise ImproperlyConfigured("SECRET_KEY must be set in the environment in production")
@@ -23,3 +23,6 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
+# System checks a deployment has reviewed and accepts, e.g. bpconsole.W001 (running as
+# root) in a container whose uid 0 is not the host's root.
+SILENCED_SYSTEM_CHECKS = env_list("BPCONSOLE_SILENCED_CHECKS", [])

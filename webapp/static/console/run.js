@@ -455,7 +455,7 @@
 
   function category(kind) {
     if (CATEGORIES[kind]) return CATEGORIES[kind];
-    if (kind.startsWith("run_") || kind === "driver" || kind === "source_done") return "run";
+    if (kind.startsWith("run_") || kind === "driver" || kind === "source_done" || kind === "input_generated") return "run";
     if (kind.startsWith("adjust_")) return "adjustment";
     return "other";
   }

@@ -1,0 +1,211 @@
+"""Request bodies: bounded, and on the upload endpoints read only for an operator.
+
+Django's CsrfViewMiddleware reads ``request.POST`` (and so parses a whole multipart
+upload) before any view runs, and a view that parses first and checks the role after
+lets anyone with a login make the server work. This middleware runs before both (it
+sits after AuthenticationMiddleware, whose user it needs; the CSRF check runs later, in
+``process_view``) and looks only at the request's headers:
+
+- a request to an upload endpoint (``/pipelines/import/``, ``/api/pipelines/import/``;
+  any method but GET, HEAD, OPTIONS, TRACE) from a user without the operator role is refused
+  with 403 (recorded, as every refused edit is; anonymous users of the page go to the
+  login page) before anything reads the body, whatever its size;
+- then, on every path, a body larger than ``BPCONSOLE_MAX_BODY_BYTES`` (by its
+  Content-Length) is refused with 413, a body without a Content-Length (chunked) with
+  411, an unreadable Content-Length with 400.
+
+Answers under ``/api/`` are JSON ``{"detail": ...}``; the pages get a page.
+
+Under ASGI (daphne, the production server) Django's handler receives the whole body,
+spooling it to a temporary file, before any middleware runs. ``BoundedBodyASGI`` applies
+the same size rules in front of it, on the headers and on the bytes as they arrive, so
+that an oversized or chunked body is refused before it is received; webapp/asgi.py
+wraps the HTTP application with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import Resolver404, resolve
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import APIException
+from rest_framework.settings import api_settings
+
+from webapp.console import actions
+
+UPLOAD_VIEWS = ("pipeline-import", "api-import")
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
+
+
+def is_api(request: HttpRequest) -> bool:
+    return request.path_info.startswith("/api/")
+
+
+def _refuse(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    if is_api(request):
+        return JsonResponse({"detail": message}, status=status)
+    return render(request, "console/body_refused.html", {"message": message}, status=status)
+
+
+def body_refusal(request: HttpRequest) -> HttpResponse | None:
+    """413, 411 or 400 for a body the console does not read; None when it may."""
+    headers = {
+        b"content-length": request.META.get("CONTENT_LENGTH") or None,
+        b"transfer-encoding": request.META.get("HTTP_TRANSFER_ENCODING") or None,
+    }
+    given = {name: value.encode("latin-1", "replace") for name, value in headers.items() if value}
+    refusal = _declared_refusal(given, settings.BPCONSOLE_MAX_BODY_BYTES)
+    return None if refusal is None else _refuse(request, *refusal)
+
+
+def _api_user(request: HttpRequest) -> Any:
+    """The session's user, or for a script on the API the user of its credentials
+    (HTTP Basic): REST framework's own authentication classes, which read headers only
+    and apply the login throttling; the view checks them again."""
+    user = request.user
+    if user.is_authenticated:
+        return user
+    for authenticator_class in api_settings.DEFAULT_AUTHENTICATION_CLASSES:
+        if issubclass(authenticator_class, SessionAuthentication):
+            continue  # the session's user is request.user, above
+        found = authenticator_class().authenticate(request)
+        if found is not None:
+            return found[0]
+    return user
+
+
+def upload_refusal(request: HttpRequest) -> HttpResponse | None:
+    """403 (or the login page) for an upload from someone without the operator role."""
+    if is_api(request):
+        try:
+            user = _api_user(request)
+        except APIException as exc:  # wrong credentials, locked out (429)
+            # 403, not 401, as REST framework answers it: the session comes first, and
+            # it names no WWW-Authenticate scheme (docs/api.md).
+            status = 403 if exc.status_code == 401 else exc.status_code
+            response = JsonResponse({"detail": str(exc.detail)}, status=status)
+            if getattr(exc, "wait", None):
+                response["Retry-After"] = str(int(exc.wait))
+            return response
+    else:
+        user = request.user
+    if not user.is_authenticated:
+        if is_api(request):
+            return JsonResponse({"detail": "Authentication credentials were not provided."},
+                                status=403)  # fmt: skip
+        return redirect_to_login(request.get_full_path())
+    try:
+        actions.require(user, "operator", action="edit_pipeline", data={"pipeline": ""})
+    except actions.Refused as exc:
+        if is_api(request):
+            return JsonResponse({"detail": exc.message}, status=403)
+        raise PermissionDenied(exc.message) from None
+    return None
+
+
+def is_upload(request: HttpRequest) -> bool:
+    if request.method in SAFE_METHODS:
+        return False
+    try:
+        return resolve(request.path_info).url_name in UPLOAD_VIEWS
+    except Resolver404:
+        return False
+
+
+class BoundedRequestMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        # On an upload endpoint the role comes first: someone without it learns nothing
+        # from the size of what they sent, and the refusal is what gets recorded.
+        refusal = upload_refusal(request) if is_upload(request) else None
+        if refusal is None:
+            refusal = body_refusal(request)
+        if refusal is not None:
+            return refusal
+        return self.get_response(request)
+
+
+# -- ASGI: the same bounds before Django's handler receives the body ----------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _declared_refusal(headers: dict[bytes, bytes], limit: int) -> tuple[int, str] | None:
+    declared = headers.get(b"content-length")
+    if declared is None:
+        if headers.get(b"transfer-encoding"):
+            return 411, "a request body needs a Content-Length (chunked bodies are refused)"
+        return None
+    try:
+        length = int(declared)
+    except ValueError:
+        length = -1
+    if length < 0:
+        return 400, "the Content-Length is not a size"
+    if length > limit:
+        return 413, (
+            f"the request body has {length} bytes; at most {limit} are accepted "
+            f"(documents: {settings.BPCONSOLE_MAX_DOCUMENT_KB} KB, BPCONSOLE_MAX_DOCUMENT_KB)"
+        )
+    return None
+
+
+class BoundedBodyASGI:
+    """ASGI wrapper of the HTTP application: 413, 411 or 400 on the request's headers
+    (as BoundedRequestMiddleware), and a request whose body grows past the cap anyway is
+    cut off (the application sees the client disconnect) rather than received."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = settings.BPCONSOLE_MAX_BODY_BYTES
+        headers = {name.lower(): value for name, value in scope.get("headers", [])}
+        refusal = _declared_refusal(headers, limit)
+        if refusal is not None:
+            await self._refuse(scope, send, *refusal)
+            return
+        received = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+        if str(scope.get("path", "")).startswith("/api/"):
+            body, kind = json.dumps({"detail": message}).encode(), b"application/json"
+        else:
+            body, kind = message.encode(), b"text/plain; charset=utf-8"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")],
+            }
+        )  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
