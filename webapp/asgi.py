@@ -15,12 +15,14 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402 - needs Django set up first
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from webapp.console.middleware import BoundedBodyASGI  # noqa: E402
 from webapp.console.security import websocket_origin_validator  # noqa: E402
 from webapp.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Bodies over the cap are refused as they arrive, before Django receives them.
+        "http": BoundedBodyASGI(django_asgi_app),
         "websocket": websocket_origin_validator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -19,8 +19,9 @@ Answers under ``/api/`` are JSON ``{"detail": ...}``; the pages get a page.
 Under ASGI (daphne, the production server) Django's handler receives the whole body,
 spooling it to a temporary file, before any middleware runs. ``BoundedBodyASGI`` applies
 the same size rules in front of it, on the headers and on the bytes as they arrive, so
-that an oversized or chunked body is refused before it is received; webapp/asgi.py
-wraps the HTTP application with it.
+that an oversized or chunked body is refused before it is received. It takes effect
+once webapp/asgi.py wraps the HTTP application with it:
+``"http": BoundedBodyASGI(django_asgi_app)``.
 """
 
 from __future__ import annotations
