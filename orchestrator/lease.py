@@ -11,64 +11,48 @@ worker's silence. A worker that dies stops renewing with it; one that hangs stop
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
 from orchestrator import ledger
+from orchestrator.beside_batch import BesideBatch
 
 log = logging.getLogger(__name__)
 
 
-class LeaseKeeper:
+class LeaseKeeper(BesideBatch):
     def __init__(
         self, segment_ids: Sequence[str], owner: str, *, lease_s: float, max_hold_s: float
     ) -> None:
+        super().__init__(lease_s / 3, "lease-keeper")
         self.segment_ids = list(segment_ids)
         self.owner = owner
         self.lease_s = lease_s
         self.max_hold_s = max_hold_s
         self.renewals = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+        self.deadline = 0.0
 
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
+    def started(self) -> None:
+        self.deadline = time.monotonic() + self.max_hold_s
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + self.max_hold_s
+    def tick(self) -> bool:
+        if time.monotonic() >= self.deadline:
+            log.warning("%s: batch held %.0f s; its lease is left to expire",
+                        self.owner, self.max_hold_s)  # fmt: skip
+            return False
         try:
-            while not self._stop.wait(self.lease_s / 3):
-                if time.monotonic() >= deadline:
-                    log.warning("%s: batch held %.0f s; its lease is left to expire",
-                                self.owner, self.max_hold_s)  # fmt: skip
-                    return
-                try:
-                    held = ledger.renew_lease(self.segment_ids, self.owner, self.lease_s)
-                except DatabaseError:
-                    # The lease has two more thirds to go: try again next time.
-                    log.warning("%s: could not renew the lease", self.owner, exc_info=True)
-                    continue
-                if held < len(self.segment_ids):
-                    # Reclaimed (the completion will be refused and say so) or just
-                    # completed: nothing left to keep.
-                    log.info("%s: %d of %d segments no longer held", self.owner,
-                             len(self.segment_ids) - held, len(self.segment_ids))  # fmt: skip
-                    return
-                self.renewals += 1
-        finally:
-            # Django opened a connection for this thread; nobody else will close it.
-            connection.close()
+            held = ledger.renew_lease(self.segment_ids, self.owner, self.lease_s)
+        except DatabaseError:
+            # The lease has two more thirds to go: try again next time.
+            log.warning("%s: could not renew the lease", self.owner, exc_info=True)
+            return True
+        if held < len(self.segment_ids):
+            # Reclaimed (the completion will be refused and say so) or just
+            # completed: nothing left to keep.
+            log.info("%s: %d of %d segments no longer held", self.owner,
+                     len(self.segment_ids) - held, len(self.segment_ids))  # fmt: skip
+            return False
+        self.renewals += 1
+        return True

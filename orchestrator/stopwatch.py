@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from types import TracebackType
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
+from orchestrator.beside_batch import BesideBatch
 from orchestrator.models import Run
 
 log = logging.getLogger(__name__)
@@ -26,42 +26,21 @@ def job_group(run_id: int) -> str:
     return f"bpconsole-run-{run_id}"
 
 
-class StopWatch:
+class StopWatch(BesideBatch):
     def __init__(self, run_id: int, cancel: Callable[[], None], *, poll_s: float = POLL_S) -> None:
+        super().__init__(poll_s, "stop-watch")
         self.run_id = run_id
         self.cancel = cancel
-        self.poll_s = poll_s
         self.stopped = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stop-watch", daemon=True)
 
-    def __enter__(self) -> StopWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _run(self) -> None:
+    def tick(self) -> bool:
         try:
-            while not self._done.wait(self.poll_s):
-                try:
-                    status = (
-                        Run.objects.filter(pk=self.run_id).values_list("status", flat=True).first()
-                    )
-                except DatabaseError:
-                    continue  # the batch's own writes will say whether the database is gone
-                if status not in Run.ACTIVE:
-                    log.info("run %s is %s: cancelling its Spark jobs", self.run_id, status)
-                    self.stopped.set()
-                    self.cancel()
-                    return
-        finally:
-            # Django opened a connection for this thread; nobody else will close it.
-            connection.close()
+            status = Run.objects.filter(pk=self.run_id).values_list("status", flat=True).first()
+        except DatabaseError:
+            return True  # the batch's own writes will say whether the database is gone
+        if status in Run.ACTIVE:
+            return True
+        log.info("run %s is %s: cancelling its Spark jobs", self.run_id, status)
+        self.stopped.set()
+        self.cancel()
+        return False

@@ -9,21 +9,12 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from orchestrator import service
 from orchestrator.control_plane import ControlPlane
 from orchestrator.models import Event, Run
 from tests.console.factories import client_for, make_run, reference
 from webapp.console.models import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-
-@pytest.fixture
-def no_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Runs are created for real but not handed to a worker (none runs in these tests)."""
-    started: list[int] = []
-    monkeypatch.setattr(service, "start_run", lambda run: started.append(run.pk))
-    return started
 
 
 def test_anonymous_and_role_less_users_get_nothing() -> None:

@@ -12,7 +12,6 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from orchestrator import service
 from orchestrator.batches import run_dir
 from orchestrator.generation import input_path
 from orchestrator.models import Event, Run
@@ -21,14 +20,6 @@ from tests.console.factories import client_for, make_run, reference
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 MB = 1024 * 1024
-
-
-@pytest.fixture
-def no_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Runs are created for real but not handed to a worker: no worker runs here."""
-    started: list[int] = []
-    monkeypatch.setattr(service, "start_run", lambda run: started.append(run.pk))
-    return started
 
 
 def data_files() -> dict[str, int]:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator import service
 from orchestrator.models import Run
 from tests.console.factories import client_for, reference
 from tests.sparkjobs.test_expressions import LEAK_COLUMN, SUBQUERY
@@ -19,13 +18,6 @@ from webapp.console.models import Node, Pipeline
 from webapp.console.topology_io import export_document
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-
-@pytest.fixture
-def no_start(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    started: list[int] = []
-    monkeypatch.setattr(service, "start_run", lambda run: started.append(run.pk))
-    return started
 
 
 def leaking_pipeline() -> dict[str, Any]:
