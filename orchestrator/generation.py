@@ -179,7 +179,14 @@ def _write(
         _record(run, epoch, generating={"written": written, "total": total})
         publish(final=False)
 
-    write_input_atomically(path, spec, branches, segment_mb, progress)
+    def still_owner() -> None:
+        # The last progress report may be up to PROGRESS_EVERY_S old: a stopped,
+        # superseded or disconnected driver must not put its input in place.
+        if not alive():
+            raise Stopped("lost")
+        _record(run, epoch)  # a fenced write of nothing: raises Stopped when not owner
+
+    write_input_atomically(path, spec, branches, segment_mb, progress, before_rename=still_owner)
 
 
 def _record(run: Run, epoch: int, **changes: Any) -> None:

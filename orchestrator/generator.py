@@ -260,14 +260,19 @@ def write_input_atomically(
     branches: Sequence[str],
     segment_mb: float,
     progress: Progress | None = None,
+    *,
+    before_rename: Callable[[], None] | None = None,
 ) -> int:
     """:func:`write_input` aside, then renamed onto ``path``: ``path`` either does not
     exist or holds the whole input. A writer stopped by an exception removes its own
     partial file; one killed leaves it under a name no reader takes for the input
-    (:func:`partial_paths` finds it)."""
+    (:func:`partial_paths` finds it). ``before_rename`` may raise to keep the finished
+    file from being renamed (its writer no longer owns the input)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         size = write_input(partial, spec, branches, segment_mb, progress)
+        if before_rename is not None:
+            before_rename()
         partial.replace(path)
     except BaseException:
         partial.unlink(missing_ok=True)

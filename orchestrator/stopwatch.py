@@ -9,7 +9,6 @@ no longer active. Spark interrupts the group's tasks and the batch's call raises
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from django.db import DatabaseError
@@ -31,7 +30,6 @@ class StopWatch(BesideBatch):
         super().__init__(poll_s, "stop-watch")
         self.run_id = run_id
         self.cancel = cancel
-        self.stopped = threading.Event()
 
     def tick(self) -> bool:
         try:
@@ -41,6 +39,5 @@ class StopWatch(BesideBatch):
         if status in Run.ACTIVE:
             return True
         log.info("run %s is %s: cancelling its Spark jobs", self.run_id, status)
-        self.stopped.set()
         self.cancel()
         return False

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from orchestrator import generation, ledger, tasks
 from orchestrator.batchjob import generated_input
+from orchestrator.control_plane import ControlPlane
 from orchestrator.generation import PROGRESS_EVERY_S, input_path, prepare_input
 from orchestrator.generator import partial_paths
 from orchestrator.launcher import PROJECT_ROOT
@@ -96,6 +98,18 @@ def test_a_driver_killed_half_way_leaves_no_input_and_the_next_writes_it_whole(
     # Given a pending run of 160 MB whose first driver (a process) writes its input...
     generator = "seed=8,volume_mb=160,dominance=0.8"
     run = pending(generator)
+    # (this test plays both drivers, so it holds the run's driver lock as they would: the
+    # watchdog of a session's workers must not start a third one meanwhile)
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        lock = control.driver_lock(str(run.pk), "test: both drivers")
+        assert lock.acquire(timeout=10)
+        try:
+            kill_the_first_driver_then_take_over(run, generator, services)
+        finally:
+            lock.release()
+
+
+def kill_the_first_driver_then_take_over(run: Run, generator: str, services: Any) -> None:
     code = (
         "import django; django.setup()\n"
         "from tests.orchestrator.test_input_generation import as_next_driver\n"
