@@ -25,7 +25,7 @@ JVM) and functions whose output size an argument chooses (``repeat``, ``lpad``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -321,13 +321,6 @@ class Node:
     position: int
     children: list[Node] = field(default_factory=list)
 
-    def walk(self) -> Iterator[Node]:
-        stack = [self]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(reversed(node.children))
-
 
 class _Parser:
     """Recursive descent over the admitted subset of Spark SQL's expression grammar.
@@ -340,7 +333,7 @@ class _Parser:
         self.tokens = _tokens(text)
         self.at = 0
         self.depth = 0
-        self.nodes = 0
+        self.made: list[Node] = []
         self.project = project
 
     # token helpers
@@ -379,10 +372,11 @@ class _Parser:
         return _Stop(token.position, f"unexpected {shown!r}{'; ' + hint if hint else ''}")
 
     def node(self, kind: NodeKind, name: str, position: int, *children: Node) -> Node:
-        self.nodes += 1
-        if self.nodes > MAX_NODES:
+        if len(self.made) >= MAX_NODES:
             raise _Stop(position, f"too complex (more than {MAX_NODES} parts)")
-        return Node(kind, name, position, list(children))
+        made = Node(kind, name, position, list(children))
+        self.made.append(made)
+        return made
 
     # grammar
     def parse(self) -> Node:
@@ -715,30 +709,31 @@ class _Parser:
             self.take()
 
 
-def parse(text: str, *, project: bool = False) -> Node:
-    """The parse tree of an expression; raises :class:`ExpressionRefused` when it is not
-    in the admitted language. ``project``: a project column (an alias, or ``*``)."""
-    if not isinstance(text, str) or not text.strip():
-        raise ExpressionRefused(str(text), [ExpressionProblem(0, "must be a non-empty expression")])
-    if len(text) > MAX_EXPRESSION_CHARS:
-        problem = ExpressionProblem(
-            MAX_EXPRESSION_CHARS, f"longer than {MAX_EXPRESSION_CHARS} characters"
-        )
-        raise ExpressionRefused(text, [problem])
-    try:
-        return _Parser(text, project=project).parse()
-    except _Stop as stop:
-        raise ExpressionRefused(text, [stop.problem]) from None
-
-
 def check(text: str, *, project: bool = False) -> list[ExpressionProblem]:
-    """Every reason ``text`` is not admitted; an empty list means it is."""
+    """Every reason ``text`` is not admitted, in the order they appear; an empty list
+    means it is. ``project``: a project column (an alias, or ``*``)."""
+    if not isinstance(text, str) or not text.strip():
+        return [ExpressionProblem(0, "must be a non-empty expression")]
+    if len(text) > MAX_EXPRESSION_CHARS:
+        limit = f"longer than {MAX_EXPRESSION_CHARS} characters"
+        return [ExpressionProblem(MAX_EXPRESSION_CHARS, limit)]
     try:
-        tree = parse(text, project=project)
-    except ExpressionRefused as refused:
-        return refused.problems
+        parser = _Parser(text, project=project)
+    except _Stop as stop:  # a character or token outside the language
+        return [stop.problem]
+    try:
+        parser.parse()
+        found = []
+    except _Stop as stop:
+        found = [stop.problem]
+    # Calls read before a problem that stopped the parse are reported too, so the
+    # operator sees every refused function at once, not only the first obstacle.
+    return sorted(found + _refusals(parser.made), key=lambda p: p.position)
+
+
+def _refusals(nodes: list[Node]) -> list[ExpressionProblem]:
     problems = []
-    for node in tree.walk():
+    for node in nodes:
         if node.kind == "function":
             reason = refusal_reason(node.name)
             if reason:

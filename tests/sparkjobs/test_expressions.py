@@ -180,3 +180,16 @@ def test_a_refused_call_anywhere_is_found(text: str, name: str) -> None:
 def test_any_text_is_admitted_or_refused_never_a_crash(text: str) -> None:
     result = check(text, project=True)
     assert isinstance(result, list)
+
+
+def test_calls_before_a_subquery_are_named_too() -> None:
+    # Given the column: a Java call, then a subquery over a file
+    text = (
+        "concat_ws('|', reflect('java.lang.System', 'getenv', 'DATABASE_URL'), "
+        "(SELECT first(value) FROM text.`/etc/passwd`)) AS key"
+    )
+    # Then both are reported, in the order they appear
+    found = messages(text, project=True)
+    assert len(found) == 2
+    assert found[0].startswith("at character 16: function 'reflect' is not allowed")
+    assert found[1].startswith("at character 72: subqueries and table references")
