@@ -79,9 +79,10 @@ def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerSt
     migration = state.migration
     if migration is not None:
         active = tuple(
-            m for m in migration.active
+            m
+            for m in migration.active
             if {m.branch_node, m.backpressure_node, *m.heavy, *m.light} <= nodes
-        )  # fmt: skip
+        )
         migration = replace(migration, active=active)
     return replace(
         state,

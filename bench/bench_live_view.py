@@ -60,9 +60,14 @@ BATCH = 10  # viewers connecting at once
 GENERATOR = "seed=11,volume_mb=48,dominance=0.85,skew_mean_s=1000"
 CHROMIUM = os.environ.get("BPCONSOLE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = PROJECT_ROOT / "test-artifacts" / "bench"
 
 
@@ -176,25 +181,51 @@ def console(var_dir: Path) -> Iterator[dict[str, Any]]:
             "BPCONSOLE_VAR_DIR": str(var_dir),
         }
         os.environ.update(env)
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-                       env=env, cwd=PROJECT_ROOT, check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+            env=env,
+            cwd=PROJECT_ROOT,
+            check=True,
+        )
         port = free_port()
         logs = var_dir / "log"
         logs.mkdir(parents=True, exist_ok=True)
         children = []
         for name, args in (
-            ("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                        "webapp.asgi:application"]),
-            ("spark", ["-m", "celery", "-A", "orchestrator.celery", "worker", "-Q", "spark",
-                       "--concurrency", "1", "-n", "spark@bench-live", "--loglevel", "WARNING"]),
-        ):  # fmt: skip
+            (
+                "daphne",
+                ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "webapp.asgi:application"],
+            ),
+            (
+                "spark",
+                [
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "spark",
+                    "--concurrency",
+                    "1",
+                    "-n",
+                    "spark@bench-live",
+                    "--loglevel",
+                    "WARNING",
+                ],
+            ),
+        ):
             with (logs / f"{name}.log").open("ab") as log:
                 children.append(
                     subprocess.Popen(
-                        [sys.executable, *args], env=env, cwd=PROJECT_ROOT, stdout=log,
-                        stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+                        [sys.executable, *args],
+                        env=env,
+                        cwd=PROJECT_ROOT,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
                     )
-                )  # fmt: skip
+                )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
@@ -257,9 +288,13 @@ class Bench:
     def start(self) -> Any:
         from orchestrator import service
 
-        return service.create_run(topology=self.doc, policy=self.policy,
-                                  pipeline_id=self.pipeline.pk, generator=GENERATOR,
-                                  user=self.user)  # fmt: skip
+        return service.create_run(
+            topology=self.doc,
+            policy=self.policy,
+            pipeline_id=self.pipeline.pk,
+            generator=GENERATOR,
+            user=self.user,
+        )
 
     def drive(self, run: Any) -> dict[str, Any]:
         """Drive ``run`` in a thread with a timed tick; returns the shared record."""
@@ -314,8 +349,13 @@ class Bench:
             try:
                 with ControlPlane.connect(settings.ZK_HOSTS) as control:
                     nonlocal driver
-                    driver = TimedDriver(run.pk, control, f"bench:{os.getpid()}",
-                                         dispatch=_dispatch, publish=timed_publish)  # fmt: skip
+                    driver = TimedDriver(
+                        run.pk,
+                        control,
+                        f"bench:{os.getpid()}",
+                        dispatch=_dispatch,
+                        publish=timed_publish,
+                    )
                     record["outcome"] = driver.drive()
             finally:
                 # Celery result handles must go while the broker is still up.
@@ -353,10 +393,20 @@ class Bench:
         run = self.start()
         ws = self.url.replace("http://", "ws://") + f"/ws/runs/{run.pk}/"
         process = subprocess.Popen(
-            [sys.executable, __file__, "--viewer-process", ws, f"sessionid={self.session}",
-             self.url, str(viewers)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--viewer-process",
+                ws,
+                f"sessionid={self.session}",
+                self.url,
+                str(viewers),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+        )
 
         def ask(command: str) -> str:
             process.stdin.write(command + "\n")  # type: ignore[union-attr]
@@ -471,12 +521,14 @@ class Bench:
             for _ in range(loads):
                 page.goto(view)
                 page.wait_for_function("bpConsole.state.renderLog.length > 0")
-                loads_out.append(page.evaluate("""() => {
+                loads_out.append(
+                    page.evaluate("""() => {
                     const nav = performance.getEntriesByType('navigation')[0];
                     const first = bpConsole.state.renderLog[0].dom_ms - performance.timeOrigin;
                     return {ttfb: nav.responseStart, dcl: nav.domContentLoadedEventEnd,
                             load: nav.loadEventEnd, first_snapshot: first};
-                }"""))  # fmt: skip
+                }""")
+                )
             out["page_load_ms"] = {
                 key: summary([x[key] for x in loads_out])
                 for key in ("ttfb", "dcl", "load", "first_snapshot")
@@ -500,8 +552,12 @@ def main() -> int:
     parser.add_argument("--browser-s", type=float, default=40.0, help="seconds in Chromium")
     parser.add_argument("--loads", type=int, default=10, help="page loads of the run view")
     parser.add_argument("--screenshots", type=Path, default=None, help="save screenshots here")
-    parser.add_argument("--var-dir", type=Path, default=PROJECT_ROOT / "var" / "bench-live",
-                        help="scratch state folder (emptied first)")  # fmt: skip
+    parser.add_argument(
+        "--var-dir",
+        type=Path,
+        default=PROJECT_ROOT / "var" / "bench-live",
+        help="scratch state folder (emptied first)",
+    )
     parser.add_argument("--viewer-process", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.viewer_process:
@@ -516,8 +572,10 @@ def main() -> int:
     shutil.rmtree(args.var_dir, ignore_errors=True)
     with console(args.var_dir) as up:
         bench = Bench(up["url"], up["daphne"])
-        print(f"viewers: {args.cycles} x ({args.window_s:.0f} s without, "
-              f"{args.window_s:.0f} s with {args.viewers} viewers) on one run")  # fmt: skip
+        print(
+            f"viewers: {args.cycles} x ({args.window_s:.0f} s without, "
+            f"{args.window_s:.0f} s with {args.viewers} viewers) on one run"
+        )
         results["viewers"] = bench.ticks_with_viewers(args.viewers, args.cycles, args.window_s)
         print(f"browser: {args.browser_s:.0f} s of latency, then {args.loads} page loads")
         results["browser"] = bench.browser(args.browser_s, args.loads, args.screenshots)
@@ -533,8 +591,9 @@ def main() -> int:
     print(show("  loop -> viewer's socket", v["viewer_latency_ms"]))
     print(f"  CPU % of one core, no viewer: {v['cpu_percent']['off']}")
     print(f"  CPU % of one core, {args.viewers} viewers: {v['cpu_percent']['on']}")
-    print(f"  messages received: {v['viewer_messages']}, "
-          f"viewers dropped: {v['viewers_closed_early']}")  # fmt: skip
+    print(
+        f"  messages received: {v['viewer_messages']}, viewers dropped: {v['viewers_closed_early']}"
+    )
     b = results["browser"]
     print(show("loop -> DOM updated (level change)", b["dom_latency_ms"]))
     print(show("loop -> painted (level change)", b["paint_latency_ms"]))
@@ -544,12 +603,18 @@ def main() -> int:
     ok_latency = b["dom_latency_ms"]["p95"] <= TARGET_LATENCY_P95_MS
     ok_ticks = ratio <= TARGET_TICK_P99_RATIO
     ok_load = b["page_load_ms"]["load"]["p95"] / 1000 < TARGET_LOAD_S
-    print(f"\nlatency p95 {b['dom_latency_ms']['p95']:.0f} ms (target <= 500): "
-          f"{'ok' if ok_latency else 'MISSED'}")  # fmt: skip
-    print(f"tick p99 with {args.viewers} viewers / without: {ratio:.2f} (target <= 1.10): "
-          f"{'ok' if ok_ticks else 'MISSED'}")  # fmt: skip
-    print(f"run view load p95 {b['page_load_ms']['load']['p95']:.0f} ms (target < 1000): "
-          f"{'ok' if ok_load else 'MISSED'}")  # fmt: skip
+    print(
+        f"\nlatency p95 {b['dom_latency_ms']['p95']:.0f} ms (target <= 500): "
+        f"{'ok' if ok_latency else 'MISSED'}"
+    )
+    print(
+        f"tick p99 with {args.viewers} viewers / without: {ratio:.2f} (target <= 1.10): "
+        f"{'ok' if ok_ticks else 'MISSED'}"
+    )
+    print(
+        f"run view load p95 {b['page_load_ms']['load']['p95']:.0f} ms (target < 1000): "
+        f"{'ok' if ok_load else 'MISSED'}"
+    )
     return 0 if ok_latency and ok_ticks and ok_load else 1
 
 

@@ -59,9 +59,11 @@ def main() -> int:
         began, cpu = time.monotonic(), jvm_cpu_s()
         batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())
         batch_s, batch_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
-        print(f"{len(data) / 2**20:.0f} MB: operator job {operator_s:.2f} s "
-              f"({operator_cpu:.1f} CPU s), batch job {batch_s:.2f} s ({batch_cpu:.1f} CPU s), "
-              f"ratio {batch_s / operator_s:.2f}")  # fmt: skip
+        print(
+            f"{len(data) / 2**20:.0f} MB: operator job {operator_s:.2f} s "
+            f"({operator_cpu:.1f} CPU s), batch job {batch_s:.2f} s ({batch_cpu:.1f} CPU s), "
+            f"ratio {batch_s / operator_s:.2f}"
+        )
     shutil.rmtree(folder, ignore_errors=True)
     return 0
 

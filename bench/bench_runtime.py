@@ -138,15 +138,27 @@ class Stack:
 def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[str, Any]:
     params = {"key": "key", "value": "value", "distinct": "user"}
     nodes: list[dict[str, Any]] = [
-        {"name": "source", "kind": "source", "operator": "read",
-         "params": {"format": "jsonl", "route_by": "key", "segment_mb": segment_mb}},
+        {
+            "name": "source",
+            "kind": "source",
+            "operator": "read",
+            "params": {"format": "jsonl", "route_by": "key", "segment_mb": segment_mb},
+        },
         {"name": "output", "kind": "sink", "operator": "merge", "buffer_mb": 1024},
-    ]  # fmt: skip
+    ]
     edges = []
     for i in range(1, aggregators + 1):
         name = f"agg{i}"
-        nodes.append({"name": name, "kind": "operator", "stage": "agg", "operator": "aggregate",
-                      "params": params, "buffer_mb": buffer_mb})  # fmt: skip
+        nodes.append(
+            {
+                "name": name,
+                "kind": "operator",
+                "stage": "agg",
+                "operator": "aggregate",
+                "params": params,
+                "buffer_mb": buffer_mb,
+            }
+        )
         edges += [{"from": "source", "to": name}, {"from": name, "to": "output"}]
     return {"name": f"bench-{aggregators}", "nodes": nodes, "edges": edges}
 

@@ -33,9 +33,14 @@ COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
 
 class Adjuster:
     def __init__(
-        self, run_id: int, control: ControlPlane, *, epoch: int, source: str,
+        self,
+        run_id: int,
+        control: ControlPlane,
+        *,
+        epoch: int,
+        source: str,
         timeout_s: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.run_id = run_id
         self.key = str(run_id)
         self.control = control
@@ -101,20 +106,34 @@ class Adjuster:
         try:
             if kind == "hot_migrate":
                 change = self._migrate(
-                    command["node"], command.get("worker", ""), who, "migrate",
+                    command["node"],
+                    command.get("worker", ""),
+                    who,
+                    "migrate",
                     f"{who} asked to hot-migrate {command['node']}",
-                )  # fmt: skip
+                )
             elif kind == "add_instance":
-                change = self._add(command["stage"], command.get("worker", ""),
-                                   f"{who} asked for one more instance")  # fmt: skip
+                change = self._add(
+                    command["stage"],
+                    command.get("worker", ""),
+                    f"{who} asked for one more instance",
+                )
             else:
-                change = Change("scale_in", removed=(command["node"],),
-                                reason=f"{who} asked to remove {command['node']}")  # fmt: skip
+                change = Change(
+                    "scale_in",
+                    removed=(command["node"],),
+                    reason=f"{who} asked to remove {command['node']}",
+                )
             return self._begin(change)
         except AdjustmentError as err:
-            record_event(self.run_id, "adjust_refused", f"{kind} refused: {err}",
-                         node=command.get("node", command.get("stage", "")),
-                         actor=Event.Actor.USER, data=dict(command))  # fmt: skip
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"{kind} refused: {err}",
+                node=command.get("node", command.get("stage", "")),
+                actor=Event.Actor.USER,
+                data=dict(command),
+            )
             return False
 
     def scale_out(self, stage: str, reason: str, now: float) -> bool:
@@ -125,8 +144,13 @@ class Adjuster:
         try:
             return self._begin(self._add(stage, "", reason, kind="scale_out", actor="balancer"))
         except AdjustmentError as err:
-            record_event(self.run_id, "adjust_refused", f"scale out refused: {err}",
-                         node=stage, actor=Event.Actor.BALANCER)  # fmt: skip
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"scale out refused: {err}",
+                node=stage,
+                actor=Event.Actor.BALANCER,
+            )
             return False
 
     def _members(self, stage: str) -> list[str]:
@@ -150,9 +174,14 @@ class Adjuster:
         return worker
 
     def _add(
-        self, stage: str, worker: str, reason: str, *, kind: str = "scale_out",
+        self,
+        stage: str,
+        worker: str,
+        reason: str,
+        *,
+        kind: str = "scale_out",
         actor: str = Event.Actor.USER,
-    ) -> Change:  # fmt: skip
+    ) -> Change:
         members = self._members(stage)
         if not members:
             raise AdjustmentError(f"the pipeline has no stage {stage!r}")
@@ -179,18 +208,40 @@ class Adjuster:
         self._load_placement()
         plan = adjustment.plan
         try:
-            self.control.write_adjustment(self.key, adjustment.version, {
-                "plan": {"kind": change.kind, "reason": change.reason, **{
-                    k: plan[k] for k in ("changed_stages", "added", "removed", "subgraph",
-                                         "sources", "tails", "connect", "disconnect")}},
-                "state": {"status": "running", "started_at": adjustment.started_at.isoformat()},
-            })  # fmt: skip
+            self.control.write_adjustment(
+                self.key,
+                adjustment.version,
+                {
+                    "plan": {
+                        "kind": change.kind,
+                        "reason": change.reason,
+                        **{
+                            k: plan[k]
+                            for k in (
+                                "changed_stages",
+                                "added",
+                                "removed",
+                                "subgraph",
+                                "sources",
+                                "tails",
+                                "connect",
+                                "disconnect",
+                            )
+                        },
+                    },
+                    "state": {"status": "running", "started_at": adjustment.started_at.isoformat()},
+                },
+            )
             self.control.write_adjustment(
                 self.key, adjustment.version, plan["updates"], under="updates"
             )
         except Exception:
-            log.warning("run %s: could not record adjustment %s in ZooKeeper", self.run_id,
-                        adjustment.version, exc_info=True)  # fmt: skip
+            log.warning(
+                "run %s: could not record adjustment %s in ZooKeeper",
+                self.run_id,
+                adjustment.version,
+                exc_info=True,
+            )
         return True
 
     # -- progress ---------------------------------------------------------------------
@@ -205,8 +256,7 @@ class Adjuster:
             return False
         for step in adjustments.align_waiting(self.run_id, adjustment.version):
             if step.tail:
-                self.control.report_tail(self.key, step.version, step.instance,
-                                         {"by": "driver"})  # fmt: skip
+                self.control.report_tail(self.key, step.version, step.instance, {"by": "driver"})
         if not set(adjustment.plan["tails"]) <= self._tails(adjustment):
             return False
         done = adjustments.complete(adjustment.pk)
@@ -248,19 +298,28 @@ class Adjuster:
         reported = self.control.adjustment_tails(self.key, adjustment.version)
         for name in adjustments.tails_reported(adjustment):
             if name not in reported:
-                self.control.report_tail(self.key, adjustment.version, name,
-                                         {"by": "driver", "from": "ledger"})  # fmt: skip
+                self.control.report_tail(
+                    self.key, adjustment.version, name, {"by": "driver", "from": "ledger"}
+                )
                 reported.add(name)
         return reported
 
     def _record_state(self, adjustment: Adjustment) -> None:
         try:
-            self.control.write_adjustment(self.key, adjustment.version, {
-                "state": {"status": adjustment.status, **adjustment.outcome},
-            })  # fmt: skip
+            self.control.write_adjustment(
+                self.key,
+                adjustment.version,
+                {
+                    "state": {"status": adjustment.status, **adjustment.outcome},
+                },
+            )
         except Exception:
-            log.warning("run %s: could not record adjustment %s's end", self.run_id,
-                        adjustment.version, exc_info=True)  # fmt: skip
+            log.warning(
+                "run %s: could not record adjustment %s's end",
+                self.run_id,
+                adjustment.version,
+                exc_info=True,
+            )
 
     def _failover(self) -> bool:
         """Instances placed on a worker whose liveness znode vanished move to live ones."""
@@ -271,10 +330,13 @@ class Adjuster:
         Instance.objects.filter(run_id=self.run_id, name__in=dead).update(worker="")
         self._load_placement()
         for worker in sorted(set(dead.values())):
-            record_event(self.run_id, "worker_lost",
-                         f"worker {worker} vanished from ZooKeeper; its instances "
-                         f"{', '.join(sorted(n for n, w in dead.items() if w == worker))} move",
-                         data={"worker": worker})  # fmt: skip
+            record_event(
+                self.run_id,
+                "worker_lost",
+                f"worker {worker} vanished from ZooKeeper; its instances "
+                f"{', '.join(sorted(n for n, w in dead.items() if w == worker))} move",
+                data={"worker": worker},
+            )
         if self.current is not None:
             return True  # the running adjustment completes or rolls back first
         removed = tuple(sorted(n for n in dead if self._is_operator(n)))
@@ -286,9 +348,15 @@ class Adjuster:
             target = self._least_loaded(set(dead.values()))
             added.append(NewInstance(self._new_name(stage, tuple(added)), stage, target))
         try:
-            self._begin(Change("failover", added=tuple(added), removed=removed,
-                               reason=f"worker(s) {', '.join(sorted(set(dead.values())))} lost",
-                               actor=Event.Actor.SYSTEM))  # fmt: skip
+            self._begin(
+                Change(
+                    "failover",
+                    added=tuple(added),
+                    removed=removed,
+                    reason=f"worker(s) {', '.join(sorted(set(dead.values())))} lost",
+                    actor=Event.Actor.SYSTEM,
+                )
+            )
         except AdjustmentError as err:
             record_event(self.run_id, "adjust_refused", f"failover refused: {err}")
         return True

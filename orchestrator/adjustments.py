@@ -117,9 +117,14 @@ def topology_at(run: Run, config: int, node: str) -> dict[str, Any]:
 
 
 def targets(
-    doc: Mapping[str, Any], sender: str, segment_id: str, *, tag: str, routes: Routes,
+    doc: Mapping[str, Any],
+    sender: str,
+    segment_id: str,
+    *,
+    tag: str,
+    routes: Routes,
     slots: KeyGroup,
-) -> list[tuple[str, str, KeyGroup]]:  # fmt: skip
+) -> list[tuple[str, str, KeyGroup]]:
     """Where ``sender`` sends one output: ``(node, migrated_from, key slots)`` per copy.
 
     A keyed (stateful) stage gets one copy per member whose key group meets the data's
@@ -147,9 +152,11 @@ def copy_id(segment_id: str, target: str, slots: KeyGroup, copies: int) -> str:
 
 
 def _after_doc(
-    before: Mapping[str, Any], added: Sequence[NewInstance], removed: Sequence[str],
+    before: Mapping[str, Any],
+    added: Sequence[NewInstance],
+    removed: Sequence[str],
     plan: AdjustmentPlan,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     nodes = _nodes(before)
     doc = copy.deepcopy(dict(before))
     new_nodes = [n for n in doc["nodes"] if n["name"] not in removed]
@@ -163,10 +170,11 @@ def _after_doc(
     union_stage = {**{n: stage_of(before, n) for n in nodes}, **{a.name: a.stage for a in added}}
     for src, dst in sorted(plan.connect):
         template = next(
-            e for e in before["edges"]
+            e
+            for e in before["edges"]
             if stage_of(before, e["from"]) == union_stage[src]
             and stage_of(before, e["to"]) == union_stage[dst]
-        )  # fmt: skip
+        )
         edges.append({**template, "from": src, "to": dst})
     doc["edges"] = edges
     return doc
@@ -195,10 +203,12 @@ def _plan(
         **before,
         "nodes": [
             *before["nodes"],
-            *({**nodes[stage_members(before, a.stage)[0]], "name": a.name, "stage": a.stage}
-              for a in change.added),
+            *(
+                {**nodes[stage_members(before, a.stage)[0]], "name": a.name, "stage": a.stage}
+                for a in change.added
+            ),
         ],
-    }  # fmt: skip
+    }
     union_topology = balancer_topology(probe)
     try:
         plan = plan_adjustment(
@@ -233,13 +243,16 @@ def _plan(
         "connect": [list(lk) for lk in sorted(plan.connect)],
         "disconnect": [list(lk) for lk in sorted(plan.disconnect)],
         "updates": {
-            name: {"upstreams": list(u.upstreams), "downstreams": list(u.downstreams),
-                   "connect": [list(lk) for lk in u.connect],
-                   "disconnect": [list(lk) for lk in u.disconnect]}
+            name: {
+                "upstreams": list(u.upstreams),
+                "downstreams": list(u.downstreams),
+                "connect": [list(lk) for lk in u.connect],
+                "disconnect": [list(lk) for lk in u.disconnect],
+            }
             for name, u in plan.updates.items()
         },
         "handoff": handoff,
-    }  # fmt: skip
+    }
     return plan, after, plan_json
 
 
@@ -251,13 +264,18 @@ def ensure_instances(run: Run) -> None:
     existing = set(Instance.objects.filter(run=run).values_list("name", flat=True))
     Instance.objects.bulk_create(
         [
-            Instance(run=run, name=n["name"], stage=n.get("stage") or n["name"],
-                     config=run.config_version, target=run.config_version)
+            Instance(
+                run=run,
+                name=n["name"],
+                stage=n.get("stage") or n["name"],
+                config=run.config_version,
+                target=run.config_version,
+            )
             for n in run.topology["nodes"]
             if n["name"] not in existing
         ],
         ignore_conflicts=True,
-    )  # fmt: skip
+    )
 
 
 def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment:
@@ -281,18 +299,30 @@ def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment
         plan, after, plan_json = _plan(before, change)
         version = run.config_version + 1
         adjustment = Adjustment.objects.create(
-            run=run, version=version, kind=change.kind, reason=change.reason, before=before,
-            after=after, plan=plan_json, placement={a.name: a.worker for a in change.added},
-        )  # fmt: skip
+            run=run,
+            version=version,
+            kind=change.kind,
+            reason=change.reason,
+            before=before,
+            after=after,
+            plan=plan_json,
+            placement={a.name: a.worker for a in change.added},
+        )
         subgraph = set(plan.subgraph)
         union_edges = {(e["from"], e["to"]) for e in before["edges"]} | set(plan.connect)
         Instance.objects.bulk_create(
             [
-                Instance(run=run, name=a.name, stage=a.stage, worker=a.worker,
-                         status=Instance.Status.JOINING, config=run.config_version)
+                Instance(
+                    run=run,
+                    name=a.name,
+                    stage=a.stage,
+                    worker=a.worker,
+                    status=Instance.Status.JOINING,
+                    config=run.config_version,
+                )
                 for a in change.added
             ]
-        )  # fmt: skip
+        )
         for inst in Instance.objects.select_for_update().filter(run=run, name__in=subgraph):
             inst.target = version
             inst.expect = (
@@ -314,18 +344,25 @@ def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment
         run.topology = after
         run.config_version = version
         run.save(update_fields=["topology", "config_version"])
-        _event(run_id, "adjust_planned", _describe(change, plan), data=plan_json,
-               actor=change.actor, user=change.user)  # fmt: skip
+        _event(
+            run_id,
+            "adjust_planned",
+            _describe(change, plan),
+            data=plan_json,
+            actor=change.actor,
+            user=change.user,
+        )
         injected = sorted(plan.sources)
         for name in injected:
             if name != source:
                 _marker(run_id, CONTROL, name, version, now)
         _event(
-            run_id, "adjust_markers",
+            run_id,
+            "adjust_markers",
             f"adjustment {version}: graph-state updates sent to "
             f"{len(plan_json['updates'])} instance(s); markers injected at {', '.join(injected)}",
             data={"version": version, "sources": injected},
-        )  # fmt: skip
+        )
         if source in plan.sources:
             inst = Instance.objects.select_for_update().get(run=run, name=source)
             _align(inst, now)
@@ -348,20 +385,41 @@ def _marker(run_id: int, upstream: str, node: str, version: int, now: dt.datetim
     Segment.objects.get_or_create(
         id=f"r{run_id}.m{version}.{upstream}>{node}",
         defaults={
-            "run_id": run_id, "chunk": -1, "origin_file": -1, "origin_offset": 0,
-            "origin_length": 0, "node": node, "upstream": upstream, "path": "", "bytes": 0,
-            "available_at": now, "config": version, "marker": True,
+            "run_id": run_id,
+            "chunk": -1,
+            "origin_file": -1,
+            "origin_offset": 0,
+            "origin_length": 0,
+            "node": node,
+            "upstream": upstream,
+            "path": "",
+            "bytes": 0,
+            "available_at": now,
+            "config": version,
+            "marker": True,
         },
-    )  # fmt: skip
+    )
 
 
-def _event(run_id: int, kind: str, reason: str, *, node: str = "",
-           data: dict[str, Any] | None = None, actor: str = Event.Actor.SYSTEM,
-           user: Any = None) -> None:  # fmt: skip
+def _event(
+    run_id: int,
+    kind: str,
+    reason: str,
+    *,
+    node: str = "",
+    data: dict[str, Any] | None = None,
+    actor: str = Event.Actor.SYSTEM,
+    user: Any = None,
+) -> None:
     Event.objects.create(
-        run_id=run_id, kind=kind, reason=reason, node=node[:100],
-        actor=Event.Actor.USER if user is not None else actor, user=user, data=data or {},
-    )  # fmt: skip
+        run_id=run_id,
+        kind=kind,
+        reason=reason,
+        node=node[:100],
+        actor=Event.Actor.USER if user is not None else actor,
+        user=user,
+        data=data or {},
+    )
 
 
 # -- align (in the claim of the instance's worker) -------------------------------------
@@ -372,10 +430,13 @@ def try_align(instance: Instance, now: dt.datetime) -> Aligned | None:
     version = instance.target
     markers = set(
         Segment.objects.filter(
-            run_id=instance.run_id, node=instance.name, marker=True, config=version,
+            run_id=instance.run_id,
+            node=instance.name,
+            marker=True,
+            config=version,
             state=Segment.State.QUEUED,
         ).values_list("upstream", flat=True)
-    )  # fmt: skip
+    )
     if not set(instance.expect) <= markers:
         return None
     pending = Segment.objects.filter(
@@ -449,13 +510,18 @@ def _align(instance: Instance, now: dt.datetime) -> Aligned:
     tail = " and reported as a tail" if instance.tail else ""
     forwarded = f"forwarded the marker to {', '.join(instance.forward)}" if instance.forward else ""
     _event(
-        run_id, "adjust_aligned",
+        run_id,
+        "adjust_aligned",
         f"{instance.name} has every marker of adjustment {version}: {what}{extra}"
         f"{'; ' + forwarded if forwarded else ''}{tail}",
         node=instance.name,
-        data={"version": version, "forwarded": instance.forward, "tail": instance.tail,
-              "keys_taken_over": taken},
-    )  # fmt: skip
+        data={
+            "version": version,
+            "forwarded": instance.forward,
+            "tail": instance.tail,
+            "keys_taken_over": taken,
+        },
+    )
     return Aligned(instance.name, version, instance.tail, tuple(instance.forward), retiring)
 
 
@@ -465,10 +531,11 @@ def _align(instance: Instance, now: dt.datetime) -> Aligned:
 def tails_reported(adjustment: Adjustment) -> list[str]:
     return sorted(
         Instance.objects.filter(
-            run_id=adjustment.run_id, name__in=adjustment.plan["tails"],
+            run_id=adjustment.run_id,
+            name__in=adjustment.plan["tails"],
             config__gte=adjustment.version,
         ).values_list("name", flat=True)
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -505,10 +572,7 @@ def complete(adjustment_id: int) -> Adjustment:
             after = keystate.totals(run_id, stage)
             owners = _owners(adjustment.after, stage)
             holders = keystate.holders(run_id, stage)
-            misplaced = sorted(
-                key for key, who in holders.items()
-                if who != [owners[slot_of(key)]]
-            )  # fmt: skip
+            misplaced = sorted(key for key, who in holders.items() if who != [owners[slot_of(key)]])
             state[stage] = {
                 "keys": len(after),
                 "keys_fetched": fetched,
@@ -538,16 +602,18 @@ def complete(adjustment_id: int) -> Adjustment:
         adjustment.save(update_fields=["status", "finished_at", "outcome"])
         gap = outcome.sink_max_gap_s
         _event(
-            run_id, "adjust_complete",
+            run_id,
+            "adjust_complete",
             f"adjustment {version} ({adjustment.kind}) complete in {outcome.seconds:.2f} s"
             + f"; sink's longest pause {gap:.2f} s"
             + (f"; retired {', '.join(retired)}" if retired else "")
             + "".join(
                 f"; {stage}: {s['keys']} keys, state {'identical' if s['identical'] else 'CHANGED'}"
-                f", {s['keys_fetched']} fetched" for stage, s in state.items()
+                f", {s['keys_fetched']} fetched"
+                for stage, s in state.items()
             ),
             data={"version": version, **adjustment.outcome, "retired": retired},
-        )  # fmt: skip
+        )
     return adjustment
 
 
@@ -591,15 +657,19 @@ def rollback(adjustment_id: int, reason: str) -> Adjustment:
         run.save(update_fields=["topology"])
         adjustment.status = Adjustment.Status.ROLLED_BACK
         adjustment.finished_at = now
-        adjustment.outcome = {**measure(adjustment, now).to_json(), "reason": reason,
-                              "requeued_segments": moved}  # fmt: skip
+        adjustment.outcome = {
+            **measure(adjustment, now).to_json(),
+            "reason": reason,
+            "requeued_segments": moved,
+        }
         adjustment.save(update_fields=["status", "finished_at", "outcome"])
         _event(
-            run.pk, "adjust_rolled_back",
+            run.pk,
+            "adjust_rolled_back",
             f"adjustment {version} ({adjustment.kind}) rolled back: {reason}; "
             f"{moved} segment(s) sent with the new graph went back to the old instances",
             data={"version": version, **adjustment.outcome},
-        )  # fmt: skip
+        )
     return adjustment
 
 
@@ -652,14 +722,18 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
     sink_gap = _max_gap([last_before or start, *merges, until])
     inside = set(adjustment.plan["subgraph"])
     outside_nodes = [
-        n["name"] for n in adjustment.after["nodes"]
+        n["name"]
+        for n in adjustment.after["nodes"]
         if n["kind"] != "source" and n["name"] not in inside
-    ]  # fmt: skip
+    ]
     by_node: dict[str, list[dt.datetime]] = {name: [start, until] for name in outside_nodes}
     done = Segment.objects.filter(
-        run_id=run_id, marker=False, node__in=outside_nodes, done_at__gte=start,
+        run_id=run_id,
+        marker=False,
+        node__in=outside_nodes,
+        done_at__gte=start,
         done_at__lte=until,
-    ).values_list("node", "done_at")  # fmt: skip
+    ).values_list("node", "done_at")
     for node, at in done:
         by_node[node].append(at)
     outside = {node: _max_gap(times) for node, times in by_node.items()}

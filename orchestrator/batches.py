@@ -49,9 +49,14 @@ class BatchReport:
     failure: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "segments": self.segments, "bytes": self.bytes,
-                "malformed": self.malformed, "failure": self.failure,
-                "aligned": None if self.aligned is None else self.aligned.version}  # fmt: skip
+        return {
+            "node": self.node,
+            "segments": self.segments,
+            "bytes": self.bytes,
+            "malformed": self.malformed,
+            "failure": self.failure,
+            "aligned": None if self.aligned is None else self.aligned.version,
+        }
 
 
 def run_dir(run_id: int) -> Path:
@@ -100,18 +105,24 @@ def process_batch(
     topology = adjustments.topology_at(run, claim.config, node_name)
     size = sum(s.bytes for s in claim)
     keeper = LeaseKeeper(
-        [s.pk for s in claim], owner,
-        lease_s=settings.BPCONSOLE_LEASE_S, max_hold_s=settings.BPCONSOLE_BATCH_MAX_S,
-    )  # fmt: skip
+        [s.pk for s in claim],
+        owner,
+        lease_s=settings.BPCONSOLE_LEASE_S,
+        max_hold_s=settings.BPCONSOLE_BATCH_MAX_S,
+    )
     with keeper:
         if node["kind"] == "sink":
             _merge(run, node_name, owner, claim.segments)
             return BatchReport(node_name, len(claim), size, aligned=aligned)
         try:
             malformed = _operate(
-                run, topology=topology, node=node, owner=owner, claim=claim,
+                run,
+                topology=topology,
+                node=node,
+                owner=owner,
+                claim=claim,
                 routes=Routes.from_json(routes_json),
-            )  # fmt: skip
+            )
         except (ledger.LeaseLostError, DatabaseError):
             raise  # not the operator's failure: the task's retry policy and the lease
         except Exception as error:  # noqa: BLE001 - any operator error is this batch's
@@ -142,12 +153,22 @@ def _failed(run: Run, node: str, owner: str, segments: list[Segment], error: Exc
         return f"cancelled: run {run.pk} is no longer active"
     text = failures.describe(error)
     outcome = failures.record_failure(
-        run.pk, node, owner, segments, text,
+        run.pk,
+        node,
+        owner,
+        segments,
+        text,
         max_attempts=int(run.policy.get("max_batch_attempts", 3)),
         retryable=not isinstance(error, ExpressionRefused),
-    )  # fmt: skip
-    log.warning("run %s node %s: batch failed (attempt %s%s): %s", run.pk, node,
-                outcome.attempt, ", run failed" if outcome.run_failed else "", text)  # fmt: skip
+    )
+    log.warning(
+        "run %s node %s: batch failed (attempt %s%s): %s",
+        run.pk,
+        node,
+        outcome.attempt,
+        ", run failed" if outcome.run_failed else "",
+        text,
+    )
     return text
 
 
@@ -202,14 +223,23 @@ def _operate(
         for target, migrated_from, part in copies:
             new.append(
                 ledger.NewSegment(
-                    id=adjustments.copy_id(new_id, target, part, len(copies)), chunk=seg.chunk,
-                    origin_file=seg.origin_file, origin_offset=seg.origin_offset,
-                    origin_length=seg.origin_length, node=target, upstream=name, tag=seg.tag,
-                    path=str(out.path), bytes=out.bytes,
-                    migrated_from=migrated_from, link_mbps=bandwidth(topology, name, target),
-                    config=claim.config, slots_from=part.low, slots_to=part.high,
+                    id=adjustments.copy_id(new_id, target, part, len(copies)),
+                    chunk=seg.chunk,
+                    origin_file=seg.origin_file,
+                    origin_offset=seg.origin_offset,
+                    origin_length=seg.origin_length,
+                    node=target,
+                    upstream=name,
+                    tag=seg.tag,
+                    path=str(out.path),
+                    bytes=out.bytes,
+                    migrated_from=migrated_from,
+                    link_mbps=bandwidth(topology, name, target),
+                    config=claim.config,
+                    slots_from=part.low,
+                    slots_to=part.high,
                 )
-            )  # fmt: skip
+            )
     malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
     fold = None
     if stateful:
@@ -241,9 +271,12 @@ def _run_operator(
 
     if node["operator"] in ("aggregate", "running"):
         return partial_aggregate(
-            spark, inputs, outputs, AggregateParams.from_params(params),
+            spark,
+            inputs,
+            outputs,
+            AggregateParams.from_params(params),
             key_group=None if slots.whole else slots,
-        )  # fmt: skip
+        )
     return transform(spark, node["operator"], params, inputs, outputs)
 
 

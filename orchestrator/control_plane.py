@@ -466,9 +466,11 @@ class ControlPlane:
                 return current
             try:
                 self.client.retry(
-                    self.client.set, self._epoch_path(run), str(at_least).encode(),
+                    self.client.set,
+                    self._epoch_path(run),
+                    str(at_least).encode(),
                     version=stat.version,
-                )  # fmt: skip
+                )
             except BadVersionError:
                 continue
             return at_least

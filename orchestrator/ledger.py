@@ -90,14 +90,25 @@ def _insert(run_id: int, epoch: int, items: Sequence[NewSegment], now: dt.dateti
         arrival = _arrival(run_id, f"{item.upstream}>{item.node}", item.bytes, item.link_mbps, now)
         rows.append(
             Segment(
-                id=item.id, run_id=run_id, chunk=item.chunk, origin_file=item.origin_file,
-                origin_offset=item.origin_offset, origin_length=item.origin_length,
-                node=item.node, upstream=item.upstream, tag=item.tag[:200], path=item.path,
-                bytes=item.bytes, migrated_from=item.migrated_from,
-                available_at=arrival, epoch=epoch, config=item.config,
-                slots_from=item.slots_from, slots_to=item.slots_to,
+                id=item.id,
+                run_id=run_id,
+                chunk=item.chunk,
+                origin_file=item.origin_file,
+                origin_offset=item.origin_offset,
+                origin_length=item.origin_length,
+                node=item.node,
+                upstream=item.upstream,
+                tag=item.tag[:200],
+                path=item.path,
+                bytes=item.bytes,
+                migrated_from=item.migrated_from,
+                available_at=arrival,
+                epoch=epoch,
+                config=item.config,
+                slots_from=item.slots_from,
+                slots_to=item.slots_to,
             )
-        )  # fmt: skip
+        )
     Segment.objects.bulk_create(rows, ignore_conflicts=True)
 
 
@@ -183,17 +194,23 @@ def claim_batch(
             if bucket.free_at > now:
                 return Claim([], config, aligned)
         query = Segment.objects.select_for_update(skip_locked=True).filter(
-            run_id=run_id, node=node, state=Segment.State.QUEUED, available_at__lte=now,
+            run_id=run_id,
+            node=node,
+            state=Segment.State.QUEUED,
+            available_at__lte=now,
             marker=False,
-        )  # fmt: skip
+        )
         if barrier is not None:
             query = query.filter(config__lt=barrier)
         candidates = list(query.order_by(*order)[:max_segments])
         batch: list[Segment] = []
         size = 0
         for seg in candidates:
-            if batch and (size + seg.bytes > max_bytes or seg.slots_from != batch[0].slots_from
-                          or seg.slots_to != batch[0].slots_to):  # fmt: skip
+            if batch and (
+                size + seg.bytes > max_bytes
+                or seg.slots_from != batch[0].slots_from
+                or seg.slots_to != batch[0].slots_to
+            ):
                 break
             batch.append(seg)
             size += seg.bytes
@@ -283,12 +300,18 @@ def complete_sink_batch(
         _finish_inputs(owner, inputs, {})
         rows = [
             MergedChunk(
-                run_id=run_id, chunk=s.chunk, origin_file=s.origin_file,
-                origin_offset=s.origin_offset, origin_length=s.origin_length,
-                slots_from=s.slots_from, slots_to=s.slots_to, segment=s.pk, sink=sink,
+                run_id=run_id,
+                chunk=s.chunk,
+                origin_file=s.origin_file,
+                origin_offset=s.origin_offset,
+                origin_length=s.origin_length,
+                slots_from=s.slots_from,
+                slots_to=s.slots_to,
+                segment=s.pk,
+                sink=sink,
             )
             for s in inputs
-        ]  # fmt: skip
+        ]
         wanted = {(r.chunk, r.slots_from) for r in rows}
         already = {
             pair
@@ -447,13 +470,25 @@ def coverage(run: Run, files: Sequence[tuple[int, int]]) -> Coverage:
     for file_index, offset, length in sorted(chunks.values()):
         by_file.setdefault(file_index, []).append((offset, length))
     for file_index, (start, end) in enumerate(files):
-        _tile(f"file {file_index}", start=start, end=end, spans=by_file.get(file_index, []),
-              missing=missing, overlaps=overlaps)  # fmt: skip
+        _tile(
+            f"file {file_index}",
+            start=start,
+            end=end,
+            spans=by_file.get(file_index, []),
+            missing=missing,
+            overlaps=overlaps,
+        )
     for chunk, ranges in sorted(slots.items()):
         # A chunk split by key groups must have each of its key slots merged once.
         spans = [(low, high - low) for low, high in sorted(ranges)]
-        _tile(f"chunk {chunk} slots", start=0, end=KEY_SLOTS, spans=spans, missing=missing,
-              overlaps=overlaps)  # fmt: skip
+        _tile(
+            f"chunk {chunk} slots",
+            start=0,
+            end=KEY_SLOTS,
+            spans=spans,
+            missing=missing,
+            overlaps=overlaps,
+        )
     duplicates = len(merged) - len({(chunk, low) for chunk, _, _, _, low, _ in merged})
     expected = run.chunks_total
     exact = not missing and not overlaps and duplicates == 0 and expected == len(chunks)

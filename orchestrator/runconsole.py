@@ -102,32 +102,70 @@ def main() -> int:
         children.append(
             _spawn(
                 "control worker",
-                [python, "-m", "celery", "-A", "orchestrator.celery", "worker",
-                 "-Q", "control", "--pool", "threads", "--concurrency", "8",
-                 "-n", "control@%h", "--loglevel", "INFO"],
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "control",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    "8",
+                    "-n",
+                    "control@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
                 env,
                 logs / "celery-control.log",
             )
-        )  # fmt: skip
+        )
         children.append(
             _spawn(
                 "spark worker",
-                [python, "-m", "celery", "-A", "orchestrator.celery", "worker",
-                 "-Q", "spark", "--concurrency", os.environ.get("BPCONSOLE_SPARK_WORKERS", "1"),
-                 "-n", "spark@%h", "--loglevel", "INFO"],
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "spark",
+                    "--concurrency",
+                    os.environ.get("BPCONSOLE_SPARK_WORKERS", "1"),
+                    "-n",
+                    "spark@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
                 env,
                 logs / "celery-spark.log",
             )
-        )  # fmt: skip
+        )
         children.append(
             _spawn(
                 "celery beat",
-                [python, "-m", "celery", "-A", "orchestrator.celery", "beat",
-                 "--schedule", str(var_dir / "celerybeat-schedule"), "--loglevel", "INFO"],
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "beat",
+                    "--schedule",
+                    str(var_dir / "celerybeat-schedule"),
+                    "--loglevel",
+                    "INFO",
+                ],
                 env,
                 logs / "celery-beat.log",
             )
-        )  # fmt: skip
+        )
         children.append(
             _spawn(
                 "ASGI server",
@@ -166,8 +204,10 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:
-        print(f"error: {' '.join(map(str, exc.cmd[1:3]))} failed (exit {exc.returncode})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {' '.join(map(str, exc.cmd[1:3]))} failed (exit {exc.returncode})",
+            file=sys.stderr,
+        )
         return 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

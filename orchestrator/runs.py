@@ -82,8 +82,12 @@ def create_run(
         shutil.rmtree(run_dir(run.pk), ignore_errors=True)
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             control.delete_run(str(run.pk))
-        record_event(run.pk, "run_created", what,
-                     user=user if getattr(user, "is_authenticated", False) else None)  # fmt: skip
+        record_event(
+            run.pk,
+            "run_created",
+            what,
+            user=user if getattr(user, "is_authenticated", False) else None,
+        )
     return run
 
 
@@ -108,8 +112,12 @@ def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") 
             run.finished_at = timezone.now()
         run.save(update_fields=["status", "finished_at"])
         verb = {"paused": "paused", "running": "resumed", "cancelled": "stopped"}[status]
-        record_event(run_id, f"run_{verb}", reason or f"run {verb}",
-                     user=user if getattr(user, "is_authenticated", False) else None)  # fmt: skip
+        record_event(
+            run_id,
+            f"run_{verb}",
+            reason or f"run {verb}",
+            user=user if getattr(user, "is_authenticated", False) else None,
+        )
     return run
 
 

@@ -111,8 +111,9 @@ def latest_runs(pipeline_ids: list[int]) -> dict[int, Any]:
 
     latest: dict[int, Any] = {}
     rows = Run.objects.filter(pipeline_id__in=pipeline_ids).order_by("-created_at", "-id")
-    for run in rows.only("id", "pipeline_id", "status", "created_at", "started_at",
-                         "finished_at", "error"):  # fmt: skip
+    for run in rows.only(
+        "id", "pipeline_id", "status", "created_at", "started_at", "finished_at", "error"
+    ):
         latest.setdefault(run.pipeline_id, run)
     return latest
 

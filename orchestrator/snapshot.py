@@ -177,14 +177,17 @@ def _adjustment(
     }
     if adjustment.status == Adjustment.Status.RUNNING:
         view["aligned"] = sorted(
-            name for name in plan["subgraph"]
+            name
+            for name in plan["subgraph"]
             if name in instances and instances[name].config >= adjustment.version
-        )  # fmt: skip
+        )
         view["markers"] = [
             {"from": upstream, "to": node}
             for upstream, node in Segment.objects.filter(
-                run_id=adjustment.run_id, marker=True, config=adjustment.version,
+                run_id=adjustment.run_id,
+                marker=True,
+                config=adjustment.version,
                 state=Segment.State.QUEUED,
             ).values_list("upstream", "node")
-        ]  # fmt: skip
+        ]
     return view

@@ -165,15 +165,24 @@ def chunks(
             else (start_offset)
         )
         if fmt == "jsonl":
-            for chunk_offset, length, size, tag in _jsonl_ranges(item, offset, segment_bytes,
-                                                                 route_by):  # fmt: skip
+            for chunk_offset, length, size, tag in _jsonl_ranges(
+                item, offset, segment_bytes, route_by
+            ):
                 yield Chunk(index, file_index, chunk_offset, length, tag, size, None, item.path)
                 index += 1
             continue
         reader = _parquet_chunks if fmt == "parquet" else _csv_chunks
         for chunk_offset, length, body in reader(item, offset, segment_bytes):
-            yield Chunk(index, file_index, chunk_offset, length, _tag(body, route_by),
-                        len(body), body, item.path)  # fmt: skip
+            yield Chunk(
+                index,
+                file_index,
+                chunk_offset,
+                length,
+                _tag(body, route_by),
+                len(body),
+                body,
+                item.path,
+            )
             index += 1
 
 
@@ -181,8 +190,9 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
     """The chunk's segment file, all or nothing; returns its size."""
     if chunk.body is not None:
         return write_atomic(path, chunk.body)
-    return copy_atomic(path, chunk.path, chunk.offset, chunk.length,
-                       newline=chunk.size > chunk.length)  # fmt: skip
+    return copy_atomic(
+        path, chunk.path, chunk.offset, chunk.length, newline=chunk.size > chunk.length
+    )
 
 
 CUT_WINDOW = 64 * 1024
@@ -273,8 +283,10 @@ def _parquet_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (str(v) if not isinstance(v, str | int | float | bool | None) else v)
-            for k, v in row.items()}  # fmt: skip
+    return {
+        k: (str(v) if not isinstance(v, str | int | float | bool | None) else v)
+        for k, v in row.items()
+    }
 
 
 def _tag(body: bytes, route_by: str) -> str:

@@ -75,8 +75,9 @@ def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None)
         return {"node": node, "lease_lost": str(err)}
 
 
-@shared_task(name="orchestrator.watchdog", autoretry_for=NETWORK_ERRORS,
-             max_retries=3, retry_backoff=True)  # fmt: skip
+@shared_task(
+    name="orchestrator.watchdog", autoretry_for=NETWORK_ERRORS, max_retries=3, retry_backoff=True
+)
 def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one."""
     reclaimed = ledger.reclaim_expired()
@@ -109,8 +110,12 @@ def _report_tail(run_id: int, report: BatchReport) -> None:
     if control is None or aligned is None:
         return
     try:
-        control.report_tail(str(run_id), aligned.version, aligned.instance,
-                            {"by": socket.gethostname(), "pid": os.getpid()})  # fmt: skip
+        control.report_tail(
+            str(run_id),
+            aligned.version,
+            aligned.instance,
+            {"by": socket.gethostname(), "pid": os.getpid()},
+        )
     except Exception:
         log.warning("run %s: could not report tail %s", run_id, aligned.instance, exc_info=True)
 

@@ -58,8 +58,13 @@ def combine(partials: Iterable[MergedKey]) -> list[MergedKey]:
             continue
         count, total, low, high, values = seen
         values.update(p.distinct)
-        keys[p.key] = (count + p.count, EXACT.add(total, p.sum), min(low, p.min),
-                       max(high, p.max), values)  # fmt: skip
+        keys[p.key] = (
+            count + p.count,
+            EXACT.add(total, p.sum),
+            min(low, p.min),
+            max(high, p.max),
+            values,
+        )
     return [
         MergedKey(key, count, total, low, high, tuple(sorted(values)))
         for key, (count, total, low, high, values) in sorted(keys.items())

@@ -115,12 +115,32 @@ class Workers:
 
 
 WORKER_COMMANDS = {
-    "control": ["worker", "-Q", "control", "--pool", "threads", "--concurrency", "6",
-                "-n", "{name}@bpconsole-test", "--loglevel", "INFO"],
-    "spark": ["worker", "-Q", "spark", "--concurrency", "1", "-n", "{name}@bpconsole-test",
-              "--loglevel", "INFO"],
+    "control": [
+        "worker",
+        "-Q",
+        "control",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "6",
+        "-n",
+        "{name}@bpconsole-test",
+        "--loglevel",
+        "INFO",
+    ],
+    "spark": [
+        "worker",
+        "-Q",
+        "spark",
+        "--concurrency",
+        "1",
+        "-n",
+        "{name}@bpconsole-test",
+        "--loglevel",
+        "INFO",
+    ],
     "beat": ["beat", "--loglevel", "INFO", "--schedule", str(TEST_VAR_DIR / "beat-schedule")],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="session")
@@ -159,15 +179,23 @@ def asgi_server(services: Endpoints, django_db_setup: None) -> Iterator[AsgiServ
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "webapp.asgi:application"],
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "webapp.asgi:application",
+            ],
             # The pages the browser loads from this port may open websockets to it.
             env={**child_env(services), "BPCONSOLE_ALLOWED_ORIGINS": f"http://127.0.0.1:{port}"},
             cwd=PROJECT_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-        )  # fmt: skip
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

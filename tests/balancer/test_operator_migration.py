@@ -12,17 +12,26 @@ MBPS = 1_000_000 / 8
 
 def observation(levels: dict[str, float]) -> Observation:
     topology = Topology.build(
-        [NodeSpec("src", "source"), *(NodeSpec(n, stage="agg") for n in ("a1", "a2", "a3")),
-         NodeSpec("out", "sink")],
-        [LinkSpec("src", "a1", 50 * MBPS), LinkSpec("src", "a2", 50 * MBPS),
-         LinkSpec("src", "a3", 100 * MBPS), LinkSpec("a1", "out", 25 * MBPS),
-         LinkSpec("a2", "out", 25 * MBPS), LinkSpec("a3", "out", 75 * MBPS)],
-    )  # fmt: skip
+        [
+            NodeSpec("src", "source"),
+            *(NodeSpec(n, stage="agg") for n in ("a1", "a2", "a3")),
+            NodeSpec("out", "sink"),
+        ],
+        [
+            LinkSpec("src", "a1", 50 * MBPS),
+            LinkSpec("src", "a2", 50 * MBPS),
+            LinkSpec("src", "a3", 100 * MBPS),
+            LinkSpec("a1", "out", 25 * MBPS),
+            LinkSpec("a2", "out", 25 * MBPS),
+            LinkSpec("a3", "out", 75 * MBPS),
+        ],
+    )
     nodes = {
-        n: NodeObservation(n, level=levels.get(n, 0.0), buffered_bytes=0.0, in_rate=0.0,
-                           out_rate=0.0)
+        n: NodeObservation(
+            n, level=levels.get(n, 0.0), buffered_bytes=0.0, in_rate=0.0, out_rate=0.0
+        )
         for n in topology.order
-    }  # fmt: skip
+    }
     return Observation(0.0, 1.0, topology, nodes)
 
 

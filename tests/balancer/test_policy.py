@@ -45,10 +45,14 @@ def test_each_bad_value_is_named(values: dict[str, object], problem: str) -> Non
 def test_orderings_between_parameters() -> None:
     base = Policy().to_dict()
     assert validate({**base, "high_water": 0.6, "low_water": 0.4}) == []
-    assert any("recovery threshold must be below" in p
-               for p in validate({**base, "recovery_threshold": 0.8}))  # fmt: skip
-    assert any("underload must be below overload" in p
-               for p in validate({**base, "overload_mb": 0.1, "underload_kb": 500}))  # fmt: skip
+    assert any(
+        "recovery threshold must be below" in p
+        for p in validate({**base, "recovery_threshold": 0.8})
+    )
+    assert any(
+        "underload must be below overload" in p
+        for p in validate({**base, "overload_mb": 0.1, "underload_kb": 500})
+    )
     assert any("rate floor" in p for p in validate({**base, "rate_floor": 0.3}))
     assert validate({**base, "rate_floor": 0.2}) == []  # equal is allowed
     assert any("window_initial" in p for p in validate({**base, "window_initial": 100}))

@@ -120,8 +120,9 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     overview = page.context.new_page()
     overview.goto(f"{asgi_server.url}/")
     assert overview.locator('tr[data-pipeline="reference"] .dot').get_attribute("class") in {
-        "dot dot-ok", "dot dot-warn"
-    }  # fmt: skip
+        "dot dot-ok",
+        "dot dot-warn",
+    }
     shoot(overview, artifacts, "pipelines")
     overview.close()
 
@@ -142,8 +143,9 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     row = page.wait_for_selector('#timeline li[data-kind="operator_migrate"]')
     assert "otto" in row.text_content()
     # its migration stays until stopped: the path is there for the screenshots
-    page.wait_for_selector('path.migration-path[data-migration^="task1>"]', state="attached",
-                           timeout=30_000)  # fmt: skip
+    page.wait_for_selector(
+        'path.migration-path[data-migration^="task1>"]', state="attached", timeout=30_000
+    )
     page.wait_for_timeout(1500)  # a few seconds of sparkline history
     shoot(page, artifacts, "run-1366x768")
     shoot(page, artifacts, "run-1366x768-full", full_page=True)

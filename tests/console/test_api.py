@@ -163,9 +163,10 @@ def test_a_viewer_cannot_start_a_run(no_start: list[int]) -> None:
     reference()
     client, vera = client_for("vera", "viewer")
     response = client.post(
-        "/api/runs/", {"pipeline": "reference", "generator": "seed=1"},
+        "/api/runs/",
+        {"pipeline": "reference", "generator": "seed=1"},
         content_type="application/json",
-    )  # fmt: skip
+    )
     assert response.status_code == 403
     assert Run.objects.count() == 0
     refusal = Event.objects.get(kind="action_refused")
@@ -234,13 +235,22 @@ def test_the_openapi_schema_lists_every_endpoint() -> None:
     schema = response.json()
     paths = set(schema["paths"])
     for path in (
-        "/api/pipelines/", "/api/pipelines/{name}/", "/api/pipelines/validate/",
-        "/api/runs/", "/api/runs/{run_id}/", "/api/runs/{run_id}/snapshot/",
-        "/api/runs/{run_id}/events/", "/api/runs/{run_id}/pause/", "/api/runs/{run_id}/resume/",
-        "/api/runs/{run_id}/stop/", "/api/runs/{run_id}/migrate/",
-        "/api/runs/{run_id}/stop-migrating/", "/api/runs/{run_id}/adjust/", "/api/events/",
+        "/api/pipelines/",
+        "/api/pipelines/{name}/",
+        "/api/pipelines/validate/",
+        "/api/runs/",
+        "/api/runs/{run_id}/",
+        "/api/runs/{run_id}/snapshot/",
+        "/api/runs/{run_id}/events/",
+        "/api/runs/{run_id}/pause/",
+        "/api/runs/{run_id}/resume/",
+        "/api/runs/{run_id}/stop/",
+        "/api/runs/{run_id}/migrate/",
+        "/api/runs/{run_id}/stop-migrating/",
+        "/api/runs/{run_id}/adjust/",
+        "/api/events/",
         "/api/workers/",
-    ):  # fmt: skip
+    ):
         assert path in paths, path
 
 
@@ -309,10 +319,12 @@ def test_an_unknown_adjustment_node_stage_or_worker_is_a_400_changing_nothing() 
         ({"action": "hot_migrate", "node": "ghost"}, "no operator instance 'ghost'"),
         ({"action": "remove_instance", "node": "source"}, "instances: task1, task2, task3"),
         ({"action": "add_instance", "stage": "ghost"}, "no operator stage 'ghost'"),
-        ({"action": "hot_migrate", "node": "task2", "worker": "spark9-gone"},
-         "'spark9-gone' is not a live Spark worker"),
+        (
+            {"action": "hot_migrate", "node": "task2", "worker": "spark9-gone"},
+            "'spark9-gone' is not a live Spark worker",
+        ),
         ({"action": "hot_migrate", "node": ["task2"]}, "node must be a string"),
-    ]:  # fmt: skip
+    ]:
         response = _adjust(client, run.pk, **body)
         assert response.status_code == 400, body
         assert words in response.json()["detail"], response.json()
@@ -327,11 +339,13 @@ def test_an_operator_hot_migrates_adds_and_removes_instances_recorded_with_the_n
     Run.objects.filter(pk=run.pk).update(status="running")
     client, otto = client_for("otto", "operator")
     for body, asked in [
-        ({"action": "hot_migrate", "node": "task2", "worker": spare_worker},
-         f"hot-migrate task2 to {spare_worker}"),
+        (
+            {"action": "hot_migrate", "node": "task2", "worker": spare_worker},
+            f"hot-migrate task2 to {spare_worker}",
+        ),
         ({"action": "add_instance", "stage": "agg"}, "add an instance to stage agg on any worker"),
         ({"action": "remove_instance", "node": "task3"}, "remove instance task3"),
-    ]:  # fmt: skip
+    ]:
         response = _adjust(client, run.pk, **body)
         assert response.status_code == 200, response.content
         assert asked in response.json()["detail"]
@@ -346,8 +360,10 @@ def test_an_operator_hot_migrates_adds_and_removes_instances_recorded_with_the_n
     with ControlPlane.connect(settings.ZK_HOSTS) as control:
         commands = control.take_commands(str(run.pk))
     assert [(c["command"], c["user"]) for c in commands] == [
-        ("hot_migrate", "otto"), ("add_instance", "otto"), ("remove_instance", "otto")
-    ]  # fmt: skip
+        ("hot_migrate", "otto"),
+        ("add_instance", "otto"),
+        ("remove_instance", "otto"),
+    ]
     # On a finished run there is nothing to adjust: 409, nothing recorded
     Run.objects.filter(pk=run.pk).update(status="completed")
     late = _adjust(client, run.pk, action="remove_instance", node="task1")

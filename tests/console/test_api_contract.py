@@ -59,9 +59,14 @@ def test_a_run_that_does_not_exist_is_a_json_404_on_every_run_endpoint() -> None
     # (a guard: the largest id the URLs take still reaches the view, which says why)
     operator, _ = client_for("otto", "operator")
     for method, suffix in [
-        ("get", ""), ("get", "snapshot/"), ("get", "completion/"), ("get", "events/"),
-        ("post", "pause/"), ("post", "migrate/"), ("post", "adjust/"),
-    ]:  # fmt: skip
+        ("get", ""),
+        ("get", "snapshot/"),
+        ("get", "completion/"),
+        ("get", "events/"),
+        ("post", "pause/"),
+        ("post", "migrate/"),
+        ("post", "adjust/"),
+    ]:
         path = f"/api/runs/999999999999999999/{suffix}"
         if method == "post":
             response = operator.post(path, {"node": "task1"}, content_type="application/json")

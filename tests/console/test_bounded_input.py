@@ -98,8 +98,9 @@ def test_deep_nesting_is_a_located_400_on_every_document_entry_point_never_a_500
         assert response.status_code == 400, (path, response.content[:200])
         problems = _problems(response)
         assert any("nested more than 32 levels deep" in m for m in problems.values()), problems
-        assert all(loc.startswith("line 1, column") or loc.startswith("line 2, column")
-                   for loc in problems), problems  # fmt: skip
+        assert all(
+            loc.startswith("line 1, column") or loc.startswith("line 2, column") for loc in problems
+        ), problems
     # and nothing was saved or changed
     assert list(Pipeline.objects.values_list("name", flat=True)) == ["reference"]
 
@@ -204,8 +205,12 @@ def test_the_api_import_checks_the_role_before_the_body_for_session_and_basic_au
     big = json.dumps({"yaml": "#" * FIVE_MB})
     # When a viewer (session) and a user with wrong Basic credentials send 5 MB
     refused = _post_json(viewer, "/api/pipelines/import/", big)
-    wrong = Client().post("/api/pipelines/import/", big, content_type="application/json",
-                          HTTP_AUTHORIZATION=_basic("otto", "not-the-password"))  # fmt: skip
+    wrong = Client().post(
+        "/api/pipelines/import/",
+        big,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=_basic("otto", "not-the-password"),
+    )
     anonymous = _post_json(Client(), "/api/pipelines/import/", big)
     # Then each is a JSON 403 before anything reads the body
     for response in (refused, wrong, anonymous):
@@ -213,8 +218,12 @@ def test_the_api_import_checks_the_role_before_the_body_for_session_and_basic_au
         assert response.json()["detail"]
     assert "operator role" in refused.json()["detail"]
     # while an operator's right Basic credentials reach the size check: 413
-    right = Client().post("/api/pipelines/import/", big, content_type="application/json",
-                          HTTP_AUTHORIZATION=_basic("otto", "pw-otto-123"))  # fmt: skip
+    right = Client().post(
+        "/api/pipelines/import/",
+        big,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=_basic("otto", "pw-otto-123"),
+    )
     assert right.status_code == 413
 
 
@@ -273,12 +282,17 @@ def test_values_of_the_wrong_type_anywhere_are_located_problems_not_500s() -> No
         "description": ["not", "text"],
         "nodes": [
             {"name": "in", "kind": "source", "operator": ["read"]},
-            {"name": "mid", "kind": "operator", "stage": {"x": 1}, "operator": "filter",
-             "params": {"condition": "value > 0"}},
+            {
+                "name": "mid",
+                "kind": "operator",
+                "stage": {"x": 1},
+                "operator": "filter",
+                "params": {"condition": "value > 0"},
+            },
             {"name": "out", "kind": "sink", "buffer_mb": "10"},
         ],
         "edges": [{"from": ["in"], "to": "mid"}, {"from": "mid", "to": "out"}],
-    }  # fmt: skip
+    }
     # When a document has lists and mappings where names and text belong
     response = _post_json(operator, "/api/pipelines/", doc)
     # Then each is reported where it is
@@ -300,8 +314,10 @@ def _asgi(headers: list[tuple[bytes, bytes]], chunks: list[bytes], path: str) ->
     from webapp.console.middleware import BoundedBodyASGI
 
     seen: dict[str, Any] = {"called": False, "body": b"", "disconnected": False, "sent": []}
-    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-                for i, c in enumerate(chunks)]  # fmt: skip
+    incoming = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
 
     async def receive() -> dict[str, Any]:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}

@@ -93,8 +93,14 @@ def test_a_viewer_gets_a_snapshot_then_every_tick_and_typed_replies(services) ->
         layer = get_channel_layer()
         group = service.live_group(run.pk)
         for time, ids in (("t1", [1, 2]), ("t2", [1, 2, 3])):
-            tick = {"type": "snapshot", "time": time, "run": {"id": run.pk}, "nodes": [],
-                    "links": [], "events": [{"id": i} for i in reversed(ids)]}  # fmt: skip
+            tick = {
+                "type": "snapshot",
+                "time": time,
+                "run": {"id": run.pk},
+                "nodes": [],
+                "links": [],
+                "events": [{"id": i} for i in reversed(ids)],
+            }
             await layer.group_send(group, {"type": "run.message", "message": tick})
             received.append(await ws.receive_json_from(timeout=10))
         await ws.send_json_to({"type": "ping"})

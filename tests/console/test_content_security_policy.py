@@ -92,9 +92,15 @@ def test_the_console_pages_need_nothing_the_policy_forbids() -> None:
     operator, _ = client_for("otto", "operator")
     pages = {
         path: operator.get(path).content.decode()
-        for path in ("/", "/pipelines/reference/", f"/runs/{run.pk}/", "/activity/",
-                     "/pipelines/new/", "/pipelines/reference/edit/")
-    }  # fmt: skip
+        for path in (
+            "/",
+            "/pipelines/reference/",
+            f"/runs/{run.pk}/",
+            "/activity/",
+            "/pipelines/new/",
+            "/pipelines/reference/edit/",
+        )
+    }
     pages["/login/"] = Client().get("/login/").content.decode()
     for path, html in pages.items():
         # no inline style attribute, <style> block, inline handler or inline script

@@ -31,9 +31,10 @@ def data_files() -> dict[str, int]:
 def start(client: Client, generator: str) -> tuple[float, object]:
     began = time.perf_counter()
     response = client.post(
-        "/api/runs/", {"pipeline": "reference", "generator": generator},
+        "/api/runs/",
+        {"pipeline": "reference", "generator": generator},
         content_type="application/json",
-    )  # fmt: skip
+    )
     return time.perf_counter() - began, response
 
 
@@ -143,12 +144,15 @@ def test_the_run_page_shows_how_far_the_input_is_prepared() -> None:
     shown = re.search(r'<p id="run-preparing"[^>]*>([^<]*)</p>', page)
     assert shown is not None and "hidden" not in shown.group(0)
     assert shown.group(1) == "preparing input: 40%"
-    assert snapshot["run"]["preparing"] == {"written": 40 * MB, "total": 100 * MB,
-                                            "fraction": 0.4}  # fmt: skip
+    assert snapshot["run"]["preparing"] == {"written": 40 * MB, "total": 100 * MB, "fraction": 0.4}
     assert detail["input"]["preparing"]["fraction"] == 0.4
     # And once the input exists, nothing is being prepared any more
-    done = {**spec, "paths": ["/x/input.jsonl"], "extent_total": 100 * MB,
-            "generating": {"written": 100 * MB, "total": 100 * MB}}  # fmt: skip
+    done = {
+        **spec,
+        "paths": ["/x/input.jsonl"],
+        "extent_total": 100 * MB,
+        "generating": {"written": 100 * MB, "total": 100 * MB},
+    }
     Run.objects.filter(pk=run.pk).update(input_spec=done)
     page = viewer.get(f"/runs/{run.pk}/").content.decode()
     assert re.search(r'<p id="run-preparing"[^>]* hidden>', page)

@@ -134,13 +134,20 @@ def test_a_valid_new_pipeline_is_saved_from_the_editor() -> None:
         "name": "tiny",
         "nodes": [
             {"name": "in", "kind": "source", "operator": "read", "params": {}},
-            {"name": "keep", "kind": "operator", "operator": "filter",
-             "params": {"condition": "value > 0"}, "buffer_mb": 8},
+            {
+                "name": "keep",
+                "kind": "operator",
+                "operator": "filter",
+                "params": {"condition": "value > 0"},
+                "buffer_mb": 8,
+            },
             {"name": "out", "kind": "sink", "operator": "merge"},
         ],
-        "edges": [{"from": "in", "to": "keep", "bandwidth_mbps": 10},
-                  {"from": "keep", "to": "out"}],
-    }  # fmt: skip
+        "edges": [
+            {"from": "in", "to": "keep", "bandwidth_mbps": 10},
+            {"from": "keep", "to": "out"},
+        ],
+    }
     response = operator.post("/pipelines/new/", {"document": json.dumps(doc)})
     assert response.status_code == 302
     assert response["Location"] == "/pipelines/tiny/"

@@ -67,9 +67,12 @@ def test_configured_services_are_used_not_started(tmp_path: Path) -> None:
 def test_a_service_that_dies_is_named_with_its_log(tmp_path: Path) -> None:
     # A heap size the JVM rejects makes ZooKeeper exit at once.
     zk = ZooKeeper(
-        "zookeeper", tmp_path / "log" / "zookeeper.log",
-        data_dir=tmp_path / "zk" / "data", port=free_port(), heap_mb=-1,
-    )  # fmt: skip
+        "zookeeper",
+        tmp_path / "log" / "zookeeper.log",
+        data_dir=tmp_path / "zk" / "data",
+        port=free_port(),
+        heap_mb=-1,
+    )
     zk.launch()
     with pytest.raises(ServiceError) as err:
         zk.wait_ready(time.monotonic() + 30)
@@ -78,8 +81,9 @@ def test_a_service_that_dies_is_named_with_its_log(tmp_path: Path) -> None:
 
 
 def test_a_service_that_does_not_answer_in_time_is_stopped_and_named(tmp_path: Path) -> None:
-    launcher = Launcher(tmp_path, environ={**NO_SERVICES, "REDIS_URL": "x", "ZK_HOSTS": "y"},
-                        timeout_s=0.001)  # fmt: skip
+    launcher = Launcher(
+        tmp_path, environ={**NO_SERVICES, "REDIS_URL": "x", "ZK_HOSTS": "y"}, timeout_s=0.001
+    )
     with pytest.raises(ServiceError, match=r"postgresql did not answer in time; see its log: "):
         launcher.start()
     assert launcher.started == []

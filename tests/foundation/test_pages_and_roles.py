@@ -47,8 +47,10 @@ def test_a_viewer_sees_the_pipelines() -> None:
 
 def test_roles_include_the_ones_below() -> None:
     viewer, operator, admin = (
-        make_user("v", "viewer"), make_user("o", "operator"), make_user("a", "admin")
-    )  # fmt: skip
+        make_user("v", "viewer"),
+        make_user("o", "operator"),
+        make_user("a", "admin"),
+    )
     assert [role_of(u) for u in (viewer, operator, admin)] == ["viewer", "operator", "admin"]
     assert has_role(admin, "operator") and has_role(operator, "viewer")
     assert not has_role(viewer, "operator")

@@ -87,8 +87,16 @@ def test_websocket_origins_must_be_full_origins() -> None:
         "http://127.0.0.1:8000",
         "https://console.example.org",
     ]
-    for wrong in ("127.0.0.1", "*", "https://*.example.org", "http://.example.org",
-                  "ftp://h", "https://h/path", "https://user@h", "http://h:port"):  # fmt: skip
+    for wrong in (
+        "127.0.0.1",
+        "*",
+        "https://*.example.org",
+        "http://.example.org",
+        "ftp://h",
+        "https://h/path",
+        "https://user@h",
+        "http://h:port",
+    ):
         with pytest.raises(ImproperlyConfigured, match="is not an origin"):
             full_origins("BPCONSOLE_ALLOWED_ORIGINS", [wrong])
 

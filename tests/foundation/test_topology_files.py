@@ -35,9 +35,13 @@ def test_load_reference_creates_the_five_node_pipeline() -> None:
     pipeline = Pipeline.objects.get(name="reference")
     bandwidths = {(e.source.name, e.target.name): e.bandwidth_mbps for e in pipeline.edges.all()}
     assert bandwidths == {
-        ("source", "task1"): 50, ("source", "task2"): 50, ("source", "task3"): 100,
-        ("task1", "output"): 25, ("task2", "output"): 25, ("task3", "output"): 75,
-    }  # fmt: skip
+        ("source", "task1"): 50,
+        ("source", "task2"): 50,
+        ("source", "task3"): 100,
+        ("task1", "output"): 25,
+        ("task2", "output"): 25,
+        ("task3", "output"): 75,
+    }
     assert {n.stage_name for n in pipeline.nodes.filter(kind="operator")} == {"agg"}
 
 

@@ -16,8 +16,12 @@ def pending_run(name: str) -> Run:
     doc = yaml.safe_load((TOPOLOGIES / f"{name}.yaml").read_text())
     # Pending: the watchdog of a test session's workers must not give it a driver.
     run = Run.objects.create(
-        pipeline_name=doc["name"], topology=doc, policy={}, input_spec={}, status="pending",
+        pipeline_name=doc["name"],
+        topology=doc,
+        policy={},
+        input_spec={},
+        status="pending",
         epoch=1,
-    )  # fmt: skip
+    )
     adjustments.ensure_instances(run)
     return run

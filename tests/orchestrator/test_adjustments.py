@@ -55,9 +55,11 @@ def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
     # Given the reference pipeline and a new instance of stage agg
     run = pending_run("reference")
     adjustment = adjustments.begin(
-        run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
+        run.pk,
+        Change("scale_out", added=(NewInstance("agg-5", "agg"),)),
+        epoch=1,
         source="source",
-    )  # fmt: skip
+    )
     plan = adjustment.plan
     # Then the subgraph is the whole stage, its upstream and its downstream
     assert plan["subgraph"] == ["source", "task1", "task2", "task3", "agg-5", "output"]
@@ -88,10 +90,18 @@ def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
 
 def _queue(run: Run, seg_id: str, node: str, upstream: str, config: int = 0) -> None:
     seg = ledger.NewSegment(
-        id=seg_id, chunk=int(seg_id[1:]), origin_file=0, origin_offset=int(seg_id[1:]),
-        origin_length=1, node=node, upstream=upstream, tag="", path="/dev/null", bytes=1,
+        id=seg_id,
+        chunk=int(seg_id[1:]),
+        origin_file=0,
+        origin_offset=int(seg_id[1:]),
+        origin_length=1,
+        node=node,
+        upstream=upstream,
+        tag="",
+        path="/dev/null",
+        bytes=1,
         config=config,
-    )  # fmt: skip
+    )
     ledger.complete_batch(run.pk, "nobody", [], [seg], {})
 
 
@@ -100,9 +110,11 @@ def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> N
     run = pending_run("running-totals")
     _queue(run, "c1", "totals1", "source")
     adjustment = adjustments.begin(
-        run.pk, Change("scale_out", added=(NewInstance("totals-4", "totals"),)), epoch=1,
+        run.pk,
+        Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
+        epoch=1,
         source="source",
-    )  # fmt: skip
+    )
     # ...and data the source sent after its marker
     _queue(run, "c2", "totals1", "source", config=adjustment.version)
     # When the instance claims, it has the marker but not yet handled the old data:
@@ -120,9 +132,11 @@ def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processi
     run = pending_run("reference")
     _queue(run, "c1", "output", "task1")
     adjustment = adjustments.begin(
-        run.pk, Change("scale_out", added=(NewInstance("agg-5", "agg"),)), epoch=1,
+        run.pk,
+        Change("scale_out", added=(NewInstance("agg-5", "agg"),)),
+        epoch=1,
         source="source",
-    )  # fmt: skip
+    )
     for node in ("task1", "task2", "task3"):
         _claim(run, node)
     # ...new data from task2, sent after task2 forwarded its marker
@@ -142,9 +156,11 @@ def test_a_removed_stateless_instance_hands_its_queued_data_to_the_new_graph() -
     for i in range(6):
         _queue(run, f"c{i}", "task2", "source")
     adjustment = adjustments.begin(
-        run.pk, Change("migrate", added=(NewInstance("agg-5", "agg"),), removed=("task2",)),
-        epoch=1, source="source",
-    )  # fmt: skip
+        run.pk,
+        Change("migrate", added=(NewInstance("agg-5", "agg"),), removed=("task2",)),
+        epoch=1,
+        source="source",
+    )
     aligned = _claim(run, "task2").aligned
     assert aligned is not None and aligned.retired
     moved = Segment.objects.filter(run=run, marker=False, chunk__lt=6)
@@ -161,9 +177,11 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
     before = _seed_state(run)
     # When a third instance joins, with the protocol driven through every claim
     adjustment = adjustments.begin(
-        run.pk, Change("scale_out", added=(NewInstance("totals-4", "totals"),)), epoch=1,
+        run.pk,
+        Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
+        epoch=1,
         source="source",
-    )  # fmt: skip
+    )
     hand = adjustment.plan["handoff"]["totals"]
     # totals1 keeps its state (its best match is its own new group); totals2's goes to
     # the owner of the new group it overlaps most
@@ -204,16 +222,28 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
     before_doc = copy.deepcopy(run.topology)
     before = _seed_state(run)
     adjustment = adjustments.begin(
-        run.pk, Change("scale_out", added=(NewInstance("totals-4", "totals"),)), epoch=1,
+        run.pk,
+        Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
+        epoch=1,
         source="source",
-    )  # fmt: skip
+    )
     # Given data the source sent to the new instance under the new key groups...
     group = adjustments.key_groups(adjustment.after, "totals")["totals-4"]
     stranded = ledger.NewSegment(
-        id="c9@totals-4", chunk=9, origin_file=0, origin_offset=9, origin_length=1,
-        node="totals-4", upstream="source", tag="", path="/dev/null", bytes=1,
-        config=adjustment.version, slots_from=group.low, slots_to=group.high,
-    )  # fmt: skip
+        id="c9@totals-4",
+        chunk=9,
+        origin_file=0,
+        origin_offset=9,
+        origin_length=1,
+        node="totals-4",
+        upstream="source",
+        tag="",
+        path="/dev/null",
+        bytes=1,
+        config=adjustment.version,
+        slots_from=group.low,
+        slots_to=group.high,
+    )
     ledger.complete_batch(run.pk, "nobody", [], [stranded], {})
     # ...and an existing instance that already handed its state over
     _claim(run, "totals2")
@@ -243,9 +273,17 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
 def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     run = pending_run("reference")
     seg = ledger.NewSegment(
-        id="late", chunk=0, origin_file=0, origin_offset=0, origin_length=1, node="task2",
-        upstream="source", tag="", path="/dev/null", bytes=1,
-    )  # fmt: skip
+        id="late",
+        chunk=0,
+        origin_file=0,
+        origin_offset=0,
+        origin_length=1,
+        node="task2",
+        upstream="source",
+        tag="",
+        path="/dev/null",
+        bytes=1,
+    )
     ledger.complete_batch(run.pk, "nobody", [], [seg], {})
     stalled = _claim(run, "task2")  # a worker takes task2's batch, then stalls
     adjustment = adjustments.begin(
@@ -256,8 +294,9 @@ def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     # ...until the lease expires and another worker does the batch
     Segment.objects.filter(pk="late").update(lease_expires="2000-01-01T00:00:00Z")
     assert ledger.reclaim_expired(run.pk) == 1
-    retry = ledger.claim_batch(run.pk, "task2", "other", max_segments=8, max_bytes=1 << 20,
-                               lease_s=60)  # fmt: skip
+    retry = ledger.claim_batch(
+        run.pk, "task2", "other", max_segments=8, max_bytes=1 << 20, lease_s=60
+    )
     ledger.complete_batch(run.pk, "other", retry.segments, [], {})
     for node in ("task1", "task2", "task3", "output"):
         _claim(run, node)
@@ -293,8 +332,6 @@ def test_one_adjustment_at_a_time_and_only_for_the_current_driver() -> None:
     run = pending_run("reference")
     adjustments.begin(run.pk, Change("scale_in", removed=("task3",)), epoch=1, source="source")
     with pytest.raises(AdjustmentError, match="one adjustment at a time"):
-        adjustments.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1,
-                          source="source")  # fmt: skip
+        adjustments.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1, source="source")
     with pytest.raises(AdjustmentError, match="no longer current"):
-        adjustments.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=0,
-                          source="source")  # fmt: skip
+        adjustments.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=0, source="source")

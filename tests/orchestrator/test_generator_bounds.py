@@ -92,9 +92,16 @@ def test_values_at_their_bounds_are_admitted() -> None:
         "malformed_every=0"
     )
     high = GeneratorSpec.parse(
-        {"seed": 4294967295, "volume_mb": 4096, "dominance": 0.999, "skew_mean_s": 86400,
-         "keys_per_branch": 10000, "users": 1000000, "malformed_every": 1000000000}
-    )  # fmt: skip
+        {
+            "seed": 4294967295,
+            "volume_mb": 4096,
+            "dominance": 0.999,
+            "skew_mean_s": 86400,
+            "keys_per_branch": 10000,
+            "users": 1000000,
+            "malformed_every": 1000000000,
+        }
+    )
     # Then both parse, to the types of the fields (an int written as 1e3 is an int)
     assert low.seed == 0 and low.skew_mean_s == 0.1
     assert high.users == 1_000_000 and isinstance(high.seed, int)
@@ -105,14 +112,22 @@ def test_values_at_their_bounds_are_admitted() -> None:
 @pytest.mark.parametrize(("raw", "ok"), [("12", True), ("0", False), ("lots", False)])
 def test_the_setting_is_read_from_the_environment(raw: str, ok: bool) -> None:
     # Given BPCONSOLE_GENERATOR_MAX_MB in the environment of a fresh process
-    env = {**os.environ, "BPCONSOLE_GENERATOR_MAX_MB": raw,
-           "DJANGO_SETTINGS_MODULE": "webapp.settings.test"}  # fmt: skip
+    env = {
+        **os.environ,
+        "BPCONSOLE_GENERATOR_MAX_MB": raw,
+        "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
+    }
     code = "from django.conf import settings; print(settings.BPCONSOLE_GENERATOR_MAX_MB)"
     # When the settings load
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, capture_output=True,
-        text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     # Then a whole number of at least 1 is the limit; anything else stops the start-up
     if ok:
         assert done.returncode == 0, done.stderr

@@ -116,8 +116,12 @@ def kill_the_first_driver_then_take_over(run: Run, generator: str, services: Any
         "from orchestrator.models import Run\n"
         f"as_next_driver(Run.objects.get(pk={run.pk}))\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_ROOT,
-                             env=child_env(services), stderr=subprocess.PIPE)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        env=child_env(services),
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:

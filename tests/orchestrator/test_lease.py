@@ -26,12 +26,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def _queue(run: Run, paths: list[Path | str], node: str = "task1") -> list[str]:
     items = [
         ledger.NewSegment(
-            id=f"s{n}", chunk=n, origin_file=0, origin_offset=n, origin_length=1, node=node,
-            upstream="source", tag="", path=str(path),
+            id=f"s{n}",
+            chunk=n,
+            origin_file=0,
+            origin_offset=n,
+            origin_length=1,
+            node=node,
+            upstream="source",
+            tag="",
+            path=str(path),
             bytes=Path(path).stat().st_size if Path(path).is_file() else 1,
         )
         for n, path in enumerate(paths)
-    ]  # fmt: skip
+    ]
     ledger.complete_batch(run.pk, "nobody", [], items, {})
     return [item.id for item in items]
 

@@ -78,8 +78,13 @@ def test_resuming_at_a_position_yields_the_rest_of_the_same_chunks(tmp_path: Pat
     (tmp_path / "in.jsonl").write_bytes(data)
     whole = cut(tmp_path / "in.jsonl", segment_bytes=90)
     third = whole[3]
-    rest = cut(tmp_path / "in.jsonl", segment_bytes=90, start_file=0,
-               start_offset=third.offset, start_index=3)  # fmt: skip
+    rest = cut(
+        tmp_path / "in.jsonl",
+        segment_bytes=90,
+        start_file=0,
+        start_offset=third.offset,
+        start_index=3,
+    )
     assert rest == whole[3:]
 
 
@@ -111,8 +116,10 @@ def test_csv_rows_become_json_lines_and_a_row_of_the_wrong_width_stays_malformed
     (chunk,) = cut(tmp_path / "in.csv", fmt="csv", segment_bytes=1024)
     lines = written([chunk], tmp_path)[0].decode().splitlines()
     assert [json.loads(line) for line in lines] == [
-        {"key": "a", "value": "1"}, "b,2,extra", {"key": "c", "value": "3"},
-    ]  # fmt: skip
+        {"key": "a", "value": "1"},
+        "b,2,extra",
+        {"key": "c", "value": "3"},
+    ]
     assert (chunk.offset, chunk.tag) == (len(b"key,value\n"), "a")
 
 

@@ -32,8 +32,12 @@ def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> dict[
 
 
 def policy(**changes: Any) -> dict[str, Any]:
-    defaults = {"routing": "static", "migration": "pressure", "throttling": "watermark",
-                "tick_ms": 200}  # fmt: skip
+    defaults = {
+        "routing": "static",
+        "migration": "pressure",
+        "throttling": "watermark",
+        "tick_ms": 200,
+    }
     return Policy.from_mapping({**defaults, **changes}).to_dict()
 
 

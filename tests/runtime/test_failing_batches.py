@@ -88,9 +88,13 @@ def test_a_dead_spark_jvm_is_reported_and_replaced(services, client) -> None:
     script = "import django; django.setup()\n" + JVM_DIES
     root = Path(__file__).resolve().parents[2]
     child = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, cwd=root, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=root,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert child.stdout is not None
     try:
         # Then its heartbeat says so

@@ -20,10 +20,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(
 def records(count: int, seed: int) -> list[dict[str, object]]:
     rng = random.Random(seed)
     return [
-        {"key": f"k{rng.randrange(12)}", "value": rng.randrange(100_000) / 100,
-         "user": f"u{rng.randrange(50)}"}
+        {
+            "key": f"k{rng.randrange(12)}",
+            "value": rng.randrange(100_000) / 100,
+            "user": f"u{rng.randrange(50)}",
+        }
         for _ in range(count)
-    ]  # fmt: skip
+    ]
 
 
 def with_format(fmt: str) -> dict:

@@ -157,8 +157,9 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     deadline = time.monotonic() + 60
     while not stuck:
         assert time.monotonic() < deadline, "totals1 never had data to hold"
-        stuck = ledger.claim_batch(run.pk, "totals1", "stuck-worker", max_segments=4,
-                                   max_bytes=1 << 30, lease_s=5)  # fmt: skip
+        stuck = ledger.claim_batch(
+            run.pk, "totals1", "stuck-worker", max_segments=4, max_bytes=1 << 30, lease_s=5
+        )
     before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
     # When an instance is added: totals1 cannot align while its batch is out
     adjustment = _adjust(run, "add_instance", stage="totals")
@@ -270,10 +271,16 @@ def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(wor
     doc = skewed_reference(slow_mbps=8.0, buffer_mb=1.0)
     aggs = [n for n in doc["nodes"] if n.get("stage") == "agg"][:2]
     cleans = [
-        {"name": f"clean{i}", "kind": "operator", "stage": "clean", "operator": "filter",
-         "params": {"condition": "value >= 0"}, "buffer_mb": 1.0}
+        {
+            "name": f"clean{i}",
+            "kind": "operator",
+            "stage": "clean",
+            "operator": "filter",
+            "params": {"condition": "value >= 0"},
+            "buffer_mb": 1.0,
+        }
         for i in (1, 2)
-    ]  # fmt: skip
+    ]
     doc["nodes"] = [doc["nodes"][0], *cleans, *aggs, doc["nodes"][-1]]
     doc["edges"] = [
         *({"from": "source", "to": c["name"]} for c in cleans),

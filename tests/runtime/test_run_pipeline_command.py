@@ -41,10 +41,26 @@ def test_run_and_batch_print_the_same_rows(workers, services, tmp_path) -> None:
     run, reference = json.loads(streamed.stdout), json.loads(batch.stdout)
     assert run["status"] == "completed"
     assert run["coverage"] == "exact"
-    assert set(run) == {"run", "status", "seconds", "segments", "migrated_segments",
-                        "malformed_records", "coverage", "error", "rows"}  # fmt: skip
-    assert set(run["rows"][0]) == {"key", "count", "sum_value", "min_value", "max_value",
-                                   "avg_value", "distinct_users"}  # fmt: skip
+    assert set(run) == {
+        "run",
+        "status",
+        "seconds",
+        "segments",
+        "migrated_segments",
+        "malformed_records",
+        "coverage",
+        "error",
+        "rows",
+    }
+    assert set(run["rows"][0]) == {
+        "key",
+        "count",
+        "sum_value",
+        "min_value",
+        "max_value",
+        "avg_value",
+        "distinct_users",
+    }
     assert run["rows"] == reference["rows"]
 
 

@@ -25,8 +25,13 @@ GOOD = [
     {"key": "b", "value": 1e6, "user": "u3"},
     {"key": "c", "value": "7.25", "user": "u9"},  # a numeric string counts as a number
 ]
-BAD = ["not json", '{"key": "a", "user": "u1"}', '{"key": "a", "value": "x", "user": "u"}',
-       '{"value": 1, "user": "u"}', "[1, 2, 3]"]  # fmt: skip
+BAD = [
+    "not json",
+    '{"key": "a", "user": "u1"}',
+    '{"key": "a", "value": "x", "user": "u"}',
+    '{"value": 1, "user": "u"}',
+    "[1, 2, 3]",
+]
 
 
 def oracle(records: list[dict[str, Any]]) -> dict[str, tuple[int, Decimal, Decimal, Decimal, int]]:
@@ -61,16 +66,22 @@ def test_partials_merged_equal_the_oracle(spark: Any, tmp_path: Path) -> None:
     assert sum(p.records for p in produced.values()) == len(GOOD)
     # Each malformed line is quarantined with the segment it came from.
     assert {seg: sorted(p.quarantined) for seg, p in produced.items()} == {
-        "seg0": sorted(BAD[0:2]), "seg1": [BAD[2]], "seg2": sorted(BAD[3:5]),
-    }  # fmt: skip
+        "seg0": sorted(BAD[0:2]),
+        "seg1": [BAD[2]],
+        "seg2": sorted(BAD[3:5]),
+    }
     merged = {m.key: m for m in combine_partials(list(outputs.values()))}
     expected = oracle(GOOD)
     assert set(merged) == set(expected)
     for key, (count, total, low, high, distinct) in expected.items():
         got = merged[key]
         assert (got.count, got.sum, got.min, got.max, len(got.distinct)) == (
-            count, total, low, high, distinct,
-        )  # fmt: skip
+            count,
+            total,
+            low,
+            high,
+            distinct,
+        )
 
 
 def test_batch_job_equals_the_oracle(spark: Any, tmp_path: Path) -> None:

@@ -65,8 +65,10 @@ def require(
     log.warning("refused: %s", reason)
     if user.is_authenticated:
         service.record_refusal(run_id=run_id, action=action, user=user, reason=reason, data=data)
-    raise Refused(f"refused: {action.replace('_', ' ')} needs the {role} role (you are {held}); "
-                  "the attempt was recorded")  # fmt: skip
+    raise Refused(
+        f"refused: {action.replace('_', ' ')} needs the {role} role (you are {held}); "
+        "the attempt was recorded"
+    )
 
 
 def get_run(run_id: int) -> Any:
@@ -143,10 +145,14 @@ def start_run(request: RunRequest, user: User) -> Any:
         service.start_run(run)
     except Exception as exc:  # the broker is unreachable: the run cannot start
         log.exception("run %s could not be handed to a worker", run.pk)
-        service.set_status(run.pk, "cancelled", user=user,
-                           reason=f"could not be handed to a worker: {exc}")  # fmt: skip
-        raise ActionError(f"run {run.pk} could not be handed to a worker ({exc}); "
-                          "is the Celery broker (Redis) up?", status=503) from None  # fmt: skip
+        service.set_status(
+            run.pk, "cancelled", user=user, reason=f"could not be handed to a worker: {exc}"
+        )
+        raise ActionError(
+            f"run {run.pk} could not be handed to a worker ({exc}); "
+            "is the Celery broker (Redis) up?",
+            status=503,
+        ) from None
     log.info("%s started run %s of %s", user.get_username(), run.pk, pipeline.name)
     return run
 
@@ -282,6 +288,7 @@ def save_pipeline(doc: Any, user: User, *, name: str | None = None) -> tuple[Pip
                 dict(stored.policy_overrides or {}) if stored else {},
             )
             if before != (policy, dict(overrides)):
-                require(user, "admin", action="change_pipeline_policy",
-                        data={"pipeline": doc["name"]})  # fmt: skip
+                require(
+                    user, "admin", action="change_pipeline_policy", data={"pipeline": doc["name"]}
+                )
     return save_document(doc)

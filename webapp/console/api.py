@@ -161,8 +161,9 @@ class SchemaView(SpectacularAPIView):
 class PipelineListView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: PipelineSummarySerializer(many=True), **DENIED},
-                   tags=["pipelines"])  # fmt: skip
+    @extend_schema(
+        responses={200: PipelineSummarySerializer(many=True), **DENIED}, tags=["pipelines"]
+    )
     def get(self, request: Request) -> Response:
         if not has_role(request.user, "viewer"):
             return Response({"detail": IsViewer.message}, status=403)
@@ -207,8 +208,9 @@ def _save(request: Request, document: Callable[[], Any]) -> Response:
 class PipelineDetailView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: PipelineDetailSerializer, **DENIED, **NOT_FOUND},
-                   tags=["pipelines"])  # fmt: skip
+    @extend_schema(
+        responses={200: PipelineDetailSerializer, **DENIED, **NOT_FOUND}, tags=["pipelines"]
+    )
     def get(self, request: Request, name: str) -> Response:
         if not has_role(request.user, "viewer"):
             return Response({"detail": IsViewer.message}, status=403)
@@ -289,26 +291,34 @@ class PipelineImportView(APIView):
 
     @extend_schema(
         request=YamlImportSerializer,
-        responses={200: PipelineDetailSerializer, 201: PipelineDetailSerializer,
-                   **BAD_DOCUMENT, **DENIED},
+        responses={
+            200: PipelineDetailSerializer,
+            201: PipelineDetailSerializer,
+            **BAD_DOCUMENT,
+            **DENIED,
+        },
         tags=["pipelines"],
         summary="Create or update a pipeline from a topology file's text (operator; the "
         "role is checked before the body is read)",
-    )  # fmt: skip
+    )
     def post(self, request: Request) -> Response:
         payload = YamlImportSerializer(data=request.data)
         if not payload.is_valid():
             problems = [
-                {"location": "(document)" if field == "non_field_errors" else field,
-                 "message": str(message)}
+                {
+                    "location": "(document)" if field == "non_field_errors" else field,
+                    "message": str(message),
+                }
                 for field, messages in payload.errors.items()
                 for message in messages
-            ]  # fmt: skip
+            ]
             return Response(
-                {"detail": "send {'yaml': '<topology file text>'}; nothing saved",
-                 "problems": problems},
+                {
+                    "detail": "send {'yaml': '<topology file text>'}; nothing saved",
+                    "problems": problems,
+                },
                 status=400,
-            )  # fmt: skip
+            )
         return _save(request, lambda: parse_yaml(payload.validated_data["yaml"]))
 
 
@@ -353,12 +363,19 @@ class RunListView(APIView):
                 request_only=True,
             )
         ],
-        responses={201: RunSerializer, **BAD_BODY, **DENIED, **NOT_FOUND,
-                   503: OpenApiResponse(DetailSerializer, description="the broker is down; "
-                                        "the run was created and marked cancelled")},
+        responses={
+            201: RunSerializer,
+            **BAD_BODY,
+            **DENIED,
+            **NOT_FOUND,
+            503: OpenApiResponse(
+                DetailSerializer,
+                description="the broker is down; the run was created and marked cancelled",
+            ),
+        },
         tags=["runs"],
         summary="Start a run of a saved pipeline (operator)",
-    )  # fmt: skip
+    )
     def post(self, request: Request) -> Response:
         payload = StartRunSerializer(data=request.data)
         if not payload.is_valid():
@@ -422,8 +439,11 @@ class RunSnapshotView(APIView):
 class RunCompletionView(APIView):
     permission_classes = [IsViewer]
 
-    @extend_schema(responses={200: CompletionSerializer, **DENIED, **NOT_FOUND}, tags=["runs"],
-                   summary="Completed fraction over time (Figures 7/8)")  # fmt: skip
+    @extend_schema(
+        responses={200: CompletionSerializer, **DENIED, **NOT_FOUND},
+        tags=["runs"],
+        summary="Completed fraction over time (Figures 7/8)",
+    )
     def get(self, request: Request, run_id: int) -> Response:
         try:
             actions.get_run(run_id)

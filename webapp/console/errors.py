@@ -28,10 +28,12 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_api(request):
         return JsonResponse(
-            {"detail": "not found: no such object or endpoint (see /api/schema/; "
-                       "run ids are whole numbers, pipeline names are letters, digits, _ . -)"},
+            {
+                "detail": "not found: no such object or endpoint (see /api/schema/; "
+                "run ids are whole numbers, pipeline names are letters, digits, _ . -)"
+            },
             status=404,
-        )  # fmt: skip
+        )
     return defaults.page_not_found(request, exception)
 
 

@@ -100,8 +100,9 @@ def upload_refusal(request: HttpRequest) -> HttpResponse | None:
         user = request.user
     if not user.is_authenticated:
         if is_api(request):
-            return JsonResponse({"detail": "Authentication credentials were not provided."},
-                                status=403)  # fmt: skip
+            return JsonResponse(
+                {"detail": "Authentication credentials were not provided."}, status=403
+            )
         return redirect_to_login(request.get_full_path())
     try:
         actions.require(user, "operator", action="edit_pipeline", data={"pipeline": ""})
@@ -205,8 +206,11 @@ class BoundedBodyASGI:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")],
+                "headers": [
+                    (b"content-type", kind),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
             }
-        )  # fmt: skip
+        )
         await send({"type": "http.response.body", "body": body})

@@ -55,9 +55,11 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     name = doc.get("name")
     if not _is_name(name):
         problems.append(
-            Problem("name", f"must be a name (letters, digits, _ . -; at most {MAX_NAME}), "
-                    f"got {_short(name)}")
-        )  # fmt: skip
+            Problem(
+                "name",
+                f"must be a name (letters, digits, _ . -; at most {MAX_NAME}), got {_short(name)}",
+            )
+        )
     description = doc.get("description", "")
     if description is not None and not isinstance(description, str):
         problems.append(Problem("description", f"must be text, got {_short(description)}"))
@@ -72,10 +74,12 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
         return problems
     if len(nodes) > MAX_NODES or len(edges) > MAX_EDGES:
         problems.append(
-            Problem("nodes" if len(nodes) > MAX_NODES else "edges",
-                    f"at most {MAX_NODES} nodes and {MAX_EDGES} edges, "
-                    f"got {len(nodes)} and {len(edges)}")
-        )  # fmt: skip
+            Problem(
+                "nodes" if len(nodes) > MAX_NODES else "edges",
+                f"at most {MAX_NODES} nodes and {MAX_EDGES} edges, "
+                f"got {len(nodes)} and {len(edges)}",
+            )
+        )
         return problems
     names, kinds, node_problems = _check_nodes(nodes)
     problems += node_problems
@@ -121,9 +125,10 @@ def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> lis
     # The policy's checks compare and format numbers as floats: an integer beyond a
     # float's range is reported here rather than raising there.
     too_large = [
-        key for key, value in overrides.items()
+        key
+        for key, value in overrides.items()
         if isinstance(value, int) and not isinstance(value, bool) and _number_problem(value)
-    ]  # fmt: skip
+    ]
     if too_large:
         return [Problem(f"policy_overrides.{key}", "is too large a number") for key in too_large]
     merged = {**(base if base is not None else Policy().to_dict()), **overrides}
@@ -163,8 +168,9 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
         operator = node.get("operator", _default_operator(kind))
         params = node.get("params", {}) or {}
         if not isinstance(operator, str):
-            problems.append(Problem(f"{at}.operator", f"must be an operator's name, "
-                                    f"got {_short(operator)}"))  # fmt: skip
+            problems.append(
+                Problem(f"{at}.operator", f"must be an operator's name, got {_short(operator)}")
+            )
         elif not isinstance(params, Mapping):
             problems.append(Problem(f"{at}.params", "must be a mapping"))
         else:

@@ -88,8 +88,11 @@ class BoundedLoader(yaml.SafeLoader):
             raise _Refused(event.start_mark, "anchors and aliases are not allowed")
         self._values += 1
         if self._values > MAX_YAML_VALUES:
-            raise _Refused(event.start_mark, f"a document may hold at most {MAX_YAML_VALUES} "
-                           "values (scalars, lists and mappings)")  # fmt: skip
+            raise _Refused(
+                event.start_mark,
+                f"a document may hold at most {MAX_YAML_VALUES} "
+                "values (scalars, lists and mappings)",
+            )
         if not isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
             return super().compose_node(parent, index)
         self._depth += 1

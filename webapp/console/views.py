@@ -162,8 +162,9 @@ def _require_operator(request: HttpRequest, name: str | None) -> None:
     """Refuse (recorded, 403) an edit by someone without the operator role before the
     document is parsed, so that parsing is never done for nothing."""
     try:
-        actions.require(request.user, "operator", action="edit_pipeline",
-                        data={"pipeline": name or ""})  # fmt: skip
+        actions.require(
+            request.user, "operator", action="edit_pipeline", data={"pipeline": name or ""}
+        )
     except actions.Refused as exc:
         raise PermissionDenied(exc.message) from None
 
