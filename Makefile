@@ -18,7 +18,7 @@ $(STAMP): requirements.txt
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m orchestrator.runconsole
+	$(PY) -m orchestrator.services.runconsole
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.control_plane import ControlPlane, encode
-from orchestrator.launcher import Launcher
+from orchestrator.services.launcher import Launcher
+from orchestrator.zk.control_plane import ControlPlane, encode
 
 TARGET_P99_MS = 50.0
 RUN = "bench"

@@ -170,8 +170,8 @@ def viewer_process(url: str, cookie: str, origin: str, count: int) -> None:
 
 @contextlib.contextmanager
 def console(var_dir: Path) -> Iterator[dict[str, Any]]:
-    from orchestrator.embedded import die_with_parent, free_port
-    from orchestrator.launcher import Launcher
+    from orchestrator.services.embedded import die_with_parent, free_port
+    from orchestrator.services.launcher import Launcher
 
     with Launcher(var_dir) as endpoints:
         env = {
@@ -258,7 +258,7 @@ class Bench:
         from django.test import Client
 
         from orchestrator.celery import app
-        from tests.runtime.scenarios import policy, skewed_reference
+        from tests.orchestrator.run.scenarios import policy, skewed_reference
         from webapp.console.models import Policy
         from webapp.console.topology_io import save_document
 
@@ -301,10 +301,10 @@ class Bench:
         from django.conf import settings
         from django.db import connection
 
-        from orchestrator.control_plane import ControlPlane
-        from orchestrator.driver import RunDriver
-        from orchestrator.publisher import publish
+        from orchestrator.run.driver import RunDriver
+        from orchestrator.run.publisher import publish
         from orchestrator.tasks import _dispatch
+        from orchestrator.zk.control_plane import ControlPlane
 
         # (monotonic time at the end, duration in ms) of every tick and every publish
         record: dict[str, Any] = {"ticks": [], "publishes": [], "first_tick": None}

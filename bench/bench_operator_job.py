@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
-from orchestrator.generator import GeneratorSpec, write_input
+from orchestrator.pipeline.generator import GeneratorSpec, write_input
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.batch import batch_aggregate
 from sparkjobs.session import operator_session, spark_session

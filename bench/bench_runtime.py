@@ -44,8 +44,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.embedded import die_with_parent  # noqa: E402
-from orchestrator.launcher import Launcher  # noqa: E402
+from orchestrator.services.embedded import die_with_parent  # noqa: E402
+from orchestrator.services.launcher import Launcher  # noqa: E402
 
 NO_SERVICES = {"DATABASE_URL": "", "REDIS_URL": "", "ZK_HOSTS": ""}
 
@@ -169,7 +169,7 @@ def run_to_end(
     generator: str,
     before_start: Callable[[], object] | None = None,
 ) -> Any:
-    from orchestrator.runs import create_run, start_run
+    from orchestrator.run.lifecycle import create_run, start_run
 
     run = create_run(topology=doc, policy=policy, generator=generator)
     if before_start is not None:
@@ -294,9 +294,9 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     from balancer.policy import Policy
 
     with Stack(args.spark_workers) as stack:
-        from orchestrator.batchjob import batch_summary, generated_input
+        from orchestrator.ledger.results import summary
         from orchestrator.models import Segment
-        from orchestrator.results import summary
+        from orchestrator.worker.plain_job import batch_summary, generated_input
 
         doc = pipeline(3, buffer_mb=512, segment_mb=args.segment_mb)
         layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
@@ -401,10 +401,10 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
     from balancer.policy import Policy
 
     with Stack(args.spark_workers):
-        from orchestrator.batchjob import batch_summary
+        from orchestrator.ledger.results import summary
         from orchestrator.models import Adjustment
-        from orchestrator.results import summary
-        from orchestrator.runs import create_run, request_adjustment, start_run
+        from orchestrator.run.lifecycle import create_run, request_adjustment, start_run
+        from orchestrator.worker.plain_job import batch_summary
 
         doc = pipeline(3, buffer_mb=4, segment_mb=0.5)
         doc["nodes"][0]["max_rate_mbps"] = args.source_mbps

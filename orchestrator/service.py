@@ -17,11 +17,11 @@ from balancer.policy import (
     PolicyError,
 )
 from balancer.policy import validate as validate_policy
-from orchestrator.batchjob import batch_summary
 from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
-from orchestrator.generator import GeneratorError
-from orchestrator.results import summary as run_summary
-from orchestrator.runs import (
+from orchestrator.ledger.results import summary as run_summary
+from orchestrator.pipeline.generator import GeneratorError
+from orchestrator.pipeline.inputs import InputError, confined_files
+from orchestrator.run.lifecycle import (
     RunError,
     create_run,
     live_workers,
@@ -31,7 +31,7 @@ from orchestrator.runs import (
     snapshot,
     start_run,
 )
-from orchestrator.source import InputError, confined_files
+from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.catalog import OPERATORS, OperatorSpec, validate_params
 
 # Importing ``celery_app`` makes the project's Celery app current in every process that
@@ -200,7 +200,7 @@ def record_refusal(
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from orchestrator.events import record_event
+    from orchestrator.ledger.events import record_event
     from orchestrator.models import Event
 
     if not getattr(user, "is_authenticated", False):
@@ -272,7 +272,7 @@ __all__ += [
 
 def live_group(run_id: int) -> str:
     """The Channels group a run's driver publishes its snapshots to."""
-    from orchestrator.publisher import run_group
+    from orchestrator.run.publisher import run_group
 
     return run_group(run_id)
 
@@ -283,7 +283,7 @@ __all__ += ["live_group"]
 def input_preparing(run: Any) -> dict[str, Any] | None:
     """How far the writing of a run's generated input is ({"written", "total",
     "fraction"}), or None once the input exists or for an input of files."""
-    from orchestrator.generation import preparing
+    from orchestrator.run.generation import preparing
 
     return preparing(run.input_spec or {})
 

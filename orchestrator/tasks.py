@@ -14,10 +14,10 @@ from django.db import InterfaceError, OperationalError
 from django.db.models import Q
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
-from orchestrator import ledger
-from orchestrator.batches import BatchReport, process_batch
-from orchestrator.control_plane import ControlPlane
+from orchestrator.ledger import segments
 from orchestrator.models import Run
+from orchestrator.worker.batch import BatchReport, process_batch
+from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def _dispatch(run_id: int, node: str, routes: dict[str, Any], queue: Any = None)
 )
 def drive_run(self: Any, *, run_id: int) -> str:
     """Drive one run until it ends, or until another driver supersedes this one."""
-    from orchestrator.driver import RunDriver
-    from orchestrator.publisher import publish
+    from orchestrator.run.driver import RunDriver
+    from orchestrator.run.publisher import publish
 
     identity = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
     with ControlPlane.connect(settings.ZK_HOSTS) as control:
@@ -69,7 +69,7 @@ def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None)
         if report.aligned is not None and report.aligned.tail:
             _report_tail(run_id, report)
         return report.to_json()
-    except ledger.LeaseLostError as err:
+    except segments.LeaseLostError as err:
         # Another worker has (or will have) these segments; nothing of ours was written.
         log.warning("run %s node %s: %s", run_id, node, err)
         return {"node": node, "lease_lost": str(err)}
@@ -80,7 +80,7 @@ def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None)
 )
 def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one."""
-    reclaimed = ledger.reclaim_expired()
+    reclaimed = segments.reclaim_expired()
     started = []
     # A pending run whose driver began writing its generated input (input_spec has
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.

@@ -22,8 +22,8 @@ import pytest
 from django.conf import settings
 
 from orchestrator.celery import app as celery_app
-from orchestrator.embedded import die_with_parent
-from orchestrator.launcher import PROJECT_ROOT, Endpoints, Launcher
+from orchestrator.services.embedded import die_with_parent
+from orchestrator.services.launcher import PROJECT_ROOT, Endpoints, Launcher
 from webapp.settings.env import database_from_url
 
 TEST_LEASE_S = 8
@@ -172,7 +172,7 @@ class AsgiServer:
 def asgi_server(services: Endpoints, django_db_setup: None) -> Iterator[AsgiServer]:
     import urllib.request
 
-    from orchestrator.embedded import free_port
+    from orchestrator.services.embedded import free_port
 
     port = free_port()
     log_path = TEST_VAR_DIR / "log" / "daphne.log"

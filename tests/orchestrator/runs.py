@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import adjustments
 from orchestrator.models import Run
+from orchestrator.rescale import protocol
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 
@@ -23,5 +23,5 @@ def pending_run(name: str) -> Run:
         status="pending",
         epoch=1,
     )
-    adjustments.ensure_instances(run)
+    protocol.ensure_instances(run)
     return run

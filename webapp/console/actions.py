@@ -106,7 +106,7 @@ def input_roots() -> list[Path]:
 def checked_input_files(raw: str) -> list[str]:
     """The files an input path (or glob) from the browser names, every one resolved and
     inside the configured input folders: an operator must not turn any file the server
-    can read into a run's input (orchestrator/source.py ``confined_files``)."""
+    can read into a run's input (orchestrator/pipeline/inputs.py ``confined_files``)."""
     try:
         return service.confined_files(
             raw, input_roots(), follow_symlinks=settings.INPUT_FOLLOW_SYMLINKS

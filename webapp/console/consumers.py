@@ -84,7 +84,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.role_checked_at = time.monotonic()
         return True
 
-    # -- from the run's group (the driver, through orchestrator/publisher.py) -------
+    # -- from the run's group (the driver, through orchestrator/run/publisher.py) -------
 
     async def run_message(self, event: dict[str, Any]) -> None:
         """One tick of the run, relayed: a ``snapshot`` (or any later type), encoded once

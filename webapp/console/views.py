@@ -17,7 +17,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from orchestrator import service
-from orchestrator.health import run_checks
+from orchestrator.services.health import run_checks
 from webapp.console import actions
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import has_role, role_required

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from orchestrator.launcher import recorded_endpoints, var_dir_from_env
+from orchestrator.services.launcher import recorded_endpoints, var_dir_from_env
 from webapp.settings.env import (
     database_from_url,
     env_bool,

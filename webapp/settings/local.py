@@ -22,7 +22,7 @@ if not SECRET_KEY:  # noqa: F405
 # Serve static files straight from the apps (no collectstatic step on one machine).
 WHITENOISE_USE_FINDERS = True
 
-# `make run` serves on BPCONSOLE_HOST:BPCONSOLE_PORT (orchestrator/runconsole.py): its own
+# `make run` serves on BPCONSOLE_HOST:BPCONSOLE_PORT (orchestrator/services/runconsole.py): its own
 # pages may open the run view's websocket whatever the port, unless the origins are set.
 if "BPCONSOLE_ALLOWED_ORIGINS" not in os.environ:
     _port = env_str("BPCONSOLE_PORT", "8000")

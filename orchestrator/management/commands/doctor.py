@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from orchestrator.health import run_checks
+from orchestrator.services.health import run_checks
 
 
 class Command(BaseCommand):

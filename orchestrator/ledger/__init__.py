@@ -1,0 +1,10 @@
+"""The durable data plane in PostgreSQL: every state change of data is one transaction.
+
+Owns: segments and their claims and leases (``segments``), the sink's merge and key
+state (``keystate``), result rows (``results``), failed batches (``failures``) and the
+run's event rows (``events``).
+
+May import: ``orchestrator.models``, ``orchestrator.pipeline``. Never the control plane
+(``zk``), hot rescale (``rescale``) or anything that runs a process: the protocols are
+built on the ledger, not the other way round.
+"""

@@ -1,0 +1,87 @@
+"""Result rows in one shape for the streaming run and the plain batch job.
+
+Sums are exact decimals on both sides; the average is computed here, from the same sum
+and count, so equal inputs print equal rows to the last digit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any, TypedDict
+
+from django.db.models import Count
+
+from orchestrator.models import ResultDistinct, ResultKey, Run
+
+
+class ResultRow(TypedDict):
+    key: str
+    count: int
+    sum_value: float
+    min_value: float
+    max_value: float
+    avg_value: float
+    distinct_users: int
+
+
+def format_row(
+    key: str, count: int, total: Decimal, low: Decimal, high: Decimal, *, distinct: int
+) -> ResultRow:
+    return ResultRow(
+        key=key,
+        count=int(count),
+        sum_value=float(total),
+        min_value=float(low),
+        max_value=float(high),
+        avg_value=float(Decimal(total) / Decimal(count)) if count else 0.0,
+        distinct_users=int(distinct),
+    )
+
+
+def run_rows(run: Run) -> list[ResultRow]:
+    distinct = dict(
+        ResultDistinct.objects.filter(run=run)
+        .values("key")
+        .annotate(n=Count("value"))
+        .values_list("key", "n")
+    )
+    return sorted(
+        (
+            format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
+            for r in ResultKey.objects.filter(run=run)
+        ),
+        key=lambda row: row["key"],
+    )
+
+
+def sorted_rows(rows: Iterable[ResultRow]) -> list[ResultRow]:
+    return sorted(rows, key=lambda row: row["key"])
+
+
+def summary(run: Run) -> dict[str, Any]:
+    from orchestrator.ledger import segments
+    from orchestrator.pipeline.graph import input_extent
+    from orchestrator.pipeline.inputs import resolve_inputs
+
+    # A generated input has no paths until the run's driver has written it (a run
+    # cancelled or failed before that has nothing to cover).
+    paths = run.input_spec.get("paths") or []
+    files = resolve_inputs(paths, run.input_spec.get("format", "jsonl")) if paths else []
+    cover = segments.coverage(run, input_extent(files)).to_json()
+    seconds = (
+        (run.finished_at - run.started_at).total_seconds()
+        if run.finished_at and run.started_at
+        else None
+    )
+    return {
+        "run": run.pk,
+        "status": run.status,
+        "seconds": seconds,
+        "segments": run.chunks_total,
+        "migrated_segments": segments.migrated_segments(run.pk),
+        "malformed_records": segments.malformed_records(run.pk),
+        "coverage": cover["status"] if cover["status"] == "exact" else cover,
+        "error": run.error or None,
+        "rows": run_rows(run),
+    }

@@ -1,0 +1,366 @@
+"""The control side of hot rescale, run by a run's driver (shared/spec/hot-rescale.md).
+
+It turns requests into adjustments (an operator's "hot-migrate to worker", "add
+instance", "remove instance"; the balancer's scale-out request; a worker that vanished
+from ZooKeeper), records every step under ``runs/<run>/adjust/<version>/`` in ZooKeeper,
+completes an adjustment once every tail has reported, and rolls it back when it
+outlives the policy's ``adjust_timeout_s``. The steps themselves are ledger transactions
+(``orchestrator.rescale.protocol``); instances align in their own workers' claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from celery.utils import worker_direct
+from django.utils import timezone
+from kombu import Queue
+
+from orchestrator.ledger.events import record_event
+from orchestrator.models import Adjustment, Event, Instance, Run
+from orchestrator.rescale import protocol
+from orchestrator.rescale.protocol import AdjustmentError, Change, NewInstance
+from orchestrator.zk.control_plane import ControlPlane
+
+log = logging.getLogger(__name__)
+
+MAX_INSTANCES_PER_STAGE = 8
+COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
+
+
+class Adjuster:
+    def __init__(
+        self,
+        run_id: int,
+        control: ControlPlane,
+        *,
+        epoch: int,
+        source: str,
+        timeout_s: float,
+    ) -> None:
+        self.run_id = run_id
+        self.key = str(run_id)
+        self.control = control
+        self.epoch = epoch
+        self.source = source
+        self.timeout_s = timeout_s
+        self.live: dict[str, dict[str, Any]] = {}
+        self._workers_changed = threading.Event()
+        self.placement: dict[str, str] = {}
+        self.last_auto_scale = float("-inf")
+        # An adjustment a previous driver of the run began goes on under this one.
+        self.current: Adjustment | None = Adjustment.objects.filter(
+            run_id=run_id, status=Adjustment.Status.RUNNING
+        ).first()
+        self.subscription = control.watch_workers(self._note_workers)
+        self._workers_changed.set()
+        self._load_placement()
+
+    def close(self) -> None:
+        self.subscription.cancel()
+
+    def _note_workers(self, _names: set[str]) -> None:
+        # kazoo's thread: only note it; the driver's tick reads the workers.
+        self._workers_changed.set()
+
+    def _load_placement(self) -> None:
+        self.placement = dict(
+            Instance.objects.filter(run_id=self.run_id)
+            .exclude(worker="")
+            .exclude(status=Instance.Status.RETIRED)
+            .values_list("name", "worker")
+        )
+
+    # -- where batches go -------------------------------------------------------------
+
+    def queue_for(self, node: str) -> Queue | None:
+        """The placed worker's own queue, or None for the shared ``spark`` queue."""
+        worker = self.placement.get(node)
+        info = self.live.get(worker or "")
+        if info is None:
+            return None
+        return worker_direct(info.get("name", worker))
+
+    def spark_workers(self) -> dict[str, dict[str, Any]]:
+        return {name: info for name, info in self.live.items() if "spark" in info.get("queues", [])}
+
+    def _least_loaded(self, exclude: set[str] | frozenset[str] = frozenset()) -> str:
+        candidates = sorted(set(self.spark_workers()) - set(exclude))
+        if not candidates:
+            return ""
+        load = {w: 0 for w in candidates}
+        for worker in self.placement.values():
+            if worker in load:
+                load[worker] += 1
+        return min(candidates, key=lambda w: (load[w], w))
+
+    # -- requests ---------------------------------------------------------------------
+
+    def command(self, command: Mapping[str, Any]) -> bool:
+        """An operator's request from the console or the API; True if it started."""
+        who = command.get("user", "an operator")
+        kind = command.get("command")
+        try:
+            if kind == "hot_migrate":
+                change = self._migrate(
+                    command["node"],
+                    command.get("worker", ""),
+                    who,
+                    "migrate",
+                    f"{who} asked to hot-migrate {command['node']}",
+                )
+            elif kind == "add_instance":
+                change = self._add(
+                    command["stage"],
+                    command.get("worker", ""),
+                    f"{who} asked for one more instance",
+                )
+            else:
+                change = Change(
+                    "scale_in",
+                    removed=(command["node"],),
+                    reason=f"{who} asked to remove {command['node']}",
+                )
+            return self._begin(change)
+        except AdjustmentError as err:
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"{kind} refused: {err}",
+                node=command.get("node", command.get("stage", "")),
+                actor=Event.Actor.USER,
+                data=dict(command),
+            )
+            return False
+
+    def scale_out(self, stage: str, reason: str, now: float) -> bool:
+        """The balancer's scale-out request: at most one per timeout, a bounded stage."""
+        if now - self.last_auto_scale < self.timeout_s or self.current is not None:
+            return False
+        self.last_auto_scale = now
+        try:
+            return self._begin(self._add(stage, "", reason, kind="scale_out", actor="balancer"))
+        except AdjustmentError as err:
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"scale out refused: {err}",
+                node=stage,
+                actor=Event.Actor.BALANCER,
+            )
+            return False
+
+    def _members(self, stage: str) -> list[str]:
+        return protocol.stage_members(
+            Run.objects.only("topology").get(pk=self.run_id).topology, stage
+        )
+
+    def _new_name(self, stage: str, planned: tuple[NewInstance, ...] = ()) -> str:
+        """``<stage>-<n>``, unused by any instance the run ever had or is about to get."""
+        taken = set(Instance.objects.filter(run_id=self.run_id).values_list("name", flat=True))
+        taken |= {p.name for p in planned}
+        index = len(taken)
+        while f"{stage}-{index}" in taken:
+            index += 1
+        return f"{stage}-{index}"
+
+    def _check_worker(self, worker: str) -> str:
+        if worker and worker not in self.spark_workers():
+            live = ", ".join(sorted(self.spark_workers())) or "none"
+            raise AdjustmentError(f"worker {worker!r} is not a live Spark worker (live: {live})")
+        return worker
+
+    def _add(
+        self,
+        stage: str,
+        worker: str,
+        reason: str,
+        *,
+        kind: str = "scale_out",
+        actor: str = Event.Actor.USER,
+    ) -> Change:
+        members = self._members(stage)
+        if not members:
+            raise AdjustmentError(f"the pipeline has no stage {stage!r}")
+        if len(members) >= MAX_INSTANCES_PER_STAGE:
+            raise AdjustmentError(
+                f"stage {stage} already has {len(members)} instances "
+                f"(at most {MAX_INSTANCES_PER_STAGE})"
+            )
+        new = NewInstance(self._new_name(stage), stage, self._check_worker(worker))
+        return Change(kind, added=(new,), reason=reason, actor=actor)
+
+    def _migrate(self, node: str, worker: str, who: str, kind: str, reason: str) -> Change:
+        instance = Instance.objects.filter(run_id=self.run_id, name=node).first()
+        if instance is None or instance.status == Instance.Status.RETIRED:
+            raise AdjustmentError(f"the run has no live instance {node!r}")
+        target = self._check_worker(worker) or self._least_loaded({instance.worker})
+        new = NewInstance(self._new_name(instance.stage), instance.stage, target)
+        actor = Event.Actor.USER if kind == "migrate" else Event.Actor.SYSTEM
+        return Change(kind, added=(new,), removed=(node,), reason=reason, actor=actor)
+
+    def _begin(self, change: Change) -> bool:
+        adjustment = protocol.begin(self.run_id, change, epoch=self.epoch, source=self.source)
+        self.current = adjustment
+        self._load_placement()
+        plan = adjustment.plan
+        try:
+            self.control.write_adjustment(
+                self.key,
+                adjustment.version,
+                {
+                    "plan": {
+                        "kind": change.kind,
+                        "reason": change.reason,
+                        **{
+                            k: plan[k]
+                            for k in (
+                                "changed_stages",
+                                "added",
+                                "removed",
+                                "subgraph",
+                                "sources",
+                                "tails",
+                                "connect",
+                                "disconnect",
+                            )
+                        },
+                    },
+                    "state": {"status": "running", "started_at": adjustment.started_at.isoformat()},
+                },
+            )
+            self.control.write_adjustment(
+                self.key, adjustment.version, plan["updates"], under="updates"
+            )
+        except Exception:
+            log.warning(
+                "run %s: could not record adjustment %s in ZooKeeper",
+                self.run_id,
+                adjustment.version,
+                exc_info=True,
+            )
+        return True
+
+    # -- progress ---------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Every loop of the driver while an adjustment runs: align the instances that
+        can (the step an instance's own claim would take, taken for it when it is idle
+        or its next batch is still queued), report tails that did, and complete the
+        adjustment once every tail has reported. True when the run's graph changed."""
+        adjustment = self.current
+        if adjustment is None:
+            return False
+        for step in protocol.align_waiting(self.run_id, adjustment.version):
+            if step.tail:
+                self.control.report_tail(self.key, step.version, step.instance, {"by": "driver"})
+        if not set(adjustment.plan["tails"]) <= self._tails(adjustment):
+            return False
+        done = protocol.complete(adjustment.pk)
+        self.current = None
+        self._record_state(done)
+        self._load_placement()
+        return True
+
+    def tick(self) -> bool:
+        """Roll back an adjustment that outlived the policy's timeout, move instances off
+        vanished workers. True when the run's graph changed."""
+        changed = False
+        if self._workers_changed.is_set():
+            self._workers_changed.clear()
+            self.live = self.control.live_workers()
+            changed |= self._failover()
+        adjustment = self.current
+        if adjustment is None:
+            return changed
+        age = (timezone.now() - adjustment.started_at).total_seconds()
+        if age <= self.timeout_s:
+            return changed
+        missing = sorted(set(adjustment.plan["tails"]) - self._tails(adjustment))
+        if not missing:
+            return self.poll()  # the last tail reported just now
+        done = protocol.rollback(
+            adjustment.pk,
+            f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "
+            f"tails not reported: {', '.join(missing)}",
+        )
+        self.current = None
+        self._record_state(done)
+        self._load_placement()
+        return True
+
+    def _tails(self, adjustment: Adjustment) -> set[str]:
+        """Tails that reported in ZooKeeper. A tail aligned in the ledger whose worker
+        died before it could report is reported for it: the ledger is the truth."""
+        reported = self.control.adjustment_tails(self.key, adjustment.version)
+        for name in protocol.tails_reported(adjustment):
+            if name not in reported:
+                self.control.report_tail(
+                    self.key, adjustment.version, name, {"by": "driver", "from": "ledger"}
+                )
+                reported.add(name)
+        return reported
+
+    def _record_state(self, adjustment: Adjustment) -> None:
+        try:
+            self.control.write_adjustment(
+                self.key,
+                adjustment.version,
+                {
+                    "state": {"status": adjustment.status, **adjustment.outcome},
+                },
+            )
+        except Exception:
+            log.warning(
+                "run %s: could not record adjustment %s's end",
+                self.run_id,
+                adjustment.version,
+                exc_info=True,
+            )
+
+    def _failover(self) -> bool:
+        """Instances placed on a worker whose liveness znode vanished move to live ones."""
+        dead = {name: worker for name, worker in self.placement.items() if worker not in self.live}
+        if not dead:
+            return False
+        # Their queued batches must run somewhere now: anywhere, until the move is done.
+        Instance.objects.filter(run_id=self.run_id, name__in=dead).update(worker="")
+        self._load_placement()
+        for worker in sorted(set(dead.values())):
+            record_event(
+                self.run_id,
+                "worker_lost",
+                f"worker {worker} vanished from ZooKeeper; its instances "
+                f"{', '.join(sorted(n for n, w in dead.items() if w == worker))} move",
+                data={"worker": worker},
+            )
+        if self.current is not None:
+            return True  # the running adjustment completes or rolls back first
+        removed = tuple(sorted(n for n in dead if self._is_operator(n)))
+        if not removed:
+            return True
+        added = []
+        for name in removed:
+            stage = Instance.objects.get(run_id=self.run_id, name=name).stage
+            target = self._least_loaded(set(dead.values()))
+            added.append(NewInstance(self._new_name(stage, tuple(added)), stage, target))
+        try:
+            self._begin(
+                Change(
+                    "failover",
+                    added=tuple(added),
+                    removed=removed,
+                    reason=f"worker(s) {', '.join(sorted(set(dead.values())))} lost",
+                    actor=Event.Actor.SYSTEM,
+                )
+            )
+        except AdjustmentError as err:
+            record_event(self.run_id, "adjust_refused", f"failover refused: {err}")
+        return True
+
+    def _is_operator(self, name: str) -> bool:
+        run = Run.objects.only("topology").get(pk=self.run_id)
+        return any(n["name"] == name and n["kind"] == "operator" for n in run.topology["nodes"])

@@ -1,0 +1,228 @@
+"""Starting and steering runs: what the console and the command line call."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from balancer.policy import Policy
+from orchestrator.ledger.events import record_event
+from orchestrator.models import Run
+from orchestrator.pipeline.generator import GeneratorSpec
+from orchestrator.pipeline.graph import operator_problems
+from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.routes import Routes
+from orchestrator.run.snapshot import Snapshot, build_snapshot
+from orchestrator.worker.batch import run_dir
+from orchestrator.zk.control_plane import ControlPlane
+
+
+class RunError(ValueError):
+    """A run cannot start or change as asked; nothing was changed."""
+
+
+def create_run(
+    *,
+    topology: Mapping[str, Any],
+    policy: Mapping[str, Any],
+    pipeline_id: int | None = None,
+    input_path: str | list[str] | None = None,
+    generator: str | Mapping[str, Any] | None = None,
+    user: Any = None,
+) -> Run:
+    """Validate the input and create the run (pending). Raises :class:`RunError`.
+
+    Nothing here grows with the input: files are only checked and measured, and a
+    generator spec is only checked against its bounds (``BPCONSOLE_GENERATOR_MAX_MB``);
+    the run's driver writes a generated input (orchestrator/run/generation.py).
+    """
+    Policy.from_mapping(policy)  # a snapshot that no longer validates must not run
+    refused = operator_problems(topology)
+    if refused:
+        raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
+    source = next(n for n in topology["nodes"] if n["kind"] == "source")
+    params = source.get("params") or {}
+    fmt = params.get("format", "jsonl")
+    if (input_path is None) == (generator is None):
+        raise RunError("give exactly one of an input path (or glob) and a generator spec")
+    spec = GeneratorSpec.parse(generator) if generator is not None else None
+    if spec is not None:
+        if fmt != "jsonl":
+            raise RunError("the generator writes JSON lines; the source must read jsonl")
+        input_spec: dict[str, Any] = {"format": fmt, "generator": spec.to_json()}
+        what = (
+            f"run created; its generated input ({spec.volume_mb:g} MB, seed {spec.seed}) "
+            "is written by the run's driver"
+        )
+    else:
+        files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
+        input_spec = {
+            "paths": [f.path for f in files],
+            "format": fmt,
+            "generator": None,
+            "extent_total": sum(f.size - f.data_start for f in files),
+        }
+        what = f"run created over {len(files)} input file(s)"
+    with transaction.atomic():
+        run = Run.objects.create(
+            pipeline_id=pipeline_id,
+            pipeline_name=topology["name"],
+            topology=dict(topology),
+            policy=dict(policy),
+            input_spec=input_spec,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+        # The id is new, so anything in its folder or under its znode is left from a
+        # database that was reset: an old run's flags, routes or epoch must not leak in.
+        shutil.rmtree(run_dir(run.pk), ignore_errors=True)
+        with ControlPlane.connect(settings.ZK_HOSTS) as control:
+            control.delete_run(str(run.pk))
+        record_event(
+            run.pk,
+            "run_created",
+            what,
+            user=user if getattr(user, "is_authenticated", False) else None,
+        )
+    return run
+
+
+def start_run(run: Run) -> None:
+    from orchestrator.tasks import drive_run
+
+    drive_run.apply_async(kwargs={"run_id": run.pk}, queue="control")
+
+
+def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
+    allowed = {
+        Run.Status.PAUSED: {Run.Status.RUNNING, Run.Status.PENDING},
+        Run.Status.RUNNING: {Run.Status.PAUSED},
+        Run.Status.CANCELLED: {Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.PENDING},
+    }
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if status not in allowed or run.status not in allowed[status]:
+            raise RunError(f"run {run_id} is {run.status}; it cannot become {status}")
+        run.status = status
+        if status == Run.Status.CANCELLED:
+            run.finished_at = timezone.now()
+        run.save(update_fields=["status", "finished_at"])
+        verb = {"paused": "paused", "running": "resumed", "cancelled": "stopped"}[status]
+        record_event(
+            run_id,
+            f"run_{verb}",
+            reason or f"run {verb}",
+            user=user if getattr(user, "is_authenticated", False) else None,
+        )
+    return run
+
+
+def snapshot(run_id: int) -> Snapshot:
+    """The run's current state for a viewer that just connected."""
+    run = Run.objects.get(pk=run_id)
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        states = control.read_states(str(run_id))
+        routes = {}
+        for node in run.topology["nodes"]:
+            stored = control.read_routes(str(run_id), node["name"])
+            if stored is not None:
+                routes[node["name"]] = Routes.from_json(stored[0]).to_json()
+    return build_snapshot(run, node_states=states, routes=routes, final=not run.is_active)
+
+
+def request_migration(run_id: int, node: str, *, stop: bool = False, user: Any = None) -> None:
+    """An operator's "migrate this branch's data now" (or "stop migrating") for ``node``.
+
+    Checked here (the run is active, the node exists) and recorded with the user's
+    name; the run's driver carries it out on its next tick.
+    """
+    run = Run.objects.get(pk=run_id)
+    names = [n["name"] for n in run.topology["nodes"]]
+    if node not in names:
+        raise RunError(f"run {run_id} has no node {node!r} (nodes: {', '.join(names)})")
+    if not run.is_active:
+        raise RunError(f"run {run_id} is {run.status}; nothing to migrate")
+    command = "stop_migrating" if stop else "migrate"
+    who = user.get_username() if getattr(user, "is_authenticated", False) else "an operator"
+    record_event(
+        run_id,
+        f"operator_{command}",
+        f"{who} asked to {'stop migrating from' if stop else 'migrate the data of'} {node}",
+        node=node,
+        user=user if getattr(user, "is_authenticated", False) else None,
+    )
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        control.put_command(str(run_id), {"command": command, "node": node, "user": who})
+
+
+ADJUSTMENTS = {
+    "hot_migrate": "hot-migrate {node} to {where}",
+    "add_instance": "add an instance to stage {stage} on {where}",
+    "remove_instance": "remove instance {node}",
+}
+
+
+def live_workers() -> dict[str, dict[str, Any]]:
+    """Spark workers alive in ZooKeeper (liveness znodes), by name."""
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        workers = control.live_workers()
+    return {k: v for k, v in sorted(workers.items()) if "spark" in v.get("queues", [])}
+
+
+def request_adjustment(
+    run_id: int,
+    command: str,
+    *,
+    node: str = "",
+    stage: str = "",
+    worker: str = "",
+    user: Any = None,
+) -> str:
+    """An operator's hot migration or rescale (shared/spec/hot-rescale.md).
+
+    Checked here (the run is active, the instance, stage and worker exist) and recorded
+    with the user's name; the run's driver plans and carries it out on its next tick.
+    Raises :class:`RunError` changing nothing.
+    """
+    if command not in ADJUSTMENTS:
+        raise RunError(f"unknown adjustment {command!r}; use {', '.join(ADJUSTMENTS)}")
+    run = Run.objects.get(pk=run_id)
+    if not run.is_active:
+        raise RunError(f"run {run_id} is {run.status}; nothing to adjust")
+    nodes = {n["name"]: n for n in run.topology["nodes"]}
+    operators = sorted(name for name, n in nodes.items() if n["kind"] == "operator")
+    if command in ("hot_migrate", "remove_instance") and node not in operators:
+        raise RunError(
+            f"run {run_id} has no operator instance {node!r} (instances: {', '.join(operators)})"
+        )
+    stages = sorted({nodes[name].get("stage") or name for name in operators})
+    if command == "add_instance" and stage not in stages:
+        raise RunError(
+            f"run {run_id} has no operator stage {stage!r} (stages: {', '.join(stages)})"
+        )
+    if worker:
+        live = live_workers()
+        if worker not in live:
+            raise RunError(
+                f"worker {worker!r} is not a live Spark worker (live: {', '.join(live) or 'none'})"
+            )
+    who = user.get_username() if getattr(user, "is_authenticated", False) else "an operator"
+    what = ADJUSTMENTS[command].format(node=node, stage=stage, where=worker or "any worker")
+    record_event(
+        run_id,
+        f"operator_{command}",
+        f"{who} asked to {what}",
+        node=node or stage,
+        user=user if getattr(user, "is_authenticated", False) else None,
+        data={"command": command, "node": node, "stage": stage, "worker": worker},
+    )
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        control.put_command(
+            str(run_id),
+            {"command": command, "node": node, "stage": stage, "worker": worker, "user": who},
+        )
+    return f"asked to {what}; the run's driver starts it on its next tick"

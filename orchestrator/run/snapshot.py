@@ -1,0 +1,193 @@
+"""The state of a run as the console shows it: nodes, links, migrations, progress, events.
+
+Built by the driver every tick (and published to the run's Channels group) and, for a
+viewer that just connected, from what the driver last wrote to ZooKeeper.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
+from orchestrator.run.generation import preparing
+
+RECENT_EVENTS = 30
+
+
+class NodeView(TypedDict):
+    name: str
+    kind: str
+    stage: str
+    capacity_bytes: int
+    state: dict[str, Any]
+    instance: dict[str, Any]  # worker, status (active / joining / retiring), aligned
+
+
+class LinkView(TypedDict):
+    source: str
+    target: str
+    bandwidth_mbps: float
+    share: float | None
+    migrating: bool
+    migrated_from: str | None
+    closing: bool  # a connection of an instance being removed: it carries data until
+    # the adjustment's marker passes
+
+
+class Snapshot(TypedDict):
+    type: Literal["snapshot"]
+    time: str
+    final: bool
+    run: dict[str, Any]
+    nodes: list[NodeView]
+    links: list[LinkView]
+    events: list[dict[str, Any]]
+    adjustment: dict[str, Any] | None
+
+
+def _links(
+    edges: list[dict[str, Any]], routes: dict[str, dict[str, Any]], closing: set[str]
+) -> list[LinkView]:
+    links: list[LinkView] = []
+    for edge in edges:
+        src, dst = edge["from"], edge["to"]
+        table = routes.get(src) or {}
+        shares = table.get("shares")
+        migrations: dict[str, dict[str, float]] = table.get("migrations") or {}
+        migrated_from = next((heavy for heavy, moves in migrations.items() if dst in moves), None)
+        links.append(
+            LinkView(
+                source=src,
+                target=dst,
+                bandwidth_mbps=float(edge.get("bandwidth_mbps", 0.0)),
+                share=None if not shares else float(shares.get(dst, 0.0)),
+                migrating=migrated_from is not None or dst in migrations,
+                migrated_from=migrated_from,
+                closing=src in closing or dst in closing,
+            )
+        )
+    return links
+
+
+def progress(run: Run) -> dict[str, Any]:
+    merged = MergedChunk.objects.filter(run=run).aggregate(
+        length=Sum("origin_length"), chunks=Count("id")
+    )
+    total = int(run.input_spec.get("extent_total") or 0)
+    done = int(merged["length"] or 0)
+    return {
+        "merged_chunks": int(merged["chunks"] or 0),
+        "chunks_total": run.chunks_total,
+        "completed_fraction": (done / total) if total else 0.0,
+        "migrated_segments": Segment.objects.filter(run=run).exclude(migrated_from="").count(),
+        "input_bytes": run.input_bytes,
+        # The input's size once it exists (a generated one is written by the driver),
+        # and meanwhile how far its writing is: {"written", "total", "fraction"} or None.
+        "input_total": total,
+        "preparing": preparing(run.input_spec),
+    }
+
+
+def build_snapshot(
+    run: Run,
+    *,
+    node_states: dict[str, dict[str, Any]],
+    routes: dict[str, dict[str, Any]],
+    final: bool = False,
+) -> Snapshot:
+    now = timezone.now()
+    started = run.started_at
+    ended = run.finished_at or now
+    instances = {i.name: i for i in Instance.objects.filter(run=run)}
+    adjustment = Adjustment.objects.filter(run=run).order_by("-version").first()
+    docs, edges = list(run.topology["nodes"]), list(run.topology["edges"])
+    closing: set[str] = set()
+    if adjustment is not None and adjustment.status == Adjustment.Status.RUNNING:
+        # Instances being removed stay on the view until the marker has passed them.
+        closing = set(adjustment.plan["removed"])
+        docs += [n for n in adjustment.before["nodes"] if n["name"] in closing]
+        edges += [e for e in adjustment.before["edges"] if {e["from"], e["to"]} & closing]
+    nodes = [
+        NodeView(
+            name=n["name"],
+            kind=n["kind"],
+            stage=n.get("stage") or n["name"],
+            capacity_bytes=int(float(n.get("buffer_mb", 64.0)) * 1024 * 1024),
+            state=node_states.get(n["name"], {}),
+            instance=_instance(instances.get(n["name"])),
+        )
+        for n in docs
+    ]
+    events = [
+        e.to_json() for e in Event.objects.filter(run=run).select_related("user")[:RECENT_EVENTS]
+    ]
+    return Snapshot(
+        type="snapshot",
+        time=now.isoformat(),
+        final=final,
+        run={
+            "id": run.pk,
+            "pipeline": run.pipeline_name,
+            "status": run.status,
+            "epoch": run.epoch,
+            "started_at": started.isoformat() if started else None,
+            "elapsed_s": (ended - started).total_seconds() if started else 0.0,
+            "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration")},
+            "error": run.error,
+            **progress(run),
+        },
+        nodes=nodes,
+        links=_links(edges, routes, closing),
+        events=events,
+        adjustment=_adjustment(adjustment, instances),
+    )
+
+
+def _instance(instance: Instance | None) -> dict[str, Any]:
+    if instance is None:
+        return {"worker": "", "status": "active", "aligning": False}
+    return {"worker": instance.worker, "status": instance.status, "aligning": instance.aligning}
+
+
+def _adjustment(
+    adjustment: Adjustment | None, instances: dict[str, Instance]
+) -> dict[str, Any] | None:
+    """The latest adjustment: its plan and, while it runs, where the markers are."""
+    if adjustment is None:
+        return None
+    plan = adjustment.plan
+    view: dict[str, Any] = {
+        "version": adjustment.version,
+        "kind": adjustment.kind,
+        "status": adjustment.status,
+        "reason": adjustment.reason,
+        "started_at": adjustment.started_at.isoformat(),
+        "finished_at": adjustment.finished_at.isoformat() if adjustment.finished_at else None,
+        "subgraph": plan["subgraph"],
+        "sources": plan["sources"],
+        "tails": plan["tails"],
+        "added": plan["added"],
+        "removed": plan["removed"],
+        "outcome": adjustment.outcome,
+        "aligned": [],
+        "markers": [],
+    }
+    if adjustment.status == Adjustment.Status.RUNNING:
+        view["aligned"] = sorted(
+            name
+            for name in plan["subgraph"]
+            if name in instances and instances[name].config >= adjustment.version
+        )
+        view["markers"] = [
+            {"from": upstream, "to": node}
+            for upstream, node in Segment.objects.filter(
+                run_id=adjustment.run_id,
+                marker=True,
+                config=adjustment.version,
+                state=Segment.State.QUEUED,
+            ).values_list("upstream", "node")
+        ]
+    return view

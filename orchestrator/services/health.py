@@ -1,0 +1,141 @@
+"""Is each service up? Used by ``manage.py doctor`` and ``GET /healthz``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+from django.db import connection
+
+SPARK_CHECK_TIMEOUT_S = 120
+SPARK_CACHE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Check:
+    service: str
+    up: bool
+    detail: str
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _guard(service: str, probe: Callable[[], str]) -> Check:
+    try:
+        return Check(service, up=True, detail=probe())
+    except Exception as exc:  # noqa: BLE001 - the failure is the answer
+        return Check(service, up=False, detail=f"{type(exc).__name__}: {exc}")
+
+
+def check_postgresql() -> Check:
+    def probe() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT version()")
+            version = cursor.fetchone()[0]
+        return f"{version.split(' on ')[0]} at {settings.DATABASES['default']['HOST']}"
+
+    return _guard("postgresql", probe)
+
+
+def check_redis() -> Check:
+    def probe() -> str:
+        import redis
+
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+        )
+        try:
+            info = client.info("server")
+        finally:
+            client.close()
+        return f"Redis {info['redis_version']} at {settings.REDIS_URL}"
+
+    return _guard("redis", probe)
+
+
+def check_zookeeper() -> Check:
+    def probe() -> str:
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=settings.ZK_HOSTS, timeout=3, connection_retry={"max_tries": 1})
+        try:
+            client.start(timeout=3)
+            client.get_children("/")
+            session = client.client_id[0] if client.client_id else 0
+        finally:
+            client.stop()
+            client.close()
+        return f"ZooKeeper at {settings.ZK_HOSTS} (session {session:#x})"
+
+    return _guard("zookeeper", probe)
+
+
+_spark_lock = threading.Lock()
+_spark_cache: tuple[float, Check] | None = None
+
+
+def check_spark(*, max_age_s: float = SPARK_CACHE_S) -> Check:
+    """Run a tiny Spark job in a child process; reuse a recent answer (it takes seconds)."""
+    global _spark_cache  # noqa: PLW0603 - a process-wide cache of an expensive probe
+    with _spark_lock:
+        if _spark_cache and time.monotonic() - _spark_cache[0] < max_age_s:
+            return _spark_cache[1]
+        check = _run_spark_job()
+        _spark_cache = (time.monotonic(), check)
+        return check
+
+
+def _run_spark_job() -> Check:
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "sparkjobs.health"],
+            capture_output=True,
+            text=True,
+            timeout=SPARK_CHECK_TIMEOUT_S,
+            check=False,
+            env={**os.environ, "SPARK_MASTER": settings.SPARK_MASTER},
+        )
+    except subprocess.TimeoutExpired:
+        return Check("spark", up=False, detail=f"no answer within {SPARK_CHECK_TIMEOUT_S} s")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (result.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return Check("spark", up=False, detail=f"exit {result.returncode}: {tail[0]}")
+    answer = json.loads(lines[-1])
+    return Check("spark", up=bool(answer["ok"]), detail=str(answer["detail"]))
+
+
+def check_spark_workers() -> Check:
+    """The Spark workers' own word on their JVMs (``orchestrator/services/heartbeat.py``): cheap,
+    and it sees what a separate probe job cannot, a worker whose JVM has died."""
+
+    def probe() -> str:
+        from orchestrator.services.heartbeat import beats
+
+        entries = beats()
+        dead = [b for b in entries if b["jvm"] != "up"]
+        if dead:
+            raise RuntimeError(
+                "; ".join(f"{b['worker']}: Spark JVM {b['jvm']}" for b in dead)
+                + " (the worker starts a new session at its next batch)"
+            )
+        return f"{len(entries)} Spark worker(s) report a live JVM"
+
+    return _guard("spark-workers", probe)
+
+
+def run_checks(*, spark: bool = True) -> list[Check]:
+    checks = [check_postgresql(), check_redis(), check_zookeeper()]
+    if spark:
+        checks.append(check_spark_workers())
+    if spark:
+        checks.append(check_spark())
+    return checks

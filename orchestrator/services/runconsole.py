@@ -1,0 +1,220 @@
+"""``make run``: services, migrations, first-run set-up, then the console's processes.
+
+Starts the embedded services that are not configured, applies migrations, creates the
+admin account and the reference pipeline when absent, then runs a Celery worker, Celery
+beat and the ASGI server on 127.0.0.1:8000 until Ctrl-C or SIGTERM, and stops all of
+it on the way out. If any of its processes dies, everything stops with a message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from orchestrator.services.embedded import ServiceError, die_with_parent
+from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_env
+
+STOP_GRACE_S = 20.0
+
+
+class Stop(Exception):
+    """Raised from a signal handler to unwind into the clean-up path."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Stop(signal.Signals(signum).name)
+
+
+def _manage(args: list[str], env: Mapping[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "manage.py"), *args],
+        check=True,
+        env=dict(env),
+        cwd=PROJECT_ROOT,
+    )
+
+
+def _spawn(name: str, args: list[str], env: Mapping[str, str], log: Path) -> Child:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            args,
+            env=dict(env),
+            cwd=PROJECT_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+        )
+    return Child(name, process)
+
+
+def _stop_children(children: list[Child]) -> None:
+    for child in reversed(children):
+        if child.process.poll() is None:
+            child.process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in reversed(children):
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    var_dir = var_dir_from_env()
+    host = os.environ.get("BPCONSOLE_HOST", "127.0.0.1")
+    port = os.environ.get("BPCONSOLE_PORT", "8000")
+    launcher = Launcher(var_dir)
+    children: list[Child] = []
+    try:
+        began = time.monotonic()
+        endpoints = launcher.start()
+        print(f"services up in {time.monotonic() - began:.1f} s: {endpoints.as_env()}", flush=True)
+        env = {
+            **os.environ,
+            **endpoints.as_env(),
+            "DJANGO_SETTINGS_MODULE": os.environ.get(
+                "DJANGO_SETTINGS_MODULE", "webapp.settings.local"
+            ),
+            "BPCONSOLE_VAR_DIR": str(var_dir),
+        }
+        _manage(["migrate", "--noinput", "-v", "0"], env)
+        _manage(["bootstrap"], env)
+        logs = var_dir / "log"
+        python = sys.executable
+        children.append(
+            _spawn(
+                "control worker",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "control",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    "8",
+                    "-n",
+                    "control@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                env,
+                logs / "celery-control.log",
+            )
+        )
+        children.append(
+            _spawn(
+                "spark worker",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "spark",
+                    "--concurrency",
+                    os.environ.get("BPCONSOLE_SPARK_WORKERS", "1"),
+                    "-n",
+                    "spark@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                env,
+                logs / "celery-spark.log",
+            )
+        )
+        children.append(
+            _spawn(
+                "celery beat",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "beat",
+                    "--schedule",
+                    str(var_dir / "celerybeat-schedule"),
+                    "--loglevel",
+                    "INFO",
+                ],
+                env,
+                logs / "celery-beat.log",
+            )
+        )
+        children.append(
+            _spawn(
+                "ASGI server",
+                [
+                    python,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    host,
+                    "-p",
+                    port,
+                    "--websocket_connect_timeout",
+                    "30",
+                    "webapp.asgi:application",
+                ],
+                env,
+                logs / "asgi.log",
+            )
+        )
+        print(f"\nThe backpressure console is up: http://{host}:{port}/", flush=True)
+        print(f"Logs: {logs}. Stop with Ctrl-C.", flush=True)
+        while True:
+            for child in children:
+                code = child.process.poll()
+                if code is not None:
+                    print(
+                        f"{child.name} exited with code {code}; see {logs}. Stopping.",
+                        file=sys.stderr,
+                    )
+                    return 1
+            time.sleep(0.5)
+    except Stop as stop:
+        print(f"\n{stop}: stopping the console and its services...", flush=True)
+        return 0
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"error: {' '.join(map(str, exc.cmd[1:3]))} failed (exit {exc.returncode})",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _stop_children(children)
+        launcher.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""One operator batch on a Spark worker: claim, run the operator, complete.
+
+Runs inside a Celery task on the ``spark`` queue. Everything is idempotent: output ids
+and files derive from input ids, so a batch re-run after a crash writes the same files
+and inserts no new rows; the completion is refused when the lease was lost meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from orchestrator.ledger import failures, keystate, segments
+from orchestrator.models import Adjustment, Run, Segment
+from orchestrator.pipeline.graph import bandwidth
+from orchestrator.pipeline.routes import Routes
+from orchestrator.rescale import protocol
+from orchestrator.worker.lease import LeaseKeeper
+from orchestrator.worker.stopwatch import StopWatch, job_group
+from sparkjobs.catalog import OPERATORS
+from sparkjobs.keygroups import KeyGroup
+from sparkjobs.merge import combine_partials, read_partials
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sparkjobs.aggregate import PartialOutput
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_SEGMENTS = 64
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    node: str
+    segments: int
+    bytes: int
+    malformed: int = 0
+    aligned: protocol.Aligned | None = None
+    failure: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "segments": self.segments,
+            "bytes": self.bytes,
+            "malformed": self.malformed,
+            "failure": self.failure,
+            "aligned": None if self.aligned is None else self.aligned.version,
+        }
+
+
+def run_dir(run_id: int) -> Path:
+    return Path(settings.DATA_DIR) / "runs" / str(run_id)
+
+
+def segment_path(run_id: int, segment_id: str) -> Path:
+    return run_dir(run_id) / "segments" / f"{segment_id}.jsonl"
+
+
+def output_id(input_id: str, node: str) -> str:
+    return f"{input_id}.{node}"
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def process_batch(
+    run_id: int, node_name: str, routes_json: Mapping[str, Any] | None
+) -> BatchReport:
+    run = Run.objects.get(pk=run_id)
+    if not run.is_active:
+        return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
+    owner = worker_identity()
+    node = _node_at(run, node_name)
+    if node["kind"] != "sink":
+        # Spark first, then the batch: a new worker's JVM takes seconds to start, and
+        # while a batch is claimed its node cannot align for an adjustment.
+        _spark_ready()
+    claim = protocol.claim_batch(
+        run_id,
+        node_name,
+        owner,
+        max_segments=MAX_BATCH_SEGMENTS,
+        max_bytes=int(settings.BPCONSOLE_BATCH_MB * 1024 * 1024),
+        lease_s=settings.BPCONSOLE_LEASE_S,
+        rate_mbps=float(node.get("max_rate_mbps", 0.0)),
+    )
+    aligned = claim.aligned
+    if not claim:
+        return BatchReport(node_name, 0, 0, aligned=aligned)
+    # Read again: an adjustment may have begun between reading the run and the claim,
+    # and the batch must route with the graph its claim aligned to.
+    run.refresh_from_db(fields=["topology", "config_version"])
+    topology = protocol.topology_at(run, claim.config, node_name)
+    size = sum(s.bytes for s in claim)
+    keeper = LeaseKeeper(
+        [s.pk for s in claim],
+        owner,
+        lease_s=settings.BPCONSOLE_LEASE_S,
+        max_hold_s=settings.BPCONSOLE_BATCH_MAX_S,
+    )
+    with keeper:
+        if node["kind"] == "sink":
+            _merge(run, node_name, owner, claim.segments)
+            return BatchReport(node_name, len(claim), size, aligned=aligned)
+        try:
+            malformed = _operate(
+                run,
+                topology=topology,
+                node=node,
+                owner=owner,
+                claim=claim,
+                routes=Routes.from_json(routes_json),
+            )
+        except (segments.LeaseLostError, DatabaseError):
+            raise  # not the operator's failure: the task's retry policy and the lease
+        except Exception as error:  # noqa: BLE001 - any operator error is this batch's
+            failure = _failed(run, node_name, owner, claim.segments, error)
+            return BatchReport(node_name, len(claim), size, aligned=aligned, failure=failure)
+    return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
+
+
+def _spark_ready() -> None:
+    """This worker's Spark session, a new one when the JVM of the last has died."""
+    from orchestrator.services import heartbeat
+    from sparkjobs.session import operator_session, restart_if_dead
+
+    code = restart_if_dead()
+    if code is not None:
+        log.warning("the Spark JVM of this worker had exited with code %s; new session", code)
+    operator_session()
+    heartbeat.start()
+
+
+def _failed(run: Run, node: str, owner: str, segments: list[Segment], error: Exception) -> str:
+    """Record an operator's failure (retry, or fail the run); a batch of a run that was
+    stopped meanwhile was cancelled, not failed, and goes back to its pool."""
+    from sparkjobs.expressions import ExpressionRefused
+
+    if not Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).exists():
+        segments.release(owner, segments)
+        return f"cancelled: run {run.pk} is no longer active"
+    text = failures.describe(error)
+    outcome = failures.record_failure(
+        run.pk,
+        node,
+        owner,
+        segments,
+        text,
+        max_attempts=int(run.policy.get("max_batch_attempts", 3)),
+        retryable=not isinstance(error, ExpressionRefused),
+    )
+    log.warning(
+        "run %s node %s: batch failed (attempt %s%s): %s",
+        run.pk,
+        node,
+        outcome.attempt,
+        ", run failed" if outcome.run_failed else "",
+        text,
+    )
+    return text
+
+
+def _node_at(run: Run, name: str) -> Mapping[str, Any]:
+    """The node's document, also for an instance a running adjustment is removing."""
+    found = next((n for n in run.topology["nodes"] if n["name"] == name), None)
+    if found is not None:
+        return found
+    for adjustment in Adjustment.objects.filter(run=run).order_by("-version"):
+        found = next((n for n in adjustment.before["nodes"] if n["name"] == name), None)
+        if found is not None:
+            return found
+    raise ValueError(f"run {run.pk} has no node {name!r}")
+
+
+def _operate(
+    run: Run,
+    *,
+    topology: Mapping[str, Any],
+    node: Mapping[str, Any],
+    owner: str,
+    claim: protocol.AlignedClaim,
+    routes: Routes,
+) -> int:
+    from sparkjobs.session import operator_session
+
+    name = node["name"]
+    batch = claim.segments
+    spark = operator_session(max(s.bytes for s in batch))
+    # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
+    # copies for the other key groups, and operators name their results by file.
+    by_file = {Path(s.path).stem: s for s in batch}
+    inputs = {stem: Path(s.path) for stem, s in by_file.items()}
+    outputs = {stem: segment_path(run.pk, output_id(s.pk, name)) for stem, s in by_file.items()}
+    params = node.get("params") or {}
+    slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
+    stateful = OPERATORS[node["operator"]].stateful
+    group = job_group(run.pk)
+    spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
+    with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
+        produced = _run_operator(
+            spark, node=node, params=params, inputs=inputs, outputs=outputs, slots=slots
+        )
+    _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
+    new = []
+    for stem, seg in by_file.items():
+        out = produced[stem]
+        new_id = output_id(seg.pk, name)
+        copies = protocol.targets(topology, name, new_id, tag=seg.tag, routes=routes, slots=slots)
+        for target, migrated_from, part in copies:
+            new.append(
+                segments.NewSegment(
+                    id=protocol.copy_id(new_id, target, part, len(copies)),
+                    chunk=seg.chunk,
+                    origin_file=seg.origin_file,
+                    origin_offset=seg.origin_offset,
+                    origin_length=seg.origin_length,
+                    node=target,
+                    upstream=name,
+                    tag=seg.tag,
+                    path=str(out.path),
+                    bytes=out.bytes,
+                    migrated_from=migrated_from,
+                    link_mbps=bandwidth(topology, name, target),
+                    config=claim.config,
+                    slots_from=part.low,
+                    slots_to=part.high,
+                )
+            )
+    malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
+    fold = None
+    if stateful:
+        deltas = [
+            (m.key, keystate.Totals(m.count, m.sum, m.min, m.max))
+            for out in produced.values()
+            for m in read_partials(out.path)
+        ]
+        stage = node.get("stage") or name
+
+        def fold() -> None:
+            keystate.fold(run.pk, stage, name, deltas)
+
+    segments.complete_batch(run.pk, owner, batch, new, malformed, fold=fold)
+    return sum(malformed.values())
+
+
+def _run_operator(
+    spark: SparkSession,
+    *,
+    node: Mapping[str, Any],
+    params: Mapping[str, Any],
+    inputs: dict[str, Path],
+    outputs: dict[str, Path],
+    slots: KeyGroup,
+) -> Mapping[str, PartialOutput]:
+    from sparkjobs.aggregate import AggregateParams, partial_aggregate
+    from sparkjobs.transform import transform
+
+    if node["operator"] in ("aggregate", "running"):
+        return partial_aggregate(
+            spark,
+            inputs,
+            outputs,
+            AggregateParams.from_params(params),
+            key_group=None if slots.whole else slots,
+        )
+    return transform(spark, node["operator"], params, inputs, outputs)
+
+
+def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
+    pending = list(batch)
+    while pending:
+        merged = combine_partials([Path(s.path) for s in pending])
+        deltas = [
+            segments.KeyDelta(m.key, m.count, m.sum, m.min, m.max, m.distinct) for m in merged
+        ]
+        try:
+            segments.complete_sink_batch(run.pk, sink, owner, pending, deltas)
+            return
+        except segments.AlreadyMergedError as err:
+            # Delivered twice: those chunk parts are in the result already. Merge the
+            # rest, and mark the duplicates done without touching the result.
+            duplicates = [s for s in pending if (s.chunk, s.slots_from) in err.parts]
+            segments.complete_batch(run.pk, owner, duplicates, [], {})
+            pending = [s for s in pending if (s.chunk, s.slots_from) not in err.parts]
+
+
+def _quarantine(run_id: int, lines: Mapping[str, list[str]]) -> None:
+    from sparkjobs.segments import write_atomic
+
+    for seg, bad in lines.items():
+        if bad:
+            body = "".join(line + "\n" for line in bad).encode()
+            write_atomic(run_dir(run_id) / "quarantine" / f"{seg}.jsonl", body)

@@ -1,0 +1,146 @@
+"""The source's cut: chunks tile the input, never split a record, and become segment
+files holding exactly the input's bytes (JSON lines are copied by the kernel, never read
+into the source).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.pipeline import inputs
+from orchestrator.pipeline.inputs import Chunk, chunks, resolve_inputs, write_chunk
+from sparkjobs import segments
+
+
+def cut(path: Path, fmt: str = "jsonl", segment_bytes: int = 64, **start: int) -> list[Chunk]:
+    files = resolve_inputs(str(path), fmt)
+    return list(chunks(files, fmt, segment_bytes=segment_bytes, route_by="key", **start))
+
+
+def written(chunks_: list[Chunk], folder: Path) -> list[bytes]:
+    out = []
+    for chunk in chunks_:
+        target = folder / f"c{chunk.index}.jsonl"
+        assert write_chunk(target, chunk) == chunk.size
+        out.append(target.read_bytes())
+    return out
+
+
+def reference_cuts(data: bytes, segment_bytes: int) -> list[tuple[int, int]]:
+    """The rule: a chunk ends after the first newline at or past ``segment_bytes``."""
+    cuts, offset = [], 0
+    while offset < len(data):
+        found = data.find(b"\n", offset + segment_bytes - 1)
+        end = len(data) if found < 0 else found + 1
+        cuts.append((offset, end - offset))
+        offset = end
+    return cuts
+
+
+def test_json_lines_are_cut_at_line_ends_and_copied_byte_for_byte(tmp_path: Path) -> None:
+    records = [{"key": f"k{i % 3}", "value": i, "user": f"u{i}"} for i in range(40)]
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (tmp_path / "in.jsonl").write_bytes(data)
+    got = cut(tmp_path / "in.jsonl", segment_bytes=100)
+    bodies = written(got, tmp_path)
+    assert b"".join(bodies) == data
+    assert all(body.endswith(b"\n") for body in bodies)
+    assert [(c.offset, c.length) for c in got] == reference_cuts(data, 100)
+    for chunk, body in zip(got, bodies, strict=True):
+        assert chunk.tag == json.loads(body.splitlines()[0])["key"]
+
+
+def test_a_last_line_without_newline_gets_one_in_its_segment(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"a"}\n{"key":"b"}')
+    got = cut(tmp_path / "in.jsonl", segment_bytes=4)
+    assert written(got, tmp_path) == [b'{"key":"a"}\n', b'{"key":"b"}\n']
+    assert [(c.length, c.size) for c in got] == [(12, 12), (11, 12)]
+
+
+def test_the_tag_is_the_first_non_empty_line_even_past_the_read_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inputs, "CUT_WINDOW", 8)
+    (tmp_path / "in.jsonl").write_bytes(b'\n\n{"key":"far","pad":"xxxxxxxxxxxxxxxx"}\n')
+    (chunk,) = cut(tmp_path / "in.jsonl", segment_bytes=1024)
+    assert chunk.tag == "far"
+
+
+def test_resuming_at_a_position_yields_the_rest_of_the_same_chunks(tmp_path: Path) -> None:
+    data = b"".join(b'{"key":"k%d","value":%d}\n' % (i % 4, i) for i in range(60))
+    (tmp_path / "in.jsonl").write_bytes(data)
+    whole = cut(tmp_path / "in.jsonl", segment_bytes=90)
+    third = whole[3]
+    rest = cut(
+        tmp_path / "in.jsonl",
+        segment_bytes=90,
+        start_file=0,
+        start_offset=third.offset,
+        start_index=3,
+    )
+    assert rest == whole[3:]
+
+
+def test_without_a_kernel_copy_the_bytes_go_through_user_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unsupported(*_: object) -> int:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    monkeypatch.setattr(segments, "COPY_STEP", 5)
+    data = b"".join(b'{"key":"k","value":%d}\n' % i for i in range(30))
+    (tmp_path / "in.jsonl").write_bytes(data)
+    assert b"".join(written(cut(tmp_path / "in.jsonl", segment_bytes=70), tmp_path)) == data
+
+
+def test_a_failed_copy_leaves_no_segment_file(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"a"}\n')
+    target = tmp_path / "out" / "c0.jsonl"
+    with pytest.raises(OSError, match="ended"):
+        segments.copy_atomic(target, str(tmp_path / "in.jsonl"), 0, 100, newline=False)
+    assert list(target.parent.iterdir()) == []
+
+
+def test_csv_rows_become_json_lines_and_a_row_of_the_wrong_width_stays_malformed(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "in.csv").write_bytes(b"key,value\na,1\nb,2,extra\nc,3\n")
+    (chunk,) = cut(tmp_path / "in.csv", fmt="csv", segment_bytes=1024)
+    lines = written([chunk], tmp_path)[0].decode().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"key": "a", "value": "1"},
+        "b,2,extra",
+        {"key": "c", "value": "3"},
+    ]
+    assert (chunk.offset, chunk.tag) == (len(b"key,value\n"), "a")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(st.text(alphabet='ab{}":,', max_size=30), max_size=25),
+    trailing_newline=st.booleans(),
+    segment_bytes=st.integers(min_value=1, max_value=120),
+)
+def test_chunks_tile_the_input_exactly_whatever_the_lines_and_segment_size(
+    tmp_path_factory: pytest.TempPathFactory,
+    lines: list[str],
+    trailing_newline: bool,
+    segment_bytes: int,
+) -> None:
+    folder = tmp_path_factory.mktemp("tile")
+    data = "\n".join(lines).encode() + (b"\n" if trailing_newline and lines else b"")
+    (folder / "in.jsonl").write_bytes(data)
+    got = cut(folder / "in.jsonl", segment_bytes=segment_bytes)
+    assert [(c.offset, c.length) for c in got] == reference_cuts(data, segment_bytes)
+    bodies = written(got, folder)
+    assert all(body.endswith(b"\n") for body in bodies)
+    expected = data if data.endswith(b"\n") or not data else data + b"\n"
+    assert b"".join(bodies) == expected

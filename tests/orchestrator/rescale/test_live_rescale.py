@@ -1,0 +1,304 @@
+"""Hot migration and rescale during live runs (shared/spec/hot-rescale.md): the result
+equals the plain batch job, the sink never stalls long, state survives by key, a timed
+out adjustment rolls back, and a killed worker's instances move by themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from orchestrator.ledger import keystate
+from orchestrator.ledger.results import summary
+from orchestrator.models import Adjustment, Event, Instance, Run, Segment
+from orchestrator.rescale import protocol
+from orchestrator.rescale.protocol import key_groups
+from orchestrator.run.lifecycle import live_workers, request_adjustment
+from orchestrator.worker.plain_job import batch_summary
+from sparkjobs.keygroups import slot_of
+from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+TOPOLOGIES = Path(__file__).resolve().parents[3] / "webapp/console/topologies"
+SKEWED = "seed=21,volume_mb=32,dominance=0.85,skew_mean_s=1000,malformed_every=997"
+# The 2 s target is the rescale bench's (bench/bench_runtime.py rescale). Here the sink
+# shares the machine with the whole test stack: 1.5 to 2.7 s on a slow hour. What must
+# never come back is the first design, whose adjustments held the sink 3 to 40 s.
+MAX_SINK_STALL_S = 3.0
+# An outside node's pace is its inputs' pace: here the sink's only inputs are the
+# subgraph's tails, and five instances share one Spark worker, so its cadence is a
+# round of their batches (1.6 to 5.6 s on this machine). What must never happen is the
+# first design's stall, outside nodes waiting for the subgraph to drain (40 s).
+OUTSIDE_STALL_GUARD_S = 10.0
+
+
+def _wait_started(run: Run) -> None:
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="done", marker=False).exists():
+        assert time.monotonic() < deadline, "the run never processed a segment"
+        time.sleep(0.1)
+
+
+def _adjust(run: Run, command: str, timeout_s: float = 90.0, **target: str) -> Adjustment:
+    """Ask for an adjustment and wait until it ends; returns it."""
+    known = set(Adjustment.objects.filter(run=run).values_list("pk", flat=True))
+    request_adjustment(run.pk, command, **target)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        new = Adjustment.objects.filter(run=run).exclude(pk__in=known).first()
+        if new is not None and new.status != Adjustment.Status.RUNNING:
+            # The adjustment's timeline, shown by pytest when a test fails.
+            for e in Event.objects.filter(run=run, time__gte=new.started_at).order_by("time", "id"):
+                print(e.time.strftime("%H:%M:%S.%f")[:-3], e.kind, e.node, e.reason[:160])
+            return new
+        refused = Event.objects.filter(run=run, kind="adjust_refused").first()
+        assert refused is None, refused.reason
+        time.sleep(0.1)
+    raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
+
+
+def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
+    return batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+
+
+def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
+    # Given a skewed run of the reference pipeline
+    doc = skewed_reference(slow_mbps=8.0, buffer_mb=0.5)
+    run = start(doc, policy(), generator=SKEWED)
+    _wait_started(run)
+    # When an aggregate instance is hot-migrated, the stage scaled out, then in
+    migrated = _adjust(run, "hot_migrate", node="task2")
+    grown = _adjust(run, "add_instance", stage="agg")
+    (added,) = grown.plan["added"]
+    shrunk = _adjust(run, "remove_instance", node=added)
+    run = wait_until_done(run, timeout_s=300)
+    # Then each adjustment completed, the sink never stalled long meanwhile...
+    for adjustment in (migrated, grown, shrunk):
+        assert adjustment.status == "complete", adjustment.outcome
+        gap = adjustment.outcome["sink_max_gap_s"]
+        assert gap < MAX_SINK_STALL_S, adjustment.outcome
+    assert migrated.plan["removed"] == ["task2"] and migrated.plan["added"][0].startswith("agg-")
+    instances = dict(Instance.objects.filter(run=run).values_list("name", "status"))
+    assert instances["task2"] == instances[added] == "retired"
+    # ...and the result equals the plain batch job exactly
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["malformed_records"] == expected["malformed_records"] > 0
+    assert result["rows"] == expected["rows"]
+
+
+def _running_totals(**changes: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((TOPOLOGIES / "running-totals.yaml").read_text())
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"]["segment_mb"] = 0.0625
+        elif node["kind"] == "operator":
+            node.update(changes)
+    return doc
+
+
+def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batch_job(
+    workers,
+) -> None:
+    # Given the keyed running-totals pipeline (state per key, two instances)
+    doc = _running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    run = start(doc, policy(), generator="seed=4,volume_mb=12,malformed_every=499")
+    _wait_started(run)
+    # When its stage scales out, hot-migrates an instance, and scales in
+    grown = _adjust(run, "add_instance", stage="totals")
+    moved = _adjust(run, "hot_migrate", node="totals1")
+    shrunk = _adjust(run, "remove_instance", node=grown.plan["added"][0])
+    run = wait_until_done(run, timeout_s=300)
+    # Then every hand-off kept every key's state identical, each key with its owner
+    for adjustment in (grown, moved, shrunk):
+        assert adjustment.status == "complete", adjustment.outcome
+        state = adjustment.outcome["state"]["totals"]
+        assert state["identical"] is True and state["misplaced_keys"] == [], state
+    # ...the final state per key is the batch job's result per key...
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["rows"] == expected["rows"]
+    totals = keystate.totals(run.pk, "totals")
+    assert {k: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+        r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
+        for r in expected["rows"]
+    }
+    # ...held once, by the owner of its key group in the final graph
+    run.refresh_from_db()
+    final = [n["name"] for n in run.topology["nodes"] if n.get("stage") == "totals"]
+    assert len(final) == 2
+    groups = key_groups(run.topology, "totals")
+    for key, holders in keystate.holders(run.pk, "totals").items():
+        assert len(holders) == 1 and slot_of(key) in groups[holders[0]].slots
+
+
+def _dec(value: Any) -> Any:
+    from decimal import Decimal
+
+    return Decimal(str(value))
+
+
+def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
+    # Given a keyed stage, one of whose instances has a batch held by a stuck worker
+    doc = _running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
+    run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=4")
+    _wait_started(run)
+    stuck = None
+    deadline = time.monotonic() + 60
+    while not stuck:
+        assert time.monotonic() < deadline, "totals1 never had data to hold"
+        stuck = protocol.claim_batch(
+            run.pk, "totals1", "stuck-worker", max_segments=4, max_bytes=1 << 30, lease_s=5
+        )
+    before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
+    # When an instance is added: totals1 cannot align while its batch is out
+    adjustment = _adjust(run, "add_instance", stage="totals")
+    # Then the adjustment rolled back, saying why, to the old graph...
+    assert adjustment.status == "rolled_back"
+    assert "not complete after 1 s" in adjustment.outcome["reason"]
+    assert Event.objects.filter(run=run, kind="adjust_rolled_back").exists()
+    assert Run.objects.get(pk=run.pk).topology == before
+    (added,) = adjustment.plan["added"]
+    assert Instance.objects.get(run=run, name=added).status == "retired"
+    # ...and once the stuck lease expires the run completes exactly, every key's state
+    # with its owner in the old graph
+    run = wait_until_done(run, timeout_s=300)
+    result = summary(run)
+    assert result["coverage"] == "exact", result["error"]
+    expected = _expected(run, doc)
+    assert result["rows"] == expected["rows"]
+    assert {k: t.count for k, t in keystate.totals(run.pk, "totals").items()} == {
+        r["key"]: r["count"] for r in expected["rows"]
+    }
+    groups = key_groups(before, "totals")
+    for key, holders in keystate.holders(run.pk, "totals").items():
+        assert len(holders) == 1 and slot_of(key) in groups[holders[0]].slots
+
+
+def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
+    workers,
+) -> None:
+    # Given a second Spark worker, and task2 hot-migrated onto it
+    victim = workers.start("spark9")
+    try:
+        workers.wait_ready(["spark9"])
+        name = next(w for w in _wait_for_worker("spark9"))
+        doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
+        run = start(doc, policy(), generator=SKEWED.replace("seed=21", "seed=22"))
+        _wait_started(run)
+        placed = _adjust(run, "hot_migrate", node="task2", worker=name)
+        (moved,) = placed.plan["added"]
+        assert Instance.objects.get(run=run, name=moved).worker == name
+        while not Segment.objects.filter(run=run, node=moved, state="done").exists():
+            time.sleep(0.1)
+        # When the worker's processes are killed with SIGKILL
+        _kill_tree(victim.pid)
+        # Then its instance moves to a live worker (once ZooKeeper expires its session)
+        deadline = time.monotonic() + 120
+        while (
+            not Adjustment.objects.filter(run=run, kind="failover")
+            .exclude(status="running")
+            .exists()
+        ):
+            assert time.monotonic() < deadline, "no failover happened"
+            time.sleep(0.2)
+        failover = Adjustment.objects.get(run=run, kind="failover")
+        assert failover.status == "complete", failover.outcome
+        assert failover.plan["removed"] == [moved]
+        assert Event.objects.filter(run=run, kind="worker_lost", data__worker=name).exists()
+        run = wait_until_done(run, timeout_s=300)
+        result = summary(run)
+        assert result["coverage"] == "exact", result["error"]
+        assert result["rows"] == _expected(run, doc)["rows"]
+    finally:
+        if victim.poll() is None:
+            _kill_tree(victim.pid)
+        workers.processes.pop("spark9", None)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a worker and every process under it (pool children, Spark's JVM)."""
+    parent = psutil.Process(pid)
+    for process in [*parent.children(recursive=True), parent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+
+
+def _wait_for_worker(prefix: str) -> list[str]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        names = [w for w in live_workers() if w.startswith(prefix)]
+        if names:
+            return names
+        time.sleep(0.2)
+    raise AssertionError(f"worker {prefix} never registered in ZooKeeper")
+
+
+def test_the_balancers_scale_out_request_adds_an_instance_to_the_flagged_stage(workers) -> None:
+    # Given slow branches, watermark throttling, no migration, and k_min = floor = 1:
+    # never slow the source, ask for a scale out as soon as half the stage is flagged
+    doc = skewed_reference(slow_mbps=2.0)
+    for node in doc["nodes"]:
+        if node.get("stage") == "agg":
+            node["max_rate_mbps"] = 2.0  # every branch slow: flags come one after another
+    values = policy(migration="off", rate_min=1.0, rate_floor=1.0)
+    run = start(doc, values, generator="seed=5,volume_mb=6,dominance=0")
+    run = wait_until_done(run, timeout_s=300)
+    # Then the balancer asked for one more instance and the request ran as an adjustment
+    request = Event.objects.filter(run=run, kind="scale_out_request").first()
+    assert request is not None, "the balancer never asked for a scale out"
+    grown = Adjustment.objects.filter(run=run, kind="scale_out").order_by("version").first()
+    assert grown is not None and grown.status == "complete", grown and grown.outcome
+    assert "one more instance requested" in grown.reason
+    assert grown.plan["changed_stages"] == ["agg"]
+    result = summary(run)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["rows"] == _expected(run, doc)["rows"]
+
+
+def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(workers) -> None:
+    # Given source -> clean (a filter stage of 2) -> agg (2) -> output, under load
+    doc = skewed_reference(slow_mbps=8.0, buffer_mb=1.0)
+    aggs = [n for n in doc["nodes"] if n.get("stage") == "agg"][:2]
+    cleans = [
+        {
+            "name": f"clean{i}",
+            "kind": "operator",
+            "stage": "clean",
+            "operator": "filter",
+            "params": {"condition": "value >= 0"},
+            "buffer_mb": 1.0,
+        }
+        for i in (1, 2)
+    ]
+    doc["nodes"] = [doc["nodes"][0], *cleans, *aggs, doc["nodes"][-1]]
+    doc["edges"] = [
+        *({"from": "source", "to": c["name"]} for c in cleans),
+        *({"from": c["name"], "to": a["name"]} for c in cleans for a in aggs),
+        *({"from": a["name"], "to": "output", "bandwidth_mbps": 25} for a in aggs),
+    ]
+    run = start(doc, policy(), generator="seed=6,volume_mb=8")
+    _wait_started(run)
+    # When the filter stage scales out
+    grown = _adjust(run, "add_instance", stage="clean")
+    # Then the sink, outside the subgraph, kept merging meanwhile
+    assert grown.status == "complete", grown.outcome
+    assert "output" not in grown.plan["subgraph"]
+    assert set(grown.plan["tails"]) == {a["name"] for a in aggs}
+    assert not Event.objects.filter(run=run, kind="adjust_aligned", node="output").exists()
+    assert grown.outcome["outside_max_gap_s"]["output"] < OUTSIDE_STALL_GUARD_S, grown.outcome
+    run = wait_until_done(run, timeout_s=300)
+    result = summary(run)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["rows"] == _expected(run, doc)["rows"]

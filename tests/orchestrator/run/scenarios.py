@@ -1,0 +1,93 @@
+"""Small, fast variants of the reference pipeline that force the balancer to act."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from balancer.policy import Policy
+from orchestrator.models import Run
+from orchestrator.run.lifecycle import create_run, start_run
+
+REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
+SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short
+
+
+def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> dict[str, Any]:
+    """task1 and task2 slow, task3 unthrottled, small pools: whichever branch the skew
+    favours first, a slow one fills up unless its data goes elsewhere."""
+    doc = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"]["segment_mb"] = SEGMENT_MB
+        else:
+            node["buffer_mb"] = buffer_mb if node["kind"] == "operator" else 16
+        if node["name"] in {"task1", "task2"}:
+            node["max_rate_mbps"] = slow_mbps
+    return doc
+
+
+def policy(**changes: Any) -> dict[str, Any]:
+    defaults = {
+        "routing": "static",
+        "migration": "pressure",
+        "throttling": "watermark",
+        "tick_ms": 200,
+    }
+    return Policy.from_mapping({**defaults, **changes}).to_dict()
+
+
+def start(doc: dict[str, Any], values: dict[str, Any], **inputs: Any) -> Run:
+    run = create_run(topology=doc, policy=values, **inputs)
+    start_run(run)
+    return run
+
+
+def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if not run.is_active:
+            return run
+        time.sleep(0.5)
+    raise AssertionError(
+        f"run {run.pk} still {run.status} after {timeout_s} s{_left(run)}{_sessions()}"
+    )
+
+
+def _left(run: Run) -> str:
+    """The data still unfinished, the instances and the adjustments of a stuck run."""
+    from django.db.models import Count
+
+    from orchestrator.models import Adjustment, Instance, Segment
+
+    unfinished = (
+        Segment.objects.filter(run=run)
+        .exclude(state="done")
+        .values("node", "state", "marker", "config")
+        .annotate(n=Count("id"))
+    )
+    instances = Instance.objects.filter(run=run).values_list("name", "status", "config", "target")
+    adjustments = Adjustment.objects.filter(run=run).values_list("version", "kind", "status")
+    return (
+        f"\n unfinished: {list(unfinished)}\n instances: {list(instances)}"
+        f"\n adjustments: {list(adjustments)}"
+    )
+
+
+def _sessions() -> str:
+    """What every other PostgreSQL session is doing or waiting for: a stuck run's
+    first clue, in the failure message."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 160)"
+            " FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database()"
+        )
+        rows = cursor.fetchall()
+    return "".join(f"\n  {row}" for row in rows)

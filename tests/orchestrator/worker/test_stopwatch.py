@@ -1,0 +1,61 @@
+"""Stop means stopped: a batch's Spark job is cancelled as soon as its run stops or
+fails, not when the batch would have finished (real PostgreSQL and Spark)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from orchestrator.models import Run
+from orchestrator.worker.stopwatch import StopWatch, job_group
+from tests.orchestrator.runs import pending_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+
+def long_job(spark: Any, group: str, outcome: dict[str, Any]) -> None:
+    """A Spark job of minutes on two cores, in the run's job group, as a batch runs it."""
+    spark.sparkContext.setJobGroup(group, "a long batch", interruptOnCancel=True)
+    began = time.monotonic()
+    try:
+        spark.range(0, 10**12, numPartitions=4).where("id % 7 = 3").count()
+        outcome["result"] = "finished"
+    except Exception as error:  # noqa: BLE001 - the cancellation is the answer
+        outcome["result"] = f"{type(error).__name__}: {error}"
+    outcome["seconds"] = time.monotonic() - began
+
+
+@pytest.mark.parametrize("status", ["cancelled", "failed"])
+def test_a_run_that_stops_cancels_its_spark_job_at_once(spark: Any, status: str) -> None:
+    # Given a running run whose batch is in a long Spark job
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(status="running")
+    group = job_group(run.pk)
+    outcome: dict[str, Any] = {}
+    with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
+        job = threading.Thread(target=long_job, args=(spark, group, outcome))
+        job.start()
+        time.sleep(3)
+        assert job.is_alive()  # it is really running
+        # When the run is stopped (by an operator) or failed (by another batch)
+        stopped_at = time.monotonic()
+        Run.objects.filter(pk=run.pk).update(status=status)
+        job.join(30)
+        # Then the job was cancelled within a couple of seconds
+        assert not job.is_alive()
+        assert time.monotonic() - stopped_at < 5
+    assert "cancelled part of cancelled job group" in outcome["result"], outcome["result"][:500]
+
+
+def test_a_running_run_keeps_its_job(spark: Any) -> None:
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(status="running")
+    group = job_group(run.pk)
+    cancelled: list[str] = []
+    with StopWatch(run.pk, lambda: cancelled.append(group), poll_s=0.05):
+        spark.sparkContext.setJobGroup(group, "a short batch", interruptOnCancel=True)
+        assert spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"] == 499500
+    assert cancelled == []

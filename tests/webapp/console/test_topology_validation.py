@@ -1,0 +1,133 @@
+"""The topology format: every problem reported at once, with its location."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webapp.console.topology import validate_document
+from webapp.console.topology_io import parse_yaml
+
+REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
+
+
+@pytest.fixture
+def reference() -> dict[str, Any]:
+    return parse_yaml(REFERENCE.read_text())
+
+
+def messages(doc: Any) -> list[str]:
+    return [str(p) for p in validate_document(doc)]
+
+
+def test_reference_topology_is_valid(reference: dict[str, Any]) -> None:
+    assert validate_document(reference) == []
+
+
+def test_unknown_node_in_an_edge_is_named_with_its_location(reference: dict[str, Any]) -> None:
+    reference["edges"].append({"from": "task1", "to": "nowhere"})
+    assert "edges[6].to: unknown node 'nowhere'" in messages(reference)
+
+
+def test_cycle_lists_the_nodes_on_it(reference: dict[str, Any]) -> None:
+    reference["nodes"].append(
+        {"name": "loop", "kind": "operator", "operator": "filter", "params": {"condition": "1=1"}}
+    )
+    reference["edges"] += [
+        {"from": "task1", "to": "loop"},
+        {"from": "loop", "to": "task1"},
+    ]
+    found = [m for m in messages(reference) if "cycle" in m]
+    assert len(found) == 1
+    assert "task1 -> loop -> task1" in found[0]
+
+
+def test_no_source_and_no_sink(reference: dict[str, Any]) -> None:
+    doc = {
+        "name": "headless",
+        "nodes": [
+            {"name": "a", "kind": "operator", "operator": "filter", "params": {"condition": "x>1"}}
+        ],
+        "edges": [],
+    }
+    found = messages(doc)
+    assert "nodes: no source node (kind: source)" in found
+    assert "nodes: no sink node (kind: sink)" in found
+
+
+def test_unreachable_node_and_dead_end(reference: dict[str, Any]) -> None:
+    reference["nodes"].append(
+        {"name": "orphan", "kind": "operator", "operator": "filter", "params": {"condition": "1=1"}}
+    )
+    reference["nodes"].append(
+        {"name": "deadend", "kind": "operator", "operator": "filter", "params": {"condition": "1"}}
+    )
+    reference["edges"].append({"from": "orphan", "to": "output"})
+    reference["edges"].append({"from": "source", "to": "deadend"})
+    found = messages(reference)
+    assert "node orphan: unreachable from any source" in found
+    assert "node deadend: its data never reaches a sink" in found
+
+
+def test_bad_operator_parameters_are_reported_per_node(reference: dict[str, Any]) -> None:
+    reference["nodes"][1]["params"]["aggregates"] = ["count", "median"]
+    reference["nodes"][0]["params"]["segment_mb"] = -1
+    reference["nodes"][0]["params"]["colour"] = "red"
+    found = messages(reference)
+    assert any(m.startswith("nodes[1] (task1).params:") and "median" in m for m in found), found
+    assert any("nodes[0] (source).params" in m and "segment_mb" in m for m in found)
+    assert any("unknown parameter 'colour'" in m for m in found)
+
+
+def test_threshold_out_of_range_and_inverted(reference: dict[str, Any]) -> None:
+    reference["policy_overrides"] = {"high_water": 0.95, "alpha": 1.0}
+    found = messages(reference)
+    assert "policy_overrides.high_water: 0.95 is outside [0.6, 0.9]" in found
+    assert "policy_overrides.alpha: 1 is outside (0, 1)" in found
+    reference["policy_overrides"] = {"high_water": 0.6, "low_water": 0.4, "recovery_threshold": 0.9}
+    found = messages(reference)
+    assert any("recovery_threshold" in m for m in found)
+
+
+def test_every_problem_is_reported_at_once(reference: dict[str, Any]) -> None:
+    broken = copy.deepcopy(reference)
+    broken["edges"].append({"from": "ghost", "to": "output"})
+    broken["policy_overrides"] = {"beta": 0}
+    broken["nodes"][2]["buffer_mb"] = 0
+    found = messages(broken)
+    assert len(found) >= 3
+    assert any(m.startswith("edges[6].from") for m in found)
+    assert any(m.startswith("policy_overrides.beta") for m in found)
+    assert any("buffer_mb" in m for m in found)
+
+
+def test_stage_members_must_be_interchangeable(reference: dict[str, Any]) -> None:
+    reference["nodes"][3]["params"] = {"key": "user", "value": "value"}
+    assert any("stage 'agg' mixes" in m for m in messages(reference))
+
+
+def test_every_upstream_of_a_keyed_stage_feeds_all_its_members() -> None:
+    doc = parse_yaml((REFERENCE.parent / "running-totals.yaml").read_text())
+    assert validate_document(doc) == []
+    doc["edges"] = [e for e in doc["edges"] if e != {"from": "source", "to": "totals2"}]
+    assert any(
+        m.startswith("node totals2: keyed stage 'totals'") and "source does not feed" in m
+        for m in messages(doc)
+    )
+
+
+def test_sources_take_no_input_and_sinks_give_no_output(reference: dict[str, Any]) -> None:
+    reference["edges"].append({"from": "output", "to": "source"})
+    found = messages(reference)
+    assert any(m.startswith("node source: a source has no inputs") for m in found)
+    assert any(m.startswith("node output: a sink has no outputs") for m in found)
+
+
+def test_not_a_mapping_and_garbage_keys() -> None:
+    assert messages(["a", "list"]) == ["(document): must be a mapping with name, nodes and edges"]
+    found = messages({"name": "x", "nodes": [], "colour": 1})
+    assert "colour: unknown key" in found
+    assert "nodes: must be a non-empty list of nodes" in found
