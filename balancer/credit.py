@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from balancer.model import Action, Observation, SetCredits, SetRate
-from balancer.policy import MB, Policy
+from balancer.policy import Policy
+from balancer.units import MB
 
 # The experiment's resume point. Not (yet) a Policy field: see docs/balancing.md.
 RESUME_LEVEL = 0.5

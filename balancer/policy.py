@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["float", "int", "choice"]
+from balancer.units import KB, MB
 
-KB = 1024
-MB = 1024 * 1024
+Kind = Literal["float", "int", "choice"]
 
 THROTTLING_CHOICES = ("none", "stop_resume", "credit", "watermark", "stepwise", "window")
 ROUTING_CHOICES = ("static", "water_level")

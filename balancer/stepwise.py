@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from balancer.model import NodeObservation, Observation, SetSpeed, StepwiseSignal
-from balancer.policy import MB, Policy
+from balancer.policy import Policy
+from balancer.units import MB
 
 # See balancer.watermark: float tick times may land a hair before a period boundary.
 _TIME_SLACK_S = 1e-9

@@ -6,12 +6,22 @@ adjacency is computed up front: decisions over 1,000 nodes must stay in millisec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
 
-NodeKind = Literal["source", "operator", "sink"]
+from balancer.document import (
+    DEFAULT_BANDWIDTH_MBPS,
+    DEFAULT_BUFFER_MB,
+    DEFAULT_KIND,
+    DEFAULT_LATENCY_MS,
+    DEFAULT_MAX_RATE_MBPS,
+    EdgeDocument,
+    NodeDocument,
+    NodeKind,
+    PipelineDocument,
+)
+from balancer.units import MB, MEGABIT
 
 
 @dataclass(frozen=True)
@@ -21,13 +31,27 @@ class NodeSpec:
     id: str
     kind: NodeKind = "operator"
     stage: str = ""
-    capacity_bytes: float = 64 * 1024 * 1024
+    capacity_bytes: float = DEFAULT_BUFFER_MB * MB
     mergeable: bool = True
     max_rate_bps: float = 0.0  # bytes per second; 0 means unlimited
 
     @property
     def stage_name(self) -> str:
         return self.stage or self.id
+
+    @classmethod
+    def from_document(
+        cls, node: NodeDocument, *, megabit: float = MEGABIT, mergeable: bool = True
+    ) -> NodeSpec:
+        """A node of a pipeline document, its optional fields at their defaults."""
+        return cls(
+            id=str(node["name"]),
+            kind=node.get("kind", DEFAULT_KIND),
+            stage=str(node.get("stage") or ""),
+            capacity_bytes=float(node.get("buffer_mb", DEFAULT_BUFFER_MB)) * MB,
+            mergeable=mergeable,
+            max_rate_bps=float(node.get("max_rate_mbps", DEFAULT_MAX_RATE_MBPS)) * megabit,
+        )
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,16 @@ class LinkSpec:
     dst: str
     bandwidth_bps: float = 0.0
     latency_s: float = 0.0  # one-way propagation delay, added after serialisation
+
+    @classmethod
+    def from_document(cls, edge: EdgeDocument, *, megabit: float = MEGABIT) -> LinkSpec:
+        """An edge of a pipeline document, its optional fields at their defaults."""
+        return cls(
+            src=str(edge["from"]),
+            dst=str(edge["to"]),
+            bandwidth_bps=float(edge.get("bandwidth_mbps", DEFAULT_BANDWIDTH_MBPS)) * megabit,
+            latency_s=float(edge.get("latency_ms", DEFAULT_LATENCY_MS)) / 1000,
+        )
 
 
 @dataclass(frozen=True)
@@ -73,6 +107,35 @@ class Topology:
     @classmethod
     def build(cls, nodes: Iterable[NodeSpec], links: Iterable[LinkSpec]) -> Topology:
         return cls(nodes=tuple(nodes), links=tuple(links))
+
+    @classmethod
+    def from_document(
+        cls,
+        doc: PipelineDocument,
+        *,
+        megabit: float = MEGABIT,
+        mergeable: Callable[[NodeDocument], bool] | None = None,
+    ) -> Topology:
+        """The balancer's view of a pipeline document (balancer/document.py).
+
+        The one place a document becomes a topology, for live runs, hot rescales and
+        the simulator alike; every optional field takes its default from
+        balancer/document.py. ``megabit`` is how many bytes per second one of the
+        document's Mb/s is (the runtime's :data:`~balancer.units.MEGABIT`; the
+        simulator's replay of the published experiment reads its own unit).
+        ``mergeable`` says whether a node's data may be shifted or migrated between
+        its stage's instances, which depends on its operator: the balancer does not
+        know operators, so the caller that does passes the catalog's answer; without
+        it every node is mergeable. Raises ``ValueError`` on a cycle.
+        """
+        nodes = [
+            NodeSpec.from_document(
+                node, megabit=megabit, mergeable=True if mergeable is None else mergeable(node)
+            )
+            for node in doc["nodes"]
+        ]
+        links = [LinkSpec.from_document(edge, megabit=megabit) for edge in doc.get("edges", [])]
+        return cls.build(nodes, links)
 
     def node(self, node_id: str) -> NodeSpec:
         return self._by_id[node_id]

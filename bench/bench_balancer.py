@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from balancer.credit import CreditState, credit_step
 from balancer.loop import BalancerState, step
 from balancer.model import NodeObservation, Observation
-from balancer.policy import MB, Policy
+from balancer.policy import Policy
 from balancer.rate import RateState, rate_tick
 from balancer.shares import shares_tick
 from balancer.stepwise import StepwiseState, stepwise_step
 from balancer.topology import LinkSpec, NodeSpec, Topology
+from balancer.units import MB
 from balancer.watermark import WatermarkState, flags_after, watermark_tick
 
 TARGET_MS = 10.0

@@ -169,7 +169,8 @@ def run_to_end(
     generator: str,
     before_start: Callable[[], object] | None = None,
 ) -> Any:
-    from orchestrator.run.lifecycle import create_run, start_run
+    from orchestrator.run.lifecycle import create_run
+    from orchestrator.tasks import start_run
 
     run = create_run(topology=doc, policy=policy, generator=generator)
     if before_start is not None:
@@ -403,7 +404,8 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
     with Stack(args.spark_workers):
         from orchestrator.ledger.results import summary
         from orchestrator.models import Adjustment
-        from orchestrator.run.lifecycle import create_run, request_adjustment, start_run
+        from orchestrator.run.lifecycle import create_run, request_adjustment
+        from orchestrator.tasks import start_run
         from orchestrator.worker.plain_job import batch_summary
 
         doc = pipeline(3, buffer_mb=4, segment_mb=0.5)

@@ -2,13 +2,23 @@
 
 The console (webapp/) never imports balancer/ or sparkjobs/ directly: what it needs of
 them (the policy declaration, the operator catalog) comes through here, as do
-starting, stopping, hot-migrating, rescaling and snapshotting runs.
+starting, stopping, hot-migrating, rescaling and snapshotting runs and the services'
+health checks. It is the console's one door: webapp/ imports nothing else of the
+orchestrator but ``orchestrator.models`` (tests/orchestrator/test_boundaries.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from balancer.document import (
+    DEFAULT_BANDWIDTH_MBPS,
+    DEFAULT_BUFFER_MB,
+    DEFAULT_MAX_RATE_MBPS,
+    EdgeDocument,
+    NodeDocument,
+    PipelineDocument,
+)
 from balancer.policy import (
     PARAMETERS,
     PARAMETERS_BY_NAME,
@@ -29,10 +39,23 @@ from orchestrator.run.lifecycle import (
     request_migration,
     set_status,
     snapshot,
-    start_run,
 )
-from orchestrator.worker.plain_job import batch_summary
-from sparkjobs.catalog import OPERATORS, OperatorSpec, validate_params
+from orchestrator.services.health import run_checks
+from orchestrator.tasks import start_run
+from orchestrator.worker.plain_job import BatchJobError, batch_summary
+from sparkjobs.catalog import (
+    DEFAULT_OPERATOR,
+    OPERATORS,
+    OperatorSpec,
+    operator_name,
+    validate_params,
+)
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from orchestrator.models import Event, Run
+    from orchestrator.run.generation import Preparing
 
 # Importing ``celery_app`` makes the project's Celery app current in every process that
 # uses this interface (the ASGI server included); without it start_run's task would go to
@@ -48,13 +71,21 @@ def workers_alive(timeout_s: float = 2.0) -> bool:
 
 
 __all__ = [
+    "DEFAULT_BANDWIDTH_MBPS",
+    "DEFAULT_BUFFER_MB",
+    "DEFAULT_MAX_RATE_MBPS",
+    "DEFAULT_OPERATOR",
     "OPERATORS",
     "PARAMETERS",
     "PARAMETERS_BY_NAME",
+    "BatchJobError",
+    "EdgeDocument",
     "GeneratorError",
     "InputError",
+    "NodeDocument",
     "OperatorSpec",
     "Param",
+    "PipelineDocument",
     "Policy",
     "PolicyError",
     "RunError",
@@ -62,8 +93,10 @@ __all__ = [
     "confined_files",
     "create_run",
     "live_workers",
+    "operator_name",
     "request_adjustment",
     "request_migration",
+    "run_checks",
     "run_summary",
     "set_status",
     "snapshot",
@@ -79,7 +112,7 @@ __all__ = [
 # written down next to the rest of its interface (additive: nothing above uses them).
 
 
-def runs_of(*, pipeline_id: int | None = None, status: str | None = None) -> Any:
+def runs_of(*, pipeline_id: int | None = None, status: str | None = None) -> QuerySet[Run]:
     """Runs, newest first (a QuerySet of ``orchestrator.models.Run``)."""
     from orchestrator.models import Run
 
@@ -91,7 +124,7 @@ def runs_of(*, pipeline_id: int | None = None, status: str | None = None) -> Any
     return queryset
 
 
-def get_run(run_id: int) -> Any:
+def get_run(run_id: int) -> Run:
     """The run ``run_id``; raises :class:`RunNotFound` when there is none."""
     from orchestrator.models import Run
 
@@ -105,11 +138,11 @@ class RunNotFound(LookupError):
     """No run has that id."""
 
 
-def latest_runs(pipeline_ids: list[int]) -> dict[int, Any]:
+def latest_runs(pipeline_ids: list[int]) -> dict[int, Run]:
     """The most recent run of each pipeline that has one."""
     from orchestrator.models import Run
 
-    latest: dict[int, Any] = {}
+    latest: dict[int, Run] = {}
     rows = Run.objects.filter(pipeline_id__in=pipeline_ids).order_by("-created_at", "-id")
     for run in rows.only(
         "id", "pipeline_id", "status", "created_at", "started_at", "finished_at", "error"
@@ -126,7 +159,7 @@ def events_of(
     kind: str | None = None,
     by_users: bool = False,
     limit: int = 200,
-) -> list[Any]:
+) -> list[Event]:
     """Events, newest first (``orchestrator.models.Event``), at most ``limit``."""
     from orchestrator.models import Event
 
@@ -280,7 +313,7 @@ def live_group(run_id: int) -> str:
 __all__ += ["live_group"]
 
 
-def input_preparing(run: Any) -> dict[str, Any] | None:
+def input_preparing(run: Run) -> Preparing | None:
     """How far the writing of a run's generated input is ({"written", "total",
     "fraction"}), or None once the input exists or for an input of files."""
     from orchestrator.run.generation import preparing

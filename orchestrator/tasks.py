@@ -1,4 +1,5 @@
-"""Celery tasks: run drivers and the watchdog on ``control``, operator batches on ``spark``."""
+"""Celery tasks: run drivers and the watchdog on ``control``, operator batches on ``spark``;
+and :func:`start_run`, which gives a created run its driver."""
 
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ def drive_run(self: Any, *, run_id: int) -> str:
         outcome = driver.drive()
     log.info("run %s: driver %s finished: %s", run_id, identity, outcome)
     return outcome
+
+
+def start_run(run: Run) -> None:
+    """Give a created run its driver, on the ``control`` queue."""
+    drive_run.apply_async(kwargs={"run_id": run.pk}, queue="control")
 
 
 @shared_task(

@@ -139,5 +139,21 @@ def partial_aggregate(
     return results
 
 
+def aggregate_batch(
+    spark: SparkSession,
+    operator: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, Path],
+    outputs: Mapping[str, Path],
+    *,
+    key_group: KeyGroup | None,
+) -> dict[str, PartialOutput]:
+    """The batch job of ``aggregate`` and ``running`` (sparkjobs/catalog.py): per-key
+    partials of each segment, only of ``key_group``'s keys when it is a part."""
+    return partial_aggregate(
+        spark, inputs, outputs, AggregateParams.from_params(params), key_group=key_group
+    )
+
+
 def _dec(value: Decimal | None) -> str | None:
     return None if value is None else format(value, "f")

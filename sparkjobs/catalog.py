@@ -7,11 +7,19 @@ machine that never starts Spark. Each operator's implementation lives beside it 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sparkjobs import expressions
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sparkjobs.aggregate import PartialOutput
+    from sparkjobs.keygroups import KeyGroup
 
 NodeKind = Literal["source", "operator", "sink"]
 AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
@@ -86,6 +94,22 @@ class ParamSpec:
     required: bool = False
 
 
+class BatchJob(Protocol):
+    """What an operator runs on Spark for one batch: each input segment (file stem ->
+    file) into its output file, with what it produced and what it refused."""
+
+    def __call__(
+        self,
+        spark: SparkSession,
+        operator: str,
+        params: Mapping[str, Any],
+        inputs: Mapping[str, Path],
+        outputs: Mapping[str, Path],
+        *,
+        key_group: KeyGroup | None,
+    ) -> Mapping[str, PartialOutput]: ...
+
+
 @dataclass(frozen=True)
 class OperatorSpec:
     name: str
@@ -94,9 +118,29 @@ class OperatorSpec:
     params: Mapping[str, ParamSpec]
     mergeable: bool = True
     stateful: bool = False
+    # Its batch job on Spark, "module:function" in sparkjobs/ (a :class:`BatchJob`),
+    # imported only when a batch runs: this module never imports pyspark. None for the
+    # source and the sink, which the orchestrator runs itself (it cuts the input into
+    # segments; it merges partials into the result).
+    batch_job: str | None = None
+    # Its outputs are per-key partial aggregates: what the sink merges into the result,
+    # and what the plain batch job (the exactness reference) must end in.
+    partials: bool = False
 
     def defaults(self) -> dict[str, Any]:
         return {name: spec.default for name, spec in self.params.items()}
+
+    def job(self) -> BatchJob:
+        """The function that runs a batch of this operator on Spark."""
+        if self.batch_job is None:
+            raise ValueError(f"operator {self.name!r} ({self.kind}) runs no Spark batch job")
+        module, _, function = self.batch_job.partition(":")
+        job: BatchJob = getattr(importlib.import_module(module), function)
+        return job
+
+
+RECORD_JOB = "sparkjobs.transform:record_batch"
+AGGREGATE_JOB = "sparkjobs.aggregate:aggregate_batch"
 
 
 OPERATORS: Mapping[str, OperatorSpec] = {
@@ -118,12 +162,14 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "operator",
             "Keeps the records for which a Spark SQL condition holds.",
             {"condition": ParamSpec(None, _expression, "Spark SQL condition", required=True)},
+            batch_job=RECORD_JOB,
         ),
         OperatorSpec(
             "project",
             "operator",
             "Computes columns from Spark SQL expressions.",
             {"columns": ParamSpec(None, _expressions, "Spark SQL expressions", required=True)},
+            batch_job=RECORD_JOB,
         ),
         OperatorSpec(
             "aggregate",
@@ -136,6 +182,8 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
             },
+            batch_job=AGGREGATE_JOB,
+            partials=True,
         ),
         OperatorSpec(
             "running",
@@ -152,6 +200,8 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             # neither shift shares between the stage's instances nor migrate data into one.
             mergeable=False,
             stateful=True,
+            batch_job=AGGREGATE_JOB,
+            partials=True,
         ),
         OperatorSpec(
             "merge",
@@ -161,6 +211,28 @@ OPERATORS: Mapping[str, OperatorSpec] = {
         ),
     )
 }
+
+
+# The operator a node runs when its document names none: one per kind.
+DEFAULT_OPERATOR: Mapping[str, str] = {  # node kind -> operator
+    "source": "read",
+    "operator": "aggregate",
+    "sink": "merge",
+}
+
+
+def operator_name(node: Mapping[str, Any]) -> str:
+    """The operator a node of a pipeline document runs: its ``operator``, or its kind's
+    default (an unknown kind has none: "", which no operator is called)."""
+    named = node.get("operator")
+    if named:
+        return str(named)
+    return DEFAULT_OPERATOR.get(str(node.get("kind")), "")
+
+
+def operator_of(node: Mapping[str, Any]) -> OperatorSpec:
+    """The catalog's entry for the operator a node runs; ``KeyError`` when unknown."""
+    return OPERATORS[operator_name(node)]
 
 
 def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list[str]:

@@ -16,10 +16,25 @@ from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import PartialOutput
 from sparkjobs.expression_guard import apply_record_step
+from sparkjobs.keygroups import KeyGroup
 from sparkjobs.records import SEGMENT_COL, segment_of
 from sparkjobs.segments import write_atomic
 
 CORRUPT = "_corrupt_record"
+
+
+def record_batch(
+    spark: SparkSession,
+    operator: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, Path],
+    outputs: Mapping[str, Path],
+    *,
+    key_group: KeyGroup | None,
+) -> dict[str, PartialOutput]:
+    """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
+    not grouped by key, so a key group changes nothing here."""
+    return transform(spark, operator, params, inputs, outputs)
 
 
 def transform(

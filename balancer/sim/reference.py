@@ -2,21 +2,22 @@
 
 Units: the spec quotes 5 GB at 125 Mb/s as "about 328 s", which is
 ``5 * 1024 MB * 8 / 125`` with the same M in MB and Mb; so one Mb/s here is
-``MB / 8`` bytes per second with ``MB = 2**20`` (:data:`MBIT`).
+``MB / 8`` bytes per second with ``MB = 2**20`` (:data:`MBIT`, defined with the other
+units in balancer/units.py).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from balancer.policy import MB
+from balancer.document import PipelineDocument
 from balancer.sim.workload import WorkloadSpec
 from balancer.topology import LinkSpec, NodeSpec, Topology
+from balancer.units import GB, KB, MB, SPEC_MEGABIT
 
-MBIT = MB / 8  # bytes per second in one Mb/s
-GB = 1024 * MB
+MBIT = SPEC_MEGABIT  # bytes per second in one of the experiment's Mb/s
 
 # Queues of the product's reference topology (webapp/console/topologies/reference.yaml).
 REFERENCE_QUEUE_BYTES = 64 * MB
@@ -70,7 +71,7 @@ def reference_workload(volume_bytes: float, **overrides: Any) -> WorkloadSpec:
 
 def parse_volume(text: str) -> float:
     """``"500MB"``, ``"5GB"``, ``"1.5 GB"`` -> bytes (binary units, as the spec's figures)."""
-    units = {"GB": GB, "MB": MB, "KB": 1024, "B": 1}
+    units = {"GB": GB, "MB": MB, "KB": KB, "B": 1}
     cleaned = text.strip().upper().replace(" ", "")
     for suffix, factor in units.items():
         if cleaned.endswith(suffix):
@@ -88,8 +89,8 @@ def load_topology(path: Path) -> Topology:
     Nodes: ``name``, ``kind`` (source/operator/sink), optional ``stage``,
     ``buffer_mb`` (default 64), ``max_rate_mbps`` (0 = unlimited); edges: ``from``,
     ``to``, ``bandwidth_mbps`` (0 = unlimited) and, for the simulator only,
-    ``latency_ms``. Other keys (operators, params, policy) do not matter here: every
-    operator of the format keeps mergeable partial states, so every node is mergeable.
+    ``latency_ms``; the defaults are those of balancer/document.py. Other keys
+    (operators, params, policy) are not read here.
     """
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() in {".yaml", ".yml"}:
@@ -104,28 +105,12 @@ def load_topology(path: Path) -> Topology:
 
 
 def topology_from_document(document: Any) -> Topology:
+    """A topology document read from a file, as :meth:`Topology.from_document` reads
+    any, with the experiment's Mb/s (:data:`MBIT`). Operators are not the simulator's
+    concern: every node is taken as mergeable."""
     if not isinstance(document, dict) or not document.get("nodes"):
         raise ValueError("a topology document needs a list of nodes (and edges)")
-    nodes = [
-        NodeSpec(
-            str(n["name"]),
-            kind=n.get("kind", "operator"),
-            stage=str(n.get("stage", "") or ""),
-            capacity_bytes=float(n.get("buffer_mb", 64.0)) * MB,
-            max_rate_bps=float(n.get("max_rate_mbps", 0.0)) * MBIT,
-        )
-        for n in document["nodes"]
-    ]
-    links = [
-        LinkSpec(
-            str(e["from"]),
-            str(e["to"]),
-            float(e.get("bandwidth_mbps", 0.0)) * MBIT,
-            float(e.get("latency_ms", 0.0)) / 1000,
-        )
-        for e in document.get("edges", [])
-    ]
-    topology = Topology.build(nodes, links)
+    topology = Topology.from_document(cast("PipelineDocument", document), megabit=MBIT)
     if len(topology.sources()) != 1:
         raise ValueError("the simulator needs exactly one source node")
     return topology

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from balancer.policy import MB
+from balancer.units import MB
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Owns: segments and their claims and leases (``segments``), the sink's merge and 
 state (``keystate``), result rows (``results``), failed batches (``failures``) and the
 run's event rows (``events``).
 
-May import: ``orchestrator.models``, ``orchestrator.pipeline``. Never the control plane
-(``zk``), hot rescale (``rescale``) or anything that runs a process: the protocols are
+May import: ``orchestrator.models``, ``orchestrator.pipeline``, and pure definitions of
+``balancer`` (``units``) and ``sparkjobs`` (key groups, merged partials). Never the
+control plane (``zk``), hot rescale (``rescale``) or anything that runs a process: the protocols are
 built on the ledger, not the other way round.
 """

@@ -19,16 +19,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
+from balancer.units import MEGABIT
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
 from sparkjobs.keygroups import KEY_SLOTS
-
-MEGABIT = 1_000_000 / 8  # bytes per second in one Mb/s
+from sparkjobs.merge import MergedKey
 
 
 class StaleEpochError(RuntimeError):
@@ -281,22 +280,12 @@ def complete_batch(
         _insert(run_id, epoch, outputs, now)
 
 
-@dataclass(frozen=True)
-class KeyDelta:
-    key: str
-    count: int
-    sum: Decimal
-    min: Decimal
-    max: Decimal
-    distinct: tuple[str, ...]
-
-
 def complete_sink_batch(
     run_id: int,
     sink: str,
     owner: str,
     inputs: Sequence[Segment],
-    deltas: Iterable[KeyDelta],
+    deltas: Iterable[MergedKey],
 ) -> None:
     """Merge a batch into the result and record its chunks (or chunk parts), once, in
     one transaction."""
@@ -331,7 +320,7 @@ def complete_sink_batch(
         _upsert_results(run_id, list(deltas))
 
 
-def _upsert_results(run_id: int, deltas: list[KeyDelta]) -> None:
+def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
     """Fold a batch's per-key deltas into the result: one set-based statement per table
     (arrays unnested server-side), not one statement per row; a sink batch carries tens
     of thousands of distinct values, mostly already there."""

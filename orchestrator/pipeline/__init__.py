@@ -1,8 +1,10 @@
 """A run's pipeline as data: its graph, routes, input files and the built-in generator.
 
-Owns: the pipeline document as the runtime reads it (``graph``), where an upstream sends
-a segment (``routes``), input files confined to their roots and cut into chunks
-(``inputs``), and the seeded generator (``generator``).
+Owns: the pipeline document as the runtime reads it (``graph``: a run's frozen
+:class:`~orchestrator.pipeline.graph.RunGraph` per configuration; the document's shape
+and defaults are ``balancer.document``), where an upstream sends a segment (``routes``),
+input files confined to their roots and cut into chunks (``inputs``), and the seeded
+generator (``generator``).
 
 May import: ``balancer``, ``sparkjobs`` (pure parts), Django settings. Nothing else of
 the orchestrator: every other room reads the pipeline through here.

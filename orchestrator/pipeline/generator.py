@@ -18,13 +18,18 @@ from typing import Any
 import numpy as np
 
 from balancer.sim.workload import WorkloadSpec, generate
+from balancer.units import MB
 from orchestrator.pipeline.routes import tagged_target
 
-MB = 1024 * 1024
 RECORD_BYTES = 52  # typical length of one generated line
 DEFAULT_MAX_MB = 4096  # BPCONSOLE_GENERATOR_MAX_MB when no setting is configured
 MAX_SPEC_CHARS = 512  # the longest spec text: every field's name and value fit many times
 MAX_VALUE_CHARS = 64  # the longest value of one field
+
+
+# A generator spec given as fields by name (an API body, say): checked by
+# :meth:`GeneratorSpec.parse` like the text form.
+GeneratorFields = Mapping[str, object]
 
 
 class GeneratorError(ValueError):
@@ -91,7 +96,7 @@ class GeneratorSpec:
     malformed_every: int = 0  # every n-th record is garbage; 0 = none
 
     @classmethod
-    def parse(cls, text: str | Mapping[str, Any], *, max_mb: float | None = None) -> GeneratorSpec:
+    def parse(cls, text: str | GeneratorFields, *, max_mb: float | None = None) -> GeneratorSpec:
         """From ``"seed=7,volume_mb=64,dominance=0.8"`` or a mapping; every field checked
         against its bound (volume_mb against ``max_mb``, by default the setting
         BPCONSOLE_GENERATOR_MAX_MB) before anything is written. Raises
@@ -125,11 +130,11 @@ class GeneratorSpec:
                     f"it must lie in {bound.text()}"
                 )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, float]:
         return dict(self.__dict__)
 
 
-def _items(text: str | Mapping[str, Any]) -> Mapping[str, Any]:
+def _items(text: str | GeneratorFields) -> GeneratorFields:
     if isinstance(text, str):
         if len(text) > MAX_SPEC_CHARS:
             raise GeneratorError(
@@ -139,7 +144,7 @@ def _items(text: str | Mapping[str, Any]) -> Mapping[str, Any]:
         if any(len(p) != 2 for p in pairs):
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise GeneratorError(f"generator spec {shown!r}: use name=value,name=value")
-        items: dict[str, Any] = {}
+        items: dict[str, object] = {}
         for name, value in pairs:
             if name.strip() in items:
                 raise GeneratorError(f"generator field {name.strip()} is given twice")
@@ -150,7 +155,7 @@ def _items(text: str | Mapping[str, Any]) -> Mapping[str, Any]:
     return text
 
 
-def _number(name: str, raw: Any, *, whole: bool) -> int | float:
+def _number(name: str, raw: object, *, whole: bool) -> int | float:
     """``raw`` as the field's type; never NaN or infinite, never silently rounded."""
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise GeneratorError(f"generator field {name}: {raw!r} is not a number")

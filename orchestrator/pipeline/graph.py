@@ -1,40 +1,197 @@
-"""A run's topology document: as the balancer's :class:`~balancer.topology.Topology`,
-and the few questions the runtime asks of it."""
+"""A run's pipeline document as a frozen graph: built once per configuration, asked often.
+
+The document (balancer/document.py) is what a run stores, one per hot-rescale version;
+:class:`RunGraph` is what the runtime asks of it on every segment: a node's downstreams,
+a link's bandwidth, a node's stage and its key group, whether it is keyed. It is
+computed once when a graph is first asked for and kept (:meth:`RunGraph.of`,
+:meth:`RunGraph.at`), so routing a segment costs dictionary lookups, not a walk over
+the document.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import cast
 
-from balancer.topology import LinkSpec, NodeSpec, Topology
+from balancer.document import (
+    DEFAULT_BANDWIDTH_MBPS,
+    NodeDocument,
+    PipelineDocument,
+    stage_of,
+)
+from balancer.topology import Topology
 from orchestrator.pipeline.inputs import InputFile
-from sparkjobs.catalog import OPERATORS, validate_params
+from sparkjobs.catalog import OPERATORS, operator_name, operator_of, validate_params
+from sparkjobs.keygroups import KeyGroup
 
-MB = 1024 * 1024
-MEGABIT_BYTES = 1_000_000 / 8
+# Graphs kept per process: a run has one per configuration in use (two while a hot
+# rescale is under way), and a process serves a few runs at a time.
+CACHED_GRAPHS = 128
+
+# A document as read from a JSON column, not typed yet (``Run.topology``, an
+# adjustment's ``before``): what the helpers by document below also take.
+StoredDocument = Mapping[str, object]
 
 
-def balancer_topology(doc: Mapping[str, Any]) -> Topology:
-    nodes = [
-        NodeSpec(
-            id=n["name"],
-            kind=n["kind"],
-            stage=n.get("stage") or n["name"],
-            capacity_bytes=float(n.get("buffer_mb", 64.0)) * MB,
-            mergeable=OPERATORS[n.get("operator") or _default(n["kind"])].mergeable,
-            max_rate_bps=float(n.get("max_rate_mbps", 0.0)) * MEGABIT_BYTES,
+@dataclass(frozen=True, eq=False)
+class RunGraph:
+    """The questions the runtime asks of one version of a run's pipeline document.
+
+    The document must not change once a graph is made of it: documents are values (a
+    run's new configuration is a new document).
+    """
+
+    document: PipelineDocument
+    nodes: Mapping[str, NodeDocument]
+    downstreams: Mapping[str, tuple[str, ...]]  # in the document's edge order
+    bandwidths: Mapping[tuple[str, str], float]  # Mb/s per link; 0 = unlimited
+    stages: Mapping[str, tuple[str, ...]]  # stage -> members, in declaration order
+    stage_of: Mapping[str, str]
+    keyed: frozenset[str]  # nodes of stateful operators: their input splits by key group
+    source: str  # the (first) source node
+
+    @classmethod
+    def build(cls, doc: PipelineDocument) -> RunGraph:
+        nodes = {n["name"]: n for n in doc["nodes"]}
+        downstreams: dict[str, list[str]] = {name: [] for name in nodes}
+        bandwidths: dict[tuple[str, str], float] = {}
+        for edge in doc.get("edges", []):
+            src, dst = edge["from"], edge["to"]
+            downstreams.setdefault(src, []).append(dst)
+            bandwidths[(src, dst)] = float(edge.get("bandwidth_mbps", DEFAULT_BANDWIDTH_MBPS))
+        stages: dict[str, list[str]] = {}
+        for node in doc["nodes"]:
+            stages.setdefault(stage_of(node), []).append(node["name"])
+        keyed = frozenset(
+            name
+            for name, node in nodes.items()
+            if (spec := OPERATORS.get(operator_name(node))) is not None and spec.stateful
         )
-        for n in doc["nodes"]
-    ]
-    links = [
-        LinkSpec(e["from"], e["to"], float(e.get("bandwidth_mbps", 0.0)) * MEGABIT_BYTES)
-        for e in doc["edges"]
-    ]
-    return Topology.build(nodes, links)
+        source = next((n["name"] for n in doc["nodes"] if n["kind"] == "source"), "")
+        return cls(
+            document=doc,
+            nodes=nodes,
+            downstreams={name: tuple(downs) for name, downs in downstreams.items()},
+            bandwidths=bandwidths,
+            stages={stage: tuple(members) for stage, members in stages.items()},
+            stage_of={name: stage_of(node) for name, node in nodes.items()},
+            keyed=keyed,
+            source=source,
+        )
+
+    # -- kept graphs --------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, doc: PipelineDocument) -> RunGraph:
+        """The graph of ``doc``, made on the first call for this document object."""
+        return _GRAPHS.get(("document", id(doc)), doc)
+
+    @classmethod
+    def at(cls, run_id: int, config: int, doc: PipelineDocument) -> RunGraph:
+        """The graph of run ``run_id`` at configuration ``config``, whose document is
+        ``doc`` (read from the run or its adjustment): made once per configuration, and
+        again only when the document differs from the one it was made of (a rolled
+        back adjustment leaves the version where it was and restores the graph before).
+        """
+        graph = _GRAPHS.get(("run", run_id, config), doc)
+        # Callers holding the graph's document (routing by it) find it by that too.
+        _GRAPHS.put(("document", id(graph.document)), graph)
+        return graph
+
+    # -- questions ----------------------------------------------------------------------
+
+    @cached_property
+    def topology(self) -> Topology:
+        """The balancer's view of this graph: mergeable as the catalog says."""
+        return Topology.from_document(
+            self.document, mergeable=lambda node: operator_of(node).mergeable
+        )
+
+    def node(self, name: str) -> NodeDocument:
+        return self.nodes[name]
+
+    def operator(self, name: str) -> str:
+        """The operator node ``name`` runs (its kind's default when it names none)."""
+        return operator_name(self.nodes[name])
+
+    def downstreams_of(self, name: str) -> tuple[str, ...]:
+        return self.downstreams.get(name, ())
+
+    def bandwidth(self, src: str, dst: str) -> float:
+        """The link's emulated bandwidth in Mb/s; 0 when unlimited or not a link."""
+        return self.bandwidths.get((src, dst), 0.0)
+
+    def stage_members(self, stage: str) -> tuple[str, ...]:
+        return self.stages.get(stage, ())
+
+    def is_keyed(self, name: str) -> bool:
+        return name in self.keyed
+
+    def key_groups(self, stage: str) -> Mapping[str, KeyGroup]:
+        """Each member's key group: even slot ranges in the stage's declaration order."""
+        return self._key_groups.get(stage, {})
+
+    @cached_property
+    def _key_groups(self) -> Mapping[str, Mapping[str, KeyGroup]]:
+        return {
+            stage: {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
+            for stage, members in self.stages.items()
+        }
 
 
-def _default(kind: str) -> str:
-    return {"source": "read", "sink": "merge"}.get(kind, "aggregate")
+class _Kept:
+    """The graphs made last, by key; a key whose document changed is made again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.graphs: OrderedDict[Hashable, RunGraph] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Hashable, doc: PipelineDocument) -> RunGraph:
+        with self.lock:
+            kept = self.graphs.get(key)
+            if kept is not None and (kept.document is doc or kept.document == doc):
+                self.graphs.move_to_end(key)
+                return kept
+        graph = RunGraph.build(doc)
+        self.put(key, graph)
+        return graph
+
+    def put(self, key: Hashable, graph: RunGraph) -> None:
+        with self.lock:
+            self.graphs[key] = graph
+            self.graphs.move_to_end(key)
+            while len(self.graphs) > self.size:
+                self.graphs.popitem(last=False)
+
+
+_GRAPHS = _Kept(CACHED_GRAPHS)
+
+
+# -- the document's questions, by document (kept for callers holding a document) ---------
+
+
+def graph_of(doc: PipelineDocument | StoredDocument) -> RunGraph:
+    """:meth:`RunGraph.of` for a document as stored (the types say what it holds)."""
+    return RunGraph.of(cast("PipelineDocument", doc))
+
+
+def balancer_topology(doc: PipelineDocument | StoredDocument) -> Topology:
+    """The balancer's view of ``doc``: :meth:`balancer.topology.Topology.from_document`,
+    mergeable as the catalog says."""
+    return graph_of(doc).topology
+
+
+def downstreams_of(doc: PipelineDocument | StoredDocument, name: str) -> list[str]:
+    return list(graph_of(doc).downstreams_of(name))
+
+
+def bandwidth(doc: PipelineDocument | StoredDocument, src: str, dst: str) -> float:
+    return graph_of(doc).bandwidth(src, dst)
 
 
 def input_extent(files: Sequence[InputFile]) -> list[tuple[int, int]]:
@@ -42,18 +199,7 @@ def input_extent(files: Sequence[InputFile]) -> list[tuple[int, int]]:
     return [(f.data_start, f.size) for f in files]
 
 
-def downstreams_of(topology: Mapping[str, Any], name: str) -> list[str]:
-    return [e["to"] for e in topology["edges"] if e["from"] == name]
-
-
-def bandwidth(topology: Mapping[str, Any], src: str, dst: str) -> float:
-    for edge in topology["edges"]:
-        if edge["from"] == src and edge["to"] == dst:
-            return float(edge.get("bandwidth_mbps", 0.0))
-    return 0.0
-
-
-def operator_problems(doc: Mapping[str, Any]) -> list[str]:
+def operator_problems(doc: PipelineDocument) -> list[str]:
     """Why a stored pipeline's nodes may not run as they are, one line per problem.
 
     The console checks a document when it is saved; a run checks it again when it
@@ -62,7 +208,5 @@ def operator_problems(doc: Mapping[str, Any]) -> list[str]:
     return [
         f"node {node['name']}: {problem}"
         for node in doc["nodes"]
-        for problem in validate_params(
-            node.get("operator") or _default(node["kind"]), node["kind"], node.get("params") or {}
-        )
+        for problem in validate_params(operator_name(node), node["kind"], node.get("params") or {})
     ]

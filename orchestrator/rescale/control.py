@@ -5,7 +5,8 @@ instance", "remove instance"; the balancer's scale-out request; a worker that va
 from ZooKeeper), records every step under ``runs/<run>/adjust/<version>/`` in ZooKeeper,
 completes an adjustment once every tail has reported, and rolls it back when it
 outlives the policy's ``adjust_timeout_s``. The steps themselves are ledger transactions
-(``orchestrator.rescale.protocol``); instances align in their own workers' claims.
+(``start``, ``alignment``, ``completion``); instances align in their own workers'
+claims.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from kombu import Queue
 
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
-from orchestrator.rescale import protocol
-from orchestrator.rescale.protocol import AdjustmentError, Change, NewInstance
+from orchestrator.rescale.alignment import align_waiting, tails_reported
+from orchestrator.rescale.completion import complete, rollback
+from orchestrator.rescale.plan import Change, NewInstance, RescaleError, stage_members
+from orchestrator.rescale.start import begin
 from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,9 @@ MAX_INSTANCES_PER_STAGE = 8
 COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
 
 
-class Adjuster:
+class RescaleControl:
+    """A run's rescales as its driver runs them: one at a time, placed on live workers."""
+
     def __init__(
         self,
         run_id: int,
@@ -125,7 +130,7 @@ class Adjuster:
                     reason=f"{who} asked to remove {command['node']}",
                 )
             return self._begin(change)
-        except AdjustmentError as err:
+        except RescaleError as err:
             record_event(
                 self.run_id,
                 "adjust_refused",
@@ -143,7 +148,7 @@ class Adjuster:
         self.last_auto_scale = now
         try:
             return self._begin(self._add(stage, "", reason, kind="scale_out", actor="balancer"))
-        except AdjustmentError as err:
+        except RescaleError as err:
             record_event(
                 self.run_id,
                 "adjust_refused",
@@ -154,9 +159,7 @@ class Adjuster:
             return False
 
     def _members(self, stage: str) -> list[str]:
-        return protocol.stage_members(
-            Run.objects.only("topology").get(pk=self.run_id).topology, stage
-        )
+        return stage_members(Run.objects.only("topology").get(pk=self.run_id).topology, stage)
 
     def _new_name(self, stage: str, planned: tuple[NewInstance, ...] = ()) -> str:
         """``<stage>-<n>``, unused by any instance the run ever had or is about to get."""
@@ -170,7 +173,7 @@ class Adjuster:
     def _check_worker(self, worker: str) -> str:
         if worker and worker not in self.spark_workers():
             live = ", ".join(sorted(self.spark_workers())) or "none"
-            raise AdjustmentError(f"worker {worker!r} is not a live Spark worker (live: {live})")
+            raise RescaleError(f"worker {worker!r} is not a live Spark worker (live: {live})")
         return worker
 
     def _add(
@@ -184,9 +187,9 @@ class Adjuster:
     ) -> Change:
         members = self._members(stage)
         if not members:
-            raise AdjustmentError(f"the pipeline has no stage {stage!r}")
+            raise RescaleError(f"the pipeline has no stage {stage!r}")
         if len(members) >= MAX_INSTANCES_PER_STAGE:
-            raise AdjustmentError(
+            raise RescaleError(
                 f"stage {stage} already has {len(members)} instances "
                 f"(at most {MAX_INSTANCES_PER_STAGE})"
             )
@@ -196,14 +199,14 @@ class Adjuster:
     def _migrate(self, node: str, worker: str, who: str, kind: str, reason: str) -> Change:
         instance = Instance.objects.filter(run_id=self.run_id, name=node).first()
         if instance is None or instance.status == Instance.Status.RETIRED:
-            raise AdjustmentError(f"the run has no live instance {node!r}")
+            raise RescaleError(f"the run has no live instance {node!r}")
         target = self._check_worker(worker) or self._least_loaded({instance.worker})
         new = NewInstance(self._new_name(instance.stage), instance.stage, target)
         actor = Event.Actor.USER if kind == "migrate" else Event.Actor.SYSTEM
         return Change(kind, added=(new,), removed=(node,), reason=reason, actor=actor)
 
     def _begin(self, change: Change) -> bool:
-        adjustment = protocol.begin(self.run_id, change, epoch=self.epoch, source=self.source)
+        adjustment = begin(self.run_id, change, epoch=self.epoch, source=self.source)
         self.current = adjustment
         self._load_placement()
         plan = adjustment.plan
@@ -254,12 +257,12 @@ class Adjuster:
         adjustment = self.current
         if adjustment is None:
             return False
-        for step in protocol.align_waiting(self.run_id, adjustment.version):
+        for step in align_waiting(self.run_id, adjustment.version):
             if step.tail:
                 self.control.report_tail(self.key, step.version, step.instance, {"by": "driver"})
         if not set(adjustment.plan["tails"]) <= self._tails(adjustment):
             return False
-        done = protocol.complete(adjustment.pk)
+        done = complete(adjustment.pk)
         self.current = None
         self._record_state(done)
         self._load_placement()
@@ -282,7 +285,7 @@ class Adjuster:
         missing = sorted(set(adjustment.plan["tails"]) - self._tails(adjustment))
         if not missing:
             return self.poll()  # the last tail reported just now
-        done = protocol.rollback(
+        done = rollback(
             adjustment.pk,
             f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "
             f"tails not reported: {', '.join(missing)}",
@@ -296,7 +299,7 @@ class Adjuster:
         """Tails that reported in ZooKeeper. A tail aligned in the ledger whose worker
         died before it could report is reported for it: the ledger is the truth."""
         reported = self.control.adjustment_tails(self.key, adjustment.version)
-        for name in protocol.tails_reported(adjustment):
+        for name in tails_reported(adjustment):
             if name not in reported:
                 self.control.report_tail(
                     self.key, adjustment.version, name, {"by": "driver", "from": "ledger"}
@@ -357,7 +360,7 @@ class Adjuster:
                     actor=Event.Actor.SYSTEM,
                 )
             )
-        except AdjustmentError as err:
+        except RescaleError as err:
             record_event(self.run_id, "adjust_refused", f"failover refused: {err}")
         return True
 

@@ -4,6 +4,8 @@ Owns: the driver's loop (``driver``), the live snapshot (``snapshot``) and its r
 (``reporter``), the generated input (``generation``), starting, stopping and steering
 runs (``lifecycle``), and messages to browsers (``publisher``).
 
-May import: every other room of the orchestrator and ``balancer``. Nothing imports it but
-the Django app surface (``tasks``, ``service``).
+May import: every other room of the orchestrator (and ``orchestrator.models``) and
+``balancer``; not the app surface above it: a created run gets its driver from
+``orchestrator.tasks.start_run``. Nothing imports it but the Django app surface
+(``tasks``, ``service``).
 """

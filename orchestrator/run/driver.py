@@ -56,8 +56,9 @@ from orchestrator.models import Event, Instance, Run
 from orchestrator.pipeline.graph import balancer_topology, bandwidth, downstreams_of, input_extent
 from orchestrator.pipeline.inputs import Chunk, chunks, resolve_inputs, write_chunk
 from orchestrator.pipeline.routes import Routes, tagged_route
-from orchestrator.rescale import protocol
-from orchestrator.rescale.control import COMMANDS, Adjuster
+from orchestrator.rescale.control import COMMANDS, RescaleControl
+from orchestrator.rescale.plan import copy_id, targets, topology_at
+from orchestrator.rescale.start import ensure_instances
 from orchestrator.run import generation
 from orchestrator.run.reporter import Report, Reporter
 from orchestrator.run.snapshot import build_snapshot
@@ -158,7 +159,7 @@ class RunDriver:
         self.blocked: dict[str, int] = {}
         self.node_states: dict[str, dict[str, Any]] = {}
         self.lost = False
-        self.adjuster: Adjuster | None = None
+        self.adjuster: RescaleControl | None = None
         self.source_config = 0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -199,7 +200,7 @@ class RunDriver:
         run = Run.objects.get(pk=self.run_id)
         self.policy = Policy.from_mapping(run.policy)
         self.source = next(n for n in run.topology["nodes"] if n["kind"] == "source")
-        protocol.ensure_instances(run)
+        ensure_instances(run)
         self._reload_topology()
         if generation.needs_input(run):  # written here, on a worker, never in a request
             outcome = generation.prepare_input(
@@ -212,7 +213,7 @@ class RunDriver:
                 return outcome
         self._open_source(run)
         self._restore_routes()
-        self.adjuster = Adjuster(
+        self.adjuster = RescaleControl(
             self.run_id,
             self.control,
             epoch=self.epoch,
@@ -328,7 +329,7 @@ class RunDriver:
             chunk = self.ahead[0]
             seg_id = f"r{self.run_id}.c{chunk.index:07d}"
             source_routes = self.routes.get(self.source["name"], Routes())
-            copies = protocol.targets(
+            copies = targets(
                 self.source_doc,
                 self.source["name"],
                 seg_id,
@@ -352,7 +353,7 @@ class RunDriver:
                 self.epoch,
                 [
                     segments.NewSegment(
-                        id=protocol.copy_id(seg_id, node, slots, len(copies)),
+                        id=copy_id(seg_id, node, slots, len(copies)),
                         chunk=chunk.index,
                         origin_file=chunk.file_index,
                         origin_offset=chunk.offset,
@@ -672,7 +673,7 @@ class RunDriver:
             self._apply(ClearFlag(reason=f"{gone} was retired by a hot rescale", node=gone))
         name = self.source["name"]
         self.source_config = Instance.objects.get(run_id=self.run_id, name=name).config
-        self.source_doc = protocol.topology_at(run, self.source_config, name)
+        self.source_doc = topology_at(run, self.source_config, name)
         self.downstream_of_source = downstreams_of(self.source_doc, name)
         for node, routes in list(self.routes.items()):
             if not self.topology.has_node(node):

@@ -21,16 +21,16 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from django.utils import timezone
 
+from balancer.units import MB
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Run
 from orchestrator.pipeline.generator import (
-    MB,
     GeneratorError,
     GeneratorSpec,
     partial_paths,
@@ -69,7 +69,15 @@ def needs_input(run: Run) -> bool:
     return bool(spec.get("generator")) and not spec.get("paths")
 
 
-def preparing(input_spec: dict[str, Any]) -> dict[str, Any] | None:
+class Preparing(TypedDict):
+    """How far the writing of a generated input is."""
+
+    written: int
+    total: int
+    fraction: float
+
+
+def preparing(input_spec: Mapping[str, Any]) -> Preparing | None:
     """The progress of an input being generated, for the run page; None once it exists
     (or for an input of files)."""
     state = input_spec.get("generating")
@@ -78,7 +86,7 @@ def preparing(input_spec: dict[str, Any]) -> dict[str, Any] | None:
     written, total = int(state.get("written", 0)), int(state.get("total", 0))
     # The planned size is an estimate the written size may pass: never show 100% early.
     fraction = min(written / total, 0.99) if total > 0 else 0.0
-    return {"written": written, "total": total, "fraction": round(fraction, 4)}
+    return Preparing(written=written, total=total, fraction=round(fraction, 4))
 
 
 def prepare_input(

@@ -10,13 +10,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Run
-from orchestrator.pipeline.generator import GeneratorSpec
+from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems
 from orchestrator.pipeline.inputs import resolve_inputs
-from orchestrator.pipeline.routes import Routes
+from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
 from orchestrator.worker.batch import run_dir
 from orchestrator.zk.control_plane import ControlPlane
@@ -28,11 +29,11 @@ class RunError(ValueError):
 
 def create_run(
     *,
-    topology: Mapping[str, Any],
-    policy: Mapping[str, Any],
+    topology: PipelineDocument,
+    policy: Mapping[str, object],
     pipeline_id: int | None = None,
     input_path: str | list[str] | None = None,
-    generator: str | Mapping[str, Any] | None = None,
+    generator: str | GeneratorFields | None = None,
     user: Any = None,
 ) -> Run:
     """Validate the input and create the run (pending). Raises :class:`RunError`.
@@ -82,6 +83,7 @@ def create_run(
         shutil.rmtree(run_dir(run.pk), ignore_errors=True)
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             control.delete_run(str(run.pk))
+        forget_snapshot(run.pk)
         record_event(
             run.pk,
             "run_created",
@@ -89,12 +91,6 @@ def create_run(
             user=user if getattr(user, "is_authenticated", False) else None,
         )
     return run
-
-
-def start_run(run: Run) -> None:
-    from orchestrator.tasks import drive_run
-
-    drive_run.apply_async(kwargs={"run_id": run.pk}, queue="control")
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
@@ -122,16 +118,25 @@ def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") 
 
 
 def snapshot(run_id: int) -> Snapshot:
-    """The run's current state for a viewer that just connected."""
+    """The run's current state for a viewer that just connected.
+
+    While the run has a driver, the snapshot its reporter published last (kept in
+    Redis, orchestrator/run/publisher.py); otherwise (pending, finished, or its driver
+    not there yet) one built from PostgreSQL alone, without node levels or routes. No
+    ZooKeeper session: the web process never assembles the live view itself.
+    """
     run = Run.objects.get(pk=run_id)
-    with ControlPlane.connect(settings.ZK_HOSTS) as control:
-        states = control.read_states(str(run_id))
-        routes = {}
-        for node in run.topology["nodes"]:
-            stored = control.read_routes(str(run_id), node["name"])
-            if stored is not None:
-                routes[node["name"]] = Routes.from_json(stored[0]).to_json()
-    return build_snapshot(run, node_states=states, routes=routes, final=not run.is_active)
+    kept = last_snapshot(run_id)
+    if kept is not None and _still_current(kept, run):
+        return kept
+    return build_snapshot(run, node_states={}, routes={}, final=not run.is_active)
+
+
+def _still_current(kept: Snapshot, run: Run) -> bool:
+    """A kept snapshot shows the run as it is: the same status, and final once the run
+    has ended (a driver that died between ticks leaves its last tick, not the end)."""
+    shown = kept.get("run") or {}
+    return shown.get("status") == run.status and (run.is_active or bool(kept.get("final")))
 
 
 def request_migration(run_id: int, node: str, *, stop: bool = False, user: Any = None) -> None:

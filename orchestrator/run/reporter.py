@@ -1,5 +1,6 @@
 """Off the balancer's critical path: events to PostgreSQL, routes and node states to
-ZooKeeper, and the live snapshot.
+ZooKeeper, and the live snapshot (published to the run's viewers and kept in Redis for
+those who connect later: orchestrator/run/publisher.py).
 
 The tick hands over what it decided and moves on; this thread writes the states and
 publishes the snapshot. When it falls behind, only the newest report is kept: viewers

@@ -1,20 +1,30 @@
 """The state of a run as the console shows it: nodes, links, migrations, progress, events.
 
-Built by the driver every tick (and published to the run's Channels group) and, for a
-viewer that just connected, from what the driver last wrote to ZooKeeper.
+Built by the driver every tick, published to the run's Channels group and kept for
+viewers who connect later (orchestrator/run/publisher.py); for a run without a driver
+(pending, finished), built from PostgreSQL alone, without node states or routes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
+from balancer.topology import NodeSpec
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
-from orchestrator.run.generation import preparing
+from orchestrator.run.generation import Preparing, preparing
 
 RECENT_EVENTS = 30
+
+
+class InstanceView(TypedDict):
+    worker: str
+    status: str  # active / joining / retiring
+    aligning: bool
 
 
 class NodeView(TypedDict):
@@ -22,8 +32,8 @@ class NodeView(TypedDict):
     kind: str
     stage: str
     capacity_bytes: int
-    state: dict[str, Any]
-    instance: dict[str, Any]  # worker, status (active / joining / retiring), aligned
+    state: Mapping[str, object]  # the node's state at the driver's tick (its level, ...)
+    instance: InstanceView
 
 
 class LinkView(TypedDict):
@@ -37,19 +47,59 @@ class LinkView(TypedDict):
     # the adjustment's marker passes
 
 
+class Progress(TypedDict):
+    merged_chunks: int
+    chunks_total: int | None
+    completed_fraction: float
+    migrated_segments: int
+    input_bytes: int
+    # The input's size once it exists (a generated one is written by the driver), and
+    # meanwhile how far its writing is: {"written", "total", "fraction"} or None.
+    input_total: int
+    preparing: Preparing | None
+
+
+class RunView(Progress):
+    id: int
+    pipeline: str
+    status: str
+    epoch: int
+    started_at: str | None
+    elapsed_s: float
+    policy: dict[str, str | None]  # throttling, routing, migration
+    error: str
+
+
+class AdjustmentView(TypedDict):
+    version: int
+    kind: str
+    status: str
+    reason: str
+    started_at: str
+    finished_at: str | None
+    subgraph: list[str]
+    sources: list[str]
+    tails: list[str]
+    added: list[str]
+    removed: list[str]
+    outcome: dict[str, Any]
+    aligned: list[str]
+    markers: list[dict[str, str]]  # {"from": upstream, "to": node}
+
+
 class Snapshot(TypedDict):
     type: Literal["snapshot"]
     time: str
     final: bool
-    run: dict[str, Any]
+    run: RunView
     nodes: list[NodeView]
     links: list[LinkView]
-    events: list[dict[str, Any]]
-    adjustment: dict[str, Any] | None
+    events: list[dict[str, Any]]  # Event.to_json(), newest first
+    adjustment: AdjustmentView | None
 
 
 def _links(
-    edges: list[dict[str, Any]], routes: dict[str, dict[str, Any]], closing: set[str]
+    edges: list[EdgeDocument], routes: dict[str, dict[str, Any]], closing: set[str]
 ) -> list[LinkView]:
     links: list[LinkView] = []
     for edge in edges:
@@ -62,7 +112,7 @@ def _links(
             LinkView(
                 source=src,
                 target=dst,
-                bandwidth_mbps=float(edge.get("bandwidth_mbps", 0.0)),
+                bandwidth_mbps=float(edge.get("bandwidth_mbps", DEFAULT_BANDWIDTH_MBPS)),
                 share=None if not shares else float(shares.get(dst, 0.0)),
                 migrating=migrated_from is not None or dst in migrations,
                 migrated_from=migrated_from,
@@ -72,29 +122,27 @@ def _links(
     return links
 
 
-def progress(run: Run) -> dict[str, Any]:
+def progress(run: Run) -> Progress:
     merged = MergedChunk.objects.filter(run=run).aggregate(
         length=Sum("origin_length"), chunks=Count("id")
     )
     total = int(run.input_spec.get("extent_total") or 0)
     done = int(merged["length"] or 0)
-    return {
-        "merged_chunks": int(merged["chunks"] or 0),
-        "chunks_total": run.chunks_total,
-        "completed_fraction": (done / total) if total else 0.0,
-        "migrated_segments": Segment.objects.filter(run=run).exclude(migrated_from="").count(),
-        "input_bytes": run.input_bytes,
-        # The input's size once it exists (a generated one is written by the driver),
-        # and meanwhile how far its writing is: {"written", "total", "fraction"} or None.
-        "input_total": total,
-        "preparing": preparing(run.input_spec),
-    }
+    return Progress(
+        merged_chunks=int(merged["chunks"] or 0),
+        chunks_total=run.chunks_total,
+        completed_fraction=(done / total) if total else 0.0,
+        migrated_segments=Segment.objects.filter(run=run).exclude(migrated_from="").count(),
+        input_bytes=run.input_bytes,
+        input_total=total,
+        preparing=preparing(run.input_spec),
+    )
 
 
 def build_snapshot(
     run: Run,
     *,
-    node_states: dict[str, dict[str, Any]],
+    node_states: Mapping[str, Mapping[str, object]],
     routes: dict[str, dict[str, Any]],
     final: bool = False,
 ) -> Snapshot:
@@ -103,7 +151,8 @@ def build_snapshot(
     ended = run.finished_at or now
     instances = {i.name: i for i in Instance.objects.filter(run=run)}
     adjustment = Adjustment.objects.filter(run=run).order_by("-version").first()
-    docs, edges = list(run.topology["nodes"]), list(run.topology["edges"])
+    docs: list[NodeDocument] = list(run.topology["nodes"])
+    edges: list[EdgeDocument] = list(run.topology["edges"])
     closing: set[str] = set()
     if adjustment is not None and adjustment.status == Adjustment.Status.RUNNING:
         # Instances being removed stay on the view until the marker has passed them.
@@ -114,8 +163,8 @@ def build_snapshot(
         NodeView(
             name=n["name"],
             kind=n["kind"],
-            stage=n.get("stage") or n["name"],
-            capacity_bytes=int(float(n.get("buffer_mb", 64.0)) * 1024 * 1024),
+            stage=stage_of(n),
+            capacity_bytes=int(NodeSpec.from_document(n).capacity_bytes),
             state=node_states.get(n["name"], {}),
             instance=_instance(instances.get(n["name"])),
         )
@@ -128,17 +177,17 @@ def build_snapshot(
         type="snapshot",
         time=now.isoformat(),
         final=final,
-        run={
-            "id": run.pk,
-            "pipeline": run.pipeline_name,
-            "status": run.status,
-            "epoch": run.epoch,
-            "started_at": started.isoformat() if started else None,
-            "elapsed_s": (ended - started).total_seconds() if started else 0.0,
-            "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration")},
-            "error": run.error,
+        run=RunView(
+            id=run.pk,
+            pipeline=run.pipeline_name,
+            status=run.status,
+            epoch=run.epoch,
+            started_at=started.isoformat() if started else None,
+            elapsed_s=(ended - started).total_seconds() if started else 0.0,
+            policy={k: run.policy.get(k) for k in ("throttling", "routing", "migration")},
+            error=run.error,
             **progress(run),
-        },
+        ),
         nodes=nodes,
         links=_links(edges, routes, closing),
         events=events,
@@ -146,35 +195,35 @@ def build_snapshot(
     )
 
 
-def _instance(instance: Instance | None) -> dict[str, Any]:
+def _instance(instance: Instance | None) -> InstanceView:
     if instance is None:
-        return {"worker": "", "status": "active", "aligning": False}
-    return {"worker": instance.worker, "status": instance.status, "aligning": instance.aligning}
+        return InstanceView(worker="", status="active", aligning=False)
+    return InstanceView(worker=instance.worker, status=instance.status, aligning=instance.aligning)
 
 
 def _adjustment(
     adjustment: Adjustment | None, instances: dict[str, Instance]
-) -> dict[str, Any] | None:
+) -> AdjustmentView | None:
     """The latest adjustment: its plan and, while it runs, where the markers are."""
     if adjustment is None:
         return None
     plan = adjustment.plan
-    view: dict[str, Any] = {
-        "version": adjustment.version,
-        "kind": adjustment.kind,
-        "status": adjustment.status,
-        "reason": adjustment.reason,
-        "started_at": adjustment.started_at.isoformat(),
-        "finished_at": adjustment.finished_at.isoformat() if adjustment.finished_at else None,
-        "subgraph": plan["subgraph"],
-        "sources": plan["sources"],
-        "tails": plan["tails"],
-        "added": plan["added"],
-        "removed": plan["removed"],
-        "outcome": adjustment.outcome,
-        "aligned": [],
-        "markers": [],
-    }
+    view = AdjustmentView(
+        version=adjustment.version,
+        kind=adjustment.kind,
+        status=adjustment.status,
+        reason=adjustment.reason,
+        started_at=adjustment.started_at.isoformat(),
+        finished_at=adjustment.finished_at.isoformat() if adjustment.finished_at else None,
+        subgraph=plan["subgraph"],
+        sources=plan["sources"],
+        tails=plan["tails"],
+        added=plan["added"],
+        removed=plan["removed"],
+        outcome=adjustment.outcome,
+        aligned=[],
+        markers=[],
+    )
     if adjustment.status == Adjustment.Status.RUNNING:
         view["aligned"] = sorted(
             name

@@ -11,22 +11,24 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError
 
+from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParams, PipelineDocument
+from balancer.units import MB
 from orchestrator.ledger import failures, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
-from orchestrator.pipeline.graph import bandwidth
+from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.routes import Routes
-from orchestrator.rescale import protocol
+from orchestrator.rescale import alignment, plan
 from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.stopwatch import StopWatch, job_group
-from sparkjobs.catalog import OPERATORS
+from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
 
@@ -46,7 +48,7 @@ class BatchReport:
     segments: int
     bytes: int
     malformed: int = 0
-    aligned: protocol.Aligned | None = None
+    aligned: alignment.Aligned | None = None
     failure: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -77,7 +79,7 @@ def worker_identity() -> str:
 
 
 def process_batch(
-    run_id: int, node_name: str, routes_json: Mapping[str, Any] | None
+    run_id: int, node_name: str, routes_json: Mapping[str, object] | None
 ) -> BatchReport:
     run = Run.objects.get(pk=run_id)
     if not run.is_active:
@@ -88,14 +90,14 @@ def process_batch(
         # Spark first, then the batch: a new worker's JVM takes seconds to start, and
         # while a batch is claimed its node cannot align for an adjustment.
         _spark_ready()
-    claim = protocol.claim_batch(
+    claim = alignment.claim_batch(
         run_id,
         node_name,
         owner,
         max_segments=MAX_BATCH_SEGMENTS,
-        max_bytes=int(settings.BPCONSOLE_BATCH_MB * 1024 * 1024),
+        max_bytes=int(settings.BPCONSOLE_BATCH_MB * MB),
         lease_s=settings.BPCONSOLE_LEASE_S,
-        rate_mbps=float(node.get("max_rate_mbps", 0.0)),
+        rate_mbps=float(node.get("max_rate_mbps", DEFAULT_MAX_RATE_MBPS)),
     )
     aligned = claim.aligned
     if not claim:
@@ -103,7 +105,10 @@ def process_batch(
     # Read again: an adjustment may have begun between reading the run and the claim,
     # and the batch must route with the graph its claim aligned to.
     run.refresh_from_db(fields=["topology", "config_version"])
-    topology = protocol.topology_at(run, claim.config, node_name)
+    doc = cast("PipelineDocument", plan.topology_at(run, claim.config, node_name))
+    # The run's graph now, or the one before an adjustment this node has not aligned
+    # with yet (the graph of the claim's configuration): made once per configuration.
+    graph = RunGraph.at(run.pk, run.config_version if doc is run.topology else claim.config, doc)
     size = sum(s.bytes for s in claim)
     keeper = LeaseKeeper(
         [s.pk for s in claim],
@@ -118,7 +123,7 @@ def process_batch(
         try:
             malformed = _operate(
                 run,
-                topology=topology,
+                graph=graph,
                 node=node,
                 owner=owner,
                 claim=claim,
@@ -144,20 +149,20 @@ def _spark_ready() -> None:
     heartbeat.start()
 
 
-def _failed(run: Run, node: str, owner: str, segments: list[Segment], error: Exception) -> str:
+def _failed(run: Run, node: str, owner: str, batch: list[Segment], error: Exception) -> str:
     """Record an operator's failure (retry, or fail the run); a batch of a run that was
     stopped meanwhile was cancelled, not failed, and goes back to its pool."""
     from sparkjobs.expressions import ExpressionRefused
 
     if not Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).exists():
-        segments.release(owner, segments)
+        segments.release(owner, batch)
         return f"cancelled: run {run.pk} is no longer active"
     text = failures.describe(error)
     outcome = failures.record_failure(
         run.pk,
         node,
         owner,
-        segments,
+        batch,
         text,
         max_attempts=int(run.policy.get("max_batch_attempts", 3)),
         retryable=not isinstance(error, ExpressionRefused),
@@ -173,25 +178,29 @@ def _failed(run: Run, node: str, owner: str, segments: list[Segment], error: Exc
     return text
 
 
-def _node_at(run: Run, name: str) -> Mapping[str, Any]:
+def _node_at(run: Run, name: str) -> NodeDocument:
     """The node's document, also for an instance a running adjustment is removing."""
-    found = next((n for n in run.topology["nodes"] if n["name"] == name), None)
-    if found is not None:
-        return found
-    for adjustment in Adjustment.objects.filter(run=run).order_by("-version"):
-        found = next((n for n in adjustment.before["nodes"] if n["name"] == name), None)
-        if found is not None:
-            return found
+    for doc in _documents(run):
+        graph = RunGraph.of(doc)
+        if name in graph.nodes:
+            return graph.node(name)
     raise ValueError(f"run {run.pk} has no node {name!r}")
+
+
+def _documents(run: Run) -> Iterator[PipelineDocument]:
+    """The run's graph now, then each graph before an adjustment, newest first."""
+    yield cast("PipelineDocument", run.topology)
+    for adjustment in Adjustment.objects.filter(run=run).order_by("-version"):
+        yield cast("PipelineDocument", adjustment.before)
 
 
 def _operate(
     run: Run,
     *,
-    topology: Mapping[str, Any],
-    node: Mapping[str, Any],
+    graph: RunGraph,
+    node: NodeDocument,
     owner: str,
-    claim: protocol.AlignedClaim,
+    claim: alignment.AlignedClaim,
     routes: Routes,
 ) -> int:
     from sparkjobs.session import operator_session
@@ -206,7 +215,7 @@ def _operate(
     outputs = {stem: segment_path(run.pk, output_id(s.pk, name)) for stem, s in by_file.items()}
     params = node.get("params") or {}
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
-    stateful = OPERATORS[node["operator"]].stateful
+    stateful = operator_of(node).stateful
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
@@ -218,11 +227,11 @@ def _operate(
     for stem, seg in by_file.items():
         out = produced[stem]
         new_id = output_id(seg.pk, name)
-        copies = protocol.targets(topology, name, new_id, tag=seg.tag, routes=routes, slots=slots)
+        copies = plan.targets(graph.document, name, new_id, tag=seg.tag, routes=routes, slots=slots)
         for target, migrated_from, part in copies:
             new.append(
                 segments.NewSegment(
-                    id=protocol.copy_id(new_id, target, part, len(copies)),
+                    id=plan.copy_id(new_id, target, part, len(copies)),
                     chunk=seg.chunk,
                     origin_file=seg.origin_file,
                     origin_offset=seg.origin_offset,
@@ -233,7 +242,7 @@ def _operate(
                     path=str(out.path),
                     bytes=out.bytes,
                     migrated_from=migrated_from,
-                    link_mbps=bandwidth(topology, name, target),
+                    link_mbps=graph.bandwidth(name, target),
                     config=claim.config,
                     slots_from=part.low,
                     slots_to=part.high,
@@ -247,7 +256,7 @@ def _operate(
             for out in produced.values()
             for m in read_partials(out.path)
         ]
-        stage = node.get("stage") or name
+        stage = graph.stage_of[name]
 
         def fold() -> None:
             keystate.fold(run.pk, stage, name, deltas)
@@ -259,35 +268,24 @@ def _operate(
 def _run_operator(
     spark: SparkSession,
     *,
-    node: Mapping[str, Any],
-    params: Mapping[str, Any],
+    node: NodeDocument,
+    params: OperatorParams,
     inputs: dict[str, Path],
     outputs: dict[str, Path],
     slots: KeyGroup,
 ) -> Mapping[str, PartialOutput]:
-    from sparkjobs.aggregate import AggregateParams, partial_aggregate
-    from sparkjobs.transform import transform
-
-    if node["operator"] in ("aggregate", "running"):
-        return partial_aggregate(
-            spark,
-            inputs,
-            outputs,
-            AggregateParams.from_params(params),
-            key_group=None if slots.whole else slots,
-        )
-    return transform(spark, node["operator"], params, inputs, outputs)
+    """The node's operator on this batch: the job the catalog names for it."""
+    spec = operator_of(node)
+    job = spec.job()
+    return job(spark, spec.name, params, inputs, outputs, key_group=None if slots.whole else slots)
 
 
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
     pending = list(batch)
     while pending:
         merged = combine_partials([Path(s.path) for s in pending])
-        deltas = [
-            segments.KeyDelta(m.key, m.count, m.sum, m.min, m.max, m.distinct) for m in merged
-        ]
         try:
-            segments.complete_sink_batch(run.pk, sink, owner, pending, deltas)
+            segments.complete_sink_batch(run.pk, sink, owner, pending, merged)
             return
         except segments.AlreadyMergedError as err:
             # Delivered twice: those chunk parts are in the result already. Merge the

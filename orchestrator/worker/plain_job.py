@@ -4,50 +4,57 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from balancer.document import NodeDocument, PipelineDocument
 from orchestrator.ledger.results import format_row, sorted_rows
 from orchestrator.pipeline import generator as generator_module
-from orchestrator.pipeline.generator import GeneratorSpec, write_input_atomically
-from orchestrator.pipeline.graph import downstreams_of
+from orchestrator.pipeline.generator import (
+    GeneratorFields,
+    GeneratorSpec,
+    write_input_atomically,
+)
+from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import resolve_inputs
-from orchestrator.run.lifecycle import RunError
+from sparkjobs.catalog import OPERATORS, operator_name, operator_of
 
 
-def stage_chain(topology: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+class BatchJobError(ValueError):
+    """The batch job cannot compute this pipeline or input as asked."""
+
+
+def stage_chain(topology: PipelineDocument) -> list[NodeDocument]:
     """The operators every source-to-sink path runs, in order (one node per stage)."""
-    nodes = {n["name"]: n for n in topology["nodes"]}
-    source = next(n for n in topology["nodes"] if n["kind"] == "source")
+    graph = RunGraph.of(topology)
     chains: set[tuple[str, ...]] = set()
-    examples: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    examples: dict[tuple[str, ...], list[NodeDocument]] = {}
 
-    def walk(name: str, path: list[Mapping[str, Any]]) -> None:
-        outs = downstreams_of(topology, name)
+    def walk(name: str, path: list[NodeDocument]) -> None:
+        outs = graph.downstreams_of(name)
         if not outs:
-            key = tuple((n.get("stage") or n["name"]) for n in path)
+            key = tuple(graph.stage_of[n["name"]] for n in path)
             chains.add(key)
             examples[key] = path
             return
         for nxt in outs:
-            node = nodes[nxt]
+            node = graph.node(nxt)
             walk(nxt, path if node["kind"] == "sink" else [*path, node])
 
-    walk(source["name"], [])
+    walk(graph.source, [])
     if len(chains) != 1:
-        raise RunError("the batch job needs every source-to-sink path to run the same stages")
+        raise BatchJobError("the batch job needs every source-to-sink path to run the same stages")
     return examples[chains.pop()]
 
 
-def generated_input(topology: Mapping[str, Any], generator: str | Mapping[str, Any]) -> str:
+def generated_input(topology: PipelineDocument, generator: str | GeneratorFields) -> str:
     """The generator's file for this spec (the same file a run with it reads)."""
     spec = GeneratorSpec.parse(generator)
-    source = next(n for n in topology["nodes"] if n["kind"] == "source")
-    params = source.get("params") or {}
-    branches = downstreams_of(topology, source["name"])
+    graph = RunGraph.of(topology)
+    params = graph.node(graph.source).get("params") or {}
+    branches = list(graph.downstreams_of(graph.source))
     # The generator's own code is part of the key: a file made by an older version of
     # it is not this spec's input any more.
     code = hashlib.sha256(Path(generator_module.__file__).read_bytes()).hexdigest()
@@ -64,9 +71,9 @@ def generated_input(topology: Mapping[str, Any], generator: str | Mapping[str, A
 
 def batch_summary(
     *,
-    topology: Mapping[str, Any],
+    topology: PipelineDocument,
     input_path: str | list[str] | None,
-    generator: str | Mapping[str, Any] | None,
+    generator: str | GeneratorFields | None,
 ) -> dict[str, Any]:
     import time
 
@@ -75,16 +82,17 @@ def batch_summary(
     from sparkjobs.session import spark_session
 
     if (input_path is None) == (generator is None):
-        raise RunError("give exactly one of an input path (or glob) and a generator spec")
-    source = next(n for n in topology["nodes"] if n["kind"] == "source")
-    fmt = (source.get("params") or {}).get("format", "jsonl")
+        raise BatchJobError("give exactly one of an input path (or glob) and a generator spec")
+    graph = RunGraph.of(topology)
+    fmt = (graph.node(graph.source).get("params") or {}).get("format", "jsonl")
     if generator is not None:
         input_path = generated_input(topology, generator)
     files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
     chain = stage_chain(topology)
-    if not chain or chain[-1]["operator"] not in ("aggregate", "running"):
-        raise RunError("the batch job computes pipelines that end in an aggregate or running stage")
-    steps = [(n["operator"], n.get("params") or {}) for n in chain[:-1]]
+    if not chain or not operator_of(chain[-1]).partials:
+        ending = " or ".join(name for name, spec in OPERATORS.items() if spec.partials)
+        raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
+    steps = [(operator_name(n), n.get("params") or {}) for n in chain[:-1]]
     began = time.monotonic()
     result = batch_aggregate(
         spark_session(),

@@ -1,7 +1,10 @@
 """The ZooKeeper control plane of a run (ARCHITECTURE.md, "ZooKeeper layout").
 
-Owns: the kazoo session, backpressure flags and node state, routes and epochs, command
-queues, locks and the worker registry.
+Owns, behind one facade (``control_plane.ControlPlane``): the kazoo session and its
+connection state (``session``), paths and the shared reads, writes and watches
+(``znodes``), backpressure flags and node state (``node_state``), routes and epochs
+(``routes``), the signal and command queues (``queues``), the worker registry and the
+driver lock (``workers``) and hot rescale's records (``rescale_rounds``).
 
 May import: ``kazoo``, ``orchestrator.pipeline``. Never the ledger: flags are advisory,
 the ledger is the truth.

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.models import Run
-from orchestrator.rescale import protocol
+from orchestrator.rescale.start import ensure_instances
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 
@@ -23,5 +23,5 @@ def pending_run(name: str) -> Run:
         status="pending",
         epoch=1,
     )
-    protocol.ensure_instances(run)
+    ensure_instances(run)
     return run

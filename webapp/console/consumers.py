@@ -3,8 +3,11 @@
 On connect: the user must be logged in with at least the viewer role (anonymous and
 role-less users are refused before the handshake completes; the origin was already
 checked by ``AllowedHostsOriginValidator`` in ``webapp/asgi.py``), the run must exist;
-the consumer joins the run's group, then sends one full snapshot. After that it relays
-every message the run's driver publishes (one per balance-loop tick).
+the consumer joins the run's group, then sends one full snapshot: the one the run's
+driver published last (kept in Redis beside the channel layer), or for a run without a
+driver one built from the database (``service.snapshot``; this process opens no
+ZooKeeper session). After that it relays every message the run's driver publishes (one
+per balance-loop tick).
 
 Every message, in both directions, is a JSON object with a ``type`` field, and each
 type has its own handler. The role is checked again, per message, at most every
@@ -30,7 +33,7 @@ log = logging.getLogger(__name__)
 ROLE_RECHECK_S = 30.0
 # Viewers connecting together (a page reloaded by many, a reconnect storm after a
 # restart) get the tick relayed a moment ago, or share one snapshot read, instead of
-# opening one control-plane session each.
+# reading Redis and the database once each.
 SNAPSHOT_REUSE_S = 2.0
 # Close codes (4000-4999 are the application's): the page stops retrying on these.
 CLOSE_FORBIDDEN = 4403
@@ -121,7 +124,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             return
         try:
             snap = await database_sync_to_async(_recent_snapshot)(self.run_id)
-        except Exception:  # the control plane may be down; the page shows why
+        except Exception:  # the database may be out of reach; the page shows why
             log.warning("run %s: snapshot failed", self.run_id, exc_info=True)
             await self.send_json(
                 ErrorMessage(type="error", detail="the run's state could not be read; retrying")

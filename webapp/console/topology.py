@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.service import OPERATORS, Policy, validate_params, validate_policy
+from orchestrator.service import (
+    DEFAULT_BANDWIDTH_MBPS,
+    DEFAULT_BUFFER_MB,
+    DEFAULT_MAX_RATE_MBPS,
+    DEFAULT_OPERATOR,
+    OPERATORS,
+    Policy,
+    operator_name,
+    validate_params,
+    validate_policy,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 KINDS = ("source", "operator", "sink")
@@ -165,7 +175,7 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
         stage = node.get("stage")
         if stage not in (None, "") and not _is_name(stage):
             problems.append(Problem(f"{at}.stage", f"must be a stage name, got {_short(stage)}"))
-        operator = node.get("operator", _default_operator(kind))
+        operator = node.get("operator", DEFAULT_OPERATOR[kind])
         params = node.get("params", {}) or {}
         if not isinstance(operator, str):
             problems.append(
@@ -176,13 +186,11 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
         else:
             for message in validate_params(operator, kind, params):
                 problems.append(Problem(f"{at}.params", message))
-        problems += _check_number(node, "buffer_mb", at, minimum=0.001, default=64.0)
-        problems += _check_number(node, "max_rate_mbps", at, minimum=0.0, default=0.0)
+        problems += _check_number(node, "buffer_mb", at, minimum=0.001, default=DEFAULT_BUFFER_MB)
+        problems += _check_number(
+            node, "max_rate_mbps", at, minimum=0.0, default=DEFAULT_MAX_RATE_MBPS
+        )
     return names, kinds, problems
-
-
-def _default_operator(kind: str) -> str:
-    return {"source": "read", "sink": "merge"}.get(kind, "")
 
 
 def _check_number(
@@ -214,7 +222,9 @@ def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, st
             if not isinstance(value, str) or value not in known:
                 problems.append(Problem(f"{at}.{end}", f"unknown node {_short(value)}"))
                 ok = False
-        problems += _check_number(edge, "bandwidth_mbps", at, minimum=0.0, default=0.0)
+        problems += _check_number(
+            edge, "bandwidth_mbps", at, minimum=0.0, default=DEFAULT_BANDWIDTH_MBPS
+        )
         if not ok:
             continue
         if src == dst:
@@ -312,7 +322,7 @@ def _check_stages(nodes: list[Any]) -> list[Problem]:
         stage = node.get("stage") or node["name"]
         if not isinstance(stage, str):  # reported by _check_nodes
             continue
-        signature = (node.get("kind"), node.get("operator"), node.get("params") or {})
+        signature = (node.get("kind"), operator_name(node), node.get("params") or {})
         if stage in first:
             j, *sig = first[stage]
             if tuple(sig) != signature:
@@ -335,7 +345,7 @@ def _check_keyed(nodes: list[Any], pairs: list[tuple[str, str]]) -> list[Problem
     for node in nodes:
         if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
             continue
-        operator, stage = node.get("operator") or "", node.get("stage") or node["name"]
+        operator, stage = operator_name(node), node.get("stage") or node["name"]
         if not isinstance(operator, str) or not isinstance(stage, str):
             continue  # reported by _check_nodes
         spec = OPERATORS.get(operator)

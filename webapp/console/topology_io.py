@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from django.conf import settings
 from django.db import transaction
 
+from orchestrator import service
 from webapp.console.models import Edge, Node, Pipeline, Policy
 from webapp.console.topology import Problem, TopologyError, validate_document
-
-DEFAULT_OPERATOR = {"source": "read", "sink": "merge"}
 
 # -- bounded parsing (docs/security.md, "Bounded documents") ------------------------------
 #
@@ -278,10 +277,10 @@ def save_document(doc: Any) -> tuple[Pipeline, bool]:
             defaults={
                 "kind": spec["kind"],
                 "stage": spec.get("stage", "") or "",
-                "operator": spec.get("operator", DEFAULT_OPERATOR.get(spec["kind"], "")),
+                "operator": service.operator_name(spec),
                 "params": dict(spec.get("params") or {}),
-                "buffer_mb": float(spec.get("buffer_mb", 64.0)),
-                "max_rate_mbps": float(spec.get("max_rate_mbps", 0.0)),
+                "buffer_mb": float(spec.get("buffer_mb", service.DEFAULT_BUFFER_MB)),
+                "max_rate_mbps": float(spec.get("max_rate_mbps", service.DEFAULT_MAX_RATE_MBPS)),
             },
         )
         nodes[name] = node
@@ -295,12 +294,14 @@ def save_document(doc: Any) -> tuple[Pipeline, bool]:
             pipeline=pipeline,
             source=nodes[src],
             target=nodes[dst],
-            defaults={"bandwidth_mbps": float(spec.get("bandwidth_mbps", 0.0))},
+            defaults={
+                "bandwidth_mbps": float(spec.get("bandwidth_mbps", service.DEFAULT_BANDWIDTH_MBPS))
+            },
         )
     return pipeline, created
 
 
-def export_document(pipeline: Pipeline) -> dict[str, Any]:
+def export_document(pipeline: Pipeline) -> service.PipelineDocument:
     """The pipeline as a document that :func:`save_document` turns back into it."""
     doc: dict[str, Any] = {"name": pipeline.name}
     if pipeline.description:
@@ -327,8 +328,8 @@ def export_document(pipeline: Pipeline) -> dict[str, Any]:
         if edge.bandwidth_mbps:
             item["bandwidth_mbps"] = edge.bandwidth_mbps
         doc["edges"].append(item)
-    return doc
+    return cast("service.PipelineDocument", doc)
 
 
-def dump_yaml(doc: dict[str, Any]) -> str:
+def dump_yaml(doc: service.PipelineDocument | dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)

@@ -17,7 +17,6 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from orchestrator import service
-from orchestrator.services.health import run_checks
 from webapp.console import actions
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import has_role, role_required
@@ -90,8 +89,19 @@ NEW_DOCUMENT: dict[str, Any] = {
     "name": "",
     "description": "",
     "nodes": [
-        {"name": "source", "kind": "source", "operator": "read", "params": {}, "buffer_mb": 64},
-        {"name": "output", "kind": "sink", "operator": "merge", "buffer_mb": 64},
+        {
+            "name": "source",
+            "kind": "source",
+            "operator": service.DEFAULT_OPERATOR["source"],
+            "params": {},
+            "buffer_mb": service.DEFAULT_BUFFER_MB,
+        },
+        {
+            "name": "output",
+            "kind": "sink",
+            "operator": service.DEFAULT_OPERATOR["sink"],
+            "buffer_mb": service.DEFAULT_BUFFER_MB,
+        },
     ],
     "edges": [{"from": "source", "to": "output"}],
 }
@@ -114,6 +124,7 @@ def _editor(
                 "document": doc,
                 "problems": [{"location": p.location, "message": p.message} for p in problems],
                 "operators": _operator_catalog(),
+                "default_operators": dict(service.DEFAULT_OPERATOR),
                 "policies": list(Policy.objects.values_list("name", flat=True)),
                 "parameters": [
                     {"name": p.name, "label": p.label, "range": p.range_text(), "unit": p.unit}
@@ -249,7 +260,9 @@ def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "api": f"/api/runs/{run.pk}/",
         "workers_api": reverse("api-workers"),
     }
-    pipeline = Pipeline.objects.filter(pk=run.pipeline_id).first()
+    pipeline = (
+        Pipeline.objects.filter(pk=run.pipeline_id).first() if run.pipeline_id is not None else None
+    )
     return render(
         request, "console/run.html", {"run": run, "pipeline": pipeline, "run_config": config}
     )
@@ -268,7 +281,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     ``BPCONSOLE_HEALTH_TOKEN`` as a bearer token (probes cannot log in)."""
     if not (has_role(request.user, "viewer") or _probe_token_ok(request)):
         return JsonResponse({"detail": "log in, or send the health token"}, status=401)
-    checks = run_checks(spark=request.GET.get("spark", "1") != "0")
+    checks = service.run_checks(spark=request.GET.get("spark", "1") != "0")
     ok = all(c.up for c in checks)
     return JsonResponse(
         {"status": "ok" if ok else "down", "checks": [c.to_json() for c in checks]},

@@ -18,8 +18,8 @@ import yaml
 from orchestrator.ledger import keystate
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
-from orchestrator.rescale import protocol
-from orchestrator.rescale.protocol import key_groups
+from orchestrator.rescale.alignment import claim_batch
+from orchestrator.rescale.plan import key_groups
 from orchestrator.run.lifecycle import live_workers, request_adjustment
 from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.keygroups import slot_of
@@ -158,7 +158,7 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     deadline = time.monotonic() + 60
     while not stuck:
         assert time.monotonic() < deadline, "totals1 never had data to hold"
-        stuck = protocol.claim_batch(
+        stuck = claim_batch(
             run.pk, "totals1", "stuck-worker", max_segments=4, max_bytes=1 << 30, lease_s=5
         )
     before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)

@@ -14,18 +14,18 @@ import pytest
 
 from orchestrator.ledger import keystate, segments
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
-from orchestrator.rescale import protocol
-from orchestrator.rescale.protocol import AdjustmentError, Change, NewInstance
+from orchestrator.rescale.alignment import AlignedClaim, claim_batch, tails_reported
+from orchestrator.rescale.completion import complete, rollback
+from orchestrator.rescale.plan import Change, NewInstance, RescaleError, key_groups
+from orchestrator.rescale.start import begin
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
 from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def _claim(run: Run, node: str) -> protocol.AlignedClaim:
-    return protocol.claim_batch(
-        run.pk, node, f"test-{node}", max_segments=64, max_bytes=1 << 30, lease_s=60
-    )
+def _claim(run: Run, node: str) -> AlignedClaim:
+    return claim_batch(run.pk, node, f"test-{node}", max_segments=64, max_bytes=1 << 30, lease_s=60)
 
 
 def _keys_per_slot_range() -> dict[str, Decimal]:
@@ -40,7 +40,7 @@ def _keys_per_slot_range() -> dict[str, Decimal]:
 
 def _seed_state(run: Run) -> dict[str, keystate.Totals]:
     """totals1 and totals2 hold the keys of their even key groups."""
-    groups = protocol.key_groups(run.topology, "totals")
+    groups = key_groups(run.topology, "totals")
     by_holder: dict[str, list[tuple[str, keystate.Totals]]] = {}
     for key, value in _keys_per_slot_range().items():
         holder = next(m for m, g in groups.items() if slot_of(key) in g.slots)
@@ -55,7 +55,7 @@ def _seed_state(run: Run) -> dict[str, keystate.Totals]:
 def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
     # Given the reference pipeline and a new instance of stage agg
     run = pending_run("reference")
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("scale_out", added=(NewInstance("agg-5", "agg"),)),
         epoch=1,
@@ -75,12 +75,12 @@ def test_worked_example_subgraph_marker_path_and_tail_report() -> None:
     for node in ("task1", "task2", "task3", "agg-5"):
         claim = _claim(run, node)
         assert claim.aligned is not None and claim.aligned.forwarded == ("output",)
-    assert not protocol.tails_reported(adjustment)
+    assert not tails_reported(adjustment)
     aligned = _claim(run, "output").aligned
     # Then the sink, the only tail, reports, and the adjustment completes
     assert aligned is not None and aligned.tail
-    assert protocol.tails_reported(adjustment) == ["output"]
-    done = protocol.complete(adjustment.pk)
+    assert tails_reported(adjustment) == ["output"]
+    done = complete(adjustment.pk)
     assert done.status == Adjustment.Status.COMPLETE
     assert Instance.objects.get(run=run, name="agg-5").status == Instance.Status.ACTIVE
     assert {n["name"] for n in Run.objects.get(pk=run.pk).topology["nodes"]} >= {"agg-5"}
@@ -110,7 +110,7 @@ def test_a_changed_keyed_instance_never_mixes_the_two_sides_of_the_marker() -> N
     # Given data queued at a keyed instance before an adjustment of its stage...
     run = pending_run("running-totals")
     _queue(run, "c1", "totals1", "source")
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
         epoch=1,
@@ -132,7 +132,7 @@ def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processi
     # Given old data at the sink from task1, then an adjustment of stage agg...
     run = pending_run("reference")
     _queue(run, "c1", "output", "task1")
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("scale_out", added=(NewInstance("agg-5", "agg"),)),
         epoch=1,
@@ -156,7 +156,7 @@ def test_a_removed_stateless_instance_hands_its_queued_data_to_the_new_graph() -
     run = pending_run("reference")
     for i in range(6):
         _queue(run, f"c{i}", "task2", "source")
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("migrate", added=(NewInstance("agg-5", "agg"),), removed=("task2",)),
         epoch=1,
@@ -177,7 +177,7 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
     run = pending_run("running-totals")
     before = _seed_state(run)
     # When a third instance joins, with the protocol driven through every claim
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
         epoch=1,
@@ -189,10 +189,10 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
     assert hand["second_group"] == {"totals1": "totals1", "totals2": "totals-4"}
     for node in ("totals1", "totals2", "totals-4", "output"):
         _claim(run, node)
-    done = protocol.complete(adjustment.pk)
+    done = complete(adjustment.pk)
     # Then every key's state is what it was, held once, by the owner of its slot
     assert keystate.totals(run.pk, "totals") == before
-    owners = protocol.key_groups(done.after, "totals")
+    owners = key_groups(done.after, "totals")
     for key, holders in keystate.holders(run.pk, "totals").items():
         (holder,) = holders
         assert slot_of(key) in owners[holder].slots
@@ -207,10 +207,10 @@ def test_state_is_identical_after_scale_in_and_hot_migration() -> None:
         Change("scale_in", removed=("totals2",)),
         Change("migrate", added=(NewInstance("totals-5", "totals"),), removed=("totals1",)),
     ):
-        adjustment = protocol.begin(run.pk, change, epoch=1, source="source")
+        adjustment = begin(run.pk, change, epoch=1, source="source")
         for node in adjustment.plan["subgraph"][1:]:
             _claim(run, node)
-        done = protocol.complete(adjustment.pk)
+        done = complete(adjustment.pk)
         assert done.status == Adjustment.Status.COMPLETE
         assert keystate.totals(run.pk, "totals") == before
     assert {tuple(h) for h in keystate.holders(run.pk, "totals").values()} == {("totals-5",)}
@@ -222,14 +222,14 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
     run = pending_run("running-totals")
     before_doc = copy.deepcopy(run.topology)
     before = _seed_state(run)
-    adjustment = protocol.begin(
+    adjustment = begin(
         run.pk,
         Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
         epoch=1,
         source="source",
     )
     # Given data the source sent to the new instance under the new key groups...
-    group = protocol.key_groups(adjustment.after, "totals")["totals-4"]
+    group = key_groups(adjustment.after, "totals")["totals-4"]
     stranded = segments.NewSegment(
         id="c9@totals-4",
         chunk=9,
@@ -249,7 +249,7 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
     # ...and an existing instance that already handed its state over
     _claim(run, "totals2")
     # When the adjustment is rolled back
-    done = protocol.rollback(adjustment.pk, "forced by the test")
+    done = rollback(adjustment.pk, "forced by the test")
     # Then the old graph is back, the new instance is fenced, markers are gone
     run.refresh_from_db()
     assert done.status == Adjustment.Status.ROLLED_BACK
@@ -258,7 +258,7 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
     assert not Segment.objects.filter(run=run, marker=True, state="queued").exists()
     # The stranded data went to the old owners of its slots, split by their groups
     copies = Segment.objects.filter(run=run, chunk=9).order_by("slots_from")
-    old_groups = protocol.key_groups(before_doc, "totals")
+    old_groups = key_groups(before_doc, "totals")
     assert {c.node for c in copies} <= {"totals1", "totals2"}
     spans = [(c.slots_from, c.slots_to) for c in copies]
     assert spans[0][0] == group.low and spans[-1][1] == group.high
@@ -287,21 +287,17 @@ def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     )
     segments.complete_batch(run.pk, "nobody", [], [seg], {})
     stalled = _claim(run, "task2")  # a worker takes task2's batch, then stalls
-    adjustment = protocol.begin(
-        run.pk, Change("scale_in", removed=("task2",)), epoch=1, source="source"
-    )
+    adjustment = begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1, source="source")
     # task2 cannot align while its batch is out...
     assert _claim(run, "task2").aligned is None
     # ...until the lease expires and another worker does the batch
     Segment.objects.filter(pk="late").update(lease_expires="2000-01-01T00:00:00Z")
     assert segments.reclaim_expired(run.pk) == 1
-    retry = protocol.claim_batch(
-        run.pk, "task2", "other", max_segments=8, max_bytes=1 << 20, lease_s=60
-    )
+    retry = claim_batch(run.pk, "task2", "other", max_segments=8, max_bytes=1 << 20, lease_s=60)
     segments.complete_batch(run.pk, "other", retry.segments, [], {})
     for node in ("task1", "task2", "task3", "output"):
         _claim(run, node)
-    assert protocol.complete(adjustment.pk).status == Adjustment.Status.COMPLETE
+    assert complete(adjustment.pk).status == Adjustment.Status.COMPLETE
     assert Instance.objects.get(run=run, name="task2").status == Instance.Status.RETIRED
     # When the stalled worker wakes up, its completion is refused
     with pytest.raises(segments.LeaseLostError, match="retired"):
@@ -321,8 +317,8 @@ def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
 def test_bad_adjustments_are_refused_and_change_nothing(change: Change, message: str) -> None:
     run = pending_run("reference")
     before = copy.deepcopy(run.topology)
-    with pytest.raises(AdjustmentError, match=message):
-        protocol.begin(run.pk, change, epoch=1, source="source")
+    with pytest.raises(RescaleError, match=message):
+        begin(run.pk, change, epoch=1, source="source")
     run.refresh_from_db()
     assert run.topology == before and run.config_version == 0
     assert not Adjustment.objects.filter(run=run).exists()
@@ -331,8 +327,8 @@ def test_bad_adjustments_are_refused_and_change_nothing(change: Change, message:
 
 def test_one_adjustment_at_a_time_and_only_for_the_current_driver() -> None:
     run = pending_run("reference")
-    protocol.begin(run.pk, Change("scale_in", removed=("task3",)), epoch=1, source="source")
-    with pytest.raises(AdjustmentError, match="one adjustment at a time"):
-        protocol.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1, source="source")
-    with pytest.raises(AdjustmentError, match="no longer current"):
-        protocol.begin(run.pk, Change("scale_in", removed=("task2",)), epoch=0, source="source")
+    begin(run.pk, Change("scale_in", removed=("task3",)), epoch=1, source="source")
+    with pytest.raises(RescaleError, match="one adjustment at a time"):
+        begin(run.pk, Change("scale_in", removed=("task2",)), epoch=1, source="source")
+    with pytest.raises(RescaleError, match="no longer current"):
+        begin(run.pk, Change("scale_in", removed=("task2",)), epoch=0, source="source")

@@ -11,7 +11,8 @@ import yaml
 
 from balancer.policy import Policy
 from orchestrator.models import Run
-from orchestrator.run.lifecycle import create_run, start_run
+from orchestrator.run.lifecycle import create_run
+from orchestrator.tasks import start_run
 
 REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
 SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short

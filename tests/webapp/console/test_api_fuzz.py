@@ -18,8 +18,9 @@ phase) and derandomized, so a run is repeatable and takes about a minute.
 The world the calls meet: the reference pipeline and one pending run of it. Half of the
 generated run ids and pipeline names are pointed at these (the other half stay as
 generated, mostly unknown ids: 404s), so that the operations reach the code behind the
-lookups, not only the 404. Runs the fuzzer starts are handed to the Celery broker
-(Redis) and stay queued: no worker runs in this test.
+lookups, not only the 404. Runs the fuzzer starts are created but never handed to a
+worker (``no_start``): the session's real workers may be up for other tests, and a driver
+of a fuzzed run would hold rows of the database this test flushes when it ends.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _basic(role: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def world(transactional_db: None) -> dict[str, Any]:
+def world(transactional_db: None, no_start: list[int]) -> dict[str, Any]:
     """The reference pipeline, one pending run, an operator and a viewer.
 
     ``transactional_db``: the calls go through the WSGI application, whose request

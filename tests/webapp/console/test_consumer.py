@@ -4,15 +4,20 @@ messages. Through the whole ASGI application, so the origin check of asgi.py is 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
+from django.utils import timezone
+from kazoo.client import KazooClient
 
 from orchestrator import service
-from tests.webapp.console.factories import make_run, make_user
+from orchestrator.models import Run
+from orchestrator.run.publisher import publish
+from tests.webapp.console.factories import client_for, make_run, make_user
 from webapp.asgi import application
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -125,3 +130,63 @@ def test_a_viewer_gets_a_snapshot_then_every_tick_and_typed_replies(services) ->
     assert pong["type"] == "pong"
     assert error == {"type": "error", "detail": "unknown message type 'launch-missiles'"}
     assert resync["type"] == "snapshot"
+
+
+def refuse_zookeeper(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("the web process opened a ZooKeeper session")
+
+
+def test_a_late_viewer_gets_the_drivers_last_snapshot_without_zookeeper(
+    services, monkeypatch
+) -> None:
+    # Given a running run whose driver published a tick (kept beside the channel layer)
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(status="running")
+    tick = service.snapshot(run.pk)
+    tick = {
+        **tick,
+        "time": "kept-tick",
+        "nodes": [{**n, "state": {"level": 0.42, "flagged": True}} for n in tick["nodes"]],
+    }
+    publish(run.pk, tick)
+    # and no ZooKeeper session can be opened from here
+    monkeypatch.setattr(KazooClient, "start", refuse_zookeeper)
+    cookie = session_cookie("vera", "viewer")
+
+    async def first_message() -> dict[str, Any]:
+        ws = communicator(run.pk, cookie)
+        connected, _ = await ws.connect()
+        assert connected
+        message = await ws.receive_json_from(timeout=10)
+        await ws.disconnect()
+        return message
+
+    # When a viewer connects mid-run, and when the API is asked
+    first = asyncio.run(first_message())
+    client, _ = client_for("victor", "viewer")
+    from_api = client.get(f"/api/runs/{run.pk}/snapshot/").json()
+
+    # Then both show the driver's last tick as it was published
+    assert first == from_api == json.loads(json.dumps(tick))
+    assert first["nodes"][1]["state"] == {"level": 0.42, "flagged": True}
+
+
+def test_a_run_without_a_driver_is_shown_from_the_database_alone(services, monkeypatch) -> None:
+    # Given a run whose driver's last kept tick is from before the run ended, and one
+    # never driven
+    run, pending = make_run(), make_run()
+    Run.objects.filter(pk=run.pk).update(status="running")
+    publish(run.pk, {**service.snapshot(run.pk), "time": "stale-tick"})
+    Run.objects.filter(pk=run.pk).update(status="completed", finished_at=timezone.now())
+    monkeypatch.setattr(KazooClient, "start", refuse_zookeeper)
+
+    # When a viewer asks for the run's state
+    shown = service.snapshot(run.pk)
+
+    # Then it is built from PostgreSQL: the run as it ended, no live node states
+    assert shown["time"] != "stale-tick"
+    assert shown["final"] is True
+    assert shown["run"]["status"] == "completed"
+    assert [n["state"] for n in shown["nodes"]] == [{}] * 5
+    # and the run never driven likewise
+    assert service.snapshot(pending.pk)["run"]["status"] == "pending"

@@ -1,6 +1,9 @@
 /* Helpers shared by the console's pages: requests with the CSRF token, formatting,
- * SVG elements, and the level colour scale (NiFi's back-pressure bar: green below 60%,
- * amber below 85%, red above). No framework, no CDN: this file ships with the project. */
+ * SVG elements, and the level colour scale (NiFi's back-pressure bar: green below
+ * LEVEL_WARN, amber below LEVEL_BAD, red above). The thresholds live here only: pages
+ * label their legends with levelBandText and draw their grids at the same values; the
+ * colours are console.css's --ok, --warn and --bad. No framework, no CDN: this file
+ * ships with the project. */
 (function (global) {
   "use strict";
 
@@ -57,6 +60,20 @@
     return "level-ok";
   }
 
+  // The legend's text of a level band ("ok", "warn", "bad"), from the thresholds above.
+  function levelBandText(band) {
+    const warn = Math.round(100 * LEVEL_WARN) + "%";
+    const bad = Math.round(100 * LEVEL_BAD) + "%";
+    return { ok: "< " + warn, warn: warn + "–" + bad, bad: "≥ " + bad }[band] || "";
+  }
+
+  // Fill every [data-level-band] element under root with its band's text.
+  function labelLevelBands(root) {
+    for (const node of (root || document).querySelectorAll("[data-level-band]")) {
+      node.textContent = levelBandText(node.getAttribute("data-level-band"));
+    }
+  }
+
   function pct(x, digits) {
     if (x === null || x === undefined || isNaN(x)) return "–";
     return (100 * x).toFixed(digits === undefined ? 0 : digits) + "%";
@@ -97,7 +114,7 @@
   }
 
   global.BP = Object.assign(global.BP || {}, {
-    SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, pct, bytes, rate,
-    duration, clock, readJson,
+    SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, levelBandText,
+    labelLevelBands, pct, bytes, rate, duration, clock, readJson,
   });
 })(window);

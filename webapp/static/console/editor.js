@@ -11,7 +11,7 @@
   doc.nodes = Array.isArray(doc.nodes) ? doc.nodes : [];
   doc.edges = Array.isArray(doc.edges) ? doc.edges : [];
   const KINDS = ["source", "operator", "sink"];
-  const DEFAULT_OPERATOR = { source: "read", operator: "aggregate", sink: "merge" };
+  const DEFAULT_OPERATOR = config.default_operators || {};  // node kind -> operator (the catalog's)
   const $ = (id) => document.getElementById(id);
   let problems = config.problems || [];
   let checkTimer = null;
@@ -345,7 +345,7 @@
     $("add-node").addEventListener("click", () => {
       let n = doc.nodes.length + 1;
       while (doc.nodes.some((x) => x.name === "node" + n)) n++;
-      doc.nodes.push({ name: "node" + n, kind: "operator", operator: "aggregate", params: {}, buffer_mb: 64 });
+      doc.nodes.push({ name: "node" + n, kind: "operator", operator: DEFAULT_OPERATOR.operator, params: {}, buffer_mb: 64 });
       renderNodes(); renderEdges(); changed(true);
     });
     $("add-edge").addEventListener("click", () => {

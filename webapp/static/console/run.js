@@ -407,7 +407,7 @@
     const span = Math.max(30, Math.min(HISTORY_S, points.length ? now - points[0].t : 30));
     const X = (t) => x1 - (now - t) / span * (x1 - x0);
     const Y = (v) => y0 - v * (y0 - y1);
-    for (const v of [0, 0.6, 0.85, 1]) {
+    for (const v of [0, BP.LEVEL_WARN, BP.LEVEL_BAD, 1]) {
       svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: Y(v), y2: Y(v), class: "grid" }));
       svg.appendChild(BP.svg("text", { x: x0 - 4, y: Y(v) + 3, class: "axis", "text-anchor": "end" }, (v * 100) + "%"));
     }
@@ -585,6 +585,7 @@
     $("btn-add-instance").addEventListener("click", () => adjust("add_instance"));
     $("btn-remove-instance").addEventListener("click", () => adjust("remove_instance"));
     $("event-filter").addEventListener("change", renderTimeline);
+    BP.labelLevelBands($("legend"));
     drawCharts();
     refreshEvents();
     loadCompletion();

@@ -8,8 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orchestrator.service import (
+    BatchJobError,
     GeneratorError,
     InputError,
+    PipelineDocument,
     PolicyError,
     RunError,
     batch_summary,
@@ -56,7 +58,7 @@ class Command(BaseCommand):
                 input_path=options["input"],
                 generator=options["generator"],
             )
-        except (InputError, GeneratorError, RunError, PolicyError) as exc:
+        except (InputError, GeneratorError, RunError, BatchJobError, PolicyError) as exc:
             raise CommandError(str(exc)) from None
         if not workers_alive():
             raise CommandError(
@@ -80,7 +82,7 @@ class Command(BaseCommand):
         if result["status"] != "completed":
             raise CommandError(f"run {run.pk} ended {result['status']}: {result['error']}")
 
-    def _topology(self, name_or_file: str) -> tuple[dict[str, Any], Pipeline | None]:
+    def _topology(self, name_or_file: str) -> tuple[PipelineDocument, Pipeline | None]:
         path = Path(name_or_file)
         if path.is_file():
             try:
@@ -103,7 +105,7 @@ class Command(BaseCommand):
         return export_document(pipeline), pipeline
 
     def _policy(
-        self, name: str | None, pipeline: Pipeline | None, doc: dict[str, Any]
+        self, name: str | None, pipeline: Pipeline | None, doc: PipelineDocument
     ) -> dict[str, Any]:
         if name is not None:
             base = Policy.objects.filter(name=name).first()

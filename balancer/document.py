@@ -1,0 +1,69 @@
+"""A pipeline document: the topology format (docs/topology-format.md) as data.
+
+The console validates and stores it, a run keeps a copy (and one per hot-rescale
+version), the runtime routes by it and the simulator reads it from a file. Its shape is
+written down here once, with the defaults of every optional field; what the balancer
+makes of it is :meth:`balancer.topology.Topology.from_document`.
+
+A document is plain JSON data (a ``dict``): these types say what it holds, they do not
+check it. The console's validation (webapp/console/topology.py) does, before a document
+is saved or run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
+
+NodeKind = Literal["source", "operator", "sink"]
+
+# The defaults of a document's optional fields, for everything that reads one.
+DEFAULT_KIND: NodeKind = "operator"
+DEFAULT_BUFFER_MB = 64.0  # a node's data-pool capacity
+DEFAULT_MAX_RATE_MBPS = 0.0  # a node's emulated processing rate; 0 = unlimited
+DEFAULT_BANDWIDTH_MBPS = 0.0  # a link's emulated bandwidth; 0 = unlimited
+DEFAULT_LATENCY_MS = 0.0  # a link's one-way delay (the simulator only)
+
+# An operator's parameters: JSON values whose names and types depend on the operator,
+# declared and checked by the operator catalog (sparkjobs/catalog.py).
+OperatorParams = Mapping[str, Any]
+
+
+class NodeDocument(TypedDict):
+    """One entry of ``nodes``."""
+
+    name: str
+    kind: NodeKind
+    stage: NotRequired[str]  # absent or "": a stage of its own (its name)
+    operator: NotRequired[str]  # absent: the kind's default operator (the catalog's)
+    params: NotRequired[OperatorParams]
+    buffer_mb: NotRequired[float]
+    max_rate_mbps: NotRequired[float]
+
+
+# One entry of ``edges`` ("from" is a keyword, hence the functional form).
+EdgeDocument = TypedDict(
+    "EdgeDocument",
+    {
+        "from": str,
+        "to": str,
+        "bandwidth_mbps": NotRequired[float],
+        "latency_ms": NotRequired[float],  # read by the simulator only
+    },
+)
+
+
+class PipelineDocument(TypedDict):
+    """A whole pipeline: what ``Run.topology`` and ``Adjustment.before``/``after`` hold."""
+
+    name: str
+    description: NotRequired[str]
+    policy: NotRequired[str | None]  # a named policy; absent: the default one
+    policy_overrides: NotRequired[Mapping[str, float | int | str]]
+    nodes: list[NodeDocument]
+    edges: list[EdgeDocument]
+
+
+def stage_of(node: NodeDocument) -> str:
+    """The node's stage: its ``stage``, or its own name when it has none."""
+    return node.get("stage") or node["name"]

@@ -1,0 +1,256 @@
+"""Planning a rescale (shared/spec/hot-rescale.md section 1, and 3.1 for key groups), and
+where data goes while a run's graph changes.
+
+Owns: the request (:class:`Change`, :class:`NewInstance`) and its refusal
+(:class:`RescaleError`); the graph document's stages and key groups (``stage_of``,
+``stage_members``, ``is_keyed``, ``key_groups``); the plan of one change
+(:func:`plan_change`: the subgraph from ``balancer.rescale``, the graph after it, every
+instance's graph-state update and the stateful stages' hand-off); and routing under a
+changing graph: the graph a node routes with (:func:`topology_at`), the copies of one
+output (:func:`targets`, :func:`copy_id`) and queued data sent again by another graph
+(:func:`reroute`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import QuerySet
+
+from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
+from orchestrator.models import Adjustment, Event, Run, Segment
+from orchestrator.pipeline.graph import balancer_topology, downstreams_of
+from orchestrator.pipeline.routes import Routes, route
+from sparkjobs.catalog import OPERATORS
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
+
+
+class RescaleError(ValueError):
+    """A rescale cannot be made as asked; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class NewInstance:
+    name: str
+    stage: str
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str
+    added: tuple[NewInstance, ...] = ()
+    removed: tuple[str, ...] = ()
+    reason: str = ""
+    actor: str = Event.Actor.USER
+    user: Any = None
+
+
+# -- graph documents ------------------------------------------------------------------
+
+
+def _nodes(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {n["name"]: n for n in doc["nodes"]}
+
+
+def stage_of(doc: Mapping[str, Any], name: str) -> str:
+    node = _nodes(doc)[name]
+    return node.get("stage") or name
+
+
+def stage_members(doc: Mapping[str, Any], stage: str) -> list[str]:
+    return [n["name"] for n in doc["nodes"] if (n.get("stage") or n["name"]) == stage]
+
+
+def is_keyed(doc: Mapping[str, Any], name: str) -> bool:
+    node = _nodes(doc)[name]
+    operator = node.get("operator") or ""
+    return operator in OPERATORS and OPERATORS[operator].stateful
+
+
+def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:
+    """Each member's key group: even slot ranges in the stage's declaration order."""
+    members = stage_members(doc, stage)
+    return {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
+
+
+# -- where data goes ------------------------------------------------------------------
+
+
+def topology_at(run: Run, config: int, node: str) -> dict[str, Any]:
+    """The graph ``node``, aligned with version ``config``, routes with: the graph
+    before the next adjustment, unless the node exists only after it (a new instance
+    that has not aligned yet routes like the new graph it was made for)."""
+    if config >= run.config_version:
+        return run.topology
+    adjustment = Adjustment.objects.filter(run=run, version__gt=config).order_by("version").first()
+    if adjustment is None or node not in _nodes(adjustment.before):
+        return run.topology
+    return adjustment.before
+
+
+def targets(
+    doc: Mapping[str, Any],
+    sender: str,
+    segment_id: str,
+    *,
+    tag: str,
+    routes: Routes,
+    slots: KeyGroup,
+) -> list[tuple[str, str, KeyGroup]]:
+    """Where ``sender`` sends one output: ``(node, migrated_from, key slots)`` per copy.
+
+    A keyed (stateful) stage gets one copy per member whose key group meets the data's
+    slots, each carrying only those slots; any other stage gets the whole segment at
+    the node its routes pick.
+    """
+    downstreams = downstreams_of(doc, sender)
+    if not downstreams:
+        return []
+    if is_keyed(doc, downstreams[0]):
+        groups = key_groups(doc, stage_of(doc, downstreams[0]))
+        copies = []
+        for member in downstreams:
+            inter = slots.intersect(groups[member])
+            if inter is not None:
+                copies.append((member, "", inter))
+        return copies
+    target, migrated_from = route(segment_id, tag, downstreams, routes)
+    return [(target, migrated_from, slots)]
+
+
+def copy_id(segment_id: str, target: str, slots: KeyGroup, copies: int) -> str:
+    """A deterministic id per copy, so a re-run batch inserts nothing new."""
+    return segment_id if copies == 1 and slots.whole else f"{segment_id}@{target}"
+
+
+def reroute(queued: QuerySet[Segment], doc: Mapping[str, Any]) -> int:
+    """Queue ``queued`` again where their upstream sends data in the graph ``doc``
+    (split by key groups for a keyed stage); returns how many copies were queued."""
+    moved = 0
+    for seg in list(queued.select_for_update()):
+        slots = KeyGroup(seg.slots_from, seg.slots_to)
+        original = seg.pk
+        copies = targets(doc, seg.upstream, original, tag=seg.tag, routes=Routes(), slots=slots)
+        seg.delete()
+        for node, migrated_from, part in copies:
+            seg_copy = copy.copy(seg)
+            seg_copy.pk = copy_id(original, node, part, len(copies))
+            seg_copy.node, seg_copy.migrated_from = node, migrated_from
+            seg_copy.slots_from, seg_copy.slots_to = part.low, part.high
+            seg_copy.state, seg_copy.lease_owner, seg_copy.lease_expires = "queued", "", None
+            seg_copy.save(force_insert=True)
+            moved += 1
+    return moved
+
+
+# -- the plan of one change -----------------------------------------------------------
+
+
+def _after_doc(
+    before: Mapping[str, Any],
+    added: Sequence[NewInstance],
+    removed: Sequence[str],
+    plan: AdjustmentPlan,
+) -> dict[str, Any]:
+    nodes = _nodes(before)
+    doc = copy.deepcopy(dict(before))
+    new_nodes = [n for n in doc["nodes"] if n["name"] not in removed]
+    for item in added:
+        template = nodes[stage_members(before, item.stage)[0]]
+        node = copy.deepcopy(dict(template))
+        node["name"], node["stage"] = item.name, item.stage
+        new_nodes.append(node)
+    doc["nodes"] = new_nodes
+    edges = [e for e in doc["edges"] if (e["from"], e["to"]) not in plan.disconnect]
+    union_stage = {**{n: stage_of(before, n) for n in nodes}, **{a.name: a.stage for a in added}}
+    for src, dst in sorted(plan.connect):
+        template = next(
+            e
+            for e in before["edges"]
+            if stage_of(before, e["from"]) == union_stage[src]
+            and stage_of(before, e["to"]) == union_stage[dst]
+        )
+        edges.append({**template, "from": src, "to": dst})
+    doc["edges"] = edges
+    return doc
+
+
+def plan_change(
+    before: Mapping[str, Any], change: Change
+) -> tuple[AdjustmentPlan, dict[str, Any], dict[str, Any]]:
+    """``(plan, graph after the change, the plan as stored)``, or :class:`RescaleError`."""
+    nodes = _nodes(before)
+    for item in change.added:
+        if not stage_members(before, item.stage):
+            raise RescaleError(f"the pipeline has no stage {item.stage!r}")
+        kind = nodes[stage_members(before, item.stage)[0]]["kind"]
+        if kind != "operator":
+            raise RescaleError(f"stage {item.stage!r} is a {kind}; only operators rescale")
+    names = [a.name for a in change.added]
+    taken = sorted({n for n in names if n in nodes or names.count(n) > 1})
+    if taken:
+        raise RescaleError(f"new instance id(s) already taken: {', '.join(taken)}")
+    for name in change.removed:
+        if name not in nodes:
+            raise RescaleError(f"the run has no instance {name!r}")
+        if nodes[name]["kind"] != "operator":
+            raise RescaleError(f"{name} is a {nodes[name]['kind']}; only operators rescale")
+    probe = {
+        **before,
+        "nodes": [
+            *before["nodes"],
+            *(
+                {**nodes[stage_members(before, a.stage)[0]], "name": a.name, "stage": a.stage}
+                for a in change.added
+            ),
+        ],
+    }
+    union_topology = balancer_topology(probe)
+    try:
+        plan = plan_adjustment(
+            balancer_topology(before),
+            [union_topology.node(a.name) for a in change.added],
+            change.removed,
+        )
+    except ValueError as err:
+        raise RescaleError(str(err)) from None
+    after = _after_doc(before, change.added, change.removed, plan)
+    handoff: dict[str, Any] = {}
+    for stage in plan.changed_stages:
+        members_before = stage_members(before, stage)
+        if not is_keyed(before, members_before[0]):
+            continue
+        original = even_key_groups(range(KEY_SLOTS), members_before)
+        new = even_key_groups(range(KEY_SLOTS), stage_members(after, stage))
+        hand = plan_handoff(original, new)
+        handoff[stage] = {
+            "takeovers": [[t.source, t.target, sorted(t.keys)] for t in hand.takeovers],
+            "fetches": [[t.source, t.target, sorted(t.keys)] for t in hand.fetches],
+            "drops": {k: sorted(v) for k, v in hand.drops.items()},
+            "second_group": dict(hand.second_group),
+        }
+    plan_json = {
+        "changed_stages": list(plan.changed_stages),
+        "added": sorted(plan.added),
+        "removed": sorted(plan.removed),
+        "subgraph": list(plan.subgraph),
+        "sources": sorted(plan.sources),
+        "tails": sorted(plan.tails),
+        "connect": [list(lk) for lk in sorted(plan.connect)],
+        "disconnect": [list(lk) for lk in sorted(plan.disconnect)],
+        "updates": {
+            name: {
+                "upstreams": list(u.upstreams),
+                "downstreams": list(u.downstreams),
+                "connect": [list(lk) for lk in u.connect],
+                "disconnect": [list(lk) for lk in u.disconnect],
+            }
+            for name, u in plan.updates.items()
+        },
+        "handoff": handoff,
+    }
+    return plan, after, plan_json

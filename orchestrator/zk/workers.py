@@ -1,0 +1,127 @@
+"""Who is alive and who drives: the worker registry and each run's driver lock.
+
+Owns ``workers/<name>`` (ephemeral JSON: host, pid, queues, started; made again after a
+lost session) and ``runs/<run>/driver`` (kazoo Lock: one live driver/balance loop per
+run), and :class:`WorkerNameTakenError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.recipe.lock import Lock
+
+from orchestrator.zk.session import ControlPlaneError, encode
+from orchestrator.zk.znodes import Subscription, Znodes, check_name
+
+log = logging.getLogger(__name__)
+
+
+class WorkerNameTakenError(ControlPlaneError):
+    """Another live session already registered a worker under this name."""
+
+
+class WorkerZnodes(Znodes):
+    def __init__(self, client: KazooClient, root: str | None = None) -> None:
+        super().__init__(client, root)
+        self._workers: dict[str, bytes] = {}
+        self._workers_lock = threading.Lock()
+        self._session_was_lost = False
+        self.session.on_lost(self._note_session_lost)
+        self.session.on_reconnected(self._after_reconnect)
+
+    def _workers_path(self) -> str:
+        return f"{self.root}/workers"
+
+    # -- driver lock ----------------------------------------------------------------
+
+    def driver_lock(self, run: str, identifier: str) -> Lock:
+        """The run's driver lock; ``identifier`` (host:pid, task id) names the holder to
+        :meth:`driver_holder`. Acquire with a timeout (kazoo raises ``LockTimeout``).
+
+        After LOST the lock's znode is gone although kazoo's ``is_acquired`` still says
+        True: the loop's ``on_lost`` callback must stop acting as owner; ``release()``
+        once reconnected is harmless and resets the object for a new ``acquire()``."""
+        return self.client.Lock(f"{self.run_path(run)}/driver", identifier)
+
+    def driver_holder(self, run: str) -> str | None:
+        """Identifier of the live driver holding the lock, or None if nobody does: what
+        a watchdog checks before starting a new driver."""
+        path = f"{self.run_path(run)}/driver"
+        if self.client.retry(self.client.exists, path) is None:
+            return None  # do not create the folder of a run that has none
+        try:
+            contenders = self.client.retry(Lock(self.client, path).contenders)
+        except NoNodeError:
+            return None
+        return contenders[0] if contenders else None
+
+    # -- workers --------------------------------------------------------------------
+
+    def register_worker(self, name: str, info: Mapping[str, Any]) -> None:
+        """Announce a live worker with an ephemeral znode: it vanishes with the session.
+        After a lost session the registration is made again on reconnect."""
+        path = f"{self._workers_path()}/{check_name('worker', name)}"
+        payload = encode(info)
+        self._create_worker(path, payload)
+        with self._workers_lock:
+            self._workers[name] = payload
+
+    def unregister_worker(self, name: str) -> bool:
+        with self._workers_lock:
+            self._workers.pop(name, None)
+        try:
+            self.client.retry(
+                self.client.delete, f"{self._workers_path()}/{check_name('worker', name)}"
+            )
+        except NoNodeError:
+            return False
+        return True
+
+    def live_workers(self) -> dict[str, dict[str, Any]]:
+        return self._read_all(self._workers_path())
+
+    def watch_workers(self, callback: Callable[[set[str]], None]) -> Subscription:
+        """Call ``callback(worker names)`` now and whenever a worker comes or goes."""
+        return self._watch_children(self._workers_path(), callback)
+
+    def _create_worker(self, path: str, payload: bytes) -> None:
+        try:
+            self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
+            return
+        except NodeExistsError:
+            pass
+        # Ours already (a retried create that had succeeded, or re-registration)? Update it.
+        data, stat = self.client.retry(self.client.get, path)
+        session_id = self.client.client_id[0] if self.client.client_id else None
+        if stat.ephemeralOwner != session_id:
+            raise WorkerNameTakenError(
+                f"worker {path.rsplit('/', 1)[1]} is registered by another session"
+            )
+        if data != payload:
+            self.client.retry(self.client.set, path, payload, version=stat.version)
+
+    def _note_session_lost(self) -> None:
+        self._session_was_lost = True
+
+    def _after_reconnect(self) -> None:
+        if not self._session_was_lost:
+            return
+        self._session_was_lost = False
+        with self._workers_lock:
+            workers = dict(self._workers)
+        if workers:
+            # Not in the connection thread: that would block the client.
+            self.client.handler.spawn(self._reregister, workers)
+
+    def _reregister(self, workers: Mapping[str, bytes]) -> None:
+        for name, payload in workers.items():
+            try:
+                self._create_worker(f"{self._workers_path()}/{name}", payload)
+            except Exception:
+                log.exception("could not re-register worker %s after a lost session", name)
