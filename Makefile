@@ -23,6 +23,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The browser tests drive Debian's chromium (never `playwright install`: machines may be
 # offline or have no access to Playwright's download host).

@@ -72,13 +72,13 @@ def credit_step(
         if not downstreams:
             continue
         if downstreams not in grants:
-            credits = MappingProxyType({d: share_of_free.get(d, 0.0) for d in downstreams})
-            tightest = min(credits, key=credits.__getitem__)
+            grant = MappingProxyType({d: share_of_free.get(d, 0.0) for d in downstreams})
+            tightest = min(grant, key=grant.__getitem__)
             grants[downstreams] = (
-                credits,
-                f"free queue space of {len(credits)} downstream(s), shared with their "
-                f"other upstreams: {sum(credits.values()) / MB:.2f} MB in all, "
-                f"least {credits[tightest] / MB:.2f} MB to {tightest}",
+                grant,
+                f"free queue space of {len(grant)} downstream(s), shared with their "
+                f"other upstreams: {sum(grant.values()) / MB:.2f} MB in all, "
+                f"least {grant[tightest] / MB:.2f} MB to {tightest}",
             )
         credits, reason = grants[downstreams]
         actions.append(SetCredits(reason=reason, upstream=upstream, credits=credits))

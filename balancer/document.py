@@ -6,7 +6,7 @@ written down here once, with the defaults of every optional field; what the bala
 makes of it is :meth:`balancer.topology.Topology.from_document`.
 
 A document is plain JSON data (a ``dict``): these types say what it holds, they do not
-check it. The console's validation (webapp/console/topology.py) does, before a document
+check it. The console's validation (webapp/console/validation.py) does, before a document
 is saved or run.
 """
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from balancer.credit import CreditState, StopResumeState, credit_step, stop_resume_step
 from balancer.model import Action, Observation
@@ -35,6 +35,8 @@ from balancer.watermark import WatermarkState, flags_after, watermark_tick
 
 if TYPE_CHECKING:
     from balancer.pressure import MigrationState
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerSt
     what refers to a node no longer there is dropped, so no layer decides about it; a
     migration that involved one is dropped whole and decided again on the next tick."""
 
-    def keep(mapping: Mapping[str, object]) -> dict[str, object]:
+    def keep(mapping: Mapping[str, _V]) -> dict[str, _V]:
         return {k: v for k, v in mapping.items() if k in nodes}
 
     shares = {
@@ -92,7 +94,7 @@ def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerSt
         stepwise=stepwise,
         stop_resume=replace(state.stop_resume, holding=state.stop_resume.holding & nodes),
         migration=migration,
-    )  # type: ignore[arg-type]
+    )
 
 
 def step(observation: Observation, state: BalancerState, policy: Policy) -> Decision:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 from balancer.topology import Topology
 
@@ -24,20 +24,40 @@ class NodeObservation:
     buffered_bytes: float
     in_rate: float  # bytes per second into the node's pool
     out_rate: float  # bytes per second processed and sent on
-    flagged: bool = False
+    flagged: bool
     # The task state the node last wrote (stepwise-backpressure.md): speed as a
     # fraction of its maximum, the speed it had before backpressure, and whether it is
-    # in backpressure. The balancer reads it back to know which slow-downs took effect.
-    speed: float = 1.0
-    origin_speed: float = 1.0
-    in_backpressure: bool = False
+    # in backpressure. The balancer reads it back to know which slow-downs took effect;
+    # no default, so a runtime that forgets to report it fails at once (a driver that
+    # did never restored a slowed upstream).
+    speed: float
+    origin_speed: float
+    in_backpressure: bool
     # Per downstream that the default routing names (the data's tag): bytes at the head
     # of the node's queue (what it sends next, at most one buffer capacity of it), and
     # bytes per second that entered the node over the interval. Proportional migration
     # plans from them: the ledger knows the tags of queued and arriving segments, so the
     # coming mix is measured, not guessed.
-    head_by_route: Mapping[str, float] = field(default_factory=dict)
-    in_rate_by_route: Mapping[str, float] = field(default_factory=dict)
+    head_by_route: Mapping[str, float]
+    in_rate_by_route: Mapping[str, float]
+
+
+class NodeState(TypedDict):
+    """What a node shows after a tick, in the console and in ZooKeeper: its last
+    observation (rates in bytes per second), the watermarks it is judged by, and the
+    pacing the balancer set for it."""
+
+    level: float
+    buffered_bytes: int
+    in_rate: float
+    out_rate: float
+    high_water: float
+    low_water: float
+    flagged: bool
+    rate_coefficient: float
+    speed: float
+    origin_speed: float
+    in_backpressure: bool
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,11 @@ class Action:
     kind: ClassVar[str] = "action"
     reason: str
 
+    @property
+    def subject(self) -> str:
+        """The node the action concerns, as the event timeline shows it."""
+        return ""
+
     def to_json(self) -> dict[str, Any]:
         payload = {"kind": self.kind}
         for f in dataclasses.fields(self):
@@ -84,11 +109,19 @@ class SetFlag(Action):
     kind: ClassVar[str] = "set_flag"
     node: str = ""
 
+    @property
+    def subject(self) -> str:
+        return self.node
+
 
 @dataclass(frozen=True)
 class ClearFlag(Action):
     kind: ClassVar[str] = "clear_flag"
     node: str = ""
+
+    @property
+    def subject(self) -> str:
+        return self.node
 
 
 @dataclass(frozen=True)
@@ -98,6 +131,10 @@ class SetThresholds(Action):
     high_water: float = 0.0
     low_water: float = 0.0
 
+    @property
+    def subject(self) -> str:
+        return self.node
+
 
 @dataclass(frozen=True)
 class SetRate(Action):
@@ -106,6 +143,10 @@ class SetRate(Action):
     kind: ClassVar[str] = "set_rate"
     node: str = ""
     coefficient: float = 1.0
+
+    @property
+    def subject(self) -> str:
+        return self.node
 
 
 @dataclass(frozen=True)
@@ -117,6 +158,10 @@ class StepwiseSignal(Action):
     target: str = ""
     origin: str = ""
 
+    @property
+    def subject(self) -> str:
+        return self.target
+
 
 @dataclass(frozen=True)
 class SetSpeed(Action):
@@ -127,6 +172,10 @@ class SetSpeed(Action):
     speed: float = 1.0
     origin_speed: float = 1.0
     in_backpressure: bool = False
+
+    @property
+    def subject(self) -> str:
+        return self.node
 
 
 @dataclass(frozen=True)
@@ -140,6 +189,10 @@ class SetShares(Action):
     # stages has one set of shares per stage.
     stage: str = ""
 
+    @property
+    def subject(self) -> str:
+        return self.upstream
+
 
 @dataclass(frozen=True)
 class SetCredits(Action):
@@ -148,6 +201,10 @@ class SetCredits(Action):
     kind: ClassVar[str] = "set_credits"
     upstream: str = ""
     credits: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return self.upstream
 
 
 @dataclass(frozen=True)
@@ -165,6 +222,10 @@ class StartMigration(Action):
     # branch's first node, fractions summing to 1; empty means all of it goes to light[0].
     targets: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def subject(self) -> str:
+        return self.branch_node
+
 
 @dataclass(frozen=True)
 class StopMigration(Action):
@@ -172,6 +233,10 @@ class StopMigration(Action):
     branch_node: str = ""
     heavy: tuple[str, ...] = ()
     backpressure_node: str = ""
+
+    @property
+    def subject(self) -> str:
+        return self.branch_node
 
 
 @dataclass(frozen=True)
@@ -181,3 +246,7 @@ class ScaleOutRequest(Action):
     kind: ClassVar[str] = "scale_out_request"
     stage: str = ""
     upstream: str = ""
+
+    @property
+    def subject(self) -> str:
+        return self.upstream

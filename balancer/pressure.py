@@ -98,7 +98,7 @@ def migration_step(
         return _pressure_step(observation, state, policy)
     if policy.migration == "proportional":
         return _proportional_step(observation, state, policy)
-    stops = [_stop(m, "migration is off for this run") for m in state.active]
+    stops: list[Action] = [_stop(m, "migration is off for this run") for m in state.active]
     return stops, MigrationState(tick=state.tick + 1)
 
 
@@ -196,7 +196,8 @@ def pressure_score(
     0), and equals the published form whenever the branch is filling.
     """
     numerator = alpha * queue_usage + (1.0 - alpha) * rate_gap
-    factor = bandwidth_ratio**beta
+    # typeshed types float ** float as Any (a negative base gives a complex); b > 0 here.
+    factor: float = bandwidth_ratio**beta
     return numerator / factor if numerator >= 0 else numerator * factor
 
 

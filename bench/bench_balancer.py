@@ -29,11 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from balancer.credit import CreditState, credit_step
+from balancer.document import NodeKind
 from balancer.loop import BalancerState, step
 from balancer.model import NodeObservation, Observation
 from balancer.policy import Policy
 from balancer.rate import RateState, rate_tick
-from balancer.shares import shares_tick
+from balancer.shares import GroupKey, shares_tick
 from balancer.stepwise import StepwiseState, stepwise_step
 from balancer.topology import LinkSpec, NodeSpec, Topology
 from balancer.units import MB
@@ -62,7 +63,9 @@ def pipeline() -> Topology:
     links: list[LinkSpec] = []
     previous: list[str] = []
     for index, (stage, width, feed, mergeable) in enumerate(LAYOUT):
-        kind = "source" if index == 0 else "sink" if index == len(LAYOUT) - 1 else "operator"
+        kind: NodeKind = (
+            "source" if index == 0 else "sink" if index == len(LAYOUT) - 1 else "operator"
+        )
         members = [f"{stage}{i}" for i in range(width)]
         nodes.extend(NodeSpec(m, kind, stage, CAPACITY, mergeable) for m in members)
         if feed == "forward":
@@ -89,6 +92,11 @@ def frames(topology: Topology, period_s: float, count: int, seed: int) -> Iterat
                 in_rate=rng.uniform(0, 12.5 * MB),
                 out_rate=rng.uniform(0, 12.5 * MB),
                 flagged=node_id in flagged,
+                speed=1.0,
+                origin_speed=1.0,
+                in_backpressure=False,
+                head_by_route={},
+                in_rate_by_route={},
             )
             for node_id, level in levels.items()
         }
@@ -132,7 +140,9 @@ def bench_rate(topology: Topology, policy: Policy, ticks: int, seed: int) -> Sam
         for observation in frames(topology, policy.sampling_period_s, ticks, seed):
             flagged = flags_after(observation, [])
 
-            def call(observation: Observation = observation, flagged=flagged) -> None:
+            def call(
+                observation: Observation = observation, flagged: frozenset[str] = flagged
+            ) -> None:
                 nonlocal states
                 _, states = rate_tick(observation, flagged, states, policy)
 
@@ -142,7 +152,7 @@ def bench_rate(topology: Topology, policy: Policy, ticks: int, seed: int) -> Sam
 
 
 def bench_shares(topology: Topology, policy: Policy, ticks: int, seed: int) -> Samples:
-    shares: dict = {}
+    shares: dict[GroupKey, dict[str, float]] = {}
 
     def calls() -> Iterator[Callable[[], object]]:
         for observation in frames(topology, 1.0, ticks, seed):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from balancer.model import NodeState
 from orchestrator.services.launcher import Launcher
 from orchestrator.zk.control_plane import ControlPlane, encode
 
@@ -85,18 +86,21 @@ def bench_flags(driver: ControlPlane, upstream: ControlPlane, flips: int) -> lis
 
 
 def bench_states(plane: ControlPlane, ticks: int, nodes: int) -> tuple[list[float], list[float]]:
-    def states(tick: int) -> dict[str, dict[str, object]]:
+    def states(tick: int) -> dict[str, NodeState]:
         return {
-            f"node-{n:03d}": {
-                "level": (n * 7 + tick) % 100 / 100,
-                "high_water": 0.8,
-                "low_water": 0.3,
-                "rate_coefficient": 1.0 - (tick % 8) / 10,
-                "speed": 100.0 + n,
-                "origin_speed": 120.0,
-                "in_backpressure": (n + tick) % 5 == 0,
-                "tick": tick,
-            }
+            f"node-{n:03d}": NodeState(
+                level=(n * 7 + tick) % 100 / 100,
+                buffered_bytes=(n * 7 + tick) % 100 * 1024,
+                in_rate=1000.0 * (tick % 10),
+                out_rate=900.0 * (tick % 10),
+                high_water=0.8,
+                low_water=0.3,
+                flagged=(n + tick) % 5 == 0,
+                rate_coefficient=1.0 - (tick % 8) / 10,
+                speed=100.0 + n,
+                origin_speed=120.0,
+                in_backpressure=(n + tick) % 5 == 0,
+            )
             for n in range(nodes)
         }
 

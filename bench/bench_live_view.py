@@ -7,7 +7,7 @@ tick, and the run view's page load.
 What it measures (targets from issue 6):
 
 1. **Latency**, p95 <= 500 ms: from the moment the balance loop observed the levels
-   (``_observe`` returns) to the moment the run view in Chromium has updated its DOM
+   (``_measure`` returns) to the moment the run view in Chromium has updated its DOM
    with that tick (and, separately, to the next animation frame: painted). The driver
    runs in this process so each published snapshot can carry that observation time;
    the page logs when it rendered each snapshot. Same machine, same wall clock.
@@ -44,9 +44,9 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -106,7 +106,7 @@ def viewer_process(url: str, cookie: str, origin: str, count: int) -> None:
     window: dict[str, Any] = {}
     open_clients: set[Any] = set()
 
-    class Viewer(WebSocketClientProtocol):  # type: ignore[misc]
+    class Viewer(WebSocketClientProtocol):
         def onOpen(self) -> None:  # autobahn's callback names
             self.messages = 0
             open_clients.add(self)
@@ -126,10 +126,15 @@ def viewer_process(url: str, cookie: str, origin: str, count: int) -> None:
                 window["closed_early"] += 0 if window.get("closing") else 1
 
     async def main() -> None:
-        factory = WebSocketClientFactory(url, origin=origin, headers={"Cookie": cookie})
+        # autobahn ships a py.typed marker but leaves these two unannotated.
+        factory = WebSocketClientFactory(  # type: ignore[no-untyped-call]
+            url, origin=origin, headers={"Cookie": cookie}
+        )
         factory.protocol = Viewer
         # A browser waits for a busy server; autobahn's default gives up after 5 s.
-        factory.setProtocolOptions(openHandshakeTimeout=60, closeHandshakeTimeout=10)
+        factory.setProtocolOptions(  # type: ignore[no-untyped-call]
+            openHandshakeTimeout=60, closeHandshakeTimeout=10
+        )
         host, port = url.split("//")[1].split("/", maxsplit=1)[0].split(":")
         loop = asyncio.get_running_loop()
         windows = []
@@ -174,11 +179,14 @@ def console(var_dir: Path) -> Iterator[dict[str, Any]]:
     from orchestrator.services.launcher import Launcher
 
     with Launcher(var_dir) as endpoints:
+        port = free_port()
         env = {
             **os.environ,
             **endpoints.as_env(),
             "DJANGO_SETTINGS_MODULE": "webapp.settings.local",
             "BPCONSOLE_VAR_DIR": str(var_dir),
+            # The pages served on this port may open the run view's websocket to it.
+            "BPCONSOLE_PORT": str(port),
         }
         os.environ.update(env)
         subprocess.run(
@@ -187,7 +195,6 @@ def console(var_dir: Path) -> Iterator[dict[str, Any]]:
             cwd=PROJECT_ROOT,
             check=True,
         )
-        port = free_port()
         logs = var_dir / "log"
         logs.mkdir(parents=True, exist_ok=True)
         children = []
@@ -311,26 +318,27 @@ class Bench:
         last_levels: dict[str, float] = {}
 
         class TimedDriver(RunDriver):
-            def _observe(self, interval_s: float) -> Any:
-                observation = super()._observe(interval_s)
+            def _measure(self, topology: Any) -> Any:
+                measured = super()._measure(topology)
                 self.observed_ms = time.time() * 1000
-                return observation
+                return measured
 
             def _node_states(self, observation: Any) -> Any:
                 # Stamp each tick's states with the time its levels were observed: the
                 # snapshot is built later (the driver publishes from a reporter thread).
                 states = super()._node_states(observation)
                 for state in states.values():
-                    state["bench_observed_ms"] = self.observed_ms
+                    cast("dict[str, Any]", state)["bench_observed_ms"] = self.observed_ms
                 return states
 
-            def _tick(self, run: Any, tick_s: float) -> None:
+            def _tick(self) -> None:
                 began = time.perf_counter()
-                super()._tick(run, tick_s)
+                super()._tick()
                 record["ticks"].append((time.monotonic(), (time.perf_counter() - began) * 1000))
                 record["first_tick"] = record["first_tick"] or time.monotonic()
 
-        def timed_publish(run_id: int, snapshot: dict[str, Any]) -> None:
+        def timed_publish(run_id: int, message: Mapping[str, object]) -> None:
+            snapshot = cast("dict[str, Any]", message)
             levels = {n["name"]: n["state"].get("level") for n in snapshot["nodes"]}
             changed = levels != last_levels
             last_levels.clear()
@@ -344,6 +352,8 @@ class Bench:
             began = time.perf_counter()
             publish(run_id, snapshot)
             record["publishes"].append((time.monotonic(), (time.perf_counter() - began) * 1000))
+
+        driver: Any = None
 
         def target() -> None:
             try:
@@ -360,10 +370,9 @@ class Bench:
             finally:
                 # Celery result handles must go while the broker is still up.
                 if driver is not None:
-                    driver.in_flight.clear()
+                    driver.batches.in_flight.clear()
                 connection.close()
 
-        driver: Any = None
         thread = threading.Thread(target=target, name=f"driver-{run.pk}", daemon=True)
         record["thread"] = thread
         thread.start()
@@ -507,7 +516,7 @@ class Bench:
                     page.set_viewport_size({"width": 1366, "height": 768})
                     shot_at = 0
                 page.wait_for_timeout(250)
-            log = page.evaluate("bpConsole.state.renderLog")
+            log = page.evaluate("() => bpConsole.state.renderLog")
             timed = [e for e in log if e.get("bench")]
             changed = [e for e in timed if e["bench"]["level_changed"]]
             out["dom_latency_ms"] = summary(
@@ -520,7 +529,7 @@ class Bench:
             loads_out = []
             for _ in range(loads):
                 page.goto(view)
-                page.wait_for_function("bpConsole.state.renderLog.length > 0")
+                page.wait_for_function("() => bpConsole.state.renderLog.length > 0")
                 loads_out.append(
                     page.evaluate("""() => {
                     const nav = performance.getEntriesByType('navigation')[0];

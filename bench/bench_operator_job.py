@@ -22,7 +22,7 @@ from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.p
 
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
-from sparkjobs.batch import batch_aggregate
+from sparkjobs.plain_job import batch_aggregate
 from sparkjobs.session import operator_session, spark_session
 
 

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from balancer.document import EdgeDocument, NodeDocument, PipelineDocument  # noqa: E402
 from orchestrator.services.embedded import die_with_parent  # noqa: E402
 from orchestrator.services.launcher import Launcher  # noqa: E402
 
@@ -135,9 +137,9 @@ class Stack:
             print(f"state and logs kept in {self.var}", file=sys.stderr)
 
 
-def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[str, Any]:
+def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> PipelineDocument:
     params = {"key": "key", "value": "value", "distinct": "user"}
-    nodes: list[dict[str, Any]] = [
+    nodes: list[NodeDocument] = [
         {
             "name": "source",
             "kind": "source",
@@ -146,7 +148,7 @@ def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[s
         },
         {"name": "output", "kind": "sink", "operator": "merge", "buffer_mb": 1024},
     ]
-    edges = []
+    edges: list[EdgeDocument] = []
     for i in range(1, aggregators + 1):
         name = f"agg{i}"
         nodes.append(
@@ -164,7 +166,7 @@ def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> dict[s
 
 
 def run_to_end(
-    doc: dict[str, Any],
+    doc: PipelineDocument,
     policy: dict[str, Any],
     generator: str,
     before_start: Callable[[], object] | None = None,
@@ -181,6 +183,13 @@ def run_to_end(
         if not run.is_active:
             return run
         time.sleep(0.5)
+
+
+def elapsed_s(start: datetime | None, end: datetime | None) -> float:
+    """Seconds from ``start`` to ``end``: the times of something that has ended."""
+    if start is None or end is None:
+        raise RuntimeError(f"no elapsed time from {start} to {end}: not ended")
+    return (end - start).total_seconds()
 
 
 def operator_batches(run: Any) -> list[dict[str, Any]]:
@@ -437,7 +446,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"adjustment {i + 1} did not end")
                 time.sleep(0.05)
-            last = Adjustment.objects.filter(run=run).order_by("-version").first()
+            last = Adjustment.objects.filter(run=run).latest("version")
             if step == 1:
                 added.extend(last.plan["added"])
             time.sleep(0.5)
@@ -445,7 +454,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.5)
             run.refresh_from_db()
         done = list(Adjustment.objects.filter(run=run).order_by("version"))
-        durations = {a.pk: (a.finished_at - a.started_at).total_seconds() for a in done}
+        durations = {a.pk: elapsed_s(a.started_at, a.finished_at) for a in done}
         seconds = sorted(durations.values())
         gaps = sorted(a.outcome.get("sink_max_gap_s") or 0.0 for a in done)
         result = summary(run)
@@ -467,7 +476,7 @@ def rescale(args: argparse.Namespace) -> dict[str, Any]:
             "completion_s_sorted": [round(x, 2) for x in seconds],
             "by_kind_p50_s": {k: pct(sorted(v), 0.5) for k, v in by_kind.items()},
             "sink_max_gap_s_p95": pct(gaps, 0.95),
-            "run_s": round((run.finished_at - run.started_at).total_seconds(), 1),
+            "run_s": round(elapsed_s(run.started_at, run.finished_at), 1),
             "exact": result["rows"] == batch["rows"] and result["coverage"] == "exact",
         }
 

@@ -147,7 +147,8 @@ def latest_runs(pipeline_ids: list[int]) -> dict[int, Run]:
     for run in rows.only(
         "id", "pipeline_id", "status", "created_at", "started_at", "finished_at", "error"
     ):
-        latest.setdefault(run.pipeline_id, run)
+        if run.pipeline_id is not None:  # never None after pipeline_id__in; it is nullable
+            latest.setdefault(run.pipeline_id, run)
     return latest
 
 
@@ -251,7 +252,9 @@ def record_refusal(
             )
         recent = (
             Event.objects.select_for_update()
-            .filter(kind="action_refused", run_id=run_id, user=user, data__action=action)
+            # run=, not run_id=: the same SQL (IS NULL for a refusal outside any run),
+            # but django-stubs accept None only in the relation's own lookup.
+            .filter(kind="action_refused", run=run_id, user=user, data__action=action)
             .order_by("-time", "-id")
             .first()
         )
@@ -282,7 +285,11 @@ def _refusal_details(run_id: int | None, data: dict[str, Any]) -> tuple[str, dic
     sent = data.get("node")
     if sent in (None, ""):
         return "", details
-    topology = Run.objects.filter(pk=run_id).values_list("topology", flat=True).first()
+    topology = (
+        Run.objects.filter(pk=run_id).values_list("topology", flat=True).first()
+        if run_id is not None
+        else None
+    )
     nodes = {n.get("name") for n in (topology or {}).get("nodes", []) if isinstance(n, dict)}
     if isinstance(sent, str) and sent in nodes:
         return sent, {"node": sent, **details}

@@ -78,6 +78,6 @@ def transform(
         seg = segment_of(row[SEGMENT_COL])
         results[seg].malformed += 1
         results[seg].quarantined.append(row[CORRUPT])
-    for seg, result in results.items():
-        result.bytes = write_atomic(result.path, "".join(f"{j}\n" for j in lines[seg]).encode())
+    for seg, output in results.items():
+        output.bytes = write_atomic(output.path, "".join(f"{j}\n" for j in lines[seg]).encode())
     return results

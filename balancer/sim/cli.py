@@ -18,6 +18,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from balancer.sim.bench import (
     SWEEP_ALPHAS,
@@ -113,21 +114,29 @@ def _print_run(
     )
 
 
+class _VolumeRow(TypedDict):
+    """One volume of ``--table --json``."""
+
+    bound_s: float
+    minimum_share: float
+    policies: dict[str, dict[str, float | str]]
+
+
 def _print_table(
     topology: Topology, volumes: Sequence[tuple[str, float]], seed: int, *, as_json: bool
 ) -> None:
     labels = [label for label, _ in volumes]
     rows = table(topology, [volume for _, volume in volumes], seed)
     if as_json:
-        volumes = {}
+        by_volume: dict[str, _VolumeRow] = {}
         for label, outcomes in zip(labels, rows, strict=True):
             credit = _credit(outcomes)
-            volumes[label] = {
+            by_volume[label] = {
                 "bound_s": round(outcomes[0].bound_s, 3),
                 "minimum_share": round(outcomes[0].minimum_share, 4),
                 "policies": {o.policy: o.to_json(credit) for o in outcomes},
             }
-        print(json.dumps({"seed": seed, "volumes": volumes}))
+        print(json.dumps({"seed": seed, "volumes": by_volume}))
         return
     print(f"Completion per policy, seed {seed}, max flow {max_flow(topology) / MBIT:g} Mb/s")
     for label, outcomes in zip(labels, rows, strict=True):

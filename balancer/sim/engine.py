@@ -26,11 +26,14 @@ Model (docs/simulation.md, "Model"):
   and smooth weighted round robin: deterministic, no random draw).
 * **Controllers** (:mod:`balancer.sim.control`) are called at their period with an
   :class:`~balancer.model.Observation` measured over their own interval, and the
-  actions they return are applied at once.
+  actions they return are applied at once, both through a
+  :class:`~balancer.sim.runtime.SimRuntime`: the contract a live run implements too
+  (:mod:`balancer.runtime`).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -46,7 +49,6 @@ from balancer.credit import RESUME_LEVEL, StopResumeState, stop_resume_step
 from balancer.model import (
     Action,
     ClearFlag,
-    NodeObservation,
     Observation,
     SetCredits,
     SetFlag,
@@ -58,6 +60,8 @@ from balancer.model import (
     StopMigration,
 )
 from balancer.policy import Policy
+from balancer.runtime import Measured, Measurement
+from balancer.sim.runtime import SimRuntime
 from balancer.sim.workload import Workload
 from balancer.stepwise import TaskSpeed, apply_signal
 from balancer.topology import Topology
@@ -247,6 +251,11 @@ class Simulator:
         self.snapshots: list[tuple[float, list[_Counters]]] = [
             (0.0, [empty] * len(self.nodes)) for _ in self.controllers
         ]
+        self.runtimes = [
+            SimRuntime(self, functools.partial(self._measure, i))
+            for i in range(len(self.controllers))
+        ]
+        self.levels = SimRuntime(self, functools.partial(self._measure, None))
 
     # --- the event loop -------------------------------------------------------------------
 
@@ -495,7 +504,8 @@ class Simulator:
         level = node.occupancy / node.capacity
         holding = node.id in self.stop_resume.holding
         if (level >= 1.0 - _EPS and not holding) or (holding and level <= RESUME_LEVEL):
-            actions, self.stop_resume = stop_resume_step(self._observe(None), self.stop_resume)
+            observation = self.levels.observe()
+            actions, self.stop_resume = stop_resume_step(observation, self.stop_resume)
             for action in actions:
                 self._count(action.kind)
                 if isinstance(action, SetRate):
@@ -505,16 +515,15 @@ class Simulator:
                         self._wake(upstream, self.now)
 
     def _control(self, i: int) -> None:
-        controller = self.controllers[i]
-        actions = controller.decide(self._observe(i))
-        for action in actions:
-            self._apply(action)
+        controller, runtime = self.controllers[i], self.runtimes[i]
+        runtime.apply(controller.decide(runtime.observe()))
         self._push(self.now + controller.period_s, _CONTROL, i)
         for node in self.nodes:
             self._wake(node, self.now)
 
-    def _observe(self, controller: int | None) -> Observation:
-        """The observation over controller ``controller``'s interval (None: levels only)."""
+    def _measure(self, controller: int | None) -> Measured:
+        """What was measured over controller ``controller``'s interval (None: levels
+        only, at this instant)."""
         now = [_Counters(n.bytes_in, n.bytes_out, dict(n.route_in)) for n in self.nodes]
         if controller is None:
             since, before = self.now, now
@@ -527,29 +536,28 @@ class Simulator:
             return (later - earlier) / interval if interval > 0 else 0.0
 
         order = self.topology.order
-        observed = {}
-        for node, then in zip(self.nodes, before, strict=True):
-            observed[node.id] = NodeObservation(
-                node=node.id,
-                level=min(1.0, node.occupancy / node.capacity),
+        measured = {
+            node.id: Measurement(
                 buffered_bytes=node.occupancy,
                 in_rate=rate(node.bytes_in, then.bytes_in),
                 out_rate=rate(node.bytes_out, then.bytes_out),
-                flagged=node.flagged,
-                speed=node.speed,
-                origin_speed=node.origin_speed,
-                in_backpressure=node.in_backpressure,
                 head_by_route=self._head_by_route(node) if len(node.downs) > 1 else {},
                 in_rate_by_route={
                     order[d]: rate(b, then.route_in.get(d, 0.0)) for d, b in node.route_in.items()
                 },
             )
-        return Observation(
-            time_s=self.now,
-            interval_s=interval,
-            topology=self.topology,
-            nodes=observed,
-        )
+            for node, then in zip(self.nodes, before, strict=True)
+        }
+        return Measured(self.now, interval, measured)
+
+    def flagged(self) -> frozenset[str]:
+        return frozenset(node.id for node in self.nodes if node.flagged)
+
+    def speeds(self) -> dict[str, TaskSpeed]:
+        return {
+            node.id: TaskSpeed(node.speed, node.origin_speed, node.in_backpressure)
+            for node in self.nodes
+        }
 
     def _head_by_route(self, node: _Node) -> dict[str, float]:
         """Bytes per tag among what the node sends next, at most one buffer of it."""
@@ -562,7 +570,8 @@ class Simulator:
                 by_route[order[tag]] = by_route.get(order[tag], 0.0) + self.size
         return by_route
 
-    def _apply(self, action: Action) -> None:
+    def apply(self, action: Action) -> None:
+        """An action takes effect at once (SimRuntime.apply is the contract's door)."""
         self._count(action.kind)
         index = self.index
         if isinstance(action, StartMigration):
@@ -599,7 +608,7 @@ class Simulator:
             current = TaskSpeed(target.speed, target.origin_speed, target.in_backpressure)
             applied, _ = apply_signal(action, current, self.policy)
             if applied is not None:
-                self._apply(applied)
+                self.apply(applied)
 
     def _count(self, kind: str) -> None:
         self.action_counts[kind] = self.action_counts.get(kind, 0) + 1

@@ -111,9 +111,11 @@ def _arrivals(spec: WorkloadSpec, count: int, rng: np.random.Generator) -> np.nd
         phase = 1 - phase
     offsets = np.arange(count) * spec.packet_bytes
     index = np.searchsorted(np.array(sent), offsets, side="right") - 1
-    return (
+    # numpy's stubs type fancy indexing as Any; the result is one float per packet.
+    arrivals: np.ndarray = (
         np.array(starts)[index] + (offsets - np.array(sent)[index]) / np.array(phase_rates)[index]
     )
+    return arrivals
 
 
 def _episodes(
@@ -124,7 +126,8 @@ def _episodes(
     base = base / base.sum()
     if spec.dominance == 0.0 or len(tags) == 1:
         return base[None, :], np.empty(0)
-    mixes, boundaries = [], []
+    mixes: list[np.ndarray] = []
+    boundaries: list[float] = []
     dominant, time = -1, 0.0
     while True:
         choices = [i for i in range(len(tags)) if i != dominant]

@@ -73,7 +73,9 @@ def move(run_id: int, stage: str, source: str, target: str, slots: Iterable[int]
             " WHERE run_id = %s AND stage = %s AND holder = %s AND slot = ANY(%s)",
             [run_id, stage, source, wanted],
         )
-        return cursor.rowcount
+        # The wrapper passes attributes through to the DB-API cursor, so the stubs see Any.
+        moved: int = cursor.rowcount
+        return moved
 
 
 def rehome(run_id: int, stage: str, owners: Mapping[int, str]) -> int:

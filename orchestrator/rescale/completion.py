@@ -205,7 +205,8 @@ def measure(adjustment: Adjustment, until: dt.datetime) -> Outcome:
         done_at__lte=until,
     ).values_list("node", "done_at")
     for node, at in done:
-        by_node[node].append(at)
+        if at is not None:  # never None after the range lookups; done_at is nullable
+            by_node[node].append(at)
     outside = {node: _max_gap(times) for node, times in by_node.items()}
     return Outcome((until - start).total_seconds(), sink_gap, outside)
 

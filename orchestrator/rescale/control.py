@@ -83,8 +83,8 @@ class RescaleControl:
 
     def queue_for(self, node: str) -> Queue | None:
         """The placed worker's own queue, or None for the shared ``spark`` queue."""
-        worker = self.placement.get(node)
-        info = self.live.get(worker or "")
+        worker = self.placement.get(node) or ""
+        info = self.live.get(worker)
         if info is None:
             return None
         return worker_direct(info.get("name", worker))
@@ -345,7 +345,7 @@ class RescaleControl:
         removed = tuple(sorted(n for n in dead if self._is_operator(n)))
         if not removed:
             return True
-        added = []
+        added: list[NewInstance] = []
         for name in removed:
             stage = Instance.objects.get(run_id=self.run_id, name=name).stage
             target = self._least_loaded(set(dead.values()))

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from balancer.document import PipelineDocument
 from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.graph import balancer_topology, downstreams_of
@@ -80,16 +81,19 @@ def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:
 # -- where data goes ------------------------------------------------------------------
 
 
-def topology_at(run: Run, config: int, node: str) -> dict[str, Any]:
+def topology_at(run: Run, config: int, node: str) -> PipelineDocument:
     """The graph ``node``, aligned with version ``config``, routes with: the graph
     before the next adjustment, unless the node exists only after it (a new instance
     that has not aligned yet routes like the new graph it was made for)."""
+    # JSON columns read as Any: these two hold pipeline documents (balancer.document).
+    current: PipelineDocument = run.topology
     if config >= run.config_version:
-        return run.topology
+        return current
     adjustment = Adjustment.objects.filter(run=run, version__gt=config).order_by("version").first()
     if adjustment is None or node not in _nodes(adjustment.before):
-        return run.topology
-    return adjustment.before
+        return current
+    before: PipelineDocument = adjustment.before
+    return before
 
 
 def targets(

@@ -94,7 +94,7 @@ def create_run(
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
-    allowed = {
+    allowed: dict[str, set[str]] = {
         Run.Status.PAUSED: {Run.Status.RUNNING, Run.Status.PENDING},
         Run.Status.RUNNING: {Run.Status.PAUSED},
         Run.Status.CANCELLED: {Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.PENDING},

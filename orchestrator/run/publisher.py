@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
 import redis
@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 # one whose driver is gone (and not replaced) stops being shown as live after this.
 SNAPSHOT_TTL_S = 15 * 60
 REDIS_TIMEOUT_S = 2.0
+
+
+# What a driver is given to publish with: :func:`publish`, or a benchmark's timed wrapper.
+Publisher = Callable[[int, Mapping[str, object]], None]
 
 
 def run_group(run_id: int) -> str:

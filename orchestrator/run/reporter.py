@@ -13,28 +13,38 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import connection
 
-from orchestrator.models import Event
+from balancer.model import NodeState
+from orchestrator.models import Event, Run
+from orchestrator.run.publisher import Publisher
+from orchestrator.run.route_store import RouteStore, RouteTables
+from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
+from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Report:
-    node_states: dict[str, dict[str, Any]]
-    routes: dict[str, dict[str, Any]]
+    node_states: Mapping[str, NodeState]
+    routes: RouteTables
 
 
 class Reporter(threading.Thread):
-    def __init__(self, store: Callable[[Report], None], publish: Callable[[Report], None]) -> None:
+    def __init__(
+        self,
+        run_id: int,
+        control: ControlPlane,
+        routes: RouteStore,
+        publish: Publisher,
+    ) -> None:
         super().__init__(name="run-reporter", daemon=True)
-        self.store = store
-        self.publish = publish
+        self.run_id = run_id
+        self.control, self.routes, self.publish = control, routes, publish
         self.inbox: queue.Queue[Report | None] = queue.Queue(maxsize=1)
         # Events are never dropped, unlike reports: they wait here until written.
         self.events: list[Event] = []
@@ -73,10 +83,22 @@ class Reporter(threading.Thread):
             while (report := self.inbox.get()) is not None:
                 try:
                     self.write_events()
-                    self.store(report)
-                    self.publish(report)
+                    self._store(report)
+                    self._publish(report)
                 except Exception:
                     log.warning("could not report a tick", exc_info=True)
             self.write_events()
         finally:
             connection.close()  # this thread's own database connection
+
+    def _store(self, report: Report) -> None:
+        """Routes (fenced by the epoch) and node states, to ZooKeeper."""
+        self.routes.store(report.routes)
+        self.control.write_states(str(self.run_id), report.node_states)
+
+    def _publish(self, report: Report) -> None:
+        """The snapshot of one tick, to the run's viewers."""
+        fields = (*SNAPSHOT_FIELDS, "topology", "policy", "input_spec", "pipeline_name")
+        run = Run.objects.only(*fields).get(pk=self.run_id)
+        snapshot = build_snapshot(run, node_states=report.node_states, routes=report.routes)
+        self.publish(self.run_id, snapshot)

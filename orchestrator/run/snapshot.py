@@ -14,6 +14,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
+from balancer.model import NodeState
 from balancer.topology import NodeSpec
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
 from orchestrator.run.generation import Preparing, preparing
@@ -32,7 +33,7 @@ class NodeView(TypedDict):
     kind: str
     stage: str
     capacity_bytes: int
-    state: Mapping[str, object]  # the node's state at the driver's tick (its level, ...)
+    state: NodeState | Mapping[str, object]  # at the driver's last tick; {} before one
     instance: InstanceView
 
 
@@ -85,6 +86,18 @@ class AdjustmentView(TypedDict):
     outcome: dict[str, Any]
     aligned: list[str]
     markers: list[dict[str, str]]  # {"from": upstream, "to": node}
+
+
+# What a snapshot shows of the run row (the topology and policy never change mid-run).
+SNAPSHOT_FIELDS = [
+    "status",
+    "epoch",
+    "chunks_total",
+    "input_bytes",
+    "started_at",
+    "finished_at",
+    "error",
+]
 
 
 class Snapshot(TypedDict):
@@ -142,7 +155,7 @@ def progress(run: Run) -> Progress:
 def build_snapshot(
     run: Run,
     *,
-    node_states: Mapping[str, Mapping[str, object]],
+    node_states: Mapping[str, NodeState],
     routes: dict[str, dict[str, Any]],
     final: bool = False,
 ) -> Snapshot:

@@ -96,7 +96,7 @@ def check_spark(*, max_age_s: float = SPARK_CACHE_S) -> Check:
 def _run_spark_job() -> Check:
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "sparkjobs.health"],
+            [sys.executable, "-m", "sparkjobs.probe"],
             capture_output=True,
             text=True,
             timeout=SPARK_CHECK_TIMEOUT_S,

@@ -105,7 +105,7 @@ def process_batch(
     # Read again: an adjustment may have begun between reading the run and the claim,
     # and the batch must route with the graph its claim aligned to.
     run.refresh_from_db(fields=["topology", "config_version"])
-    doc = cast("PipelineDocument", plan.topology_at(run, claim.config, node_name))
+    doc = plan.topology_at(run, claim.config, node_name)
     # The run's graph now, or the one before an adjustment this node has not aligned
     # with yet (the graph of the claim's configuration): made once per configuration.
     graph = RunGraph.at(run.pk, run.config_version if doc is run.topology else claim.config, doc)

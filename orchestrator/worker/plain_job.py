@@ -78,7 +78,7 @@ def batch_summary(
     import time
 
     from sparkjobs.aggregate import AggregateParams
-    from sparkjobs.batch import batch_aggregate
+    from sparkjobs.plain_job import batch_aggregate
     from sparkjobs.session import spark_session
 
     if (input_path is None) == (generator is None):

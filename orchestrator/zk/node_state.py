@@ -14,6 +14,7 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from balancer.model import NodeState
 from orchestrator.zk.znodes import Subscription, Znodes, check_name
 
 
@@ -63,9 +64,9 @@ class NodeStateZnodes(Znodes):
     # -- node state -----------------------------------------------------------------
 
     def write_state(self, run: str, node: str, state: Mapping[str, Any]) -> None:
-        self.write_states(run, {node: state})
+        self._upsert_many(self._folder(run, "state"), {node: state})
 
-    def write_states(self, run: str, states: Mapping[str, Mapping[str, Any]]) -> None:
+    def write_states(self, run: str, states: Mapping[str, NodeState]) -> None:
         """Write many nodes' states in one multi-op per chunk (one round trip, one log
         entry); readers see a tick's states together."""
         self._upsert_many(self._folder(run, "state"), states)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
@@ -147,7 +147,8 @@ class RouteZnodes(Znodes):
         """Atomically increment and return the run's epoch (versioned set, retried on a
         lost race). Monotonic; a connection loss at the wrong moment may skip a value."""
         for _ in range(MAX_CAS_ATTEMPTS):
-            bumped = self.client.retry(self._try_bump_epoch, run)
+            # kazoo has no type information: retry() returns what the call returns.
+            bumped: int | None = self.client.retry(self._try_bump_epoch, run)
             if bumped is not None:
                 return bumped
         raise ControlPlaneError(f"epoch of {run}: too many concurrent increments")
@@ -188,6 +189,13 @@ class RouteZnodes(Znodes):
             return None
         return value
 
+    # With ``create`` the znode exists once the call returns, so there is always a stat.
+    @overload
+    def _epoch_with_stat(self, run: str, *, create: Literal[True]) -> tuple[int, ZnodeStat]: ...
+    @overload
+    def _epoch_with_stat(
+        self, run: str, *, create: Literal[False]
+    ) -> tuple[int, ZnodeStat | None]: ...
     def _epoch_with_stat(self, run: str, *, create: bool) -> tuple[int, ZnodeStat | None]:
         path = self._epoch_path(run)
         try:

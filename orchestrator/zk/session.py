@@ -35,6 +35,11 @@ CONNECTION_RETRY: dict[str, float] = {
 
 StateCallback = Callable[[], None]
 
+# kazoo has no type information: its connection states are these plain strings.
+_CONNECTED: str = KazooState.CONNECTED
+_SUSPENDED: str = KazooState.SUSPENDED
+_LOST: str = KazooState.LOST
+
 
 class ControlPlaneError(RuntimeError):
     """The control plane found data or a situation it cannot act on."""
@@ -94,7 +99,7 @@ class SessionGuard:
     def __init__(self, client: KazooClient) -> None:
         self._client = client
         self._lock = threading.Lock()
-        self._state: KazooState = client.state
+        self._state: str = client.state
         self._connected = threading.Event()
         self._was_live = client.connected
         if client.connected:
@@ -107,20 +112,20 @@ class SessionGuard:
         client.add_listener(self._listen)
 
     @property
-    def state(self) -> KazooState:
+    def state(self) -> str:
         return self._state
 
     @property
     def is_connected(self) -> bool:
-        return self._state == KazooState.CONNECTED
+        return self._state == _CONNECTED
 
     @property
     def is_suspended(self) -> bool:
-        return self._state == KazooState.SUSPENDED
+        return self._state == _SUSPENDED
 
     @property
     def is_lost(self) -> bool:
-        return self._state == KazooState.LOST
+        return self._state == _LOST
 
     def wait_connected(self, timeout: float | None = None) -> bool:
         """Block (in the loop's own thread) until connected; False on timeout."""
@@ -150,11 +155,11 @@ class SessionGuard:
             self._callbacks[kind].append(callback)
         return callback
 
-    def _listen(self, state: KazooState) -> None:
+    def _listen(self, state: str) -> None:
         with self._lock:
             previous, self._state = self._state, state
             kind: str | None
-            if state == KazooState.CONNECTED:
+            if state == _CONNECTED:
                 self._connected.set()
                 # A guard made before ``client.start()`` sees the first connection as
                 # LOST -> CONNECTED: that is no reconnection.
@@ -162,7 +167,7 @@ class SessionGuard:
                 self._was_live = True
             else:
                 self._connected.clear()
-                kind = "suspended" if state == KazooState.SUSPENDED else "lost"
+                kind = "suspended" if state == _SUSPENDED else "lost"
             callbacks = list(self._callbacks[kind]) if kind else []
         for callback in callbacks:
             try:

@@ -57,27 +57,38 @@ def observe(
         else:
             level = levels.get(spec.id, 0.0)
             queued = level * spec.capacity_bytes
-        observed[spec.id] = NodeObservation(
-            node=spec.id,
-            level=level,
-            buffered_bytes=queued,
-            in_rate=0.0,
-            out_rate=0.0,
-            flagged=spec.id in flagged,
-        )
+        observed[spec.id] = node(spec.id, level, buffered_bytes=queued, flagged=spec.id in flagged)
     observed.update(nodes or {})
     return Observation(
         time_s=time_s, interval_s=1.0, topology=topology, nodes=observed, draining=draining
     )
 
 
-def node(node_id: str, level: float = 0.0, **fields: object) -> NodeObservation:
-    values: dict[str, object] = {
-        "node": node_id,
-        "level": level,
-        "buffered_bytes": level * CAPACITY,
-        "in_rate": 0.0,
-        "out_rate": 0.0,
-    }
-    values.update(fields)
-    return NodeObservation(**values)  # type: ignore[arg-type]
+def node(
+    node_id: str,
+    level: float = 0.0,
+    *,
+    buffered_bytes: float | None = None,
+    in_rate: float = 0.0,
+    out_rate: float = 0.0,
+    flagged: bool = False,
+    speed: float = 1.0,
+    origin_speed: float = 1.0,
+    in_backpressure: bool = False,
+    head_by_route: Mapping[str, float] | None = None,
+    in_rate_by_route: Mapping[str, float] | None = None,
+) -> NodeObservation:
+    """A node at full speed, out of backpressure, with no per-route figures, unless told."""
+    return NodeObservation(
+        node=node_id,
+        level=level,
+        buffered_bytes=level * CAPACITY if buffered_bytes is None else buffered_bytes,
+        in_rate=in_rate,
+        out_rate=out_rate,
+        flagged=flagged,
+        speed=speed,
+        origin_speed=origin_speed,
+        in_backpressure=in_backpressure,
+        head_by_route=head_by_route or {},
+        in_rate_by_route=in_rate_by_route or {},
+    )

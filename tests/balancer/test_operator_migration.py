@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from balancer.model import NodeObservation, Observation
+from balancer.model import Observation
 from balancer.policy import Policy
 from balancer.pressure import operator_migration
 from balancer.topology import LinkSpec, NodeSpec, Topology
+from tests.balancer.builders import node
 
 MBPS = 1_000_000 / 8
 
@@ -26,12 +27,7 @@ def observation(levels: dict[str, float]) -> Observation:
             LinkSpec("a3", "out", 75 * MBPS),
         ],
     )
-    nodes = {
-        n: NodeObservation(
-            n, level=levels.get(n, 0.0), buffered_bytes=0.0, in_rate=0.0, out_rate=0.0
-        )
-        for n in topology.order
-    }
+    nodes = {n: node(n, levels.get(n, 0.0), buffered_bytes=0.0) for n in topology.order}
     return Observation(0.0, 1.0, topology, nodes)
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
-from sparkjobs.batch import batch_aggregate
 from sparkjobs.merge import combine_partials
+from sparkjobs.plain_job import batch_aggregate
 from sparkjobs.transform import transform
 
 pytestmark = pytest.mark.spark

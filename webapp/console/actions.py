@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth import models as auth
 
 from orchestrator import service
 from webapp.console.models import Pipeline, Policy
@@ -26,7 +26,8 @@ from webapp.console.topology_io import export_document
 
 log = logging.getLogger("webapp.console.audit")
 
-User = AbstractBaseUser | AnonymousUser
+# A request's user, as django-stubs type it (AUTH_USER_MODEL is Django's own).
+User = auth.User | auth.AnonymousUser
 
 RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "cancelled"}
 
@@ -265,8 +266,8 @@ def save_pipeline(doc: Any, user: User, *, name: str | None = None) -> tuple[Pip
     topologies; only admins change which policy a pipeline uses and its overrides.
     """
     require(user, "operator", action="edit_pipeline", data={"pipeline": name or ""})
-    from webapp.console.topology import Problem, TopologyError
     from webapp.console.topology_io import save_document
+    from webapp.console.validation import Problem, TopologyError
 
     if name is not None and isinstance(doc, dict) and doc.get("name") != name:
         raise TopologyError([Problem("name", f"renaming is not supported: keep {name!r}")])

@@ -2,35 +2,56 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
 
 from orchestrator.service import PARAMETERS
 from webapp.console.models import Edge, Node, Pipeline, Policy
 from webapp.console.roles import has_role
 
+if TYPE_CHECKING:
+    from django.contrib.admin.options import BaseModelAdmin, _FieldsetSpec
+    from django.utils.datastructures import _ListOrTuple
 
-class ConsoleAdminRole:
+    # django-stubs make the admin classes generic in their models; Django's own are not
+    # subscriptable at run time, so the parameters exist for the type checker only.
+    _AdminRoleBase = BaseModelAdmin[Model]
+    _PolicyModelAdmin = admin.ModelAdmin[Policy]
+    _PipelineModelAdmin = admin.ModelAdmin[Pipeline]
+    _PipelineInline = admin.TabularInline[Node | Edge, Pipeline]
+else:
+    # The mixin's super() calls reach the admin class it is mixed into.
+    _AdminRoleBase = object
+    _PolicyModelAdmin = _PipelineModelAdmin = admin.ModelAdmin
+    _PipelineInline = admin.TabularInline
+
+
+class ConsoleAdminRole(_AdminRoleBase):
     """The console's admins (role ``admin``) manage policies and pipelines here without
     Django's per-model permissions; others keep whatever Django grants them."""
 
-    def has_module_permission(self, request):  # type: ignore[no-untyped-def]
-        return has_role(request.user, "admin") or super().has_module_permission(request)  # type: ignore[misc]
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, "admin") or super().has_module_permission(request)
 
-    def has_view_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return has_role(request.user, "admin") or super().has_view_permission(request, obj)  # type: ignore[misc]
+    def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return has_role(request.user, "admin") or super().has_view_permission(request, obj)
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
-        return has_role(request.user, "admin") or super().has_add_permission(request)  # type: ignore[misc]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return has_role(request.user, "admin") or super().has_add_permission(request)
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return has_role(request.user, "admin") or super().has_change_permission(request, obj)  # type: ignore[misc]
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return has_role(request.user, "admin") or super().has_change_permission(request, obj)
 
-    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return has_role(request.user, "admin") or super().has_delete_permission(request, obj)  # type: ignore[misc]
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return has_role(request.user, "admin") or super().has_delete_permission(request, obj)
 
 
-def _policy_fieldsets() -> list[tuple[str, dict[str, object]]]:
-    groups: dict[str, list[str]] = {}
+def _policy_fieldsets() -> _FieldsetSpec:
+    # Each section's fields typed as django-stubs type a fieldset's: lists are invariant.
+    groups: dict[str, list[str | _ListOrTuple[str]]] = {}
     for param in PARAMETERS:
         groups.setdefault(param.mechanism, []).append(param.name)
     titles = {
@@ -46,19 +67,21 @@ def _policy_fieldsets() -> list[tuple[str, dict[str, object]]]:
         "rescale": "Hot rescale",
         "runtime": "Runtime (batches that keep failing)",
     }
-    return [(None, {"fields": ["name", "description", "is_default"]})] + [  # type: ignore[list-item]
-        (titles.get(group, group), {"fields": names}) for group, names in groups.items()
+    sections: list[tuple[str | None, list[str | _ListOrTuple[str]]]] = [
+        (None, ["name", "description", "is_default"])
     ]
+    sections += [(titles.get(group, group), names) for group, names in groups.items()]
+    return [(title, {"fields": names}) for title, names in sections]
 
 
 @admin.register(Policy)
-class PolicyAdmin(ConsoleAdminRole, admin.ModelAdmin):
+class PolicyAdmin(ConsoleAdminRole, _PolicyModelAdmin):
     list_display = ["name", "is_default", "throttling", "routing", "migration", "updated_at"]
     search_fields = ["name"]
     fieldsets = _policy_fieldsets()
 
 
-class _ReadOnlyInline(ConsoleAdminRole, admin.TabularInline):
+class _ReadOnlyInline(ConsoleAdminRole, _PipelineInline):
     """Nodes and edges change only as a whole topology (load_topology or the editor),
     where cycles, dangling edges and missing sinks are checked before anything is saved;
     row-by-row admin edits could leave a broken graph behind."""
@@ -66,10 +89,10 @@ class _ReadOnlyInline(ConsoleAdminRole, admin.TabularInline):
     extra = 0
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -85,7 +108,7 @@ class EdgeInline(_ReadOnlyInline):
 
 
 @admin.register(Pipeline)
-class PipelineAdmin(ConsoleAdminRole, admin.ModelAdmin):
+class PipelineAdmin(ConsoleAdminRole, _PipelineModelAdmin):
     list_display = ["name", "policy", "updated_at"]
     search_fields = ["name", "description"]
     inlines = [NodeInline, EdgeInline]

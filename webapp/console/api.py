@@ -48,8 +48,8 @@ from webapp.console.serializers import (
     event_json,
     run_json,
 )
-from webapp.console.topology import TopologyError
 from webapp.console.topology_io import dump_yaml, export_document, parse_yaml, validate_for_save
+from webapp.console.validation import TopologyError
 
 # What the schema says every answer may be besides the success: each 4xx is a JSON
 # object with a ``detail`` sentence, and a 400 about a document lists its ``problems``
@@ -152,7 +152,9 @@ class SchemaView(SpectacularAPIView):
         tags=["schema"],
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().get(request, *args, **kwargs)
+        # drf-spectacular's views are unannotated; this one answers with a Response.
+        schema: Response = super().get(request, *args, **kwargs)  # type: ignore[no-untyped-call]
+        return schema
 
 
 # -- pipelines --------------------------------------------------------------------------

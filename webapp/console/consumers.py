@@ -50,6 +50,7 @@ class ErrorMessage(TypedDict):
     detail: str
 
 
+# channels has no type information (pyproject: ignore_missing_imports), so the base is Any.
 class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     run_id: int
     group: str

@@ -27,8 +27,8 @@ once webapp/asgi.py wraps the HTTP application with it:
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
@@ -36,7 +36,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import Resolver404, resolve
-from rest_framework.authentication import SessionAuthentication
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication
 from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 
@@ -74,10 +74,17 @@ def _api_user(request: HttpRequest) -> Any:
     user = request.user
     if user.is_authenticated:
         return user
-    for authenticator_class in api_settings.DEFAULT_AUTHENTICATION_CLASSES:
+    # drf-stubs type this setting as the dotted paths it is written as; api_settings
+    # imports them, so it holds the classes.
+    authenticators = cast(
+        "Sequence[type[BaseAuthentication]]", api_settings.DEFAULT_AUTHENTICATION_CLASSES
+    )
+    for authenticator_class in authenticators:
         if issubclass(authenticator_class, SessionAuthentication):
             continue  # the session's user is request.user, above
-        found = authenticator_class().authenticate(request)
+        # drf-stubs want DRF's Request; the header-only authenticators left here (HTTP
+        # Basic) read request.META, which Django's request has, before DRF wraps it.
+        found = authenticator_class().authenticate(request)  # type: ignore[arg-type]
         if found is not None:
             return found[0]
     return user
@@ -93,8 +100,9 @@ def upload_refusal(request: HttpRequest) -> HttpResponse | None:
             # it names no WWW-Authenticate scheme (docs/api.md).
             status = 403 if exc.status_code == 401 else exc.status_code
             response = JsonResponse({"detail": str(exc.detail)}, status=status)
-            if getattr(exc, "wait", None):
-                response["Retry-After"] = str(int(exc.wait))
+            wait = getattr(exc, "wait", None)  # Throttled's seconds to wait, if any
+            if wait:
+                response["Retry-After"] = str(int(wait))
             return response
     else:
         user = request.user
@@ -139,8 +147,9 @@ class BoundedRequestMiddleware:
 
 # -- ASGI: the same bounds before Django's handler receives the body ----------------------
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
+# As django-stubs type Django's ASGIHandler, so that it is an app this wraps.
+Scope = dict[str, Any]
+Message = Mapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 

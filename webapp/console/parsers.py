@@ -8,14 +8,15 @@ A refused body is a 400 with the documented shape, ``{"detail": ..., "problems":
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from webapp.console.topology import TopologyError
 from webapp.console.topology_io import max_document_bytes, parse_json
+from webapp.console.validation import TopologyError
 
 
 class DocumentRefused(ParseError):
@@ -38,7 +39,7 @@ class BoundedJSONParser(JSONParser):
         self,
         stream: Any,
         media_type: str | None = None,
-        parser_context: dict[str, Any] | None = None,
+        parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         # One byte more than the cap, so that a larger body is seen as such without

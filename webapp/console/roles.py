@@ -7,7 +7,7 @@ from functools import wraps
 from typing import Any, Literal
 
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from rest_framework.permissions import BasePermission
@@ -16,20 +16,20 @@ Role = Literal["viewer", "operator", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
 
 
-def role_of(user: AbstractBaseUser | AnonymousUser) -> Role | None:
+def role_of(user: User | AnonymousUser) -> Role | None:
     """The highest role the user holds (superusers are admins), or None."""
     if not user.is_authenticated:
         return None
     if getattr(user, "is_superuser", False):
         return "admin"
-    names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+    names = set(user.groups.values_list("name", flat=True))
     for role in reversed(ROLES):
         if role in names:
             return role
     return None
 
 
-def has_role(user: AbstractBaseUser | AnonymousUser, role: Role) -> bool:
+def has_role(user: User | AnonymousUser, role: Role) -> bool:
     held = role_of(user)
     return held is not None and ROLES.index(held) >= ROLES.index(role)
 

@@ -106,13 +106,15 @@ class ThrottledBasicAuthentication(BasicAuthentication):
             raise
 
 
-class ThrottledBasicScheme(BasicScheme):
+# drf-spectacular's extension registry (its __init_subclass__) is unannotated.
+class ThrottledBasicScheme(BasicScheme):  # type: ignore[no-untyped-call]
     """The API schema lists it as what it is: HTTP Basic."""
 
     target_class = "webapp.console.security.ThrottledBasicAuthentication"
 
 
-class FullOriginValidator(OriginValidator):
+# channels has no type information (pyproject: ignore_missing_imports), so the base is Any.
+class FullOriginValidator(OriginValidator):  # type: ignore[misc]
     """Channels' origin check given full origins (``scheme://host[:port]``, which the
     settings insist on): scheme, host and port must all equal an allowed origin's, a
     missing or opaque (``null``) Origin is refused, and so is an Origin whose port is

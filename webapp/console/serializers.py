@@ -8,6 +8,10 @@ from rest_framework import serializers
 
 from orchestrator import service
 
+# The serializers below describe JSON objects (request bodies, and the responses the views
+# build as dicts) for validation and the OpenAPI schema; none wraps a model instance.
+JsonObject = dict[str, Any]
+
 
 def run_json(run: Any) -> dict[str, Any]:
     spec = run.input_spec or {}
@@ -43,40 +47,42 @@ def event_json(event: Any) -> dict[str, Any]:
     }
 
 
-class ProblemSerializer(serializers.Serializer):
+class ProblemSerializer(serializers.Serializer[JsonObject]):
     location = serializers.CharField(help_text="Where in the document, e.g. nodes[2].buffer_mb")
     message = serializers.CharField()
 
 
-class ProblemsSerializer(serializers.Serializer):
+class ProblemsSerializer(serializers.Serializer[JsonObject]):
     detail = serializers.CharField()
     problems = ProblemSerializer(many=True)
 
 
-class BadRequestSerializer(serializers.Serializer):
+class BadRequestSerializer(serializers.Serializer[JsonObject]):
     """A 400 of an operation that takes a body: ``detail`` always; ``problems`` when the
     body is not an acceptable JSON document (too large, nested too deeply, not JSON);
     ``errors`` by field when a field is missing or of the wrong type (POST /api/runs/)."""
 
     detail = serializers.CharField()
     problems = ProblemSerializer(many=True, required=False)
-    errors = serializers.DictField(
+    # DRF's metaclass moves declared fields into ``_declared_fields``, so this never
+    # shadows ``Serializer.errors``; the stubs cannot express that.
+    errors = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()), required=False
     )
 
 
-class ValidationResultSerializer(serializers.Serializer):
+class ValidationResultSerializer(serializers.Serializer[JsonObject]):
     valid = serializers.BooleanField()
     problems = ProblemSerializer(many=True)
 
 
-class LastRunSerializer(serializers.Serializer):
+class LastRunSerializer(serializers.Serializer[JsonObject]):
     id = serializers.IntegerField()
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
 
 
-class PipelineSummarySerializer(serializers.Serializer):
+class PipelineSummarySerializer(serializers.Serializer[JsonObject]):
     name = serializers.CharField()
     description = serializers.CharField()
     policy = serializers.CharField(help_text="Base policy name")
@@ -93,7 +99,7 @@ class PipelineDetailSerializer(PipelineSummarySerializer):
     document = serializers.DictField(help_text="The pipeline in the topology format")
 
 
-class PipelineDocumentSerializer(serializers.Serializer):
+class PipelineDocumentSerializer(serializers.Serializer[JsonObject]):
     """A pipeline document (docs/topology-format.md); validated by the topology checker."""
 
     name = serializers.CharField()
@@ -104,11 +110,11 @@ class PipelineDocumentSerializer(serializers.Serializer):
     edges = serializers.ListField(child=serializers.DictField())
 
 
-class YamlImportSerializer(serializers.Serializer):
+class YamlImportSerializer(serializers.Serializer[JsonObject]):
     yaml = serializers.CharField(help_text="A topology file's text")
 
 
-class RunInputSerializer(serializers.Serializer):
+class RunInputSerializer(serializers.Serializer[JsonObject]):
     generator = serializers.JSONField(allow_null=True)
     paths = serializers.ListField(child=serializers.CharField())
     format = serializers.CharField(allow_null=True)
@@ -120,7 +126,7 @@ class RunInputSerializer(serializers.Serializer):
     )
 
 
-class RunSerializer(serializers.Serializer):
+class RunSerializer(serializers.Serializer[JsonObject]):
     id = serializers.IntegerField()
     pipeline = serializers.CharField()
     pipeline_id = serializers.IntegerField(allow_null=True)
@@ -138,7 +144,7 @@ class RunSerializer(serializers.Serializer):
     view = serializers.CharField(help_text="The run's page in the console")
 
 
-class StartRunSerializer(serializers.Serializer):
+class StartRunSerializer(serializers.Serializer[JsonObject]):
     pipeline = serializers.CharField(help_text="Name of a saved pipeline")
     generator = serializers.CharField(
         required=False,
@@ -155,11 +161,11 @@ class StartRunSerializer(serializers.Serializer):
     )
 
 
-class NodeActionSerializer(serializers.Serializer):
+class NodeActionSerializer(serializers.Serializer[JsonObject]):
     node = serializers.CharField(help_text="Name of a node of the run's topology")
 
 
-class AdjustSerializer(serializers.Serializer):
+class AdjustSerializer(serializers.Serializer[JsonObject]):
     action = serializers.ChoiceField(
         choices=["hot_migrate", "add_instance", "remove_instance"],
         help_text="hot_migrate and remove_instance need node; add_instance needs stage",
@@ -171,22 +177,22 @@ class AdjustSerializer(serializers.Serializer):
     )
 
 
-class WorkerSerializer(serializers.Serializer):
+class WorkerSerializer(serializers.Serializer[JsonObject]):
     name = serializers.CharField(help_text="What /adjust/ takes as worker")
     host = serializers.CharField()
     pid = serializers.IntegerField(allow_null=True)
 
 
-class ActionResultSerializer(serializers.Serializer):
+class ActionResultSerializer(serializers.Serializer[JsonObject]):
     detail = serializers.CharField()
     run = RunSerializer(required=False)
 
 
-class DetailSerializer(serializers.Serializer):
+class DetailSerializer(serializers.Serializer[JsonObject]):
     detail = serializers.CharField()
 
 
-class EventSerializer(serializers.Serializer):
+class EventSerializer(serializers.Serializer[JsonObject]):
     id = serializers.IntegerField()
     run = serializers.IntegerField(allow_null=True)
     time = serializers.DateTimeField()
@@ -199,10 +205,12 @@ class EventSerializer(serializers.Serializer):
     actor = serializers.CharField(help_text="The user's name, or balancer / system")
     actor_kind = serializers.ChoiceField(choices=["balancer", "user", "system"])
     user = serializers.CharField(allow_null=True)
-    data = serializers.DictField()
+    # DRF's metaclass moves declared fields into ``_declared_fields``, so this never
+    # shadows ``Serializer.data``; the stubs cannot express that.
+    data = serializers.DictField()  # type: ignore[assignment]
 
 
-class CompletionSerializer(serializers.Serializer):
+class CompletionSerializer(serializers.Serializer[JsonObject]):
     run = serializers.IntegerField()
     points = serializers.ListField(
         child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from orchestrator import service
 from webapp.console.models import Edge, Node, Pipeline, Policy
-from webapp.console.topology import Problem, TopologyError, validate_document
+from webapp.console.validation import Problem, TopologyError, validate_document
 
 # -- bounded parsing (docs/security.md, "Bounded documents") ------------------------------
 #
@@ -82,7 +82,8 @@ class BoundedLoader(yaml.SafeLoader):
         self._values = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        # types-PyYAML leaves Parser.peek_event unannotated; it returns the next yaml.Event.
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _Refused(event.start_mark, "anchors and aliases are not allowed")
         self._values += 1
@@ -105,8 +106,14 @@ class BoundedLoader(yaml.SafeLoader):
     def construct_refused(self, node: Any) -> Any:
         raise _Refused(node.start_mark, f"the tag {node.tag} is not allowed")
 
+    def construct_timestamp(self, node: Any) -> str:
+        """A timestamp stays the string it was written as. (A method of the loader, not
+        ``construct_yaml_str`` itself: types-PyYAML takes only constructors whose first
+        argument is a loader, and that one's is the SafeConstructor it is defined on.)"""
+        return self.construct_yaml_str(node)
 
-BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", BoundedLoader.construct_yaml_str)
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", BoundedLoader.construct_timestamp)
 BoundedLoader.add_constructor("tag:yaml.org,2002:binary", BoundedLoader.construct_refused)
 BoundedLoader.add_constructor("tag:yaml.org,2002:set", BoundedLoader.construct_refused)
 

@@ -20,7 +20,6 @@ from orchestrator import service
 from webapp.console import actions
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import has_role, role_required
-from webapp.console.topology import Problem, TopologyError
 from webapp.console.topology_io import (
     dump_yaml,
     export_document,
@@ -28,6 +27,7 @@ from webapp.console.topology_io import (
     parse_json,
     parse_yaml,
 )
+from webapp.console.validation import Problem, TopologyError
 
 DEFAULT_GENERATOR = "seed=7,volume_mb=8,dominance=0.8"
 RUN_HISTORY = 15

@@ -6,12 +6,12 @@ import os
 import secrets
 
 from webapp.settings.base import *  # noqa: F403
-from webapp.settings.base import BPCONSOLE_ALLOWED_ORIGINS, VAR_DIR
+from webapp.settings.base import BPCONSOLE_ALLOWED_ORIGINS, SECRET_KEY, VAR_DIR
 from webapp.settings.env import env_str, full_origins
 
 # A local console without SECRET_KEY gets a random key kept under ./var, so sessions
 # survive restarts without a secret ever being written into the code.
-if not SECRET_KEY:  # noqa: F405
+if not SECRET_KEY:
     _key_file = VAR_DIR / "secret_key"
     if not _key_file.exists():
         VAR_DIR.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.models import Run
 from orchestrator.run.lifecycle import create_run
@@ -18,13 +19,13 @@ REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/ref
 SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short
 
 
-def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> dict[str, Any]:
+def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> PipelineDocument:
     """task1 and task2 slow, task3 unthrottled, small pools: whichever branch the skew
     favours first, a slow one fills up unless its data goes elsewhere."""
-    doc = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
+    doc: PipelineDocument = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
     for node in doc["nodes"]:
         if node["kind"] == "source":
-            node["params"]["segment_mb"] = SEGMENT_MB
+            node["params"] = {**node["params"], "segment_mb": SEGMENT_MB}
         else:
             node["buffer_mb"] = buffer_mb if node["kind"] == "operator" else 16
         if node["name"] in {"task1", "task2"}:
@@ -42,7 +43,7 @@ def policy(**changes: Any) -> dict[str, Any]:
     return Policy.from_mapping({**defaults, **changes}).to_dict()
 
 
-def start(doc: dict[str, Any], values: dict[str, Any], **inputs: Any) -> Run:
+def start(doc: PipelineDocument, values: dict[str, Any], **inputs: Any) -> Run:
     run = create_run(topology=doc, policy=values, **inputs)
     start_run(run)
     return run

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.ledger import segments
 from orchestrator.models import Run, Segment
-from orchestrator.run.driver import Dispatch
+from orchestrator.run.dispatch import Dispatch
 from orchestrator.worker.batch import process_batch
 from orchestrator.worker.lease import LeaseKeeper
 from tests.orchestrator.runs import pending_run
@@ -135,10 +135,11 @@ def _records(path: Path, count: int, offset: int) -> Path:
 def test_an_operator_batch_longer_than_its_lease_completes_once(
     spark: Any, settings: Any, tmp_path: Path, watchdog: None
 ) -> None:
-    settings.BPCONSOLE_LEASE_S = 0.6
+    # (a lease short enough that even a fast machine's Spark outlasts it three times)
+    settings.BPCONSOLE_LEASE_S = 0.4
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
-    paths = [_records(tmp_path / f"in{n}.jsonl", 40_000, n * 40_000) for n in range(4)]
+    paths = [_records(tmp_path / f"in{n}.jsonl", 100_000, n * 100_000) for n in range(4)]
     ids = _queue(run, paths)
     started = time.monotonic()
     report = process_batch(run.pk, "task1", None)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from webapp.console.topology import validate_document
 from webapp.console.topology_io import parse_yaml
+from webapp.console.validation import validate_document
 
 REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
 

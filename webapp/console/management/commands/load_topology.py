@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from webapp.console.topology import TopologyError
 from webapp.console.topology_io import max_document_bytes, parse_yaml, save_document
+from webapp.console.validation import TopologyError
 
 
 class Command(BaseCommand):

@@ -21,8 +21,8 @@ from orchestrator.service import (
     workers_alive,
 )
 from webapp.console.models import Pipeline, Policy
-from webapp.console.topology import TopologyError
 from webapp.console.topology_io import parse_yaml, validate_for_save
+from webapp.console.validation import TopologyError
 
 
 class Command(BaseCommand):

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from orchestrator.service import (
     DEFAULT_BANDWIDTH_MBPS,
@@ -101,7 +101,7 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     return problems
 
 
-def _is_name(value: Any) -> bool:
+def _is_name(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= MAX_NAME and bool(NAME_RE.match(value))
 
 
@@ -216,17 +216,19 @@ def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, st
             problems.append(Problem(at, "must be a mapping with from and to"))
             continue
         problems += [Problem(f"{at}.{k}", "unknown key") for k in edge if k not in EDGE_KEYS]
-        src, dst = edge.get("from"), edge.get("to")
-        ok = True
-        for end, value in (("from", src), ("to", dst)):
-            if not isinstance(value, str) or value not in known:
+        ends: list[str] = []
+        for end in ("from", "to"):
+            value = edge.get(end)
+            if isinstance(value, str) and value in known:
+                ends.append(value)
+            else:
                 problems.append(Problem(f"{at}.{end}", f"unknown node {_short(value)}"))
-                ok = False
         problems += _check_number(
             edge, "bandwidth_mbps", at, minimum=0.0, default=DEFAULT_BANDWIDTH_MBPS
         )
-        if not ok:
+        if len(ends) < 2:
             continue
+        src, dst = ends
         if src == dst:
             problems.append(Problem(at, f"links {src!r} to itself"))
         elif (src, dst) in seen:

@@ -1,4 +1,4 @@
-"""A tiny Spark job that proves Spark runs: ``python -m sparkjobs.health``.
+"""A tiny Spark job that proves Spark runs: ``python -m sparkjobs.probe``.
 
 Prints one JSON line ``{"ok": true, "detail": ...}`` and exits 0, or exits 1 with the
 reason. Run as its own process so a health check never loads a JVM into the web server.

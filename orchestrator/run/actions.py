@@ -1,0 +1,117 @@
+"""How a live run carries out each decision: one handler per action type.
+
+Flags and signals go to ZooKeeper (flags in one pipelined write per tick, by
+orchestrator.run.flags), routing tables to the route store (written to ZooKeeper by the
+reporter thread), pacing to the source's controls, a scale-out request to the hot
+rescale control. Every action but the periodic credit grant becomes an event on the
+node it concerns (``Action.subject``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from balancer.model import (
+    Action,
+    ClearFlag,
+    ScaleOutRequest,
+    SetCredits,
+    SetFlag,
+    SetRate,
+    SetShares,
+    SetSpeed,
+    SetThresholds,
+    StartMigration,
+    StepwiseSignal,
+    StopMigration,
+)
+from balancer.stepwise import TaskSpeed
+from orchestrator.pipeline.routes import Routes
+from orchestrator.rescale.control import RescaleControl
+from orchestrator.run.controls import Controls
+from orchestrator.run.flags import Flags
+from orchestrator.run.route_store import RouteStore
+from orchestrator.run.timeline import Timeline
+from orchestrator.zk.control_plane import ControlPlane
+
+QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
+
+Handler = Callable[[Any], None]
+
+
+class ActionTable:
+    def __init__(
+        self,
+        control: ControlPlane,
+        run_id: int,
+        *,
+        on_graph_change: Callable[[], None],
+    ) -> None:
+        """A table over the run's state the actions change: its flags, its routing
+        tables, its nodes' pacing and speeds, and its timeline of events."""
+        self.control, self.run_key = control, str(run_id)
+        self.flags, self.controls = Flags(), Controls()
+        self.routes = RouteStore(control, self.run_key)
+        self.timeline = Timeline(run_id)
+        self.on_graph_change = on_graph_change
+        self.rescale: RescaleControl | None = None  # set once the run's graph is known
+        self.handlers: dict[type[Action], Handler] = {
+            SetFlag: lambda a: self.flags.set(a.node),
+            ClearFlag: lambda a: self.flags.clear(a.node),
+            # The balancer keeps a node's thresholds in its own state; the event shows them.
+            SetThresholds: lambda a: None,
+            SetRate: self._set_rate,
+            StepwiseSignal: lambda a: control.put_signal(self.run_key, a.to_json()),
+            SetSpeed: self._set_speed,
+            SetCredits: self._set_credits,
+            SetShares: self._set_shares,
+            StartMigration: self._start_migration,
+            StopMigration: self._stop_migration,
+            ScaleOutRequest: self._scale_out,
+        }
+
+    def apply(self, action: Action, actor: str = "balancer") -> None:
+        self.handlers[type(action)](action)
+        if action.kind not in QUIET_KINDS:
+            self.timeline.add(
+                action.kind, action.reason, node=action.subject, actor=actor, data=action.to_json()
+            )
+
+    def _set_rate(self, action: SetRate) -> None:
+        self.controls.of(action.node).coefficient = action.coefficient
+
+    def _set_speed(self, action: SetSpeed) -> None:
+        """A task applied a stepwise signal: its new state, for the pacing and for the
+        balancer's next observation, and in ZooKeeper for its neighbours."""
+        self.controls.of(action.node).speed = TaskSpeed(
+            action.speed, action.origin_speed, action.in_backpressure
+        )
+        self.control.write_task_state(self.run_key, action.node, action.to_json())
+
+    def _set_credits(self, action: SetCredits) -> None:
+        self.controls.of(action.upstream).credits = dict(action.credits)
+
+    def _set_shares(self, action: SetShares) -> None:
+        old = self.routes.get(action.upstream)
+        self.routes.set(action.upstream, Routes(dict(action.shares), old.migrations))
+
+    def _start_migration(self, action: StartMigration) -> None:
+        old = self.routes.get(action.branch_node)
+        targets = dict(action.targets) or {action.light[0]: 1.0}
+        moves = {light: share * action.share for light, share in targets.items()}
+        migrations = {**old.migrations, action.heavy[0]: moves}
+        self.routes.set(action.branch_node, Routes(old.shares, migrations))
+
+    def _stop_migration(self, action: StopMigration) -> None:
+        old = self.routes.get(action.branch_node)
+        migrations = {k: v for k, v in old.migrations.items() if k != action.heavy[0]}
+        self.routes.set(action.branch_node, Routes(old.shares, migrations))
+
+    def _scale_out(self, action: ScaleOutRequest) -> None:
+        if self.rescale is not None and self.rescale.scale_out(
+            action.stage, action.reason, time.monotonic()
+        ):
+            # The request is recorded as an event; the hot rescale records its own steps.
+            self.on_graph_change()

@@ -1,0 +1,127 @@
+"""What reaches a running driver through ZooKeeper's queues: operators' commands from
+the console, and the stepwise signals the balancer sent to tasks.
+
+Queues are read only after a watch said they hold something: no round trip to
+ZooKeeper on the (usual) ticks without signals or commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from balancer.model import Observation, StepwiseSignal, StopMigration
+from balancer.policy import Policy
+from balancer.pressure import operator_migration
+from balancer.stepwise import apply_signal
+from balancer.topology import Topology
+from orchestrator.rescale.control import COMMANDS
+from orchestrator.run.actions import ActionTable
+from orchestrator.zk.control_plane import Subscription
+
+
+class SignalQueue:
+    """The stepwise queue's handler: each signal applied to its target, in order."""
+
+    def __init__(self, table: ActionTable, policy: Policy) -> None:
+        self.control, self.run_key = table.control, table.run_key
+        self.table, self.controls, self.policy = table, table.controls, policy
+        self.pending = 0
+
+    def watch(self) -> Subscription:
+        return self.control.watch_signals(self.run_key, self._note)
+
+    def _note(self, pending: int) -> None:
+        self.pending = pending
+
+    def handle(self, *, now: bool = False) -> None:
+        """Apply what is queued: when the watch saw signals, or ``now`` (the loop has
+        just sent some, and their effect belongs in the next observation)."""
+        if not (now or self.pending):
+            return
+        for message in self.control.take_signals(self.run_key):
+            signal = StepwiseSignal(
+                reason=message.get("reason", ""),
+                signal=message["signal"],
+                target=message["target"],
+                origin=message.get("origin", ""),
+            )
+            change, _ = apply_signal(signal, self.controls.of(signal.target).speed, self.policy)
+            if change is not None:
+                self.table.apply(change)
+
+
+class OperatorCommands:
+    """Operators' requests: migrate a branch now or stop, and the hot rescale's."""
+
+    def __init__(self, table: ActionTable, policy: Policy) -> None:
+        self.control, self.run_key = table.control, table.run_key
+        self.table, self.routes, self.timeline = table, table.routes, table.timeline
+        self.policy = policy
+        self.pending = 0
+
+    def watch(self) -> Subscription:
+        return self.control.watch_commands(self.run_key, self._note)
+
+    def _note(self, pending: int) -> None:
+        self.pending = pending
+
+    def handle(self, observation: Observation) -> None:
+        if not self.pending:
+            return
+        topology = observation.topology
+        for command in self.control.take_commands(self.run_key):
+            node, who = command.get("node", ""), command.get("user", "an operator")
+            if command.get("command") in COMMANDS:
+                rescale = self.table.rescale
+                if rescale is not None and rescale.command(command):
+                    self.table.on_graph_change()
+                continue
+            if not topology.has_node(node):
+                continue  # validated by the console; a stale command is dropped
+            if command.get("command") == "migrate":
+                self._migrate(observation, node, who, command)
+            elif command.get("command") == "stop_migrating":
+                self._stop_migrating(topology, node, who)
+
+    def _migrate(
+        self, observation: Observation, node: str, who: str, command: Mapping[str, Any]
+    ) -> None:
+        action = operator_migration(observation, node, self.policy, who)
+        if action is None:
+            self.timeline.add(
+                "operator_refused",
+                f"{node} is on no branch with another branch to take its data",
+                node=node,
+                actor="user",
+                data=dict(command),
+            )
+            return
+        self.routes.pinned.add(action.heavy[0])
+        self.table.apply(action, actor="user")
+
+    def _stop_migrating(self, topology: Topology, node: str, who: str) -> None:
+        for branch_node, routes in list(self.routes.routes.items()):
+            for heavy in list(routes.migrations):
+                if heavy == node or node in branch_nodes(topology, heavy):
+                    self.routes.pinned.discard(heavy)
+                    self.table.apply(
+                        StopMigration(
+                            reason=f"operator {who} stopped migrating from {heavy}",
+                            branch_node=branch_node,
+                            heavy=(heavy,),
+                            backpressure_node=node,
+                        ),
+                        actor="user",
+                    )
+
+
+def branch_nodes(topology: Topology, first: str) -> set[str]:
+    """``first`` and every node below it until the branch merges again."""
+    seen, frontier = {first}, [first]
+    while frontier:
+        for nxt in topology.downstreams(frontier.pop()):
+            if len(topology.upstreams(nxt)) == 1 and nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return seen

@@ -1,0 +1,85 @@
+"""What a live run measures at its nodes, and what each node then shows.
+
+The ledger says what every pool holds and what arrived and was processed over the
+interval; the source's read-ahead says what it is about to send, per route. The
+balancer's own state (flags, task speeds) is added by balancer.runtime.observe, as in
+the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from balancer.loop import BalancerState
+from balancer.model import NodeState, Observation
+from balancer.policy import Policy
+from balancer.runtime import Measured, Measurement
+from balancer.topology import Topology
+from orchestrator.ledger.segments import NodeFlow
+from orchestrator.run.controls import Controls
+from orchestrator.run.pacer import SourcePacer
+
+
+def measure(
+    topology: Topology,
+    flows: Mapping[str, NodeFlow],
+    pacer: SourcePacer,
+    *,
+    time_s: float,
+    interval_s: float,
+) -> Measured:
+    nodes = {}
+    blocked = pacer.take_blocked()
+    for node_id in topology.order:
+        if topology.node(node_id).kind == "source":
+            head = pacer.head_by_route()
+            arriving = {r: b / interval_s for r, b in pacer.take_sent_by_route().items()}
+            rate = sum(arriving.values())
+            nodes[node_id] = Measurement(
+                buffered_bytes=float(int(sum(head.values()))),
+                in_rate=rate,
+                out_rate=rate,
+                head_by_route=head,
+                in_rate_by_route=arriving,
+            )
+            continue
+        flow = flows.get(node_id)
+        offered = (flow.arrived_bytes if flow else 0) + blocked.get(node_id, 0)
+        nodes[node_id] = Measurement(
+            buffered_bytes=float(flow.queued_bytes if flow else 0),
+            in_rate=offered / interval_s,
+            out_rate=(flow.done_bytes if flow else 0) / interval_s,
+            head_by_route={},
+            in_rate_by_route={},
+        )
+    return Measured(time_s, interval_s, nodes)
+
+
+def node_states(
+    observation: Observation,
+    *,
+    flagged: Collection[str],
+    controls: Controls,
+    state: BalancerState,
+    policy: Policy,
+) -> dict[str, NodeState]:
+    """What each node shows in the console and in ZooKeeper after a tick: the flags and
+    pacing as the tick's actions left them."""
+    states: dict[str, NodeState] = {}
+    for node_id, obs in observation.nodes.items():
+        control = controls.of(node_id)
+        watermark = state.watermarks.get(node_id)
+        states[node_id] = NodeState(
+            level=round(obs.level, 4),
+            buffered_bytes=int(obs.buffered_bytes),
+            in_rate=round(obs.in_rate, 1),
+            out_rate=round(obs.out_rate, 1),
+            high_water=round(watermark.high_water if watermark else policy.high_water, 3),
+            low_water=round(watermark.low_water if watermark else policy.low_water, 3),
+            flagged=node_id in flagged,
+            rate_coefficient=round(control.coefficient, 3),
+            speed=round(control.speed.speed, 4),
+            origin_speed=round(control.speed.origin_speed, 4),
+            in_backpressure=control.speed.in_backpressure,
+        )
+    return states

@@ -1,0 +1,254 @@
+"""The source of a run: read ahead, paced by what the balancer set, never into a full pool.
+
+The source sends at most its rate coefficient times its speed times its maximum rate
+(an unlimited source: the rate it was measured to reach while unthrottled), only what
+its credits allow, and never into a pool that cannot take the chunk: the per-node stop
+of the reference experiment. Each chunk is written once, then every copy of it is
+entered in the ledger with the source's new position in one transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from balancer.document import NodeDocument
+from balancer.topology import Topology
+from balancer.units import MB, MEGABIT
+from orchestrator.ledger import segments
+from orchestrator.ledger.events import record_event
+from orchestrator.models import Run
+from orchestrator.pipeline.graph import StoredDocument, bandwidth, downstreams_of
+from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, resolve_inputs, write_chunk
+from orchestrator.pipeline.routes import tagged_route
+from orchestrator.rescale.plan import copy_id, targets
+from orchestrator.run.controls import Controls
+from orchestrator.run.route_store import RouteStore
+from orchestrator.worker.batch import segment_path
+from sparkjobs.keygroups import KeyGroup
+
+READ_AHEAD_CHUNKS = 32
+READ_AHEAD_BYTES = 32 * MB
+# How long one call may keep sending before the loop gets its turn again.
+SEND_SLICE_S = 0.2
+
+
+@dataclass(frozen=True)
+class SourceGraph:
+    """The graph the source routes with: the one its instance has aligned with."""
+
+    doc: StoredDocument
+    config: int
+    downstreams: list[str]
+
+
+class SourcePacer:
+    def __init__(
+        self,
+        run: Run,
+        epoch: int,
+        source: NodeDocument,
+        controls: Controls,
+        routes: RouteStore,
+    ) -> None:
+        self.run_id = run.pk
+        self.epoch = epoch
+        self.source = source
+        self.name = source["name"]
+        self.controls = controls
+        self.routes = routes
+        self.ahead: deque[Chunk] = deque()
+        self.sent_by_route: dict[str, int] = {}
+        # Demand a full pool could not take this tick: still part of the node's input.
+        self.blocked: dict[str, int] = {}
+        self.pool: dict[str, int] = {}  # queued bytes per node, as the dispatch last read
+        self.tokens = 0.0
+        self.last_refill = time.monotonic()
+        self.measured_rate = 0.0
+        self.source_iter: Iterator[Chunk] | None = None
+        spec = run.input_spec
+        params = source.get("params") or {}
+        self.files: list[InputFile] = resolve_inputs(spec["paths"], spec.get("format", "jsonl"))
+        position = run.source_position or {}
+        self.next_index = int(position.get("chunk", 0))
+        self.emitted_bytes = int(run.input_bytes)
+        self.done = run.chunks_total is not None
+        if not self.done:
+            self.source_iter = chunks(
+                self.files,
+                spec.get("format", "jsonl"),
+                segment_bytes=max(1, int(float(params.get("segment_mb", 1.0)) * MB)),
+                route_by=params.get("route_by", "key"),
+                start_file=int(position.get("file", 0)),
+                start_offset=position.get("offset"),
+                start_index=self.next_index,
+            )
+
+    def reconfigure(self, topology: Topology, graph: SourceGraph) -> None:
+        self.topology = topology
+        self.graph = graph
+
+    # -- what the balancer observes of the source -------------------------------------
+
+    def head_by_route(self) -> dict[str, float]:
+        """The mix of routes among the chunks read ahead: what is about to leave."""
+        routes = self.routes.get(self.name)
+        head: dict[str, float] = {}
+        for chunk in self.ahead:
+            tagged = tagged_route(chunk.tag, self.graph.downstreams, routes)
+            head[tagged] = head.get(tagged, 0.0) + chunk.size
+        return head
+
+    def take_sent_by_route(self) -> dict[str, int]:
+        sent, self.sent_by_route = self.sent_by_route, {}
+        return sent
+
+    def take_blocked(self) -> dict[str, int]:
+        blocked, self.blocked = self.blocked, {}
+        return blocked
+
+    # -- sending ----------------------------------------------------------------------
+
+    def rate(self) -> float | None:
+        """Bytes per second the source may send now; None means unlimited."""
+        control = self.controls.of(self.name)
+        factor = control.coefficient * control.speed.speed
+        limit = float(self.source.get("max_rate_mbps", 0.0)) * MEGABIT
+        if limit <= 0:
+            if factor >= 1.0:
+                return None
+            # k is a fraction of the maximum rate; unlimited sources use the rate they
+            # were measured to reach while unthrottled.
+            limit = max(self.measured_rate, MB)
+        return factor * limit
+
+    def emit(self, now: float) -> bool:
+        """Send what the source may for up to a slice; True when it could send more now."""
+        if self.done:
+            return False
+        rate = self.rate()
+        elapsed = now - self.last_refill
+        self.last_refill = now
+        if rate is not None:
+            self.tokens = min(self.tokens + rate * elapsed, max(rate, 4 * MB))
+        began, sent = now, 0
+        while time.monotonic() - began < SEND_SLICE_S:
+            self._read_ahead()
+            if not self.ahead:  # the input is exhausted and everything was sent
+                self._finish()
+                return False
+            chunk = self.ahead[0]
+            if not self._send(chunk, rate):
+                self._measure_rate(rate, began, sent)
+                return False
+            sent += chunk.size
+        self._measure_rate(rate, began, sent)
+        return True
+
+    def _send(self, chunk: Chunk, rate: float | None) -> bool:
+        seg_id = f"r{self.run_id}.c{chunk.index:07d}"
+        routes = self.routes.get(self.name)
+        graph = self.graph
+        copies = targets(
+            graph.doc, self.name, seg_id, tag=chunk.tag, routes=routes, slots=KeyGroup()
+        )
+        target = copies[0][0]
+        if not self._may_send(target, chunk.size, rate):
+            if self._pool_full(target, chunk.size):
+                # Demand the node could not take: part of its input rate, so a full pool
+                # still reads as "input faster than output".
+                self.blocked[target] = chunk.size
+            return False
+        path = segment_path(self.run_id, seg_id)
+        write_chunk(path, chunk)
+        segments.emit_chunk(
+            self.run_id,
+            self.epoch,
+            [
+                segments.NewSegment(
+                    id=copy_id(seg_id, node, slots, len(copies)),
+                    chunk=chunk.index,
+                    origin_file=chunk.file_index,
+                    origin_offset=chunk.offset,
+                    origin_length=chunk.length,
+                    node=node,
+                    upstream=self.name,
+                    tag=chunk.tag,
+                    path=str(path),
+                    bytes=chunk.size,
+                    migrated_from=migrated_from,
+                    link_mbps=bandwidth(graph.doc, self.name, node),
+                    config=graph.config,
+                    slots_from=slots.low,
+                    slots_to=slots.high,
+                )
+                for node, migrated_from, slots in copies
+            ],
+            {
+                "chunk": chunk.index + 1,
+                "file": chunk.file_index,
+                "offset": chunk.offset + chunk.length,
+            },
+            self.emitted_bytes + chunk.size,
+        )
+        self.emitted_bytes += chunk.size
+        for node, _, _ in copies:
+            self.pool[node] = self.pool.get(node, 0) + chunk.size
+        if rate is not None:
+            self.tokens -= chunk.size
+        credits = self.controls.of(self.name).credits
+        if credits is not None:
+            credits[target] = credits.get(target, 0.0) - chunk.size
+        self.next_index = chunk.index + 1
+        self.ahead.popleft()
+        tagged = tagged_route(chunk.tag, graph.downstreams, routes)
+        self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
+        return True
+
+    def _finish(self) -> None:
+        segments.finish_source(self.run_id, self.epoch, self.next_index)
+        self.done = True
+        record_event(
+            self.run_id,
+            "source_done",
+            f"source read all {self.next_index} chunks",
+            node=self.name,
+        )
+
+    def _measure_rate(self, rate: float | None, began: float, sent: int) -> None:
+        """What an unlimited source reaches: a rate coefficient below 1 is a share of it."""
+        if rate is None and sent:
+            spent = max(time.monotonic() - began, 1e-3)
+            self.measured_rate = max(self.measured_rate * 0.8, sent / spent)
+
+    def _read_ahead(self) -> None:
+        """Keep the next chunks read: the source's queue, whose mix of routes the
+        balancer sees (what is about to leave, per branch)."""
+        ahead_bytes = sum(c.size for c in self.ahead)
+        while self.source_iter is not None and (
+            len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES
+        ):
+            chunk = next(self.source_iter, None)
+            if chunk is None:
+                self.source_iter = None
+                break
+            self.ahead.append(chunk)
+            ahead_bytes += chunk.size
+
+    def _pool_full(self, target: str, size: int) -> bool:
+        queued = self.pool.get(target, 0)
+        return queued > 0 and queued + size > self.topology.node(target).capacity_bytes
+
+    def _may_send(self, target: str, size: int, rate: float | None) -> bool:
+        if rate is not None and self.tokens < min(size, max(rate, 1.0)):
+            return False
+        if self._pool_full(target, size):
+            return False  # a full pool stops its upstream (reference experiment)
+        credits = self.controls.of(self.name).credits
+        return credits is None or credits.get(target, 0.0) >= size
+
+
+def source_graph(doc: StoredDocument, config: int, name: str) -> SourceGraph:
+    return SourceGraph(doc, config, downstreams_of(doc, name))
