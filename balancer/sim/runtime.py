@@ -7,17 +7,28 @@ the credit interval); stop/resume's instant reactions use one that only reads le
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from balancer.model import Action, Observation
 from balancer.runtime import Measured, observe
+from balancer.stepwise import TaskSpeed
+from balancer.topology import Topology
 
-if TYPE_CHECKING:
-    from balancer.sim.engine import Simulator
+
+class Engine(Protocol):
+    """What the runtime needs of the simulator (balancer.sim.engine.Simulator)."""
+
+    topology: Topology
+
+    def flagged(self) -> frozenset[str]: ...
+
+    def speeds(self) -> dict[str, TaskSpeed]: ...
+
+    def apply(self, action: Action) -> None: ...
 
 
 class SimRuntime:
-    def __init__(self, engine: Simulator, measure: Callable[[], Measured]) -> None:
+    def __init__(self, engine: Engine, measure: Callable[[], Measured]) -> None:
         self.engine = engine
         self.measure = measure
 

@@ -69,13 +69,7 @@ class RunDriver:
         self.run_id, self.key, self.identity = run_id, str(run_id), identity
         self.control, self.publish = control, publish
         self.table = ActionTable(control, run_id, on_graph_change=self._reload_topology)
-        self.flags, self.routes, self.timeline = (
-            self.table.flags,
-            self.table.routes,
-            self.table.timeline,
-        )
-        self.controls = self.table.controls
-        self.batches = BatchDispatch(run_id, dispatch, self.routes)
+        self.batches = BatchDispatch(run_id, dispatch, self.table.routes)
         self.state = BalancerState()
         self.stats = TickStats()
         self.node_states: dict[str, NodeState] = {}
@@ -91,7 +85,7 @@ class RunDriver:
         if not lock.acquire(timeout=lock_timeout_s):
             return "another driver holds this run"
         callback = self.control.session.on_lost(self._on_lost)
-        self.reporter = Reporter(self.run_id, self.control, self.routes, self.publish)
+        self.reporter = Reporter(self.run_id, self.control, self.table.routes, self.publish)
         self.reporter.start()
         try:
             return self._drive()
@@ -110,7 +104,7 @@ class RunDriver:
         self.lost = True
 
     def _drive(self) -> str:
-        self.epoch = self.routes.epoch = segments.bump_epoch(self.run_id)
+        self.epoch = self.table.routes.epoch = segments.bump_epoch(self.run_id)
         # ZooKeeper's fence follows the ledger's: older owners' routes writes are refused.
         self.control.raise_epoch(self.key, self.epoch)
         run = Run.objects.get(pk=self.run_id)
@@ -131,10 +125,12 @@ class RunDriver:
         return self._loop(run)
 
     def _start(self, run: Run) -> None:
-        self.pacer = SourcePacer(run, self.epoch, self.source, self.controls, self.routes)
+        self.pacer = SourcePacer(
+            run, self.epoch, self.source, self.table.controls, self.table.routes
+        )
         self.pacer.reconfigure(self.topology, self.source_graph)
-        self.routes.restore(self.topology)
-        self.flags.flagged = set(self.control.flags(self.key))
+        self.table.routes.restore(self.topology)
+        self.table.flags.flagged = set(self.control.flags(self.key))
         self.rescale = self.table.rescale = RescaleControl(
             self.run_id,
             self.control,
@@ -164,7 +160,7 @@ class RunDriver:
                 time.sleep(LOOP_S)
                 continue
             run.refresh_from_db(fields=["status", "epoch"])
-            if run.epoch != self.epoch or self.routes.superseded:
+            if run.epoch != self.epoch or self.table.routes.superseded:
                 return "superseded by a newer driver"
             if run.status in (Run.Status.CANCELLED, Run.Status.FAILED):
                 # Stopped by an operator, or failed by a batch (orchestrator/ledger/failures.py).
@@ -217,18 +213,18 @@ class RunDriver:
                 if self.rescale is not None and self.rescale.tick():
                     self._reload_topology()
             with phase("flags"):
-                self.flags.flush(self.control, self.key)
+                self.table.flags.flush(self.control, self.key)
             with phase("events"):
-                self.reporter.add_events(self.timeline.take())
+                self.reporter.add_events(self.table.timeline.take())
         with phase("report"):
             self.node_states = self._node_states(observation)
-            self.reporter.submit(Report(self.node_states, self.routes.tables()))
+            self.reporter.submit(Report(self.node_states, self.table.routes.tables()))
 
     def _node_states(self, observation: Observation) -> dict[str, NodeState]:
         return observer.node_states(
             observation,
-            flagged=self.flags.flagged,
-            controls=self.controls,
+            flagged=self.table.flags.flagged,
+            controls=self.table.controls,
             state=self.state,
             policy=self.policy,
         )
@@ -239,12 +235,12 @@ class RunDriver:
         run = Run.objects.only("topology", "config_version").get(pk=self.run_id)
         self.topology = balancer_topology(run.topology)
         self.state = forget(self.state, frozenset(self.topology.order))
-        for gone in sorted(self.flags.flagged - set(self.topology.order)):
+        for gone in sorted(self.table.flags.flagged - set(self.topology.order)):
             self.table.apply(ClearFlag(reason=f"{gone} was retired by a hot rescale", node=gone))
         name = self.source["name"]
         config = Instance.objects.get(run_id=self.run_id, name=name).config
         self.source_graph: SourceGraph = source_graph(topology_at(run, config, name), config, name)
-        self.routes.prune(self.topology)
+        self.table.routes.prune(self.topology)
         if self.started:
             self.pacer.reconfigure(self.topology, self.source_graph)
             self.runtime.topology = self.topology
@@ -252,7 +248,7 @@ class RunDriver:
     def _publish(self, run: Run, *, final: bool = False) -> None:
         run.refresh_from_db(fields=SNAPSHOT_FIELDS)
         snapshot = build_snapshot(
-            run, node_states=self.node_states, routes=self.routes.tables(), final=final
+            run, node_states=self.node_states, routes=self.table.routes.tables(), final=final
         )
         self.publish(self.run_id, snapshot)
 
@@ -264,10 +260,10 @@ class RunDriver:
         ):
             return False
         # Every pool is empty now: no node is backpressured any more.
-        for node in sorted(self.flags.flagged):
+        for node in sorted(self.table.flags.flagged):
             self.table.apply(ClearFlag(reason="run finished: every pool is empty", node=node))
-        self.flags.flush(self.control, self.key)
-        self.reporter.add_events(self.timeline.take())
+        self.table.flags.flush(self.control, self.key)
+        self.reporter.add_events(self.table.timeline.take())
         self.reporter.write_events()  # the timeline ends with the run's own last events
         settle(run, self.epoch, self.pacer.files, self.stats)
         self._publish(run, final=True)

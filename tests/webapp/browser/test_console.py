@@ -27,8 +27,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-# Skewed towards the slow branches: they fill up, get flagged, and their data migrates.
-GENERATOR = "seed=11,volume_mb=6,dominance=0.85,skew_mean_s=1000"
+# Skewed towards the slow branches: they fill up, get flagged, and their data migrates;
+# enough of it that the run is still going when the operator stops it.
+GENERATOR = "seed=11,volume_mb=24,dominance=0.85,skew_mean_s=1000"
 OPERATOR_NODES = ("task1", "task2", "task3")
 # More input than the hot migration takes, so the run is still going when it completes.
 LONG_GENERATOR = "seed=13,volume_mb=6,dominance=0.85,skew_mean_s=1000"
