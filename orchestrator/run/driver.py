@@ -174,7 +174,7 @@ class RunDriver:
                     return "superseded by a newer driver"
             if running or now >= next_tick:
                 # One read of the ledger per loop, for the dispatch and the tick alike.
-                self.flows = segments.node_flows(
+                self.flows: dict[str, NodeFlow] = segments.node_flows(
                     self.run_id, timezone.now() - timedelta(seconds=self.interval_s)
                 )
             if running:
@@ -193,9 +193,8 @@ class RunDriver:
                 time.sleep(LOOP_S)
 
     def _measure(self, topology: Topology) -> Measured:
-        flows: dict[str, NodeFlow] = self.flows
         return observer.measure(
-            topology, flows, self.pacer, time_s=time.monotonic(), interval_s=self.interval_s
+            topology, self.flows, self.pacer, time_s=time.monotonic(), interval_s=self.interval_s
         )
 
     def _tick(self) -> None:
