@@ -165,16 +165,30 @@ def pipeline(aggregators: int, *, buffer_mb: float, segment_mb: float) -> Pipeli
     return {"name": f"bench-{aggregators}", "nodes": nodes, "edges": edges}
 
 
+def throughput_pipeline(segment_mb: float) -> tuple[PipelineDocument, dict[str, Any]]:
+    """The throughput mode's pipeline (source -> 3 aggregators -> sink) and policy: routed
+    by water level, nothing migrated or throttled."""
+    from balancer.policy import Policy
+
+    doc = pipeline(3, buffer_mb=512, segment_mb=segment_mb)
+    layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
+    return doc, Policy.from_mapping(layers).to_dict()
+
+
 def run_to_end(
     doc: PipelineDocument,
     policy: dict[str, Any],
-    generator: str,
+    generator: str | None,
     before_start: Callable[[], object] | None = None,
+    *,
+    input_path: str | None = None,
 ) -> Any:
+    """Create a run over a generated input or over ``input_path``, start it and wait
+    until it has ended."""
     from orchestrator.run.lifecycle import create_run
     from orchestrator.tasks import start_run
 
-    run = create_run(topology=doc, policy=policy, generator=generator)
+    run = create_run(topology=doc, policy=policy, generator=generator, input_path=input_path)
     if before_start is not None:
         before_start()  # after the run's own input is written, which is not the run
     start_run(run)
@@ -301,16 +315,12 @@ class MemorySampler(threading.Thread):
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
-    from balancer.policy import Policy
-
     with Stack(args.spark_workers) as stack:
         from orchestrator.ledger.results import summary
         from orchestrator.models import Segment
         from orchestrator.worker.plain_job import batch_summary, generated_input
 
-        doc = pipeline(3, buffer_mb=512, segment_mb=args.segment_mb)
-        layers = {"routing": "water_level", "migration": "off", "throttling": "none"}
-        policy = Policy.from_mapping(layers).to_dict()
+        doc, policy = throughput_pipeline(args.segment_mb)
         generator = f"seed=3,volume_mb={args.mb},dominance=0"
         # Both sides warm: deployed workers keep their SparkSession between runs, and the
         # batch job runs on every warm-up input too. Neither JVM start-up nor JIT
