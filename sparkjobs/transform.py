@@ -30,20 +30,10 @@ def record_batch(
     inputs: Mapping[str, Path],
     outputs: Mapping[str, Path],
     *,
-    key_group: KeyGroup | None,
+    key_group: KeyGroup | None = None,
 ) -> dict[str, PartialOutput]:
     """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
     not grouped by key, so a key group changes nothing here."""
-    return transform(spark, operator, params, inputs, outputs)
-
-
-def transform(
-    spark: SparkSession,
-    operator: str,
-    params: Mapping[str, Any],
-    inputs: Mapping[str, Path],
-    outputs: Mapping[str, Path],
-) -> dict[str, PartialOutput]:
     frame = (
         spark.read.option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)

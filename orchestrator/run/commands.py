@@ -20,19 +20,23 @@ from orchestrator.run.actions import ActionTable
 from orchestrator.zk.control_plane import Subscription
 
 
-class SignalQueue:
-    """The stepwise queue's handler: each signal applied to its target, in order."""
+class _Queue:
+    """A run's queue in ZooKeeper, with how many entries its watch last saw."""
 
     def __init__(self, table: ActionTable, policy: Policy) -> None:
+        self.table, self.policy = table, policy
         self.control, self.run_key = table.control, table.run_key
-        self.table, self.controls, self.policy = table, table.controls, policy
         self.pending = 0
-
-    def watch(self) -> Subscription:
-        return self.control.watch_signals(self.run_key, self._note)
 
     def _note(self, pending: int) -> None:
         self.pending = pending
+
+
+class SignalQueue(_Queue):
+    """The stepwise queue's handler: each signal applied to its target, in order."""
+
+    def watch(self) -> Subscription:
+        return self.control.watch_signals(self.run_key, self._note)
 
     def handle(self, *, now: bool = False) -> None:
         """Apply what is queued: when the watch saw signals, or ``now`` (the loop has
@@ -46,25 +50,17 @@ class SignalQueue:
                 target=message["target"],
                 origin=message.get("origin", ""),
             )
-            change, _ = apply_signal(signal, self.controls.of(signal.target).speed, self.policy)
+            speed = self.table.controls.of(signal.target).speed
+            change, _ = apply_signal(signal, speed, self.policy)
             if change is not None:
                 self.table.apply(change)
 
 
-class OperatorCommands:
+class OperatorCommands(_Queue):
     """Operators' requests: migrate a branch now or stop, and the hot rescale's."""
-
-    def __init__(self, table: ActionTable, policy: Policy) -> None:
-        self.control, self.run_key = table.control, table.run_key
-        self.table, self.routes, self.timeline = table, table.routes, table.timeline
-        self.policy = policy
-        self.pending = 0
 
     def watch(self) -> Subscription:
         return self.control.watch_commands(self.run_key, self._note)
-
-    def _note(self, pending: int) -> None:
-        self.pending = pending
 
     def handle(self, observation: Observation) -> None:
         if not self.pending:
@@ -89,7 +85,7 @@ class OperatorCommands:
     ) -> None:
         action = operator_migration(observation, node, self.policy, who)
         if action is None:
-            self.timeline.add(
+            self.table.timeline.add(
                 "operator_refused",
                 f"{node} is on no branch with another branch to take its data",
                 node=node,
@@ -97,14 +93,14 @@ class OperatorCommands:
                 data=dict(command),
             )
             return
-        self.routes.pinned.add(action.heavy[0])
+        self.table.routes.pinned.add(action.heavy[0])
         self.table.apply(action, actor="user")
 
     def _stop_migrating(self, topology: Topology, node: str, who: str) -> None:
-        for branch_node, routes in list(self.routes.routes.items()):
+        for branch_node, routes in list(self.table.routes.routes.items()):
             for heavy in list(routes.migrations):
                 if heavy == node or node in branch_nodes(topology, heavy):
-                    self.routes.pinned.discard(heavy)
+                    self.table.routes.pinned.discard(heavy)
                     self.table.apply(
                         StopMigration(
                             reason=f"operator {who} stopped migrating from {heavy}",

@@ -28,21 +28,20 @@ class LiveRuntime:
     ) -> None:
         self.topology = topology  # replaced when a hot rescale changes the graph
         self.measure = measure
-        self.flags, self.controls, self.routes = table.flags, table.controls, table.routes
         self.table, self.signals = table, signals
 
     def observe(self) -> Observation:
         return observe(
             self.topology,
             self.measure(self.topology),
-            flagged=self.flags.flagged,
-            speeds=self.controls.speeds(),
+            flagged=self.table.flags.flagged,
+            speeds=self.table.controls.speeds(),
         )
 
     def apply(self, actions: Sequence[Action]) -> None:
         signalled = False
         for action in actions:
-            if isinstance(action, StopMigration) and action.heavy[0] in self.routes.pinned:
+            if isinstance(action, StopMigration) and action.heavy[0] in self.table.routes.pinned:
                 continue  # an operator's migration lasts until the operator stops it
             self.table.apply(action)
             signalled = signalled or isinstance(action, StepwiseSignal)

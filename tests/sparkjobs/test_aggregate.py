@@ -13,7 +13,7 @@ import pytest
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.merge import combine_partials
 from sparkjobs.plain_job import batch_aggregate
-from sparkjobs.transform import transform
+from sparkjobs.transform import record_batch
 
 pytestmark = pytest.mark.spark
 
@@ -97,7 +97,7 @@ def test_batch_job_equals_the_oracle(spark: Any, tmp_path: Path) -> None:
 def test_filter_then_batch_matches_filtering_first(spark: Any, tmp_path: Path) -> None:
     segments = write_segments(tmp_path)
     outputs = {seg: tmp_path / "f" / f"{seg}.jsonl" for seg in segments}
-    produced = transform(spark, "filter", {"condition": "user <> 'u3'"}, segments, outputs)
+    produced = record_batch(spark, "filter", {"condition": "user <> 'u3'"}, segments, outputs)
     kept = [json.loads(line) for out in outputs.values() for line in out.read_text().splitlines()]
     assert {r["user"] for r in kept if "user" in r} >= {"u1", "u2"}
     assert all(r.get("user") != "u3" for r in kept)

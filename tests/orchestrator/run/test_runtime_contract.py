@@ -143,8 +143,8 @@ def test_a_live_stepwise_upstream_is_slowed_then_restored_to_full_speed(
     ]
     assert "slow" in signals and "restore" in signals
     assert min(o.nodes["s1"].speed for o in observed) < 1.0
-    assert runtime.controls.of("s1").speed.speed == 1.0
-    assert not runtime.controls.of("s1").speed.in_backpressure
+    assert runtime.table.controls.of("s1").speed.speed == 1.0
+    assert not runtime.table.controls.of("s1").speed.in_backpressure
     written = plane.read_task_state(str(CONTRACT_RUNS["stepwise"]), "s1")
     assert written is not None
     assert (written["speed"], written["in_backpressure"]) == (1.0, False)
