@@ -23,6 +23,7 @@ from orchestrator import service
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import Role, has_role, role_of
 from webapp.console.topology_io import export_document
+from webapp.console.validation import shown
 
 log = logging.getLogger("webapp.console.audit")
 
@@ -94,7 +95,7 @@ def effective_policy(pipeline: Pipeline, policy_name: str | None) -> dict[str, A
         base = Policy.objects.filter(name=policy_name).first()
         if base is None:
             known = ", ".join(Policy.objects.values_list("name", flat=True))
-            raise ActionError(f"unknown policy {policy_name!r} (known: {known})")
+            raise ActionError(f"unknown policy {shown(policy_name)} (known: {known})")
     else:
         base = pipeline.base_policy()
     return {**base.values(), **(pipeline.policy_overrides or {})}
@@ -121,7 +122,7 @@ def start_run(request: RunRequest, user: User) -> Any:
     pipeline = Pipeline.objects.filter(name=request.pipeline).first()
     require(user, "operator", action="start_run", data={"pipeline": request.pipeline})
     if pipeline is None:
-        raise ActionError(f"there is no pipeline {request.pipeline!r}", status=404)
+        raise ActionError(f"there is no pipeline {shown(request.pipeline)}", status=404)
     if bool(request.generator) == bool(request.input_path):
         raise ActionError("give exactly one of an input path (or glob) and a generator spec")
     values = effective_policy(pipeline, request.policy)
@@ -161,7 +162,7 @@ def start_run(request: RunRequest, user: User) -> Any:
 def control_run(run_id: int, verb: str, user: User) -> Any:
     """pause, resume or stop a run."""
     if verb not in RUN_CONTROLS:
-        raise ActionError(f"unknown run control {verb!r}; use {', '.join(RUN_CONTROLS)}")
+        raise ActionError(f"unknown run control {shown(verb)}; use {', '.join(RUN_CONTROLS)}")
     run = get_run(run_id)
     require(user, "operator", action=f"{verb}_run", run_id=run.pk)
     try:
@@ -177,7 +178,9 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
     require(user, "operator", action=action, run_id=run.pk, data={"node": str(node)[:100]})
     names = [n["name"] for n in run.topology["nodes"]]
     if not isinstance(node, str) or node not in names:
-        raise ActionError(f"run {run.pk} has no node {node!r}; its nodes are {', '.join(names)}")
+        raise ActionError(
+            f"run {run.pk} has no node {shown(node)}; its nodes are {', '.join(names)}"
+        )
     if not run.is_active:
         raise ActionError(f"run {run.pk} is {run.status}; nothing to migrate", status=409)
     try:
@@ -192,6 +195,8 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
 
 # What each adjustment is aimed at: an operator instance, or a stage to grow.
 ADJUSTMENT_TARGETS = {"hot_migrate": "node", "add_instance": "stage", "remove_instance": "node"}
+# Node and stage names have at most 100 characters, workers' names are host names (255).
+MAX_TARGET_CHARS = 255
 
 
 def live_workers() -> list[dict[str, Any]]:
@@ -221,10 +226,13 @@ def adjust(
         data={k: str(v)[:100] for k, v in target.items() if v},
     )
     if not known:
-        raise ActionError(f"unknown action {action!r}; use {', '.join(ADJUSTMENT_TARGETS)}")
+        raise ActionError(f"unknown action {shown(action)}; use {', '.join(ADJUSTMENT_TARGETS)}")
     for field, value in target.items():
         if not isinstance(value, str):
             raise ActionError(f"{field} must be a string, got {type(value).__name__}")
+        if len(value) > MAX_TARGET_CHARS:
+            # No node, stage or worker has such a name: refused here, not echoed back.
+            raise ActionError(f"{field} has {len(value)} characters; at most {MAX_TARGET_CHARS}")
     needed = ADJUSTMENT_TARGETS[action]
     if not target[needed]:
         what = "an operator instance" if needed == "node" else "an operator stage"

@@ -49,7 +49,7 @@ from webapp.console.serializers import (
     run_json,
 )
 from webapp.console.topology_io import dump_yaml, export_document, parse_yaml, validate_for_save
-from webapp.console.validation import TopologyError
+from webapp.console.validation import TopologyError, shown
 
 # What the schema says every answer may be besides the success: each 4xx is a JSON
 # object with a ``detail`` sentence, and a 400 about a document lists its ``problems``
@@ -122,7 +122,7 @@ def _pipeline_json(pipeline: Pipeline, last: Any, *, detail: bool = False) -> di
 def _pipeline_or_404(name: str) -> Pipeline:
     pipeline = Pipeline.objects.select_related("policy").filter(name=name).first()
     if pipeline is None:
-        raise actions.ActionError(f"there is no pipeline {name!r}", status=404)
+        raise actions.ActionError(f"there is no pipeline {shown(name)}", status=404)
     return pipeline
 
 
@@ -350,7 +350,7 @@ class RunListView(APIView):
         if name:
             pipeline = Pipeline.objects.filter(name=name).first()
             if pipeline is None:
-                return Response({"detail": f"there is no pipeline {name!r}"}, status=404)
+                return Response({"detail": f"there is no pipeline {shown(name)}"}, status=404)
             pipeline_id = pipeline.pk
         limit = _int(request.query_params.get("limit"), 50)
         runs = service.runs_of(pipeline_id=pipeline_id, status=run_status)

@@ -67,12 +67,12 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
         problems.append(
             Problem(
                 "name",
-                f"must be a name (letters, digits, _ . -; at most {MAX_NAME}), got {_short(name)}",
+                f"must be a name (letters, digits, _ . -; at most {MAX_NAME}), got {shown(name)}",
             )
         )
     description = doc.get("description", "")
     if description is not None and not isinstance(description, str):
-        problems.append(Problem("description", f"must be text, got {_short(description)}"))
+        problems.append(Problem("description", f"must be text, got {shown(description)}"))
     problems += _check_policy(doc, base_policy)
     nodes = doc.get("nodes")
     edges = doc.get("edges", [])
@@ -105,7 +105,7 @@ def _is_name(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) <= MAX_NAME and bool(NAME_RE.match(value))
 
 
-def _short(value: Any) -> str:
+def shown(value: Any) -> str:
     """``repr`` of a value for a message, cut short: it may be a whole sub-document."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -114,13 +114,13 @@ def _short(value: Any) -> str:
 def _number_problem(value: Any) -> str | None:
     """Why ``value`` is not a finite number a float column holds, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"must be a number, got {_short(value)}"
+        return f"must be a number, got {shown(value)}"
     try:
         finite = math.isfinite(float(value))
     except OverflowError:
         finite = False
     if not finite:
-        return f"must be a finite number, got {_short(value)}"
+        return f"must be a finite number, got {shown(value)}"
     return None
 
 
@@ -131,7 +131,7 @@ def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> lis
     policy = doc.get("policy")
     problems = []
     if policy is not None and not isinstance(policy, str):
-        problems.append(Problem("policy", f"must be the name of a policy, got {_short(policy)}"))
+        problems.append(Problem("policy", f"must be the name of a policy, got {shown(policy)}"))
     # The policy's checks compare and format numbers as floats: an integer beyond a
     # float's range is reported here rather than raising there.
     too_large = [
@@ -160,7 +160,7 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
         problems += [Problem(f"{at}.{k}", "unknown key") for k in node if k not in NODE_KEYS]
         name = node.get("name")
         if not _is_name(name):
-            problems.append(Problem(f"{at}.name", f"must be a node name, got {_short(name)}"))
+            problems.append(Problem(f"{at}.name", f"must be a node name, got {shown(name)}"))
             continue
         at = f"nodes[{i}] ({name})"
         if name in kinds:
@@ -174,12 +174,12 @@ def _check_nodes(nodes: list[Any]) -> tuple[list[str], dict[str, str], list[Prob
         kinds[name] = kind
         stage = node.get("stage")
         if stage not in (None, "") and not _is_name(stage):
-            problems.append(Problem(f"{at}.stage", f"must be a stage name, got {_short(stage)}"))
+            problems.append(Problem(f"{at}.stage", f"must be a stage name, got {shown(stage)}"))
         operator = node.get("operator", DEFAULT_OPERATOR[kind])
         params = node.get("params", {}) or {}
         if not isinstance(operator, str):
             problems.append(
-                Problem(f"{at}.operator", f"must be an operator's name, got {_short(operator)}")
+                Problem(f"{at}.operator", f"must be an operator's name, got {shown(operator)}")
             )
         elif not isinstance(params, Mapping):
             problems.append(Problem(f"{at}.params", "must be a mapping"))
@@ -222,7 +222,7 @@ def _check_edges(edges: list[Any], names: list[str]) -> tuple[list[tuple[str, st
             if isinstance(value, str) and value in known:
                 ends.append(value)
             else:
-                problems.append(Problem(f"{at}.{end}", f"unknown node {_short(value)}"))
+                problems.append(Problem(f"{at}.{end}", f"unknown node {shown(value)}"))
         problems += _check_number(
             edge, "bandwidth_mbps", at, minimum=0.0, default=DEFAULT_BANDWIDTH_MBPS
         )

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.models import Run
 from tests.sparkjobs.test_expressions import LEAK_COLUMN, SUBQUERY
-from tests.webapp.console.factories import client_for, reference
+from tests.webapp.console.factories import client_for, make_run, reference
 from webapp.console.models import Node, Pipeline
 from webapp.console.topology_io import export_document
 
@@ -170,3 +170,27 @@ def test_a_glob_inside_the_root_is_resolved_to_its_files(
     assert response.status_code == 201, response.json()
     run = Run.objects.get(pk=response.json()["id"])
     assert [Path(p).name for p in run.input_spec["paths"]] == ["part-0.jsonl", "part-1.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/api/runs/", {"pipeline": "p" * 100_000, "generator": "seed=1,volume_mb=1"}, 404),
+        ("/api/runs/{run}/migrate/", {"node": "n" * 100_000}, 400),
+        ("/api/runs/{run}/adjust/", {"action": "a" * 100_000}, 400),
+        ("/api/runs/{run}/adjust/", {"action": "add_instance", "stage": "s" * 100_000}, 400),
+    ],
+)
+def test_an_oversized_name_is_refused_without_being_echoed_back(
+    path: str, body: dict[str, str], status: int
+) -> None:
+    # Given an active run (a refused request must change nothing about it)
+    run = make_run()
+    client, _ = client_for("otto", "operator")
+    # When an operator sends a name of 100,000 characters where a name belongs
+    response = client.post(path.format(run=run.pk), body, content_type="application/json")
+    # Then the answer refuses it in a few hundred bytes, not a copy of the input
+    assert response.status_code == status
+    assert len(response.content) < 1_000, response.content[:200]
+    run.refresh_from_db()
+    assert run.status == Run.Status.PENDING
