@@ -17,11 +17,14 @@ class Run(models.Model):
         PENDING = "pending"
         RUNNING = "running"
         PAUSED = "paused"
+        # An unbounded run asked to stop: its source reads nothing new and the run
+        # completes once what it ingested is merged (orchestrator/source/).
+        STOPPING = "stopping"
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"
 
-    ACTIVE = (Status.PENDING, Status.RUNNING, Status.PAUSED)
+    ACTIVE = (Status.PENDING, Status.RUNNING, Status.PAUSED, Status.STOPPING)
 
     # By name, not import: the orchestrator never imports the console's models.
     pipeline = models.ForeignKey(
@@ -180,6 +183,48 @@ class ResultDistinct(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} {self.key}={self.value}"
+
+
+class SourceFile(models.Model):
+    """A file a landing-folder source took in, numbered in arrival order.
+
+    The number is what the ledger's chunks name as their origin file, so it is given
+    once, durably, before any chunk of the file is emitted; the size is the file's as
+    it was taken in (what the run reads of it, and what coverage must tile).
+    """
+
+    class State(models.TextChoices):
+        READING = "reading"
+        READ = "read", "read (every chunk emitted)"
+        CLEANED = "cleaned", "cleaned (archived or deleted once merged)"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="source_files")
+    index = models.PositiveIntegerField()
+    path = models.CharField(max_length=1000, help_text="Where it is: moved when archived.")
+    size = models.BigIntegerField()
+    data_start = models.BigIntegerField(default=0)
+    mtime_ns = models.BigIntegerField()
+    state = models.CharField(max_length=8, choices=State.choices, default=State.READING)
+    changed = models.BooleanField(
+        default=False, help_text="Rewritten or truncated after it was taken in (reported)."
+    )
+    discovered_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="one_file_per_index"),
+            # A cleaned file's name may come back with new data (archive and delete
+            # modes): it is a new file then.
+            models.UniqueConstraint(
+                fields=["run", "path"],
+                condition=~models.Q(state="cleaned"),
+                name="one_index_per_file",
+            ),
+        ]
+        ordering = ["run", "index"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} file {self.index}: {self.path}"
 
 
 class Throttle(models.Model):

@@ -41,6 +41,14 @@ from orchestrator.run.lifecycle import (
     snapshot,
 )
 from orchestrator.services.health import run_checks
+from orchestrator.source.replay import ReplayError, write_ingested
+from orchestrator.source.spec import (
+    LandingSpec,
+    StreamSpec,
+    UnboundedSpec,
+    check_landing,
+    check_stream,
+)
 from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import BatchJobError, batch_summary
 from sparkjobs.catalog import (
@@ -82,14 +90,20 @@ __all__ = [
     "EdgeDocument",
     "GeneratorError",
     "InputError",
+    "LandingSpec",
     "NodeDocument",
     "OperatorSpec",
     "Param",
     "PipelineDocument",
     "Policy",
     "PolicyError",
+    "ReplayError",
     "RunError",
+    "StreamSpec",
+    "UnboundedSpec",
     "batch_summary",
+    "check_landing",
+    "check_stream",
     "confined_files",
     "create_run",
     "live_workers",
@@ -104,6 +118,7 @@ __all__ = [
     "validate_params",
     "validate_policy",
     "workers_alive",
+    "write_ingested",
 ]
 
 

@@ -92,7 +92,7 @@ def watchdog() -> dict[str, Any]:
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.
     active = list(
         Run.objects.filter(
-            Q(status__in=[Run.Status.RUNNING, Run.Status.PAUSED])
+            Q(status__in=[Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.STOPPING])
             | Q(status=Run.Status.PENDING, input_spec__has_key="generating")
         ).values_list("pk", flat=True)
     )

@@ -1,8 +1,10 @@
 """The durable data plane in PostgreSQL: every state change of data is one transaction.
 
 Owns: segments and their claims and leases (``segments``), the sink's merge and key
-state (``keystate``), result rows (``results``), failed batches (``failures``) and the
-run's event rows (``events``).
+state (``keystate``), result rows (``results``), failed batches (``failures``), the
+run's event rows (``events``), what a run took in and its coverage must tile
+(``ingested``), and the deletion of segment files and rows no one needs
+any more (``retention``).
 
 May import: ``orchestrator.models``, ``orchestrator.pipeline``, and pure definitions of
 ``balancer`` (``units``) and ``sparkjobs`` (key groups, merged partials). Never the

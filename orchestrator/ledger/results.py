@@ -61,14 +61,9 @@ def sorted_rows(rows: Iterable[ResultRow]) -> list[ResultRow]:
 
 def summary(run: Run) -> dict[str, Any]:
     from orchestrator.ledger import segments
-    from orchestrator.pipeline.graph import input_extent
-    from orchestrator.pipeline.inputs import resolve_inputs
+    from orchestrator.ledger.ingested import ingested_extent
 
-    # A generated input has no paths until the run's driver has written it (a run
-    # cancelled or failed before that has nothing to cover).
-    paths = run.input_spec.get("paths") or []
-    files = resolve_inputs(paths, run.input_spec.get("format", "jsonl")) if paths else []
-    cover = segments.coverage(run, input_extent(files)).to_json()
+    cover = segments.coverage(run, ingested_extent(run)).to_json()
     seconds = (
         (run.finished_at - run.started_at).total_seconds()
         if run.finished_at and run.started_at

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -115,7 +115,7 @@ def emit_chunk(
     run_id: int,
     epoch: int,
     copies: Sequence[NewSegment],
-    position: dict[str, int],
+    position: Mapping[str, int | str],
     input_bytes: int,
 ) -> None:
     """Queue a source chunk (one copy per key group of a keyed stage) and move the

@@ -22,6 +22,7 @@ from balancer.units import MB
 from orchestrator.pipeline.routes import tagged_target
 
 RECORD_BYTES = 52  # typical length of one generated line
+VALUE_CENTS = 10_000_000  # a value is a whole number of cents below this
 DEFAULT_MAX_MB = 4096  # BPCONSOLE_GENERATOR_MAX_MB when no setting is configured
 MAX_SPEC_CHARS = 512  # the longest spec text: every field's name and value fit many times
 MAX_VALUE_CHARS = 64  # the longest value of one field
@@ -195,6 +196,12 @@ def keys_for(branches: Sequence[str], per_branch: int) -> dict[str, list[str]]:
     return keys
 
 
+def record_line(key: str, cents: int, user: int) -> str:
+    """One generated record as a JSON line: the format :func:`write_input` and the
+    producer (:mod:`orchestrator.pipeline.producer`) both write."""
+    return f'{{"key":"{key}","value":{cents / 100},"user":"u{user}"}}\n'
+
+
 Progress = Callable[[int, int], None]
 
 
@@ -233,10 +240,10 @@ def write_input(
         for tag_index in workload.tag_index:
             pool = keys[workload.tags[int(tag_index)]]
             key_ix = rng.integers(len(pool), size=per_packet)
-            cents = rng.integers(0, 10_000_000, size=per_packet)
+            cents = rng.integers(0, VALUE_CENTS, size=per_packet)
             users = rng.integers(spec.users, size=per_packet)
             lines = [
-                f'{{"key":"{pool[k]}","value":{c / 100},"user":"u{u}"}}\n'
+                record_line(pool[k], c, u)
                 for k, c, u in zip(key_ix.tolist(), cents.tolist(), users.tolist(), strict=True)
             ]
             if spec.malformed_every:

@@ -49,6 +49,9 @@ class Chunk:
     size: int  # bytes of the segment file it becomes
     body: bytes | None  # converted JSON lines; None: the input's own bytes, copied as they are
     path: str  # the input file
+    # Where an unbounded source stands after this chunk (a stream's last entry id), kept
+    # with the run's position so a restart acknowledges and skips what is in the ledger.
+    mark: str = ""
 
 
 def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:
@@ -67,7 +70,7 @@ def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFil
         p = Path(path)
         if not p.is_file():
             raise InputError(f"input {path!r} does not exist or is not a file")
-        files.append(_measure(p.resolve(), fmt))
+        files.append(measure_file(p.resolve(), fmt))
     return files
 
 
@@ -105,7 +108,7 @@ def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) ->
         root = next((r for r in real_roots if real == r or r in real.parents), None)
         if root is None:
             raise InputError(f"input {match!r} must lie under an input folder ({allowed})")
-        if not follow_symlinks and _through_link(Path(match), real_roots):
+        if not follow_symlinks and through_link(Path(match), real_roots):
             raise InputError(
                 f"input {match!r} is reached through a symbolic link; links are not followed "
                 "(an administrator can allow links that stay inside the input folders with "
@@ -117,7 +120,7 @@ def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) ->
     return files
 
 
-def _through_link(path: Path, real_roots: Sequence[Path]) -> bool:
+def through_link(path: Path, real_roots: Sequence[Path]) -> bool:
     """Is ``path``, or a folder between it and the input root holding it, a link?"""
     roots = {str(r) for r in real_roots}
     for step in (path, *path.parents):
@@ -128,7 +131,7 @@ def _through_link(path: Path, real_roots: Sequence[Path]) -> bool:
     return False
 
 
-def _measure(path: Path, fmt: str) -> InputFile:
+def measure_file(path: Path, fmt: str) -> InputFile:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -178,7 +181,7 @@ def chunks(
                 file_index,
                 chunk_offset,
                 length,
-                _tag(body, route_by),
+                record_tag(body, route_by),
                 len(body),
                 body,
                 item.path,
@@ -235,7 +238,7 @@ def _first_tag(fd: int, start: int, end: int, route_by: str) -> str:
         position = start + len(head)
         if head.strip() and b"\n" in head.lstrip():
             break
-    return _tag(head, route_by)
+    return record_tag(head, route_by)
 
 
 Ranges = Iterator[tuple[int, int, bytes]]  # (offset, length, JSON lines) of each chunk
@@ -289,7 +292,7 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tag(body: bytes, route_by: str) -> str:
+def record_tag(body: bytes, route_by: str) -> str:
     """The routing field of the chunk's first record (only that line is parsed)."""
     start = 0
     while start < len(body):

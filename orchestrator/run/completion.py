@@ -1,6 +1,7 @@
 """The end of a run, and what its balancer ticks cost.
 
-A run completes when the source is exhausted, no batch is in flight, no hot rescale is
+A run completes when the source is exhausted (a bounded input read to its end, an
+unbounded one stopped by an operator), no batch is in flight, no hot rescale is
 under way, no segment is unfinished, and the sink merged every chunk of the input
 exactly once (the coverage check); anything less fails it, saying what is missing.
 """
@@ -16,9 +17,8 @@ from django.utils import timezone
 
 from orchestrator.ledger import segments
 from orchestrator.ledger.events import record_event
+from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.models import Run
-from orchestrator.pipeline.graph import input_extent
-from orchestrator.pipeline.inputs import InputFile
 
 
 @dataclass
@@ -58,10 +58,11 @@ class TickStats:
         )
 
 
-def settle(run: Run, epoch: int, files: list[InputFile], stats: TickStats) -> None:
-    """Complete or fail ``run`` by its coverage; only the owner of ``epoch`` may."""
+def settle(run: Run, epoch: int, stats: TickStats) -> None:
+    """Complete or fail ``run`` by its coverage of what it took in; only the owner of
+    ``epoch`` may."""
     run.refresh_from_db()
-    result = segments.coverage(run, input_extent(files))
+    result = segments.coverage(run, ingested_extent(run))
     status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
     error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
     Run.objects.filter(pk=run.pk, epoch=epoch).update(

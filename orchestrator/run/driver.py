@@ -13,8 +13,9 @@ Each loop the driver:
    its :class:`~orchestrator.run.runtime.LiveRuntime`, handles operators' commands,
    steps a hot rescale, writes flags and events, and hands the tick's node states to
    the reporter thread (ZooKeeper and the live snapshot);
-4. finishes the run when the source is exhausted, nothing is in flight and the sink
-   has merged every chunk exactly once (orchestrator.run.completion).
+4. finishes the run when the source is exhausted (an unbounded one once an operator
+   stopped it: orchestrator.source), nothing is in flight and the sink has merged every
+   chunk it took in exactly once (orchestrator.run.completion).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import time
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from balancer.document import NodeDocument
@@ -31,7 +33,7 @@ from balancer.model import ClearFlag, NodeState, Observation
 from balancer.policy import Policy
 from balancer.runtime import Measured
 from balancer.topology import Topology
-from orchestrator.ledger import segments
+from orchestrator.ledger import retention, segments
 from orchestrator.ledger.events import record_event
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
@@ -54,6 +56,8 @@ from orchestrator.zk.control_plane import ControlPlane, Subscription
 log = logging.getLogger(__name__)
 
 LOOP_S = 0.1
+# How often merged data's segment files (and old rows) are deleted while a run goes on.
+RETENTION_S = 5.0
 
 
 class RunDriver:
@@ -95,6 +99,8 @@ class RunDriver:
                 self.rescale.close()
             for subscription in self.subscriptions:
                 subscription.cancel()
+            if self.started:
+                self.pacer.input.close()
             self.control.session.remove(callback)
             if not self.lost:
                 lock.release()
@@ -152,6 +158,7 @@ class RunDriver:
     def _loop(self, run: Run) -> str:
         self.interval_s = max(self.policy.tick_ms / 1000, 0.1)
         tick_s, next_tick = self.policy.tick_ms / 1000, time.monotonic()
+        next_sweep = time.monotonic() + RETENTION_S
         while True:
             if self.lost:
                 log.warning("run %s: ZooKeeper session lost; giving up the run", self.run_id)
@@ -166,10 +173,14 @@ class RunDriver:
                 # Stopped by an operator, or failed by a batch (orchestrator/ledger/failures.py).
                 self._publish(run, final=True)
                 return str(run.status)
-            now, sending, running = time.monotonic(), False, run.status == Run.Status.RUNNING
+            now, sending = time.monotonic(), False
+            running = run.status in (Run.Status.RUNNING, Run.Status.STOPPING)
+            if run.status == Run.Status.STOPPING:
+                self.pacer.drain()  # an unbounded input: finish what was taken in
             if running:
                 try:
                     sending = self.pacer.emit(now)
+                    self.pacer.input.housekeeping()
                 except segments.StaleEpochError:
                     return "superseded by a newer driver"
             if running or now >= next_tick:
@@ -189,6 +200,9 @@ class RunDriver:
                 next_tick = now + tick_s
                 if self._finished(run):
                     return run.status
+            if now >= next_sweep:
+                retention.sweep(self.run_id, keep_rows_s=settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S)
+                next_sweep = now + RETENTION_S
             if not sending:  # a source with more to send now goes on at once
                 time.sleep(LOOP_S)
 
@@ -217,7 +231,8 @@ class RunDriver:
                 self.reporter.add_events(self.table.timeline.take())
         with phase("report"):
             self.node_states = self._node_states(observation)
-            self.reporter.submit(Report(self.node_states, self.table.routes.tables()))
+            lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
+            self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
 
     def _node_states(self, observation: Observation) -> dict[str, NodeState]:
         return observer.node_states(
@@ -264,6 +279,11 @@ class RunDriver:
         self.table.flags.flush(self.control, self.key)
         self.reporter.add_events(self.table.timeline.take())
         self.reporter.write_events()  # the timeline ends with the run's own last events
-        settle(run, self.epoch, self.pacer.files, self.stats)
+        settle(run, self.epoch, self.stats)
         self._publish(run, final=True)
+        # Every segment is done now: none of their files is needed any more.
+        while retention.sweep(
+            self.run_id, keep_rows_s=settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S
+        ).files_deleted:
+            pass
         return True

@@ -38,7 +38,7 @@ from orchestrator.pipeline.generator import (
 )
 from orchestrator.pipeline.graph import downstreams_of
 from orchestrator.pipeline.inputs import resolve_inputs
-from orchestrator.worker.batch import run_dir
+from orchestrator.pipeline.layout import run_dir
 
 log = logging.getLogger(__name__)
 

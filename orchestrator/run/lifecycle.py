@@ -17,9 +17,11 @@ from orchestrator.models import Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems
 from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
-from orchestrator.worker.batch import run_dir
+from orchestrator.source.spec import StreamSpec, UnboundedSpec, is_unbounded
+from orchestrator.source.stream import group_name
 from orchestrator.zk.control_plane import ControlPlane
 
 
@@ -34,9 +36,14 @@ def create_run(
     pipeline_id: int | None = None,
     input_path: str | list[str] | None = None,
     generator: str | GeneratorFields | None = None,
+    source: UnboundedSpec | None = None,
     user: Any = None,
 ) -> Run:
     """Validate the input and create the run (pending). Raises :class:`RunError`.
+
+    The input is one of: files (a path or glob), the generator, or an unbounded
+    ``source`` (a landing folder or a Redis stream, checked by orchestrator.source.spec),
+    which the run reads until an operator stops it.
 
     Nothing here grows with the input: files are only checked and measured, and a
     generator spec is only checked against its bounds (``BPCONSOLE_GENERATOR_MAX_MB``);
@@ -46,16 +53,45 @@ def create_run(
     refused = operator_problems(topology)
     if refused:
         raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
-    source = next(n for n in topology["nodes"] if n["kind"] == "source")
-    params = source.get("params") or {}
+    source_node = next(n for n in topology["nodes"] if n["kind"] == "source")
+    params = source_node.get("params") or {}
     fmt = params.get("format", "jsonl")
-    if (input_path is None) == (generator is None):
-        raise RunError("give exactly one of an input path (or glob) and a generator spec")
+    if [input_path, generator, source].count(None) != 2:
+        raise RunError(
+            "give exactly one of an input path (or glob), a generator spec and an unbounded "
+            "source (a landing folder or a stream)"
+        )
     spec = GeneratorSpec.parse(generator) if generator is not None else None
-    if spec is not None:
+    if source is not None:
+        if source.format != fmt:
+            raise RunError(
+                f"the source node reads {fmt}; the {source.to_json()['kind']} was given as "
+                f"{source.format}"
+            )
+        if isinstance(source, StreamSpec) and fmt != "jsonl":
+            raise RunError("a stream's entries are JSON records: the source must read jsonl")
+        input_spec: dict[str, Any] = source.to_json()
+        if isinstance(source, StreamSpec) and source.group:
+            busy = Run.objects.filter(
+                status__in=Run.ACTIVE,
+                input_spec__kind="stream",
+                input_spec__stream=source.stream,
+                input_spec__group=source.group,
+            ).first()
+            if busy is not None:
+                raise RunError(
+                    f"run {busy.pk} is reading stream {source.stream!r} as group "
+                    f"{source.group!r}; one run per group at a time (stop it first)"
+                )
+        what = (
+            f"run created over the landing folder {source.folder} ({source.pattern})"
+            if not isinstance(source, StreamSpec)
+            else f"run created over the Redis stream {source.stream}"
+        )
+    elif spec is not None:
         if fmt != "jsonl":
             raise RunError("the generator writes JSON lines; the source must read jsonl")
-        input_spec: dict[str, Any] = {"format": fmt, "generator": spec.to_json()}
+        input_spec = {"format": fmt, "generator": spec.to_json()}
         what = (
             f"run created; its generated input ({spec.volume_mb:g} MB, seed {spec.seed}) "
             "is written by the run's driver"
@@ -84,6 +120,8 @@ def create_run(
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             control.delete_run(str(run.pk))
         forget_snapshot(run.pk)
+        if isinstance(source, StreamSpec):
+            what += f" (consumer group {group_name(run.pk, source)})"
         record_event(
             run.pk,
             "run_created",
@@ -94,20 +132,39 @@ def create_run(
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
+    """Pause, resume, stop or cancel a run; raises :class:`RunError` changing nothing.
+
+    ``stopping`` is how an unbounded run ends: its source reads nothing new, and the
+    run completes once what it took in is merged (exactly once, as any run). A bounded
+    run asked to stop is cancelled.
+    """
     allowed: dict[str, set[str]] = {
         Run.Status.PAUSED: {Run.Status.RUNNING, Run.Status.PENDING},
         Run.Status.RUNNING: {Run.Status.PAUSED},
-        Run.Status.CANCELLED: {Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.PENDING},
+        Run.Status.STOPPING: {Run.Status.RUNNING, Run.Status.PAUSED},
+        Run.Status.CANCELLED: {
+            Run.Status.RUNNING,
+            Run.Status.PAUSED,
+            Run.Status.PENDING,
+            Run.Status.STOPPING,
+        },
     }
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
+        if status == Run.Status.STOPPING and not is_unbounded(run.input_spec or {}):
+            status = Run.Status.CANCELLED  # a bounded input has nothing to drain
         if status not in allowed or run.status not in allowed[status]:
             raise RunError(f"run {run_id} is {run.status}; it cannot become {status}")
         run.status = status
         if status == Run.Status.CANCELLED:
             run.finished_at = timezone.now()
         run.save(update_fields=["status", "finished_at"])
-        verb = {"paused": "paused", "running": "resumed", "cancelled": "stopped"}[status]
+        verb = {
+            "paused": "paused",
+            "running": "resumed",
+            "stopping": "stopping",
+            "cancelled": "stopped",
+        }[status]
         record_event(
             run_id,
             f"run_{verb}",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from balancer.document import NodeDocument
@@ -21,12 +20,14 @@ from orchestrator.ledger import segments
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Run
 from orchestrator.pipeline.graph import StoredDocument, bandwidth, downstreams_of
-from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, resolve_inputs, write_chunk
+from orchestrator.pipeline.inputs import Chunk, write_chunk
+from orchestrator.pipeline.layout import segment_path
 from orchestrator.pipeline.routes import tagged_route
 from orchestrator.rescale.plan import copy_id, targets
 from orchestrator.run.controls import Controls
 from orchestrator.run.route_store import RouteStore
-from orchestrator.worker.batch import segment_path
+from orchestrator.source.base import Source, SourceLag
+from orchestrator.source.opener import open_source
 from sparkjobs.keygroups import KeyGroup
 
 READ_AHEAD_CHUNKS = 32
@@ -67,24 +68,11 @@ class SourcePacer:
         self.tokens = 0.0
         self.last_refill = time.monotonic()
         self.measured_rate = 0.0
-        self.source_iter: Iterator[Chunk] | None = None
-        spec = run.input_spec
-        params = source.get("params") or {}
-        self.files: list[InputFile] = resolve_inputs(spec["paths"], spec.get("format", "jsonl"))
-        position = run.source_position or {}
-        self.next_index = int(position.get("chunk", 0))
+        self.input: Source = open_source(run, epoch, source.get("params") or {})
+        self.next_index = int((run.source_position or {}).get("chunk", 0))
         self.emitted_bytes = int(run.input_bytes)
         self.done = run.chunks_total is not None
-        if not self.done:
-            self.source_iter = chunks(
-                self.files,
-                spec.get("format", "jsonl"),
-                segment_bytes=max(1, int(float(params.get("segment_mb", 1.0)) * MB)),
-                route_by=params.get("route_by", "key"),
-                start_file=int(position.get("file", 0)),
-                start_offset=position.get("offset"),
-                start_index=self.next_index,
-            )
+        self.last_lag = SourceLag()
 
     def reconfigure(self, topology: Topology, graph: SourceGraph) -> None:
         self.topology = topology
@@ -136,8 +124,10 @@ class SourcePacer:
         began, sent = now, 0
         while time.monotonic() - began < SEND_SLICE_S:
             self._read_ahead()
-            if not self.ahead:  # the input is exhausted and everything was sent
-                self._finish()
+            if not self.ahead:
+                if self.input.exhausted:  # everything was read and sent
+                    self._finish()
+                self._measure_rate(rate, began, sent)
                 return False
             chunk = self.ahead[0]
             if not self._send(chunk, rate):
@@ -190,9 +180,11 @@ class SourcePacer:
                 "chunk": chunk.index + 1,
                 "file": chunk.file_index,
                 "offset": chunk.offset + chunk.length,
+                **({"mark": chunk.mark} if chunk.mark else {}),
             },
             self.emitted_bytes + chunk.size,
         )
+        self.input.committed(chunk)
         self.emitted_bytes += chunk.size
         for node, _, _ in copies:
             self.pool[node] = self.pool.get(node, 0) + chunk.size
@@ -207,13 +199,26 @@ class SourcePacer:
         self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
         return True
 
+    def drain(self) -> None:
+        """Read nothing new: what was read ahead and not sent is not this run's input
+        (a stream's entries stay pending in its group, a folder's rest is unread)."""
+        if not self.input.exhausted:
+            self.input.stop()
+            self.ahead.clear()
+
+    def lag(self) -> SourceLag:
+        """What waits outside the run, read at most once a tick."""
+        self.last_lag = self.input.lag()
+        return self.last_lag
+
     def _finish(self) -> None:
         segments.finish_source(self.run_id, self.epoch, self.next_index)
         self.done = True
+        what = "took in" if self.input.unbounded else "read all"
         record_event(
             self.run_id,
             "source_done",
-            f"source read all {self.next_index} chunks",
+            f"source {what} {self.next_index} chunks",
             node=self.name,
         )
 
@@ -227,12 +232,9 @@ class SourcePacer:
         """Keep the next chunks read: the source's queue, whose mix of routes the
         balancer sees (what is about to leave, per branch)."""
         ahead_bytes = sum(c.size for c in self.ahead)
-        while self.source_iter is not None and (
-            len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES
-        ):
-            chunk = next(self.source_iter, None)
-            if chunk is None:
-                self.source_iter = None
+        while len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES:
+            chunk = self.input.next_chunk()
+            if chunk is None:  # nothing more now (or ever: the input says which)
                 break
             self.ahead.append(chunk)
             ahead_bytes += chunk.size

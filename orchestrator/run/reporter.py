@@ -23,6 +23,7 @@ from orchestrator.models import Event, Run
 from orchestrator.run.publisher import Publisher
 from orchestrator.run.route_store import RouteStore, RouteTables
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
+from orchestrator.source.base import LagJson
 from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 class Report:
     node_states: Mapping[str, NodeState]
     routes: RouteTables
+    lag: LagJson | None = None  # what waits outside an unbounded source
 
 
 class Reporter(threading.Thread):
@@ -100,5 +102,7 @@ class Reporter(threading.Thread):
         """The snapshot of one tick, to the run's viewers."""
         fields = (*SNAPSHOT_FIELDS, "topology", "policy", "input_spec", "pipeline_name")
         run = Run.objects.only(*fields).get(pk=self.run_id)
-        snapshot = build_snapshot(run, node_states=report.node_states, routes=report.routes)
+        snapshot = build_snapshot(
+            run, node_states=report.node_states, routes=report.routes, lag=report.lag
+        )
         self.publish(self.run_id, snapshot)

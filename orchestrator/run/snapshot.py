@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
 from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
 from balancer.model import NodeState
 from balancer.topology import NodeSpec
-from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment
+from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment, SourceFile
 from orchestrator.run.generation import Preparing, preparing
+from orchestrator.source.base import LagJson
 
 RECENT_EVENTS = 30
 
@@ -88,6 +89,17 @@ class AdjustmentView(TypedDict):
     markers: list[dict[str, str]]  # {"from": upstream, "to": node}
 
 
+class SourceView(TypedDict):
+    kind: str  # files, generator, folder, stream
+    unbounded: bool
+    what: str  # the folder and pattern, or the stream, or the number of files
+    # What waits outside an unbounded source (files or entries, bytes, oldest's age),
+    # at the driver's last tick; None for a bounded input or without a driver.
+    lag: LagJson | None
+    # Everything up to here is merged exactly once: the results are exact up to it.
+    exact_up_to: str | None
+
+
 # What a snapshot shows of the run row (the topology and policy never change mid-run).
 SNAPSHOT_FIELDS = [
     "status",
@@ -97,6 +109,7 @@ SNAPSHOT_FIELDS = [
     "started_at",
     "finished_at",
     "error",
+    "source_position",
 ]
 
 
@@ -109,6 +122,7 @@ class Snapshot(TypedDict):
     links: list[LinkView]
     events: list[dict[str, Any]]  # Event.to_json(), newest first
     adjustment: AdjustmentView | None
+    source: SourceView
 
 
 def _links(
@@ -158,6 +172,7 @@ def build_snapshot(
     node_states: Mapping[str, NodeState],
     routes: dict[str, dict[str, Any]],
     final: bool = False,
+    lag: LagJson | None = None,
 ) -> Snapshot:
     now = timezone.now()
     started = run.started_at
@@ -205,7 +220,54 @@ def build_snapshot(
         links=_links(edges, routes, closing),
         events=events,
         adjustment=_adjustment(adjustment, instances),
+        source=source_view(run, lag),
     )
+
+
+def source_view(run: Run, lag: LagJson | None) -> SourceView:
+    spec = run.input_spec or {}
+    kind = str(spec.get("kind") or ("generator" if spec.get("generator") else "files"))
+    if kind == "folder":
+        what = f"{spec.get('folder')}/{spec.get('pattern')}"
+    elif kind == "stream":
+        what = f"Redis stream {spec.get('stream')}"
+    else:
+        what = f"{len(spec.get('paths') or [])} file(s)"
+    unbounded = kind in ("folder", "stream")
+    return SourceView(
+        kind=kind,
+        unbounded=unbounded,
+        what=what,
+        lag=lag,
+        exact_up_to=exact_up_to(run) if unbounded else None,
+    )
+
+
+def exact_up_to(run: Run) -> str:
+    """Where the data merged exactly once ends: every chunk before the first one still
+    unfinished (or not yet emitted) is merged, so the results are exact up to it."""
+    emitted = int((run.source_position or {}).get("chunk", 0))
+    first_open = (
+        Segment.objects.filter(run=run)
+        .exclude(state=Segment.State.DONE)
+        .aggregate(first=Min("chunk"))["first"]
+    )
+    through = min(emitted, first_open if first_open is not None else emitted) - 1
+    last = (
+        MergedChunk.objects.filter(run=run, chunk=through)
+        .values_list("origin_file", "origin_offset", "origin_length")
+        .first()
+    )
+    if last is None:
+        return "nothing merged yet"
+    file_index, offset, length = last
+    if (run.input_spec or {}).get("kind") == "stream":
+        return f"{offset + length:,} entries"
+    path = (
+        SourceFile.objects.filter(run=run, index=file_index).values_list("path", flat=True).first()
+    )
+    name = path.rsplit("/", 1)[-1] if path else f"file {file_index}"
+    return f"{name} byte {offset + length:,}"
 
 
 def _instance(instance: Instance | None) -> InstanceView:

@@ -24,6 +24,7 @@ from balancer.units import MB
 from orchestrator.ledger import failures, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.pipeline.graph import RunGraph
+from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale import alignment, plan
 from orchestrator.worker.lease import LeaseKeeper
@@ -60,14 +61,6 @@ class BatchReport:
             "failure": self.failure,
             "aligned": None if self.aligned is None else self.aligned.version,
         }
-
-
-def run_dir(run_id: int) -> Path:
-    return Path(settings.DATA_DIR) / "runs" / str(run_id)
-
-
-def segment_path(run_id: int, segment_id: str) -> Path:
-    return run_dir(run_id) / "segments" / f"{segment_id}.jsonl"
 
 
 def output_id(input_id: str, node: str) -> str:

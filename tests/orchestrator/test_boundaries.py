@@ -18,7 +18,7 @@ ORCHESTRATOR = PROJECT / "orchestrator"
 WEBAPP = PROJECT / "webapp"
 
 # Sub-packages, named for their jobs; each docstring says what it may import.
-ROOMS = ("pipeline", "ledger", "zk", "rescale", "worker", "run", "services")
+ROOMS = ("pipeline", "ledger", "zk", "rescale", "worker", "source", "run", "services")
 # The Django app surface at the root: models, the Celery app, tasks, commands and the
 # console's door.
 EVERYTHING = frozenset({*ROOMS, "models", "celery", "tasks", "service", "management"})
@@ -30,6 +30,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "zk": frozenset({"pipeline"}),
     "rescale": frozenset({"models", "ledger", "pipeline", "zk"}),
     "worker": frozenset({"models", "ledger", "pipeline", "rescale", "services"}),
+    "source": frozenset({"models", "ledger", "pipeline"}),
     "run": frozenset({"models", *ROOMS} - {"run"}),
     "services": frozenset(),
     "models": frozenset(),

@@ -48,6 +48,10 @@ BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
 BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
 # The longest a worker may hold one batch: a hung worker's batch goes back to the pool.
 BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
+# How long the ledger keeps a done segment's row once its file is deleted (files go as
+# soon as every row naming them is done): long enough for the driver's flows and for
+# a look at a recent run's segments; a run that goes on for days keeps only this much.
+BPCONSOLE_SEGMENT_ROWS_KEEP_S = float(env_str("BPCONSOLE_SEGMENT_ROWS_KEEP_S", "3600"))
 # The largest input the built-in generator writes for one run, in MB (4 GB by default):
 # a run's generator spec asking for more is refused before anything is written, so an
 # operator cannot fill the data folder's disk (docs/security.md, "Bounded generation").

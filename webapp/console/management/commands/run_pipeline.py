@@ -5,20 +5,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from orchestrator.models import Run
 from orchestrator.service import (
     BatchJobError,
     GeneratorError,
     InputError,
     PipelineDocument,
     PolicyError,
+    ReplayError,
     RunError,
+    UnboundedSpec,
     batch_summary,
+    check_landing,
+    check_stream,
     create_run,
     run_summary,
+    snapshot,
     start_run,
     workers_alive,
+    write_ingested,
 )
 from webapp.console.models import Pipeline, Policy
 from webapp.console.topology_io import parse_yaml, validate_for_save
@@ -35,6 +43,32 @@ class Command(BaseCommand):
         parser.add_argument("pipeline", help="topology file, or the name of a saved pipeline")
         parser.add_argument("--input", help="input file or glob (JSON lines, CSV or Parquet)")
         parser.add_argument("--generator", help="built-in input, e.g. seed=7,volume_mb=64")
+        parser.add_argument(
+            "--folder", help="a landing folder: read its files as they arrive, until stopped"
+        )
+        parser.add_argument("--pattern", help="the landing folder's file pattern (*.jsonl)")
+        parser.add_argument("--stable-s", type=float, default=1.0, help="seconds unchanged")
+        parser.add_argument(
+            "--clean",
+            choices=["keep", "archive", "delete"],
+            default="keep",
+            help="what becomes of a file once merged",
+        )
+        parser.add_argument("--archive", help="the archive folder (--clean archive)")
+        parser.add_argument("--stream", help="a Redis stream: read it until stopped")
+        parser.add_argument("--stream-url", help="its Redis (the console's own by default)")
+        parser.add_argument("--group", help="the stream's consumer group (one per run)")
+        parser.add_argument(
+            "--start", choices=["earliest", "latest"], default="earliest", help="a new group's"
+        )
+        parser.add_argument(
+            "--follow", action="store_true", help="print the run's progress every second"
+        )
+        parser.add_argument(
+            "--of-run",
+            type=int,
+            help="with --batch: the plain job over exactly what that (unbounded) run took in",
+        )
         parser.add_argument("--policy", help="named policy instead of the pipeline's")
         parser.add_argument("--wait", action="store_true", help="wait until the run ends")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -46,8 +80,11 @@ class Command(BaseCommand):
         policy = self._policy(options["policy"], pipeline, doc)
         try:
             if options["batch"]:
+                input_path = options["input"]
+                if options["of_run"] is not None:
+                    input_path = self._ingested(options["of_run"])
                 result = batch_summary(
-                    topology=doc, input_path=options["input"], generator=options["generator"]
+                    topology=doc, input_path=input_path, generator=options["generator"]
                 )
                 self._print(result, as_json=options["json"])
                 return
@@ -57,8 +94,16 @@ class Command(BaseCommand):
                 pipeline_id=pipeline.pk if pipeline else None,
                 input_path=options["input"],
                 generator=options["generator"],
+                source=self._unbounded(doc, options),
             )
-        except (InputError, GeneratorError, RunError, BatchJobError, PolicyError) as exc:
+        except (
+            InputError,
+            GeneratorError,
+            RunError,
+            BatchJobError,
+            PolicyError,
+            ReplayError,
+        ) as exc:
             raise CommandError(str(exc)) from None
         if not workers_alive():
             raise CommandError(
@@ -66,6 +111,9 @@ class Command(BaseCommand):
                 "(make run) or a worker (celery -A orchestrator.celery worker -Q control,spark)"
             )
         start_run(run)
+        if options["follow"]:
+            self._follow(run.pk, as_json=options["json"])
+            return
         if not options["wait"]:
             self._print({"run": run.pk, "status": "started"}, as_json=options["json"])
             return
@@ -81,6 +129,73 @@ class Command(BaseCommand):
         self._print(result, as_json=options["json"])
         if result["status"] != "completed":
             raise CommandError(f"run {run.pk} ended {result['status']}: {result['error']}")
+
+    def _unbounded(self, doc: PipelineDocument, options: dict[str, Any]) -> UnboundedSpec | None:
+        """A landing folder or stream from the command line (not limited to the input
+        roots: whoever runs manage.py can read the server's files anyway)."""
+        source = next(n for n in doc["nodes"] if n["kind"] == "source")
+        fmt = (source.get("params") or {}).get("format", "jsonl")
+        if options["folder"]:
+            raw = {
+                "folder": options["folder"],
+                "pattern": options["pattern"],
+                "stable_s": options["stable_s"],
+                "clean": options["clean"],
+                "archive": options["archive"],
+            }
+            return check_landing(raw, fmt=fmt, roots=None)
+        if options["stream"]:
+            raw = {
+                "stream": options["stream"],
+                "group": options["group"],
+                "start": options["start"],
+            }
+            url = options["stream_url"] or ""
+            return check_stream(
+                {**raw, "url": url}, default_url=settings.REDIS_URL, allowed_urls=[url]
+            )
+        return None
+
+    def _ingested(self, run_id: int) -> str:
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None:
+            raise CommandError(f"there is no run {run_id}")
+        out = Path(settings.DATA_DIR) / "replays" / f"run-{run_id}.jsonl"
+        write_ingested(run, out)
+        return str(out)
+
+    def _follow(self, run_id: int, *, as_json: bool) -> None:
+        """One line a second until the run ends (Ctrl-C leaves it running)."""
+        while True:
+            view = snapshot(run_id)
+            shown = view["run"]
+            source = view["source"]
+            line = {
+                "run": run_id,
+                "status": shown["status"],
+                "merged_chunks": shown["merged_chunks"],
+                "input_bytes": shown["input_bytes"],
+                "exact_up_to": source["exact_up_to"],
+                "lag": source["lag"],
+            }
+            if as_json:
+                self.stdout.write(json.dumps(line))
+            else:
+                lag = source["lag"]
+                waiting = (
+                    f", waiting {lag['entries']} ({lag['bytes'] / 1e6:.1f} MB, "
+                    f"oldest {lag['age_s']:.1f} s)"
+                    if lag
+                    else ""
+                )
+                self.stdout.write(
+                    f"run {run_id} {shown['status']}: {shown['merged_chunks']} chunks merged, "
+                    f"exact up to {source['exact_up_to'] or 'the end'}{waiting}"
+                )
+            self.stdout.flush()
+            if shown["status"] not in ("pending", "running", "paused", "stopping"):
+                return
+            time.sleep(1.0)
 
     def _topology(self, name_or_file: str) -> tuple[PipelineDocument, Pipeline | None]:
         path = Path(name_or_file)

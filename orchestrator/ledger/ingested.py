@@ -1,0 +1,38 @@
+"""What a run took in, from the ledger alone: what its merged chunks must tile.
+
+A bounded input is its files as measured; a landing folder is every file it took in,
+up to where the run's position reached; a stream is the entries the run numbered. The
+same answer serves the run's end (coverage) and any later look at it (the summary).
+"""
+
+from __future__ import annotations
+
+from orchestrator.models import Run, SourceFile
+from orchestrator.pipeline.graph import input_extent
+from orchestrator.pipeline.inputs import resolve_inputs
+
+
+def ingested_extent(run: Run) -> list[tuple[int, int]]:
+    spec = run.input_spec or {}
+    position = run.source_position or {}
+    kind = spec.get("kind")
+    if kind == "stream":
+        return [(0, int(position.get("offset", 0)))]
+    if kind == "folder":
+        reached = int(position.get("file", 0))
+        offset = position.get("offset")
+        spans = []
+        for index, start, size in SourceFile.objects.filter(run=run).values_list(
+            "index", "data_start", "size"
+        ):
+            if index < reached:
+                spans.append((start, size))
+            elif index == reached and offset is not None:
+                spans.append((start, int(offset)))
+            else:
+                spans.append((start, start))
+        return spans
+    # A generated input has no paths until the run's driver has written it (a run
+    # cancelled or failed before that has nothing to cover).
+    paths = spec.get("paths") or []
+    return input_extent(resolve_inputs(paths, spec.get("format", "jsonl"))) if paths else []

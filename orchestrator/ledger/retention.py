@@ -1,0 +1,166 @@
+"""Retention: what a run no longer needs is deleted, so a run that goes on for days fills
+neither the disk (segment files) nor the ledger (segment rows).
+
+A segment file goes once every row naming it is done. Copies of a chunk split by key
+groups share one file, so it waits for the last copy. Done is final, and every row that
+names a file is written in the transaction that makes the file reachable at all (a
+chunk's copies with the source's new position, a batch's outputs with its completion,
+the copies of a rerouted *queued* segment with its removal), so no reader comes for a
+file whose rows are all done. Its rows then say "no file", an empty path as a marker
+has, and the next sweep passes them over.
+
+A done row goes once its file is gone and it is older than ``keep_rows_s``, unless a
+reader of done rows still needs it:
+
+- the driver's flows count the bytes done in its last window (``segments.node_flows``):
+  ``keep_rows_s`` must be longer than that window;
+- an adjustment's outcome measures the pauses of the nodes outside it from what they
+  finished since it began (``rescale.completion.measure``): nothing done since the
+  start of a running adjustment goes;
+- the run's numbers of migrated segments and malformed records are counts over rows
+  (``segments.migrated_segments``, ``malformed_records``; the run page, the API and
+  the result summary show them): those rows stay, only their files go;
+- adjustment markers stay: few, fileless, and recreated by ``alignment.send_marker``
+  (``get_or_create``) if they were missing.
+
+A late worker whose input rows are gone is refused as one whose lease was lost: its
+completion finds fewer of its segments claimed by it than it holds (``LeaseLostError``),
+and its lease keeper has none left to renew.
+
+A run that has ended keeps its results, merged chunks (coverage and the completion
+curve), events, and the rows counted above; its segment folder and other segment rows
+go (:func:`clean_finished`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import connection, transaction
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from orchestrator.models import Adjustment, Run, Segment
+from orchestrator.pipeline.layout import segments_dir
+
+# Work of one sweep, so a driver tick never waits long: a backlog goes over several.
+MAX_PATHS = 5000
+MAX_ROWS = 20000
+
+# Rows the run's counts are made of (see the module docstring): never deleted.
+_COUNTED = ~Q(migrated_from="") | Q(malformed__gt=0)
+
+
+@dataclass(frozen=True)
+class Swept:
+    files_deleted: int = 0
+    bytes_freed: int = 0
+    rows_deleted: int = 0
+
+
+def sweep(
+    run_id: int, *, keep_rows_s: float, max_paths: int = MAX_PATHS, max_rows: int = MAX_ROWS
+) -> Swept:
+    """Delete the files of ``run_id`` that only done segments name, then done rows older
+    than ``keep_rows_s`` whose file is gone; at most ``max_paths`` files and
+    ``max_rows`` rows per call."""
+    if keep_rows_s < 0:
+        raise ValueError(f"keep_rows_s must not be negative, not {keep_rows_s}")
+    files, freed = _delete_files(run_id, max_paths)
+    return Swept(files, freed, _delete_rows(run_id, keep_rows_s, max_rows))
+
+
+def _finished_paths(run_id: int, limit: int) -> list[str]:
+    """Paths that only done segments name (markers have none)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT path FROM orchestrator_segment
+            WHERE run_id = %s AND path <> ''
+            GROUP BY path
+            HAVING bool_and(state = %s)
+            LIMIT %s
+            """,
+            [run_id, Segment.State.DONE, limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _delete_files(run_id: int, limit: int) -> tuple[int, int]:
+    paths = _finished_paths(run_id, limit)
+    if not paths:
+        return 0, 0
+    folder = segments_dir(run_id)
+    deleted = freed = 0
+    for path in paths:
+        size = _unlink(Path(path), folder)
+        if size is not None:
+            deleted += 1
+            freed += size
+    # Marked only once the files are gone: a sweep that dies between the two finds
+    # them again next time, and a missing file costs nothing.
+    Segment.objects.filter(run_id=run_id, path__in=paths, state=Segment.State.DONE).update(path="")
+    return deleted, freed
+
+
+def _unlink(path: Path, folder: Path) -> int | None:
+    """The size of the file deleted; None if it was missing or not in the run's
+    folder (a row naming anything else never makes the sweep delete it)."""
+    if path.parent != folder:
+        return None
+    try:
+        size = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    return size
+
+
+def _delete_rows(run_id: int, keep_rows_s: float, limit: int) -> int:
+    cutoff = timezone.now() - dt.timedelta(seconds=keep_rows_s)
+    adjusting = Adjustment.objects.filter(
+        run_id=run_id, status=Adjustment.Status.RUNNING
+    ).aggregate(first=Min("started_at"))["first"]
+    if adjusting is not None:
+        cutoff = min(cutoff, adjusting)
+    doomed = (
+        Segment.objects.filter(
+            run_id=run_id, state=Segment.State.DONE, marker=False, path="", done_at__lt=cutoff
+        )
+        .exclude(_COUNTED)
+        .values("pk")[:limit]
+    )
+    deleted, _ = Segment.objects.filter(pk__in=doomed).delete()
+    return deleted
+
+
+def clean_finished(run_id: int) -> Swept:
+    """Delete the segment folder and the segment rows of a run that has ended, but the
+    rows its counts are made of; an active (or unknown) run is left alone."""
+    if not Run.objects.filter(pk=run_id).exclude(status__in=Run.ACTIVE).exists():
+        return Swept()
+    files, freed = _remove_folder(segments_dir(run_id))
+    with transaction.atomic():
+        rows, _ = Segment.objects.filter(run_id=run_id).exclude(_COUNTED).delete()
+        Segment.objects.filter(run_id=run_id).exclude(path="").update(path="")
+    return Swept(files, freed, rows)
+
+
+def _remove_folder(folder: Path) -> tuple[int, int]:
+    """How many files the folder held and their bytes, once it is deleted."""
+    files = freed = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file():
+                freed += path.stat().st_size
+                files += 1
+        except FileNotFoundError:
+            continue
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        return 0, 0
+    return files, freed

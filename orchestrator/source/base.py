@@ -1,0 +1,54 @@
+"""The one interface the run's pacer reads every source through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+from orchestrator.pipeline.inputs import Chunk
+
+
+class LagJson(TypedDict):
+    entries: int
+    bytes: int
+    age_s: float
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    """What waits outside the run: files or stream entries not read yet, their bytes
+    (known for files, estimated for a stream) and the age of the oldest of them."""
+
+    entries: int = 0
+    bytes: int = 0
+    age_s: float = 0.0
+
+    def to_json(self) -> LagJson:
+        return LagJson(entries=self.entries, bytes=self.bytes, age_s=round(self.age_s, 2))
+
+
+class Source(Protocol):
+    """A run's input, read chunk by chunk from its resume position.
+
+    ``next_chunk`` never blocks: None means nothing is ready now, and only
+    ``exhausted`` says nothing ever will be (a bounded input read to its end, or an
+    unbounded one told to ``stop``). The pacer calls ``committed`` once the ledger
+    holds a chunk, which is when a stream may acknowledge it.
+    """
+
+    unbounded: bool
+
+    def next_chunk(self) -> Chunk | None: ...
+
+    @property
+    def exhausted(self) -> bool: ...
+
+    def committed(self, chunk: Chunk) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def lag(self) -> SourceLag: ...
+
+    def housekeeping(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,56 @@
+"""Bounded input: files or a glob, measured when the run was created, read once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from balancer.units import MB
+from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, resolve_inputs
+from orchestrator.source.base import SourceLag
+
+
+class FileSource:
+    unbounded = False
+
+    def __init__(
+        self, input_spec: Mapping[str, Any], params: Mapping[str, Any], position: Mapping[str, Any]
+    ) -> None:
+        fmt = input_spec.get("format", "jsonl")
+        self.files: list[InputFile] = resolve_inputs(input_spec["paths"], fmt)
+        self._chunks: Iterator[Chunk] | None = chunks(
+            self.files,
+            fmt,
+            segment_bytes=max(1, int(float(params.get("segment_mb", 1.0)) * MB)),
+            route_by=params.get("route_by", "key"),
+            start_file=int(position.get("file", 0)),
+            start_offset=position.get("offset"),
+            start_index=int(position.get("chunk", 0)),
+        )
+
+    def next_chunk(self) -> Chunk | None:
+        if self._chunks is None:
+            return None
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            self._chunks = None
+        return chunk
+
+    @property
+    def exhausted(self) -> bool:
+        return self._chunks is None
+
+    def committed(self, chunk: Chunk) -> None:
+        """Nothing to acknowledge: the files stay as they are."""
+
+    def stop(self) -> None:
+        """A bounded run is cancelled, never drained: its coverage is the whole input."""
+
+    def lag(self) -> SourceLag:
+        return SourceLag()
+
+    def housekeeping(self) -> None:
+        """Input files are the user's: nothing to clean."""
+
+    def close(self) -> None:
+        self._chunks = None

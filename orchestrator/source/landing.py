@@ -1,0 +1,321 @@
+"""A landing folder: files picked up as they appear, each once, in arrival order.
+
+The ingestion pattern of Structured Streaming's file source and Auto Loader. A file
+counts once it is complete: a hidden (``.``/``_``) or ``.tmp`` name is never taken (a
+writer renames the finished file in), and a file's last change must be ``stable_s``
+old. Each file taken is numbered durably (``SourceFile``) before any of its chunks is
+emitted, so the ledger's origin (file number, offset) names data that survives a
+restart; its size is the one it had when taken, which is all the run reads of it.
+
+A file rewritten or truncated after it was taken is never read again: the change is
+reported once (an event, and the file marked ``changed``); one truncated while being
+read ends where the run had read it, so coverage stays what was really ingested.
+
+Once every chunk of a file is merged (no segment from it is unfinished), the file is
+kept, moved to the archive folder or deleted, as the source's ``clean`` says (Spark's
+``cleanSource``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from balancer.units import MB
+from orchestrator.ledger.events import record_event
+from orchestrator.ledger.segments import StaleEpochError
+from orchestrator.models import Run, Segment, SourceFile
+from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, measure_file
+from orchestrator.source.base import SourceLag
+from orchestrator.source.spec import LandingSpec
+
+log = logging.getLogger(__name__)
+
+# How often the folder is listed: often enough for freshness, rarely enough to cost
+# nothing on a folder of many files.
+SCAN_S = 0.5
+# Most files taken in by one listing: a huge backlog is numbered a slice at a time.
+MAX_FILES_PER_SCAN = 1000
+HOUSEKEEPING_S = 2.0
+
+
+class LandingFolderSource:
+    unbounded = True
+
+    def __init__(
+        self,
+        run_id: int,
+        epoch: int,
+        spec: LandingSpec,
+        params: Mapping[str, Any],
+        position: Mapping[str, Any],
+    ) -> None:
+        self.run_id, self.epoch, self.spec = run_id, epoch, spec
+        self.segment_bytes = max(1, int(float(params.get("segment_mb", 1.0)) * MB))
+        self.route_by = str(params.get("route_by", "key"))
+        rows = list(SourceFile.objects.filter(run_id=run_id).order_by("index"))
+        self.files = [InputFile(r.path, r.data_start, r.size) for r in rows]
+        self.mtimes = [r.mtime_ns for r in rows]
+        # What each known path looked like when taken: a later change is reported once.
+        self.known: dict[str, int] = {r.path: r.mtime_ns for r in rows}
+        self.reported: set[str] = {r.path for r in rows if r.changed}
+        # The position after the last chunk in the ledger, and after the last one read
+        # (read ahead, maybe not yet sent).
+        self.emitted_file = int(position.get("file", 0))
+        offset = position.get("offset")
+        self.emitted_offset = int(offset) if offset is not None else None
+        self.read_index = int(position.get("chunk", 0))
+        self.read_file = self.emitted_file
+        self.read_offset = self.emitted_offset
+        self.current: Iterator[Chunk] | None = None
+        self.stopped = False
+        self.last_scan = self.last_housekeeping = 0.0
+        self._catch_up_read_states()
+
+    # -- reading ----------------------------------------------------------------------
+
+    def next_chunk(self) -> Chunk | None:
+        while not self.stopped:
+            if self.current is None:
+                if self.read_file >= len(self.files):
+                    self._scan()
+                    if self.read_file >= len(self.files):
+                        return None
+                self.current = self._file_chunks(self.read_file)
+            chunk = next(self.current, None)
+            if chunk is not None and self._unchanged(chunk.file_index):
+                self.read_index = chunk.index + 1
+                self.read_offset = chunk.offset + chunk.length
+                return chunk
+            # The file is read to its end (or changed under us): on to the next one.
+            item = self.files[self.read_file]
+            if item.size <= item.data_start:  # no record in it: no chunk will mark it read
+                SourceFile.objects.filter(run_id=self.run_id, index=self.read_file).update(
+                    state=SourceFile.State.READ
+                )
+            self.current = None
+            self.read_file += 1
+            self.read_offset = None
+        return None
+
+    def _file_chunks(self, index: int) -> Iterator[Chunk]:
+        start = self.read_offset if self.read_offset is not None else None
+        return chunks(
+            self.files[: index + 1],
+            self.spec.format,
+            segment_bytes=self.segment_bytes,
+            route_by=self.route_by,
+            start_file=index,
+            start_offset=start,
+            start_index=self.read_index,
+        )
+
+    @property
+    def exhausted(self) -> bool:
+        return self.stopped
+
+    def committed(self, chunk: Chunk) -> None:
+        self.emitted_file, self.emitted_offset = chunk.file_index, chunk.offset + chunk.length
+        if self.emitted_offset >= self.files[chunk.file_index].size:
+            SourceFile.objects.filter(run_id=self.run_id, index=chunk.file_index).update(
+                state=SourceFile.State.READ
+            )
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.current = None
+
+    def lag(self) -> SourceLag:
+        """The files taken but not yet read into the ledger, and the oldest one's age."""
+        entries, waiting, oldest = 0, 0, 0
+        for index in range(self.emitted_file, len(self.files)):
+            item = self.files[index]
+            start = (
+                self.emitted_offset
+                if index == self.emitted_file and self.emitted_offset is not None
+                else item.data_start
+            )
+            if start < item.size:
+                entries += 1
+                waiting += item.size - start
+                oldest = oldest or self.mtimes[index]
+        age = max(0.0, time.time() - oldest / 1e9) if oldest else 0.0
+        return SourceLag(entries=entries, bytes=waiting, age_s=age)
+
+    # -- the folder -------------------------------------------------------------------
+
+    def _scan(self) -> None:
+        """Take in the complete files that appeared since the last listing."""
+        now = time.monotonic()
+        if now - self.last_scan < SCAN_S:
+            return
+        self.last_scan = now
+        wall = time.time()
+        found: list[tuple[int, str, int]] = []
+        try:
+            entries = list(os.scandir(self.spec.folder))
+        except OSError as exc:
+            self._report_once(
+                self.spec.folder, f"the landing folder cannot be listed: {exc.strerror or exc}"
+            )
+            return
+        for entry in entries:
+            name = entry.name
+            if name.startswith((".", "_")) or name.endswith(".tmp"):
+                continue  # still being written, by the rename-in convention
+            if not fnmatch.fnmatchcase(name, self.spec.pattern):
+                continue
+            try:
+                if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                    continue  # a link could name a file outside the folder
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone between the listing and the look
+            path = str(Path(self.spec.folder) / name)
+            taken = self.known.get(path)
+            if taken is not None:
+                if taken != stat.st_mtime_ns:
+                    self._changed_after_taken(path)
+                continue
+            if wall - stat.st_mtime < self.spec.stable_s:
+                continue  # may still be growing
+            found.append((stat.st_mtime_ns, name, stat.st_mtime_ns))
+        if found:
+            found.sort()
+            self._take([(str(Path(self.spec.folder) / n), m) for _, n, m in found])
+
+    def _take(self, paths: list[tuple[str, int]]) -> None:
+        """Number the files durably, fenced by the driver's epoch."""
+        taken: list[tuple[InputFile, int]] = []
+        for path, mtime_ns in paths[:MAX_FILES_PER_SCAN]:
+            try:
+                taken.append((measure_file(Path(path), self.spec.format), mtime_ns))
+            except (OSError, ValueError) as exc:
+                self._report_once(path, f"file {path} cannot be read: {exc}")
+        if not taken:
+            return
+        with transaction.atomic():
+            owner = Run.objects.select_for_update().filter(pk=self.run_id, epoch=self.epoch)
+            if not owner.exists():
+                raise StaleEpochError(f"run {self.run_id} has a newer driver")
+            first = len(self.files)
+            SourceFile.objects.bulk_create(
+                SourceFile(
+                    run_id=self.run_id,
+                    index=first + offset,
+                    path=item.path,
+                    size=item.size,
+                    data_start=item.data_start,
+                    mtime_ns=mtime_ns,
+                )
+                for offset, (item, mtime_ns) in enumerate(taken)
+            )
+        for item, mtime_ns in taken:
+            self.files.append(item)
+            self.mtimes.append(mtime_ns)
+            self.known[item.path] = mtime_ns
+
+    def _unchanged(self, index: int) -> bool:
+        """Is the file still as it was taken? Checked before each chunk of it is cut."""
+        item = self.files[index]
+        try:
+            stat = Path(item.path).stat()
+            same = stat.st_mtime_ns == self.mtimes[index]
+        except OSError:
+            same = False
+        if same:
+            return True
+        end = self.read_offset if self.read_offset is not None else item.data_start
+        self.files[index] = InputFile(item.path, item.data_start, end)
+        SourceFile.objects.filter(run_id=self.run_id, index=index).update(size=end, changed=True)
+        self._changed_after_taken(item.path, read_to=end)
+        return False
+
+    def _changed_after_taken(self, path: str, read_to: int | None = None) -> None:
+        if read_to is None:
+            SourceFile.objects.filter(run_id=self.run_id, path=path).update(changed=True)
+        where = f"; the run read it up to offset {read_to}" if read_to is not None else ""
+        self._report_once(
+            path, f"file {path} changed after it was taken in{where}; the change is not read"
+        )
+
+    def _report_once(self, path: str, text: str) -> None:
+        if path in self.reported:
+            return
+        self.reported.add(path)
+        log.warning("run %s: %s", self.run_id, text)
+        record_event(self.run_id, "source_file_changed", text, data={"path": path[-300:]})
+
+    # -- cleaning up ------------------------------------------------------------------
+
+    def housekeeping(self) -> None:
+        """Keep, archive or delete the files whose every chunk is merged."""
+        now = time.monotonic()
+        if self.spec.clean == "keep" or now - self.last_housekeeping < HOUSEKEEPING_S:
+            return
+        self.last_housekeeping = now
+        read = dict(
+            SourceFile.objects.filter(run_id=self.run_id, state=SourceFile.State.READ)
+            .order_by("index")
+            .values_list("index", "path")[:MAX_FILES_PER_SCAN]
+        )
+        if not read:
+            return
+        busy = set(
+            Segment.objects.filter(run_id=self.run_id, origin_file__in=list(read))
+            .exclude(state=Segment.State.DONE)
+            .values_list("origin_file", flat=True)
+            .distinct()
+        )
+        for index, path in read.items():
+            if index in busy:
+                continue
+            try:
+                where = self._clean(Path(path))
+            except OSError as exc:
+                self._report_once(path, f"file {path} could not be {self.spec.clean}d: {exc}")
+                continue
+            SourceFile.objects.filter(run_id=self.run_id, index=index).update(
+                state=SourceFile.State.CLEANED, path=where
+            )
+            # The name is free again: a file landing under it later is new data.
+            self.known.pop(path, None)
+
+    def _clean(self, path: Path) -> str:
+        """Archive or delete ``path``; returns where its data is now (the same path
+        once deleted: the row keeps the name it came under)."""
+        if self.spec.clean == "delete":
+            path.unlink(missing_ok=True)
+            return str(path)
+        archive = Path(self.spec.archive)
+        archive.mkdir(parents=True, exist_ok=True)
+        target = archive / path.name
+        if target.exists():  # a name used before (a producer restarted its numbering)
+            target = archive / f"{path.stem}.run{self.run_id}-{time.time_ns()}{path.suffix}"
+        if path.exists():
+            shutil.move(str(path), str(target))
+        return str(target)
+
+    def _catch_up_read_states(self) -> None:
+        """Files whose last chunk reached the ledger just before a crash are read."""
+        done = [
+            index
+            for index in range(min(self.emitted_file + 1, len(self.files)))
+            if index < self.emitted_file
+            or (self.emitted_offset is not None and self.emitted_offset >= self.files[index].size)
+        ]
+        if done:
+            SourceFile.objects.filter(
+                run_id=self.run_id, index__in=done, state=SourceFile.State.READING
+            ).update(state=SourceFile.State.READ)
+
+    def close(self) -> None:
+        self.current = None

@@ -1,0 +1,95 @@
+"""Exactly what an unbounded run took in, written out as one input for the plain job.
+
+The check an operator (and the tests) make of a continuous run: its results must equal
+the plain Spark job over the data it ingested, no more and no less. A landing folder's
+files are read from where they are now (the folder, or the archive folder once
+cleaned) up to the size the run took; a stream's entries are read again with XRANGE.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+from django.conf import settings
+
+from orchestrator.ledger.ingested import ingested_extent
+from orchestrator.models import Run, SourceFile
+from orchestrator.source.spec import LandingSpec, StreamSpec, unbounded_spec
+from orchestrator.source.stream import Entries, entry_id, line_of
+
+PAGE = 10_000
+
+
+class ReplayError(ValueError):
+    """What the run took in cannot be read again; the message says why."""
+
+
+def write_ingested(run: Run, out: Path) -> int:
+    """Write the run's ingested records to ``out`` (JSON lines); returns their count of
+    bytes. Raises :class:`ReplayError`."""
+    spec = unbounded_spec(run.input_spec or {})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(spec, LandingSpec):
+        return _files(run, spec, out)
+    if isinstance(spec, StreamSpec):
+        return _entries(run, spec, out)
+    raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
+
+
+def _files(run: Run, spec: LandingSpec, out: Path) -> int:
+    if spec.format != "jsonl":
+        raise ReplayError("only a landing folder of JSON lines can be replayed as one file")
+    extent = ingested_extent(run)
+    written = 0
+    with out.open("wb") as sink:
+        for row in SourceFile.objects.filter(run=run).order_by("index"):
+            start, end = extent[row.index]
+            if end <= start:
+                continue
+            if row.state == SourceFile.State.CLEANED and spec.clean == "delete":
+                raise ReplayError(f"{row.path} was deleted once merged (clean: delete)")
+            with Path(row.path).open("rb") as source:
+                source.seek(start)
+                body = source.read(end - start)
+            if len(body) != end - start:
+                raise ReplayError(f"{row.path} no longer holds the {end - start} bytes taken")
+            sink.write(body if body.endswith(b"\n") else body + b"\n")
+            written += len(body)
+        sink.flush()
+        os.fsync(sink.fileno())
+    return written
+
+
+def _entries(run: Run, spec: StreamSpec, out: Path) -> int:
+    position = run.source_position or {}
+    count, mark = int(position.get("offset", 0)), str(position.get("mark") or "")
+    if not count:
+        out.write_bytes(b"")
+        return 0
+    client = redis.Redis.from_url(spec.url or settings.REDIS_URL, socket_timeout=30)
+    try:
+        # The run's entries are the last ``count`` up to its mark: read back from there.
+        lines: list[bytes] = []
+        high = mark
+        while len(lines) < count:
+            page = cast("Entries", client.xrevrange(spec.stream, max=high, count=min(PAGE, count)))
+            for _ident, fields in page:
+                if fields is not None and len(lines) < count:
+                    lines.append(line_of(cast("Any", fields)))
+            if len(page) < min(PAGE, count):
+                break
+            last = entry_id(page[-1][0].decode())
+            high = f"({last[0]}-{last[1]}"
+    finally:
+        client.close()
+    if len(lines) != count:
+        raise ReplayError(
+            f"the stream holds {len(lines)} of the {count} entries run {run.pk} took in "
+            "(trimmed since?)"
+        )
+    body = b"".join(reversed(lines))
+    out.write_bytes(body)
+    return len(body)

@@ -1,0 +1,205 @@
+"""What a run reads: bounded files, a landing folder or a Redis stream, checked once.
+
+A run's ``input_spec`` (stored on the run) says which; this module turns what an
+operator asked for into a checked spec, and a stored spec back into one. Everything is
+bounded: paths stay inside the input roots when a run comes from the console, a
+stream's server is the embedded Redis unless an administrator listed another
+(``BPCONSOLE_STREAM_URLS``), and every number has its range.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.pipeline.inputs import FORMATS, MAX_PATH_CHARS, InputError, through_link
+
+CleanMode = Literal["keep", "archive", "delete"]
+CLEAN_MODES: tuple[CleanMode, ...] = ("keep", "archive", "delete")
+StartAt = Literal["earliest", "latest"]
+START_AT: tuple[StartAt, ...] = ("earliest", "latest")
+
+STABLE_S = (0.0, 600.0)
+LINGER_S = (0.0, 10.0)
+MAX_PATTERN_CHARS = 200
+STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")
+
+
+@dataclass(frozen=True)
+class LandingSpec:
+    """A folder files land in: each complete file matching ``pattern`` is read once,
+    in arrival order; ``clean`` says what becomes of a file once it is merged."""
+
+    folder: str
+    pattern: str = "*.jsonl"
+    format: str = "jsonl"
+    stable_s: float = 1.0
+    clean: CleanMode = "keep"
+    archive: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "folder",
+            "folder": self.folder,
+            "pattern": self.pattern,
+            "format": self.format,
+            "stable_s": self.stable_s,
+            "clean": self.clean,
+            "archive": self.archive,
+        }
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A Redis stream read with a consumer group; ``url`` empty means the console's own
+    Redis (so no address, and no password in it, is stored with the run)."""
+
+    stream: str
+    url: str = ""
+    group: str = ""
+    start: StartAt = "earliest"
+    linger_s: float = 0.5
+    format: str = "jsonl"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "stream",
+            "stream": self.stream,
+            "url": self.url,
+            "group": self.group,
+            "start": self.start,
+            "linger_s": self.linger_s,
+            "format": self.format,
+        }
+
+
+UnboundedSpec = LandingSpec | StreamSpec
+
+
+def unbounded_spec(input_spec: Mapping[str, Any]) -> UnboundedSpec | None:
+    """The unbounded source a stored run reads, or None for files and the generator."""
+    kind = input_spec.get("kind")
+    if kind == "folder":
+        return LandingSpec(
+            folder=str(input_spec["folder"]),
+            pattern=str(input_spec.get("pattern", "*.jsonl")),
+            format=str(input_spec.get("format", "jsonl")),
+            stable_s=float(input_spec.get("stable_s", 1.0)),
+            clean=_choice(input_spec.get("clean", "keep"), CLEAN_MODES, "clean"),
+            archive=str(input_spec.get("archive", "")),
+        )
+    if kind == "stream":
+        return StreamSpec(
+            stream=str(input_spec["stream"]),
+            url=str(input_spec.get("url", "")),
+            group=str(input_spec.get("group", "")),
+            start=_choice(input_spec.get("start", "earliest"), START_AT, "start"),
+            linger_s=float(input_spec.get("linger_s", 0.5)),
+        )
+    return None
+
+
+def is_unbounded(input_spec: Mapping[str, Any]) -> bool:
+    return input_spec.get("kind") in ("folder", "stream")
+
+
+def check_landing(raw: Mapping[str, Any], *, fmt: str, roots: Sequence[Path] | None) -> LandingSpec:
+    """A landing-folder spec from what an operator sent; raises :class:`InputError`.
+
+    ``roots``: the folders a console-started run may touch (None: the command line,
+    which is not limited). The folder and the archive folder must lie inside them, and
+    neither may be reached through a symbolic link.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    folder = _folder(raw.get("folder"), "folder", roots, must_exist=True)
+    pattern = str(raw.get("pattern") or "*." + ("jsonl" if fmt == "jsonl" else fmt))
+    if len(pattern) > MAX_PATTERN_CHARS or "/" in pattern or "\x00" in pattern:
+        raise InputError(
+            f"a file pattern is one name pattern (no '/') of at most {MAX_PATTERN_CHARS} "
+            "characters, such as *.jsonl"
+        )
+    fnmatch.translate(pattern)  # any text is a valid pattern; this only documents it
+    stable_s = _number(raw.get("stable_s", 1.0), "stable_s", STABLE_S)
+    clean = _choice(raw.get("clean", "keep"), CLEAN_MODES, "clean")
+    archive = ""
+    if clean == "archive":
+        archive = _folder(raw.get("archive"), "archive folder", roots, must_exist=False)
+        if Path(archive) == Path(folder) or Path(folder) in Path(archive).parents:
+            raise InputError("the archive folder must not be the landing folder or inside it")
+    elif raw.get("archive"):
+        raise InputError("an archive folder is given only with clean: archive")
+    return LandingSpec(folder, pattern, fmt, stable_s, clean, archive)
+
+
+def check_stream(
+    raw: Mapping[str, Any], *, default_url: str, allowed_urls: Sequence[str]
+) -> StreamSpec:
+    """A Redis Streams spec from what an operator sent; raises :class:`InputError`.
+
+    The stream's server is the console's Redis unless the URL is one an administrator
+    listed: a run must not become a way to make the server connect anywhere.
+    """
+    stream = raw.get("stream")
+    if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
+        raise InputError("a stream name is 1 to 200 characters of letters, digits and ':._-'")
+    url = str(raw.get("url") or "")
+    if url and url != default_url and url not in allowed_urls:
+        raise InputError(
+            "that stream URL is not one the administrator allowed (BPCONSOLE_STREAM_URLS); "
+            "leave it empty to read from the console's own Redis"
+        )
+    if url == default_url:
+        url = ""
+    group = str(raw.get("group") or "")
+    if group and not STREAM_NAME.fullmatch(group):
+        raise InputError(
+            "a consumer group name is 1 to 200 characters of letters, digits and ':._-'"
+        )
+    start = _choice(raw.get("start", "earliest"), START_AT, "start")
+    linger_s = _number(raw.get("linger_s", 0.5), "linger_s", LINGER_S)
+    return StreamSpec(stream, url, group, start, linger_s)
+
+
+def _folder(raw: object, what: str, roots: Sequence[Path] | None, *, must_exist: bool) -> str:
+    if not isinstance(raw, str) or not raw.strip() or "\x00" in raw or len(raw) > MAX_PATH_CHARS:
+        raise InputError(f"the {what} is a path of at most {MAX_PATH_CHARS} characters")
+    path = Path(raw.strip())
+    if not path.is_absolute():
+        path = Path(os.path.realpath(roots[0])) / path if roots else path.resolve()
+    if roots is not None:
+        real_roots = [Path(os.path.realpath(r)) for r in roots]
+        real = Path(os.path.realpath(path))
+        if not any(real == r or r in real.parents for r in real_roots):
+            allowed = ", ".join(str(r) for r in real_roots)
+            raise InputError(f"the {what} {raw!r} must lie under an input folder ({allowed})")
+        if through_link(path, real_roots):
+            raise InputError(f"the {what} {raw!r} is reached through a symbolic link")
+        path = real
+    if must_exist and not path.is_dir():
+        raise InputError(f"the {what} {raw!r} does not exist or is not a folder")
+    if must_exist and not os.access(path, os.R_OK | os.X_OK):
+        raise InputError(f"the {what} {raw!r} is not readable")
+    return str(path)
+
+
+def _number(raw: object, what: str, bounds: tuple[float, float]) -> float:
+    low, high = bounds
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a number from {low:g} to {high:g}") from None
+    if not low <= value <= high:
+        raise InputError(f"{what} must be from {low:g} to {high:g}, not {value:g}")
+    return value
+
+
+def _choice(raw: object, allowed: tuple[Any, ...], what: str) -> Any:
+    if raw not in allowed:
+        raise InputError(f"{what} must be one of {', '.join(allowed)}, not {str(raw)[:40]!r}")
+    return raw

@@ -1,0 +1,167 @@
+"""Pipelines that never end: a landing folder and a Redis stream, fed by the producer at
+a bursty rate while a Spark worker and the driver's worker are killed, then stopped.
+Each run equals the plain Spark job over exactly what it took in, merged exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.ledger.results import summary
+from orchestrator.models import Event, Run, Segment, SourceFile
+from orchestrator.pipeline.producer import FolderTarget, StreamTarget, Target, produce
+from orchestrator.run.lifecycle import set_status
+from orchestrator.run.snapshot import source_view
+from orchestrator.source.replay import write_ingested
+from orchestrator.source.spec import LandingSpec, StreamSpec
+from orchestrator.worker.plain_job import batch_summary
+from orchestrator.zk.control_plane import ControlPlane
+from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+BRANCHES = ("task1", "task2", "task3")
+RATE = 256 * 1024  # bytes/s on average; bursts of 4x
+
+
+class Producer(threading.Thread):
+    """``manage.py produce`` in a thread: records keep arriving while the run goes on."""
+
+    def __init__(self, target: Target, *, seconds: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.target, self.seconds, self.seed = target, seconds, seed
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        produce(
+            self.target,
+            rate_bps=RATE,
+            pattern="bursty",
+            duration_s=self.seconds,
+            seed=self.seed,
+            file_bytes=64 * 1024,
+            stop=self.stopped,
+            branches=BRANCHES,
+        )
+
+
+@pytest.fixture
+def producing() -> Iterator[list[Producer]]:
+    started: list[Producer] = []
+    yield started
+    for producer in started:
+        producer.stopped.set()
+        producer.join(timeout=10)
+
+
+def _kill_a_spark_child_and_the_driver(run: Run, workers: Any, services: Any) -> str:
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="claimed").exists():
+        assert time.monotonic() < deadline, "no batch was ever claimed"
+        time.sleep(0.05)
+    for child in psutil.Process(workers.processes["spark1"].pid).children(recursive=False):
+        child.send_signal(signal.SIGKILL)
+    with ControlPlane.connect(services.zk_hosts) as control:
+        holder = control.driver_holder(str(run.pk))
+    assert holder, "the run has a driver"
+    pid = int(holder.split(":")[1])
+    victim = next(name for name, p in workers.processes.items() if p.pid == pid)
+    os.kill(pid, signal.SIGKILL)
+    return victim
+
+
+def _stop_once_caught_up(run: Run, producer: Producer, timeout_s: float = 120) -> Run:
+    """Stop the run once the producer is done, a new driver took over from the killed
+    one, and nothing waits outside it."""
+    producer.join(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while Event.objects.filter(run=run, kind="driver").count() < 2:
+        assert time.monotonic() < deadline, "no driver took over from the killed one"
+        time.sleep(0.5)
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        before = run.source_position.get("chunk", 0)
+        time.sleep(3)  # longer than a folder's stable time and a stream's linger
+        run.refresh_from_db()
+        if run.source_position.get("chunk", 0) == before and before > 0:
+            break
+    set_status(run.pk, "stopping", reason="test: the producer is done")
+    return wait_until_done(run, timeout_s=timeout_s)
+
+
+def _assert_equals_the_plain_job(run: Run, doc: Any, tmp_path: Path) -> dict[str, Any]:
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    taken = tmp_path / "ingested.jsonl"
+    write_ingested(run, taken)
+    expected = batch_summary(topology=doc, input_path=str(taken), generator=None)
+    assert result["rows"] == expected["rows"]
+    assert result["malformed_records"] == expected["malformed_records"]
+    return result
+
+
+def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
+    workers, services, producing, tmp_path
+) -> None:
+    # Given a landing folder the producer keeps writing files into, at a bursty rate
+    landing, archive = tmp_path / "landing", tmp_path / "archive"
+    landing.mkdir()
+    producer = Producer(FolderTarget(landing), seconds=10, seed=3)
+    producing.append(producer)
+    producer.start()
+    doc = skewed_reference()
+    spec = LandingSpec(str(landing), "*.jsonl", stable_s=0.2, clean="archive", archive=str(archive))
+    run = start(doc, policy(), source=spec)
+    # When a Spark worker process and the driver's worker are killed mid-run
+    victim = _kill_a_spark_child_and_the_driver(run, workers, services)
+    # ...and the run is stopped once the producer is done and the folder is read
+    run = _stop_once_caught_up(run, producer)
+    # Then it took every file in once, in arrival order, and equals the plain job
+    _assert_equals_the_plain_job(run, doc, tmp_path)
+    files = list(SourceFile.objects.filter(run=run).order_by("index"))
+    produced = sorted(p.name for p in [*landing.glob("part-*"), *archive.glob("part-*")])
+    assert sorted(Path(f.path).name for f in files) == produced
+    assert [Path(f.path).name for f in files] == sorted(Path(f.path).name for f in files)
+    assert Event.objects.filter(run=run, kind="driver").count() >= 2, "a new driver took over"
+    # ...and the merged files were moved to the archive folder
+    assert any(archive.glob("part-*")), "merged files are archived"
+    assert source_view(run, None)["exact_up_to"] != "nothing merged yet"
+    workers.start(victim)
+    workers.wait_ready([victim])
+
+
+def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
+    workers, services, producing, tmp_path
+) -> None:
+    # Given a Redis stream the producer keeps adding entries to
+    stream = f"test-orders-{uuid.uuid4().hex[:8]}"
+    producer = Producer(StreamTarget(services.redis_url, stream), seconds=10, seed=4)
+    producing.append(producer)
+    producer.start()
+    doc = skewed_reference()
+    run = start(doc, policy(), source=StreamSpec(stream, linger_s=0.2))
+    # When a Spark worker process and the driver's worker are killed mid-run
+    victim = _kill_a_spark_child_and_the_driver(run, workers, services)
+    run = _stop_once_caught_up(run, producer)
+    # Then every entry it took in was merged once and acknowledged
+    result = _assert_equals_the_plain_job(run, doc, tmp_path)
+    assert result["rows"], "records were aggregated"
+    import redis
+
+    client = redis.Redis.from_url(services.redis_url)
+    pending = client.xpending(stream, f"bpconsole.run.{run.pk}")
+    assert pending["pending"] == 0, "every entry in the ledger is acknowledged"
+    assert run.source_position["offset"] == client.xlen(stream), "it took in the whole stream"
+    workers.start(victim)
+    workers.wait_ready([victim])
