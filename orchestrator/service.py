@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
     from orchestrator.models import Event, Run
     from orchestrator.run.generation import Preparing
+    from orchestrator.run.snapshot import SourceView
 
 # Importing ``celery_app`` makes the project's Celery app current in every process that
 # uses this interface (the ASGI server included); without it start_run's task would go to
@@ -344,3 +345,14 @@ def input_preparing(run: Run) -> Preparing | None:
 
 
 __all__ += ["input_preparing"]
+
+
+def source_view(run: Run) -> SourceView:
+    """What a run reads as its live snapshot shows it (kind, whether unbounded, what,
+    and how far its results are exact), without the lag only its driver knows."""
+    from orchestrator.run.snapshot import source_view as view
+
+    return view(run, None)
+
+
+__all__ += ["source_view"]

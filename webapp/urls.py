@@ -62,6 +62,7 @@ api_urlpatterns = [
     path("api/runs/<run_id:run_id>/pause/", api.PauseView.as_view(), name="api-pause"),
     path("api/runs/<run_id:run_id>/resume/", api.ResumeView.as_view(), name="api-resume"),
     path("api/runs/<run_id:run_id>/stop/", api.StopView.as_view(), name="api-stop"),
+    path("api/runs/<run_id:run_id>/cancel/", api.CancelView.as_view(), name="api-cancel"),
     path("api/runs/<run_id:run_id>/migrate/", api.MigrateView.as_view(), name="api-migrate"),
     path(
         "api/runs/<run_id:run_id>/stop-migrating/",

@@ -210,6 +210,8 @@ def _jsonl_ranges(
     try:
         while offset < item.size:
             end = _line_end(fd, min(item.size, offset + segment_bytes) - 1, item.size)
+            if end <= offset:  # the file ends before its measured size: nothing more
+                return
             length = end - offset
             newline = os.pread(fd, 1, end - 1) == b"\n"
             yield offset, length, length + (not newline), _first_tag(fd, offset, end, route_by)
@@ -222,6 +224,8 @@ def _line_end(fd: int, position: int, size: int) -> int:
     """The offset just past the line holding ``position`` (or the end of the file)."""
     while position < size:
         window = os.pread(fd, CUT_WINDOW, position)
+        if not window:  # the file is shorter than measured: it changed under the reader
+            return position
         found = window.find(b"\n")
         if found >= 0:
             return position + found + 1
@@ -234,7 +238,10 @@ def _first_tag(fd: int, start: int, end: int, route_by: str) -> str:
     head = b""
     position = start
     while position < end:
-        head += os.pread(fd, min(CUT_WINDOW, end - position), position)
+        read = os.pread(fd, min(CUT_WINDOW, end - position), position)
+        if not read:  # shorter than measured: changed under the reader
+            break
+        head += read
         position = start + len(head)
         if head.strip() and b"\n" in head.lstrip():
             break

@@ -51,11 +51,14 @@ from orchestrator.run.publisher import Publisher
 from orchestrator.run.reporter import Report, Reporter
 from orchestrator.run.runtime import LiveRuntime
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
+from orchestrator.source.base import SourceUnavailable
 from orchestrator.zk.control_plane import ControlPlane, Subscription
 
 log = logging.getLogger(__name__)
 
 LOOP_S = 0.1
+# How often a source whose server is down is tried again before the run can start.
+SOURCE_RETRY_S = 2.0
 # How often merged data's segment files (and old rows) are deleted while a run goes on.
 RETENTION_S = 5.0
 
@@ -127,8 +130,29 @@ class RunDriver:
             )
             if outcome is not None:
                 return outcome
-        self._start(run)
+        waiting = self._start_when_the_source_answers(run)
+        if waiting is not None:
+            return waiting
         return self._loop(run)
+
+    def _start_when_the_source_answers(self, run: Run) -> str | None:
+        """Start; a source whose server is down (a stream's Redis) is waited for, and the
+        run can still be stopped meanwhile."""
+        reported = False
+        while True:
+            try:
+                self._start(run)
+                return None
+            except SourceUnavailable as exc:
+                if not reported:
+                    record_event(self.run_id, "source_unavailable", str(exc))
+                    reported = True
+            time.sleep(SOURCE_RETRY_S)
+            run.refresh_from_db(fields=["status", "epoch"])
+            if self.lost or run.epoch != self.epoch:
+                return "superseded by a newer driver"
+            if not run.is_active:
+                return str(run.status)
 
     def _start(self, run: Run) -> None:
         self.pacer = SourcePacer(

@@ -21,7 +21,7 @@ from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
 from orchestrator.source.spec import StreamSpec, UnboundedSpec, is_unbounded
-from orchestrator.source.stream import group_name
+from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
 
 
@@ -71,6 +71,11 @@ def create_run(
         if isinstance(source, StreamSpec) and fmt != "jsonl":
             raise RunError("a stream's entries are JSON records: the source must read jsonl")
         input_spec: dict[str, Any] = source.to_json()
+        if isinstance(source, StreamSpec):
+            url = source.url or settings.REDIS_URL
+            why = answers(url)
+            if why:
+                raise RunError(f"the stream's Redis does not answer ({why}); nothing was created")
         if isinstance(source, StreamSpec) and source.group:
             busy = Run.objects.filter(
                 status__in=Run.ACTIVE,

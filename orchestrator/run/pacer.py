@@ -26,7 +26,7 @@ from orchestrator.pipeline.routes import tagged_route
 from orchestrator.rescale.plan import copy_id, targets
 from orchestrator.run.controls import Controls
 from orchestrator.run.route_store import RouteStore
-from orchestrator.source.base import Source, SourceLag
+from orchestrator.source.base import Source, SourceLag, SourceUnavailable
 from orchestrator.source.opener import open_source
 from sparkjobs.keygroups import KeyGroup
 
@@ -73,6 +73,7 @@ class SourcePacer:
         self.emitted_bytes = int(run.input_bytes)
         self.done = run.chunks_total is not None
         self.last_lag = SourceLag()
+        self.unavailable = ""  # why the source cannot be read now, reported once
 
     def reconfigure(self, topology: Topology, graph: SourceGraph) -> None:
         self.topology = topology
@@ -207,9 +208,23 @@ class SourcePacer:
             self.ahead.clear()
 
     def lag(self) -> SourceLag:
-        """What waits outside the run, read at most once a tick."""
-        self.last_lag = self.input.lag()
+        """What waits outside the run, read at most once a tick (the last known while
+        the source cannot be reached)."""
+        try:
+            self.last_lag = self.input.lag()
+        except SourceUnavailable as exc:
+            self._unavailable(str(exc))
         return self.last_lag
+
+    def _unavailable(self, why: str) -> None:
+        """Report an outage once; the source is tried again every loop meanwhile."""
+        if why and not self.unavailable:
+            record_event(self.run_id, "source_unavailable", why, node=self.name)
+        elif not why and self.unavailable:
+            record_event(
+                self.run_id, "source_available", "the source answers again", node=self.name
+            )
+        self.unavailable = why
 
     def _finish(self) -> None:
         segments.finish_source(self.run_id, self.epoch, self.next_index)
@@ -233,7 +248,12 @@ class SourcePacer:
         balancer sees (what is about to leave, per branch)."""
         ahead_bytes = sum(c.size for c in self.ahead)
         while len(self.ahead) < READ_AHEAD_CHUNKS and ahead_bytes < READ_AHEAD_BYTES:
-            chunk = self.input.next_chunk()
+            try:
+                chunk = self.input.next_chunk()
+            except SourceUnavailable as exc:
+                self._unavailable(str(exc))
+                break
+            self._unavailable("")
             if chunk is None:  # nothing more now (or ever: the input says which)
                 break
             self.ahead.append(chunk)

@@ -8,6 +8,11 @@ from typing import Protocol, TypedDict
 from orchestrator.pipeline.inputs import Chunk
 
 
+class SourceUnavailable(RuntimeError):
+    """The source cannot be reached now (its server is down); nothing was read, so the
+    run waits and tries again. The message says what and why."""
+
+
 class LagJson(TypedDict):
     entries: int
     bytes: int

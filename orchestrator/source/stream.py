@@ -20,6 +20,7 @@ is not a JSON object is counted and quarantined as a malformed record by the ope
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ import redis
 from balancer.units import MB
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import Chunk, record_tag
-from orchestrator.source.base import SourceLag
+from orchestrator.source.base import SourceLag, SourceUnavailable
 from orchestrator.source.spec import StreamSpec
 
 CONSUMER = "bpconsole-driver"
@@ -53,6 +54,18 @@ def group_name(run_id: int, spec: StreamSpec) -> str:
     return spec.group or f"bpconsole.run.{run_id}"
 
 
+def answers(url: str, timeout_s: float = 2.0) -> str:
+    """ "" when the Redis at ``url`` answers a ping, else why not."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return str(exc)
+    finally:
+        client.close()
+    return ""
+
+
 class RedisStreamSource:
     unbounded = True
 
@@ -70,7 +83,10 @@ class RedisStreamSource:
         self.segment_bytes = max(1, int(float(params.get("segment_mb", 1.0)) * MB))
         self.route_by = str(params.get("route_by", "key"))
         self.client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-        self._ensure_group()
+        try:
+            self._ensure_group()
+        except redis.RedisError as exc:
+            raise SourceUnavailable(f"the stream {self.stream} cannot be read: {exc}") from exc
         self.mark = str(position.get("mark") or self._previous_mark())
         self.committed_entries = int(position.get("offset", 0))
         self.read_entries = self.committed_entries
@@ -114,8 +130,13 @@ class RedisStreamSource:
     def next_chunk(self) -> Chunk | None:
         if self.stopped:
             return None
-        while self.buffer_bytes < self.segment_bytes and self._read():
-            pass
+        try:
+            while self.buffer_bytes < self.segment_bytes and self._read():
+                pass
+        except redis.RedisError as exc:
+            # What was read stays pending in the group, so reading again later loses
+            # nothing; the buffer is kept as it is.
+            raise SourceUnavailable(f"the stream {self.stream} cannot be read: {exc}") from exc
         if not self.buffer:
             return None
         full = self.buffer_bytes >= self.segment_bytes
@@ -196,7 +217,10 @@ class RedisStreamSource:
         self.committed_entries = chunk.offset + chunk.length
         ids = self.ids.pop(chunk.index, [])
         if ids:
-            self.client.xack(self.stream, self.group, *ids)
+            # Unacknowledged, they stay pending: a restart finds them at or before the
+            # position's mark and only acknowledges them then.
+            with contextlib.suppress(redis.RedisError):
+                self.client.xack(self.stream, self.group, *ids)
 
     def stop(self) -> None:
         """Read nothing more; what was read and not sent stays pending in the group,
@@ -206,6 +230,12 @@ class RedisStreamSource:
 
     def lag(self) -> SourceLag:
         """Entries after the last one in the ledger, and the oldest one's age."""
+        try:
+            return self._lag()
+        except redis.RedisError as exc:
+            raise SourceUnavailable(f"the stream {self.stream} cannot be read: {exc}") from exc
+
+    def _lag(self) -> SourceLag:
         groups = self.client.xinfo_groups(self.stream)
         info = next((g for g in groups if _text(g["name"]) == self.group), None)
         if info is None:

@@ -30,7 +30,10 @@ log = logging.getLogger("webapp.console.audit")
 # A request's user, as django-stubs type it (AUTH_USER_MODEL is Django's own).
 User = auth.User | auth.AnonymousUser
 
-RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "cancelled"}
+# "stop" asks an unbounded run to stop reading and complete once what it took in is
+# merged (set_status makes it "cancelled" for a bounded run, which has nothing to drain);
+# "cancel" abandons any active run at once.
+RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "stopping", "cancel": "cancelled"}
 
 
 class ActionError(Exception):
@@ -86,6 +89,18 @@ class RunRequest:
     generator: str | None = None
     input_path: str | None = None
     policy: str | None = None
+    # An unbounded source as the operator sent it: {"kind": "folder" | "stream", ...}
+    # (SOURCE_FIELDS); checked by ``checked_source``.
+    source: Mapping[str, Any] | None = None
+
+
+# The fields of each unbounded source an operator may give, with the most characters
+# each may have: every value is bounded here, before the orchestrator's checks read it
+# (paths as orchestrator/pipeline/inputs.py's MAX_PATH_CHARS, names as its stream names).
+SOURCE_FIELDS: dict[str, dict[str, int]] = {
+    "folder": {"folder": 1000, "pattern": 200, "stable_s": 32, "clean": 16, "archive": 1000},
+    "stream": {"stream": 200, "group": 200, "start": 16, "url": 500},
+}
 
 
 def effective_policy(pipeline: Pipeline, policy_name: str | None) -> dict[str, Any]:
@@ -117,23 +132,83 @@ def checked_input_files(raw: str) -> list[str]:
         raise ActionError(str(exc)) from None
 
 
+def bounded_source(raw: Any) -> tuple[str, dict[str, str | float]]:
+    """The kind of an unbounded source and its fields, each a string or a number of
+    bounded length; empty values are left out (the source's defaults apply)."""
+    if not isinstance(raw, Mapping):
+        raise ActionError("source must be an object: a kind (folder or stream) and its fields")
+    kind = raw.get("kind")
+    if not isinstance(kind, str) or kind not in SOURCE_FIELDS:
+        raise ActionError(
+            f"source.kind must be one of {', '.join(SOURCE_FIELDS)}, not {shown(kind)}"
+        )
+    limits = SOURCE_FIELDS[kind]
+    fields: dict[str, str | float] = {}
+    for name, value in raw.items():
+        if name == "kind" or value is None or value == "":
+            continue
+        if name not in limits:
+            raise ActionError(
+                f"a {kind} source has no field {shown(name)}; its fields are {', '.join(limits)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ActionError(f"source.{name} must be a string or a number")
+        if len(str(value)) > limits[name]:
+            raise ActionError(
+                f"source.{name} has {len(str(value))} characters; at most {limits[name]}"
+            )
+        fields[name] = value
+    return kind, fields
+
+
+def checked_source(raw: Any, fmt: str) -> service.UnboundedSpec:
+    """A landing folder (inside the input roots, like any console input) or a Redis
+    stream (on the console's Redis or one the administrator listed) from what the
+    operator sent; ``fmt`` is what the pipeline's source node reads."""
+    kind, fields = bounded_source(raw)
+    try:
+        if kind == "folder":
+            return service.check_landing(fields, fmt=fmt, roots=input_roots())
+        return service.check_stream(
+            fields, default_url=settings.REDIS_URL, allowed_urls=settings.BPCONSOLE_STREAM_URLS
+        )
+    except service.InputError as exc:
+        raise ActionError(f"source: {exc}") from None
+
+
+def source_format(topology: Mapping[str, Any]) -> str:
+    """The format the pipeline's source node reads (a landing folder's files are in it)."""
+    source = next((n for n in topology["nodes"] if n["kind"] == "source"), None)
+    return str(((source or {}).get("params") or {}).get("format", "jsonl"))
+
+
+def run_inputs(request: RunRequest, topology: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``service.create_run`` reads, from exactly one of the request's inputs."""
+    given = [request.generator, request.input_path, request.source]
+    if sum(1 for g in given if g) != 1:
+        raise ActionError(
+            "give exactly one of an input path (or glob), a generator spec and a source "
+            "(a landing folder or a Redis stream)"
+        )
+    if request.generator:
+        return {"generator": request.generator.strip()}
+    if request.input_path:
+        return {"input_path": checked_input_files(request.input_path)}
+    return {"source": checked_source(request.source, source_format(topology))}
+
+
 def start_run(request: RunRequest, user: User) -> Any:
     """Create and start a run of a saved pipeline; raises :class:`ActionError`."""
     pipeline = Pipeline.objects.filter(name=request.pipeline).first()
     require(user, "operator", action="start_run", data={"pipeline": request.pipeline})
     if pipeline is None:
         raise ActionError(f"there is no pipeline {shown(request.pipeline)}", status=404)
-    if bool(request.generator) == bool(request.input_path):
-        raise ActionError("give exactly one of an input path (or glob) and a generator spec")
+    topology = export_document(pipeline)
+    inputs = run_inputs(request, topology)
     values = effective_policy(pipeline, request.policy)
-    inputs: dict[str, Any] = (
-        {"generator": request.generator.strip()}
-        if request.generator
-        else {"input_path": checked_input_files(request.input_path or "")}
-    )
     try:
         run = service.create_run(
-            topology=export_document(pipeline),
+            topology=topology,
             policy=values,
             pipeline_id=pipeline.pk,
             user=user,
@@ -160,13 +235,16 @@ def start_run(request: RunRequest, user: User) -> Any:
 
 
 def control_run(run_id: int, verb: str, user: User) -> Any:
-    """pause, resume or stop a run."""
+    """pause, resume, stop or cancel a run."""
     if verb not in RUN_CONTROLS:
         raise ActionError(f"unknown run control {shown(verb)}; use {', '.join(RUN_CONTROLS)}")
     run = get_run(run_id)
     require(user, "operator", action=f"{verb}_run", run_id=run.pk)
+    status = RUN_CONTROLS[verb]
+    if status == "stopping" and run.status == "pending":
+        status = "cancelled"  # a run not started has taken nothing in: nothing to finish
     try:
-        return service.set_status(run.pk, RUN_CONTROLS[verb], user=user)
+        return service.set_status(run.pk, status, user=user)
     except service.RunError as exc:
         raise ActionError(str(exc), status=409) from None
 
@@ -253,6 +331,7 @@ def adjust(
 HEALTH = {
     "running": "ok",
     "completed": "ok",
+    "stopping": "ok",
     "pending": "warn",
     "paused": "warn",
     "failed": "bad",

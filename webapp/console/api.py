@@ -363,7 +363,20 @@ class RunListView(APIView):
                 "generated input",
                 value={"pipeline": "reference", "generator": "seed=7,volume_mb=8,dominance=0.8"},
                 request_only=True,
-            )
+            ),
+            OpenApiExample(
+                "a landing folder",
+                value={
+                    "pipeline": "reference",
+                    "source": {"kind": "folder", "folder": "landing", "clean": "keep"},
+                },
+                request_only=True,
+            ),
+            OpenApiExample(
+                "a Redis stream",
+                value={"pipeline": "reference", "source": {"kind": "stream", "stream": "events"}},
+                request_only=True,
+            ),
         ],
         responses={
             201: RunSerializer,
@@ -381,13 +394,11 @@ class RunListView(APIView):
     def post(self, request: Request) -> Response:
         payload = StartRunSerializer(data=request.data)
         if not payload.is_valid():
+            errors = _field_errors(payload.errors)
             fields = "; ".join(
-                f"{field}: {' '.join(str(m) for m in messages)}"
-                for field, messages in payload.errors.items()
+                f"{field}: {' '.join(messages)}" for field, messages in errors.items()
             )
-            return Response(
-                {"detail": f"invalid request ({fields})", "errors": payload.errors}, status=400
-            )
+            return Response({"detail": f"invalid request ({fields})", "errors": errors}, status=400)
         data = payload.validated_data
         try:
             run = actions.start_run(
@@ -396,12 +407,25 @@ class RunListView(APIView):
                     generator=data.get("generator") or None,
                     input_path=data.get("input_path") or None,
                     policy=data.get("policy") or None,
+                    source=data.get("source") or None,
                 ),
                 request.user,
             )
         except actions.ActionError as exc:
             return _error(exc)
         return Response(run_json(run), status=201)
+
+
+def _field_errors(errors: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's errors by field, a nested serializer's (``source``) as ``source.kind``: the
+    documented shape is one list of messages per field."""
+    if isinstance(errors, dict):
+        flat: dict[str, list[str]] = {}
+        for field, nested in errors.items():
+            flat.update(_field_errors(nested, f"{prefix}.{field}" if prefix else str(field)))
+        return flat
+    messages = errors if isinstance(errors, list) else [errors]
+    return {prefix or "non_field_errors": [str(m) for m in messages]}
 
 
 class RunDetailView(APIView):
@@ -522,7 +546,7 @@ def _int(raw: str | None, default: int | None) -> Any:
 
 
 class RunControlView(APIView):
-    """pause / resume / stop; ``verb`` comes from the URL."""
+    """pause / resume / stop / cancel; ``verb`` comes from the URL."""
 
     permission_classes = [IsAuthenticated]
     verb = ""
@@ -549,7 +573,16 @@ class ResumeView(RunControlView):
 
 
 class StopView(RunControlView):
+    """A landing folder's or a stream's run stops reading and completes once what it took
+    in is merged (status stopping, then completed); any other run is cancelled."""
+
     verb = "stop"
+
+
+class CancelView(RunControlView):
+    """Cancel an active run at once: what it took in and has not merged is abandoned."""
+
+    verb = "cancel"
 
 
 class NodeActionView(APIView):

@@ -13,6 +13,33 @@ from orchestrator import service
 JsonObject = dict[str, Any]
 
 
+# What run_json shows of an unbounded source's spec (orchestrator/source/spec.py).
+SOURCE_SPEC_FIELDS = {
+    "folder": ("folder", "pattern", "format", "stable_s", "clean", "archive"),
+    "stream": ("stream", "url", "group", "start", "linger_s", "format"),
+}
+
+
+def source_json(spec: dict[str, Any]) -> dict[str, Any]:
+    """The kind of input a run reads and, for an unbounded source, its spec."""
+    kind = str(spec.get("kind") or ("generator" if spec.get("generator") else "files"))
+    shown: dict[str, Any] = {"kind": kind, "unbounded": kind in SOURCE_SPEC_FIELDS}
+    shown.update({name: spec.get(name) for name in SOURCE_SPEC_FIELDS.get(kind, ())})
+    if shown.get("url"):
+        shown["url"] = without_credentials(str(shown["url"]))
+    return shown
+
+
+def without_credentials(url: str) -> str:
+    """A Redis URL without its user and password (an administrator's listed server may
+    have them): ``redis://***@host:6379/0``."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rsplit('@', 1)[1]}{slash}{path}"
+
+
 def run_json(run: Any) -> dict[str, Any]:
     spec = run.input_spec or {}
     return {
@@ -32,6 +59,7 @@ def run_json(run: Any) -> dict[str, Any]:
             "bytes": int(spec.get("extent_total") or 0),
             "preparing": service.input_preparing(run),
         },
+        "source": source_json(spec),
         "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration", "tick_ms")},
         "error": run.error,
         "view": f"/runs/{run.pk}/",
@@ -126,12 +154,48 @@ class RunInputSerializer(serializers.Serializer[JsonObject]):
     )
 
 
+class RunSourceSerializer(serializers.Serializer[JsonObject]):
+    """What the run reads; the spec fields are those of its kind (folder or stream)."""
+
+    kind = serializers.ChoiceField(choices=["files", "generator", "folder", "stream"])
+    unbounded = serializers.BooleanField(
+        help_text="A landing folder or a stream: read until an operator stops the run"
+    )
+    folder = serializers.CharField(required=False, help_text="folder: the landing folder")
+    pattern = serializers.CharField(required=False, help_text="folder: the files read")
+    stable_s = serializers.FloatField(
+        required=False, help_text="folder: seconds a file's size must hold before it is read"
+    )
+    clean = serializers.ChoiceField(
+        choices=["keep", "archive", "delete"],
+        required=False,
+        help_text="folder: what becomes of a file once merged",
+    )
+    archive = serializers.CharField(
+        required=False, allow_blank=True, help_text="folder: where archived files go"
+    )
+    stream = serializers.CharField(required=False, help_text="stream: the Redis stream")
+    url = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="stream: empty for the console's Redis; never with its password",
+    )
+    group = serializers.CharField(
+        required=False, allow_blank=True, help_text="stream: the consumer group (empty: the run's)"
+    )
+    start = serializers.ChoiceField(
+        choices=["earliest", "latest"], required=False, help_text="stream: where a new group starts"
+    )
+    linger_s = serializers.FloatField(required=False)
+    format = serializers.CharField(required=False)
+
+
 class RunSerializer(serializers.Serializer[JsonObject]):
     id = serializers.IntegerField()
     pipeline = serializers.CharField()
     pipeline_id = serializers.IntegerField(allow_null=True)
     status = serializers.ChoiceField(
-        choices=["pending", "running", "paused", "completed", "failed", "cancelled"]
+        choices=["pending", "running", "paused", "stopping", "completed", "failed", "cancelled"]
     )
     active = serializers.BooleanField()
     created_at = serializers.DateTimeField()
@@ -139,9 +203,64 @@ class RunSerializer(serializers.Serializer[JsonObject]):
     finished_at = serializers.DateTimeField(allow_null=True)
     created_by = serializers.CharField(allow_null=True)
     input = RunInputSerializer()
+    # DRF's metaclass moves declared fields into ``_declared_fields``, so this never
+    # shadows ``Field.source``; the stubs cannot express that.
+    source = RunSourceSerializer()  # type: ignore[assignment]
     policy = serializers.DictField()
     error = serializers.CharField()
     view = serializers.CharField(help_text="The run's page in the console")
+
+
+class StartSourceSerializer(serializers.Serializer[JsonObject]):
+    """A landing folder or a Redis stream to start a run over (docs/api.md). Lengths are
+    bounded here; what the values mean is checked by the orchestrator (400 naming the
+    field, nothing created)."""
+
+    kind = serializers.ChoiceField(choices=["folder", "stream"])
+    folder = serializers.CharField(
+        required=False,
+        max_length=1000,
+        help_text="folder: the landing folder, under an input folder (BPCONSOLE_INPUT_ROOTS)",
+    )
+    pattern = serializers.CharField(
+        required=False, max_length=200, help_text="folder: file name pattern (default *.jsonl)"
+    )
+    stable_s = serializers.FloatField(
+        required=False,
+        help_text="folder: seconds (0 to 600, default 1) a file's size must hold before it is read",
+    )
+    clean = serializers.ChoiceField(
+        choices=["keep", "archive", "delete"],
+        required=False,
+        help_text="folder: what becomes of a file once merged (default keep)",
+    )
+    archive = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=1000,
+        help_text="folder: with clean=archive, where files go (under an input folder, not "
+        "inside the landing folder)",
+    )
+    stream = serializers.CharField(
+        required=False, max_length=200, help_text="stream: its name, letters, digits and :._-"
+    )
+    group = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=200,
+        help_text="stream: consumer group (default: one of the run's own)",
+    )
+    start = serializers.ChoiceField(
+        choices=["earliest", "latest"],
+        required=False,
+        help_text="stream: read from its first entry (default) or only new ones",
+    )
+    url = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="stream: a Redis URL in BPCONSOLE_STREAM_URLS; empty = the console's Redis",
+    )
 
 
 class StartRunSerializer(serializers.Serializer[JsonObject]):
@@ -155,6 +274,12 @@ class StartRunSerializer(serializers.Serializer[JsonObject]):
         required=False,
         allow_blank=True,
         help_text="Input file or glob under an input folder (BPCONSOLE_INPUT_ROOTS)",
+    )
+    # (never shadows ``Field.source``: see RunSerializer.source)
+    source = StartSourceSerializer(  # type: ignore[assignment]
+        required=False,
+        help_text="An unbounded source, read until the run is stopped (instead of "
+        "generator or input_path)",
     )
     policy = serializers.CharField(
         required=False, allow_blank=True, help_text="Named policy; empty = the pipeline's"

@@ -59,6 +59,7 @@ def pipeline_detail(request: HttpRequest, name: str) -> HttpResponse:
             "policies": Policy.objects.all(),
             "default_generator": DEFAULT_GENERATOR,
             "input_roots": actions.input_roots(),
+            "stream_urls": bool(settings.BPCONSOLE_STREAM_URLS),
         },
     )
 
@@ -209,14 +210,25 @@ def pipeline_import(request: HttpRequest) -> HttpResponse:
     return redirect("pipeline", name=saved.name)
 
 
+def _form_source(request: HttpRequest, kind: str) -> dict[str, str] | None:
+    """A landing folder's or a stream's fields from the start form (``source_<field>``),
+    or None when the operator chose files or the generator. Any other kind goes on as
+    given, for start_run to refuse (after the role check) naming the kinds there are."""
+    if kind in ("generator", "path"):
+        return None
+    fields = actions.SOURCE_FIELDS.get(kind, {})
+    return {"kind": kind, **{f: request.POST.get(f"source_{f}", "") for f in fields}}
+
+
 @role_required("viewer")
 @require_POST
 def run_start(request: HttpRequest, name: str) -> HttpResponse:
-    source = request.POST.get("input", "generator")
+    kind = request.POST.get("input", "generator")
     run_request = actions.RunRequest(
         pipeline=name,
-        generator=request.POST.get("generator", "") if source == "generator" else None,
-        input_path=request.POST.get("input_path", "") if source == "path" else None,
+        generator=request.POST.get("generator", "") if kind == "generator" else None,
+        input_path=request.POST.get("input_path", "") if kind == "path" else None,
+        source=_form_source(request, kind),
         policy=request.POST.get("policy") or None,
     )
     try:
@@ -253,6 +265,7 @@ def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
             ],
         },
         "input_bytes": int(run.input_spec.get("extent_total") or 0),
+        "source": service.source_view(run),
         "preparing": service.input_preparing(run),
         "can_operate": has_role(request.user, "operator"),
         "user": request.user.get_username(),

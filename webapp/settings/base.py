@@ -36,6 +36,9 @@ DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
 # Folders a run started from the console may read its input from (the command line is
 # not limited): a browser must not turn any file the server can read into a run's input.
 INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DATA_DIR)])
+# Redis servers a run started from the console may read a stream from, besides the
+# console's own (REDIS_URL): a run must not make the server connect anywhere it is told.
+BPCONSOLE_STREAM_URLS = env_list("BPCONSOLE_STREAM_URLS", [])
 # A match reached through a symbolic link is refused unless this is set (the link's
 # target must still lie inside the input roots).
 INPUT_FOLLOW_SYMLINKS = env_bool("BPCONSOLE_INPUT_FOLLOW_SYMLINKS", default=False)

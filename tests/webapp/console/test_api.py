@@ -245,6 +245,7 @@ def test_the_openapi_schema_lists_every_endpoint() -> None:
         "/api/runs/{run_id}/pause/",
         "/api/runs/{run_id}/resume/",
         "/api/runs/{run_id}/stop/",
+        "/api/runs/{run_id}/cancel/",
         "/api/runs/{run_id}/migrate/",
         "/api/runs/{run_id}/stop-migrating/",
         "/api/runs/{run_id}/adjust/",

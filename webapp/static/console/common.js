@@ -108,6 +108,17 @@
     return d.toLocaleTimeString([], { hour12: false });
   }
 
+  // What waits outside an unbounded source (a snapshot's source.lag): "waiting: 12 files,
+  // 3.10 MB, oldest 2.4 s"; "waiting: –" before the run's driver has measured it.
+  function lagText(source) {
+    const lag = source && source.lag;
+    if (!lag) return "waiting: –";
+    const noun = source.kind === "stream" ? (lag.entries === 1 ? "entry" : "entries")
+      : (lag.entries === 1 ? "file" : "files");
+    const oldest = lag.entries ? `, oldest ${Number(lag.age_s).toFixed(1)} s` : "";
+    return `waiting: ${lag.entries} ${noun}, ${bytes(lag.bytes)}${oldest}`;
+  }
+
   function readJson(id) {
     const node = document.getElementById(id);
     return node ? JSON.parse(node.textContent) : null;
@@ -115,6 +126,6 @@
 
   global.BP = Object.assign(global.BP || {}, {
     SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, levelBandText,
-    labelLevelBands, pct, bytes, rate, duration, clock, readJson,
+    labelLevelBands, pct, bytes, rate, duration, clock, lagText, readJson,
   });
 })(window);

@@ -17,6 +17,7 @@
   const HEADLINE_WINDOW_S = 10;   // the throughput figure in the header
   const BACKOFF_MIN_MS = 500;
   const BACKOFF_MAX_MS = 10000;
+  const ACTIVE_RUN = ["pending", "running", "paused", "stopping"];
 
   const state = {
     snapshot: null,
@@ -120,6 +121,7 @@
     recordHistory(snap);
     view.update(snap, state.rates);
     renderHeader(snap);
+    renderSource(snap.source);
     renderAdjustment(snap.adjustment);
     mergeEvents(snap.events || []);
     renderSelected();
@@ -201,16 +203,36 @@
     const p = run.policy || {};
     $("run-policy").textContent = [p.throttling, p.routing, p.migration].filter(Boolean).join(" · ");
     if (run.error) toast(run.error, "error", "run-error");
-    const active = ["pending", "running", "paused"].includes(run.status);
+    const active = ACTIVE_RUN.includes(run.status);
     $("btn-pause").disabled = !(run.status === "running" || run.status === "pending");
     $("btn-resume").disabled = run.status !== "paused";
-    $("btn-stop").disabled = !active;
+    // A stopping run is already finishing what it took in; it can still be cancelled.
+    $("btn-stop").disabled = !active || run.status === "stopping";
+    if ($("btn-cancel")) $("btn-cancel").disabled = !active;
     document.body.setAttribute("data-run-status", run.status);
     if (snap.final && state.everOpened) setConnection("ended", "run ended");
   }
 
+  function renderSource(source) {
+    // What the run reads; for a landing folder or a stream, how far its results are
+    // exact and what waits outside it (the source node shows the same lag).
+    if (!source) return;
+    $("run-source").textContent = source.what;
+    $("run-source").title = source.what;
+    if (!source.unbounded || !$("run-exact")) return;
+    $("run-exact").textContent = `exact up to ${source.exact_up_to || "–"}`;
+    $("run-lag").textContent = BP.lagText(source);
+  }
+
+  const CONFIRM = {
+    stop: config.source && config.source.unbounded
+      ? "Stop this run? It reads nothing new and completes once what it took in is merged."
+      : "Stop this run? It cannot be resumed.",
+    cancel: "Cancel this run now? What it took in and has not merged is abandoned.",
+  };
+
   async function control(verb) {
-    if (verb === "stop" && !confirm("Stop this run? It cannot be resumed.")) return;
+    if (CONFIRM[verb] && !confirm(CONFIRM[verb])) return;
     const r = await BP.api("POST", config.api + verb + "/");
     report(r, `run ${verb}`);
   }
@@ -225,8 +247,6 @@
     const r = await BP.api("POST", config.api + (stop ? "stop-migrating/" : "migrate/"), { node });
     report(r, stop ? "stop migrating" : "migrate");
   }
-
-  const ACTIVE_RUN = ["pending", "running", "paused"];
 
   async function adjust(action) {
     const name = state.selected;
@@ -579,6 +599,7 @@
     $("btn-pause").addEventListener("click", () => control("pause"));
     $("btn-resume").addEventListener("click", () => control("resume"));
     $("btn-stop").addEventListener("click", () => control("stop"));
+    if ($("btn-cancel")) $("btn-cancel").addEventListener("click", () => control("cancel"));
     $("btn-migrate").addEventListener("click", () => nodeAction(false));
     $("btn-stop-migrating").addEventListener("click", () => nodeAction(true));
     $("btn-hot-migrate").addEventListener("click", () => adjust("hot_migrate"));

@@ -221,6 +221,7 @@
 
     update(snapshot, rates) {
       this.reshape(snapshot);
+      this.source = snapshot.source || null;
       const byName = new Map((snapshot.nodes || []).map((n) => [n.name, n]));
       for (const [name, node] of this.nodes) {
         const view = byName.get(name);
@@ -275,10 +276,15 @@
       node.sub.textContent = node.subText + (status === "active" ? "" : ` · ${status}`) +
         (instance.aligning ? " · aligning" : "");
       const k = typeof st.rate_coefficient === "number" ? st.rate_coefficient.toFixed(2) : "–";
-      if (node.kind === "source") {
+      const speed = typeof st.speed === "number" ? st.speed.toFixed(2) : "–";
+      if (node.kind === "source" && this.source && this.source.unbounded) {
+        // A landing folder or a stream: what waits outside the run matters most.
+        node.line1.textContent = `k ${k} · speed ${speed}` + (st.in_backpressure ? " · backpressure" : "");
+        node.line2.textContent = BP.lagText(this.source);
+        node.g.setAttribute("data-lag", node.line2.textContent);
+      } else if (node.kind === "source") {
         node.line1.textContent = `rate coefficient k ${k}`;
-        node.line2.textContent = `speed ${typeof st.speed === "number" ? st.speed.toFixed(2) : "–"}` +
-          (st.in_backpressure ? " · in backpressure" : "");
+        node.line2.textContent = `speed ${speed}` + (st.in_backpressure ? " · in backpressure" : "");
       } else {
         const r = smoothed || { in: st.in_rate, out: st.out_rate };
         node.line1.textContent = `in ${BP.rate(r.in)} · out ${BP.rate(r.out)}`;

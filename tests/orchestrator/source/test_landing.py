@@ -1,0 +1,192 @@
+"""A landing folder takes each complete file once, in arrival order, numbers it durably,
+never reads a changed file again, and cleans a file only once all of it is merged."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger.ingested import ingested_extent
+from orchestrator.ledger.segments import StaleEpochError
+from orchestrator.models import Event, Run, Segment, SourceFile
+from orchestrator.pipeline.inputs import Chunk
+from orchestrator.source.landing import LandingFolderSource
+from orchestrator.source.spec import LandingSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+PARAMS = {"segment_mb": 64 / 1024 / 1024, "route_by": "key"}  # 64-byte chunks
+
+
+def _run(spec: LandingSpec) -> Run:
+    return Run.objects.create(
+        pipeline_name="landing",
+        topology={"nodes": [], "edges": []},
+        policy={},
+        input_spec=spec.to_json(),
+        status="running",
+        epoch=1,
+    )
+
+
+def _land(folder: Path, name: str, records: int, *, age_s: float = 10.0) -> Path:
+    path = folder / name
+    lines = (f'{{"key":"k{i % 3}","value":{i},"user":"u"}}\n' for i in range(records))
+    path.write_text("".join(lines))
+    stamp = time.time() - age_s
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def _read_all(source: LandingFolderSource) -> list[Chunk]:
+    taken = []
+    source.last_scan = 0.0
+    while (chunk := source.next_chunk()) is not None:
+        taken.append(chunk)
+        source.committed(chunk)
+    return taken
+
+
+def test_complete_files_are_taken_once_in_arrival_order(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=1.0)
+    run = _run(spec)
+    _land(tmp_path, "b.jsonl", 4, age_s=20)
+    _land(tmp_path, "a.jsonl", 4, age_s=10)  # arrived after b, though its name sorts first
+    _land(tmp_path, ".hidden.jsonl", 4)
+    _land(tmp_path, "_temporary.jsonl", 4)
+    _land(tmp_path, "part.jsonl.tmp", 4)
+    _land(tmp_path, "notes.txt", 4)
+    _land(tmp_path, "growing.jsonl", 4, age_s=0)  # changed less than stable_s ago
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "a.jsonl")
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+
+    chunks = _read_all(source)
+
+    names = list(SourceFile.objects.filter(run=run).values_list("path", flat=True))
+    assert [Path(n).name for n in names] == ["b.jsonl", "a.jsonl"]
+    assert [c.file_index for c in chunks] == sorted(c.file_index for c in chunks)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    # Nothing is taken twice, and the stable file is taken once it has settled
+    assert _read_all(source) == []
+    stamp = time.time() - 5
+    os.utime(tmp_path / "growing.jsonl", (stamp, stamp))
+    later = _read_all(source)
+    assert {c.file_index for c in later} == {2}
+    assert SourceFile.objects.filter(run=run).count() == 3
+
+
+def test_chunks_tile_each_file_and_the_extent_is_what_reached_the_ledger(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    first = _land(tmp_path, "1.jsonl", 10)
+    _land(tmp_path, "2.jsonl", 10, age_s=5)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    chunks = _read_all(source)
+    by_file: dict[int, int] = {}
+    for chunk in chunks:
+        assert chunk.offset == by_file.get(chunk.file_index, 0), "no gap, no overlap"
+        by_file[chunk.file_index] = chunk.offset + chunk.length
+    assert by_file[0] == first.stat().st_size
+    last = chunks[-1]
+    run.source_position = {"chunk": last.index + 1, "file": last.file_index, "offset": by_file[1]}
+    run.save()
+    assert ingested_extent(run) == [(0, by_file[0]), (0, by_file[1])]
+    assert set(SourceFile.objects.filter(run=run).values_list("state", flat=True)) == {"read"}
+
+
+def test_a_restarted_source_goes_on_after_the_last_chunk_in_the_ledger(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(tmp_path, "1.jsonl", 10)
+    _land(tmp_path, "2.jsonl", 10, age_s=5)
+    every = _read_all(LandingFolderSource(run.pk, 1, spec, PARAMS, {}))
+    cut = every[len(every) // 2]
+    # A new driver starts from the position written with the chunk it had emitted last
+    position = {"chunk": cut.index + 1, "file": cut.file_index, "offset": cut.offset + cut.length}
+    resumed = _read_all(LandingFolderSource(run.pk, 2, spec, PARAMS, position))
+    assert [(c.index, c.file_index, c.offset) for c in resumed] == [
+        (c.index, c.file_index, c.offset) for c in every[len(every) // 2 + 1 :]
+    ]
+
+
+def test_a_file_changed_after_it_was_taken_is_reported_once_and_not_read_again(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    path = _land(tmp_path, "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    before = _read_all(source)
+    path.write_text('{"key":"k9","value":1,"user":"u"}\n' * 50)  # rewritten
+    assert _read_all(source) == []
+    assert _read_all(source) == []
+    events = Event.objects.filter(run=run, kind="source_file_changed")
+    assert events.count() == 1
+    assert "changed after it was taken in" in events.get().reason
+    assert SourceFile.objects.get(run=run).changed
+    assert before
+
+
+def test_a_file_truncated_while_read_ends_where_the_run_read_it(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    path = _land(tmp_path, "1.jsonl", 20)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    source.last_scan = 0.0
+    first = source.next_chunk()
+    assert first is not None
+    source.committed(first)
+    with path.open("r+") as handle:
+        handle.truncate(10)
+    assert source.next_chunk() is None
+    row = SourceFile.objects.get(run=run)
+    assert row.changed and row.size == first.offset + first.length
+
+
+def test_only_the_driver_of_the_current_epoch_takes_files(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(tmp_path, "1.jsonl", 4)
+    stale = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    Run.objects.filter(pk=run.pk).update(epoch=2)
+    with pytest.raises(StaleEpochError):
+        _read_all(stale)
+    assert not SourceFile.objects.filter(run=run).exists()
+
+
+def test_a_file_is_archived_only_once_all_of_it_is_merged(tmp_path) -> None:
+    landing, archive = tmp_path / "landing", tmp_path / "archive"
+    landing.mkdir()
+    spec = LandingSpec(str(landing), "*.jsonl", stable_s=0, clean="archive", archive=str(archive))
+    run = _run(spec)
+    _land(landing, "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    (chunk,) = _read_all(source)
+    segment = Segment.objects.create(
+        id="s1",
+        run=run,
+        chunk=chunk.index,
+        origin_file=chunk.file_index,
+        origin_offset=chunk.offset,
+        origin_length=chunk.length,
+        node="task1",
+        path="",
+        bytes=chunk.size,
+        available_at=run.created_at,
+    )
+    source.housekeeping()
+    assert (landing / "1.jsonl").exists(), "a file with unfinished data stays"
+    segment.state = "done"
+    segment.save()
+    source.last_housekeeping = 0.0
+    source.housekeeping()
+    assert not (landing / "1.jsonl").exists()
+    assert (archive / "1.jsonl").exists()
+    row = SourceFile.objects.get(run=run)
+    assert row.state == "cleaned" and row.path == str(archive / "1.jsonl")
+    # The name is free again: new data landing under it is a new file
+    _land(landing, "1.jsonl", 2)
+    source.last_scan = 0.0
+    assert source.next_chunk() is not None
+    assert SourceFile.objects.filter(run=run).count() == 2

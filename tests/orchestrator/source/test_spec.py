@@ -1,0 +1,113 @@
+"""What an operator asks a continuous run to read is checked before anything exists."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from django.core.management import CommandError, call_command
+
+from orchestrator.models import Run
+from orchestrator.pipeline.inputs import InputError
+from orchestrator.run.lifecycle import RunError, create_run
+from orchestrator.source.spec import StreamSpec, check_landing, check_stream
+from tests.orchestrator.runs import TOPOLOGIES
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+def test_a_landing_folder_must_exist_and_stay_inside_the_roots(tmp_path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)
+    with pytest.raises(InputError, match="must lie under an input folder"):
+        check_landing({"folder": str(outside)}, fmt="jsonl", roots=[root])
+    with pytest.raises(InputError, match="must lie under an input folder"):
+        check_landing({"folder": "../outside"}, fmt="jsonl", roots=[root])
+    with pytest.raises(InputError, match="must lie under an input folder"):
+        check_landing({"folder": "escape"}, fmt="jsonl", roots=[root])
+    with pytest.raises(InputError, match="does not exist"):
+        check_landing({"folder": "missing"}, fmt="jsonl", roots=[root])
+    (root / "in").mkdir()
+    spec = check_landing({"folder": "in"}, fmt="jsonl", roots=[root])
+    assert spec.folder == str((root / "in").resolve())
+    assert spec.pattern == "*.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"stable_s": -1}, "stable_s must be from 0 to 600"),
+        ({"stable_s": "soon"}, "stable_s must be a number"),
+        ({"clean": "shred"}, "clean must be one of keep, archive, delete"),
+        ({"clean": "archive"}, "archive folder is a path"),
+        ({"archive": "x"}, "only with clean: archive"),
+        ({"pattern": "../*.jsonl"}, "one name pattern"),
+    ],
+)
+def test_landing_parameters_are_bounded(tmp_path, raw, message) -> None:
+    with pytest.raises(InputError, match=message):
+        check_landing({"folder": str(tmp_path), **raw}, fmt="jsonl", roots=None)
+
+
+def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
+    with pytest.raises(InputError, match="must not be the landing folder or inside it"):
+        check_landing(
+            {"folder": str(tmp_path), "clean": "archive", "archive": str(tmp_path / "done")},
+            fmt="jsonl",
+            roots=None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"stream": "has spaces"}, "stream name is 1 to 200"),
+        ({"stream": "x" * 201}, "stream name is 1 to 200"),
+        ({"stream": "ok", "url": "redis://evil.example:6379/0"}, "not one the administrator"),
+        ({"stream": "ok", "group": "a b"}, "consumer group name"),
+        ({"stream": "ok", "start": "yesterday"}, "start must be one of earliest, latest"),
+        ({"stream": "ok", "linger_s": 60}, "linger_s must be from 0 to 10"),
+    ],
+)
+def test_stream_parameters_are_bounded(raw, message) -> None:
+    with pytest.raises(InputError, match=message):
+        check_stream(raw, default_url=REDIS, allowed_urls=[])
+
+
+def test_the_console_redis_is_not_stored_as_an_address() -> None:
+    spec = check_stream({"stream": "orders", "url": REDIS}, default_url=REDIS, allowed_urls=[])
+    assert spec.url == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_run_per_consumer_group_at_a_time(services) -> None:
+    doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
+    spec = StreamSpec("orders-test", group="orders")
+    first = create_run(topology=doc, policy={}, source=spec)
+    with pytest.raises(RunError, match=f"run {first.pk} is reading stream"):
+        create_run(topology=doc, policy={}, source=spec)
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_pipeline_refuses_a_missing_landing_folder(services, tmp_path) -> None:
+    with pytest.raises(CommandError, match="does not exist or is not a folder"):
+        call_command(
+            "run_pipeline",
+            str(TOPOLOGIES / "reference.yaml"),
+            "--folder",
+            str(tmp_path / "nowhere"),
+        )
+    assert not Run.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_whose_redis_does_not_answer_is_refused_before_anything_exists(
+    services, settings
+) -> None:
+    doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
+    silent = "redis://127.0.0.1:9/0"  # the discard port: nothing answers there
+    with pytest.raises(RunError, match="the stream's Redis does not answer"):
+        create_run(topology=doc, policy={}, source=StreamSpec("orders", url=silent))
+    assert not Run.objects.exists()
