@@ -54,6 +54,13 @@ class Run(models.Model):
     source_position = models.JSONField(
         default=dict, help_text="Where the source resumes: file index and byte offset."
     )
+    merged_prefix = models.JSONField(
+        default=dict,
+        help_text=(
+            "A continuous run's chunks below 'chunk', merged exactly once and their rows "
+            "coalesced: they tile its input up to ('file', 'offset')."
+        ),
+    )
     error = models.TextField(blank=True)
 
     class Meta:

@@ -66,6 +66,10 @@ def child_env(services: Endpoints) -> dict[str, str]:
         "BPCONSOLE_VAR_DIR": str(TEST_VAR_DIR),
         "BPCONSOLE_DATA_DIR": str(TEST_VAR_DIR / "data"),
         "BPCONSOLE_LEASE_S": str(TEST_LEASE_S),
+        # A continuous run's old rows go within seconds, so the tests that kill its
+        # processes also cover coalesced merged chunks and deleted segment rows.
+        "BPCONSOLE_MERGED_KEEP_S": "1",
+        "BPCONSOLE_SEGMENT_ROWS_KEEP_S": "2",
         "SPARK_DRIVER_MEMORY": "768m",
     }
 

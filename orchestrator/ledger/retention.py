@@ -62,15 +62,21 @@ class Swept:
 
 
 def sweep(
-    run_id: int, *, keep_rows_s: float, max_paths: int = MAX_PATHS, max_rows: int = MAX_ROWS
+    run_id: int,
+    *,
+    keep_rows_s: float | None,
+    max_paths: int = MAX_PATHS,
+    max_rows: int = MAX_ROWS,
 ) -> Swept:
     """Delete the files of ``run_id`` that only done segments name, then done rows older
-    than ``keep_rows_s`` whose file is gone; at most ``max_paths`` files and
-    ``max_rows`` rows per call."""
-    if keep_rows_s < 0:
+    than ``keep_rows_s`` whose file is gone (None: keep every row, as a bounded run
+    does until ``clean_finished``); at most ``max_paths`` files and ``max_rows`` rows
+    per call."""
+    if keep_rows_s is not None and keep_rows_s < 0:
         raise ValueError(f"keep_rows_s must not be negative, not {keep_rows_s}")
     files, freed = _delete_files(run_id, max_paths)
-    return Swept(files, freed, _delete_rows(run_id, keep_rows_s, max_rows))
+    rows = _delete_rows(run_id, keep_rows_s, max_rows) if keep_rows_s is not None else 0
+    return Swept(files, freed, rows)
 
 
 def _finished_paths(run_id: int, limit: int) -> list[str]:

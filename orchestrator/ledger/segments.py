@@ -307,6 +307,16 @@ def complete_sink_batch(
             for s in inputs
         ]
         wanted = {(r.chunk, r.slots_from) for r in rows}
+        # Chunks below a continuous run's merged prefix have no rows any more
+        # (orchestrator/ledger/coalesce.py): the prefix refuses them instead.
+        folded = int(
+            (Run.objects.values_list("merged_prefix", flat=True).get(pk=run_id) or {}).get(
+                "chunk", 0
+            )
+        )
+        below = {pair for pair in wanted if pair[0] < folded}
+        if below:
+            raise AlreadyMergedError(below)
         already = {
             pair
             for pair in MergedChunk.objects.filter(
@@ -463,6 +473,16 @@ def coverage(run: Run, files: Sequence[tuple[int, int]]) -> Coverage:
     by_file: dict[int, list[tuple[int, int]]] = {}
     for file_index, offset, length in sorted(chunks.values()):
         by_file.setdefault(file_index, []).append((offset, length))
+    # A continuous run's merged prefix (orchestrator/ledger/coalesce.py): its chunks'
+    # rows are gone; they tiled every file before its file, and that one up to its offset.
+    prefix = run.merged_prefix or {}
+    folded = int(prefix.get("chunk", 0))
+    if folded:
+        last = int(prefix["file"])
+        for file_index in range(min(last + 1, len(files))):
+            start, end = files[file_index]
+            reached = end if file_index < last else int(prefix["offset"])
+            by_file.setdefault(file_index, []).insert(0, (start, reached - start))
     for file_index, (start, end) in enumerate(files):
         _tile(
             f"file {file_index}",
@@ -484,9 +504,11 @@ def coverage(run: Run, files: Sequence[tuple[int, int]]) -> Coverage:
             overlaps=overlaps,
         )
     duplicates = len(merged) - len({(chunk, low) for chunk, _, _, _, low, _ in merged})
+    duplicates += sum(1 for chunk, *_ in merged if chunk < folded)
     expected = run.chunks_total
-    exact = not missing and not overlaps and duplicates == 0 and expected == len(chunks)
-    return Coverage(exact, expected, len(chunks), missing, duplicates, overlaps)
+    count = len(chunks) + folded
+    exact = not missing and not overlaps and duplicates == 0 and expected == count
+    return Coverage(exact, expected, count, missing, duplicates, overlaps)
 
 
 def _tile(

@@ -30,8 +30,10 @@ import redis
 from balancer.units import GB, KB, MB
 from orchestrator.pipeline.generator import BOUNDS, VALUE_CENTS, keys_for, record_line
 
-Pattern = Literal["steady", "bursty", "skewed"]
+Pattern = Literal["steady", "bursty", "skewed", "bursty-skewed"]
 PATTERNS: tuple[str, ...] = get_args(Pattern)
+BURSTY = ("bursty", "bursty-skewed")  # the rate comes in bursts
+SKEWED = ("skewed", "bursty-skewed")  # one key takes SKEW_SHARE of the records
 
 MAX_RATE_BPS = 1 * GB
 MAX_DURATION_S = 7 * 86_400
@@ -213,7 +215,7 @@ class Records:
         self._rng = np.random.default_rng(seed)
         self._keys = list(keys)
         self._users = users
-        self._skewed = pattern == "skewed"
+        self._skewed = pattern in SKEWED
         self._hot = int(self._rng.integers(len(self._keys)))
         self._batch: list[str] = []
         self._next = 0
@@ -248,7 +250,7 @@ class Records:
 
 def planned_bytes(pattern: str, rate_bps: float, elapsed_s: float) -> float:
     """The volume the pattern has asked for by ``elapsed_s`` after the start."""
-    if pattern != "bursty":
+    if pattern not in BURSTY:
         return rate_bps * elapsed_s
     period = BURST_S * BURST_FACTOR
     cycles, into = divmod(elapsed_s, period)
@@ -381,7 +383,7 @@ def produce(
         stop = threading.Event()
     # The bucket holds at most a quarter second of the peak rate: after a stall the
     # producer catches up that much, not with a burst of everything it missed.
-    capacity = rate_bps * (BURST_FACTOR if pattern == "bursty" else 1) / 4
+    capacity = rate_bps * (BURST_FACTOR if pattern in BURSTY else 1) / 4
     end = math.inf if duration_s is None else duration_s
     limit = math.inf if max_bytes is None else max_bytes
     count = sent = 0

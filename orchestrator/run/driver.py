@@ -34,6 +34,7 @@ from balancer.policy import Policy
 from balancer.runtime import Measured
 from balancer.topology import Topology
 from orchestrator.ledger import retention, segments
+from orchestrator.ledger.coalesce import coalesce
 from orchestrator.ledger.events import record_event
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
@@ -225,7 +226,7 @@ class RunDriver:
                 if self._finished(run):
                     return run.status
             if now >= next_sweep:
-                retention.sweep(self.run_id, keep_rows_s=settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S)
+                self._retain()
                 next_sweep = now + RETENTION_S
             if not sending:  # a source with more to send now goes on at once
                 time.sleep(LOOP_S)
@@ -306,8 +307,17 @@ class RunDriver:
         settle(run, self.epoch, self.stats)
         self._publish(run, final=True)
         # Every segment is done now: none of their files is needed any more.
-        while retention.sweep(
-            self.run_id, keep_rows_s=settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S
-        ).files_deleted:
+        while self._retain().files_deleted:
             pass
         return True
+
+    def _retain(self) -> retention.Swept:
+        """Delete what merged data no longer needs: segment files always; for a run
+        that goes on without end, old segment rows too, and its merged chunks' rows
+        coalesce into its merged prefix (a bounded run's rows are its record until
+        ``manage.py clean_runs``)."""
+        unbounded = self.started and self.pacer.input.unbounded
+        if unbounded:
+            coalesce(self.run_id, older_than_s=settings.BPCONSOLE_MERGED_KEEP_S)
+        keep = settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S if unbounded else None
+        return retention.sweep(self.run_id, keep_rows_s=keep)

@@ -102,6 +102,7 @@ class SourceView(TypedDict):
 
 # What a snapshot shows of the run row (the topology and policy never change mid-run).
 SNAPSHOT_FIELDS = [
+    "merged_prefix",
     "status",
     "epoch",
     "chunks_total",
@@ -155,8 +156,9 @@ def progress(run: Run) -> Progress:
     )
     total = int(run.input_spec.get("extent_total") or 0)
     done = int(merged["length"] or 0)
+    folded = int((run.merged_prefix or {}).get("parts", 0))  # coalesced rows
     return Progress(
-        merged_chunks=int(merged["chunks"] or 0),
+        merged_chunks=int(merged["chunks"] or 0) + folded,
         chunks_total=run.chunks_total,
         completed_fraction=(done / total) if total else 0.0,
         migrated_segments=Segment.objects.filter(run=run).exclude(migrated_from="").count(),
@@ -253,21 +255,25 @@ def exact_up_to(run: Run) -> str:
         .aggregate(first=Min("chunk"))["first"]
     )
     through = min(emitted, first_open if first_open is not None else emitted) - 1
-    last = (
-        MergedChunk.objects.filter(run=run, chunk=through)
-        .values_list("origin_file", "origin_offset", "origin_length")
-        .first()
-    )
-    if last is None:
-        return "nothing merged yet"
-    file_index, offset, length = last
+    prefix = run.merged_prefix or {}
+    if prefix and through == int(prefix["chunk"]) - 1:  # its row was coalesced
+        file_index, end = int(prefix["file"]), int(prefix["offset"])
+    else:
+        last = (
+            MergedChunk.objects.filter(run=run, chunk=through)
+            .values_list("origin_file", "origin_offset", "origin_length")
+            .first()
+        )
+        if last is None:
+            return "nothing merged yet"
+        file_index, end = last[0], last[1] + last[2]
     if (run.input_spec or {}).get("kind") == "stream":
-        return f"{offset + length:,} entries"
+        return f"{end:,} entries"
     path = (
         SourceFile.objects.filter(run=run, index=file_index).values_list("path", flat=True).first()
     )
     name = path.rsplit("/", 1)[-1] if path else f"file {file_index}"
-    return f"{name} byte {offset + length:,}"
+    return f"{name} byte {end:,}"
 
 
 def _instance(instance: Instance | None) -> InstanceView:

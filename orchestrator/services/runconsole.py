@@ -75,6 +75,37 @@ def _stop_children(children: list[Child]) -> None:
             child.process.wait()
 
 
+def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
+    """The continuous demo: a run of the landing-demo pipeline (started unless one is
+    going on) and a producer writing bursty, skewed records into its landing folder, so
+    a newcomer sees backpressure build and be relieved without typing anything.
+    ``BPCONSOLE_DEMO=0`` turns it off."""
+    folder = var_dir / "inputs" / "landing-demo"
+    _manage(["start_demo", "--folder", str(folder)], env)
+    return _spawn(
+        "demo producer",
+        [
+            python,
+            "manage.py",
+            "produce",
+            "--to",
+            f"folder:{folder}",
+            "--rate",
+            os.environ.get("BPCONSOLE_DEMO_RATE", "768KB/s"),
+            "--pattern",
+            "bursty-skewed",
+            "--duration",
+            "forever",
+            "--file-mb",
+            "0.25",
+            "--branches",
+            "task1,task2,task3",
+        ],
+        env,
+        logs / "demo-producer.log",
+    )
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
@@ -185,6 +216,8 @@ def main() -> int:
                 logs / "asgi.log",
             )
         )
+        if os.environ.get("BPCONSOLE_DEMO", "1") != "0":
+            children.append(_demo(python, env, var_dir, logs))
         print(f"\nThe backpressure console is up: http://{host}:{port}/", flush=True)
         print(f"Logs: {logs}. Stop with Ctrl-C.", flush=True)
         while True:

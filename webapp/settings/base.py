@@ -51,10 +51,14 @@ BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
 BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
 # The longest a worker may hold one batch: a hung worker's batch goes back to the pool.
 BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
-# How long the ledger keeps a done segment's row once its file is deleted (files go as
-# soon as every row naming them is done): long enough for the driver's flows and for
-# a look at a recent run's segments; a run that goes on for days keeps only this much.
-BPCONSOLE_SEGMENT_ROWS_KEEP_S = float(env_str("BPCONSOLE_SEGMENT_ROWS_KEEP_S", "3600"))
+# A continuous run's ledger keeps only recent history (segment files go as soon as every
+# row naming them is done, in any run): a done segment's row this long, a merged chunk's
+# row this long before it is coalesced into the run's merged prefix. Long enough for the
+# driver's flows, an adjustment's outcome and a look at what just happened; a run that
+# goes on for days keeps only this much. A bounded run keeps its rows (manage.py
+# clean_runs removes them).
+BPCONSOLE_SEGMENT_ROWS_KEEP_S = float(env_str("BPCONSOLE_SEGMENT_ROWS_KEEP_S", "300"))
+BPCONSOLE_MERGED_KEEP_S = float(env_str("BPCONSOLE_MERGED_KEEP_S", "300"))
 # The largest input the built-in generator writes for one run, in MB (4 GB by default):
 # a run's generator spec asking for more is refused before anything is written, so an
 # operator cannot fill the data folder's disk (docs/security.md, "Bounded generation").

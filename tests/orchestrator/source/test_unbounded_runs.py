@@ -20,7 +20,7 @@ import pytest
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment, SourceFile
 from orchestrator.pipeline.producer import FolderTarget, StreamTarget, Target, produce
-from orchestrator.run.lifecycle import set_status
+from orchestrator.run.lifecycle import set_status, snapshot
 from orchestrator.run.snapshot import source_view
 from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import LandingSpec, StreamSpec
@@ -56,6 +56,18 @@ class Producer(threading.Thread):
 
 
 @pytest.fixture
+def victims(workers: Any) -> Iterator[list[str]]:
+    """Workers a test killed, started again whatever its outcome: the tests after it
+    need their drivers."""
+    killed: list[str] = []
+    yield killed
+    for name in killed:
+        workers.start(name)
+    if killed:
+        workers.wait_ready(killed)
+
+
+@pytest.fixture
 def producing() -> Iterator[list[Producer]]:
     started: list[Producer] = []
     yield started
@@ -64,7 +76,9 @@ def producing() -> Iterator[list[Producer]]:
         producer.join(timeout=10)
 
 
-def _kill_a_spark_child_and_the_driver(run: Run, workers: Any, services: Any) -> str:
+def _kill_a_spark_child_and_the_driver(
+    run: Run, workers: Any, services: Any, victims: list[str]
+) -> None:
     deadline = time.monotonic() + 120
     while not Segment.objects.filter(run=run, state="claimed").exists():
         assert time.monotonic() < deadline, "no batch was ever claimed"
@@ -75,26 +89,35 @@ def _kill_a_spark_child_and_the_driver(run: Run, workers: Any, services: Any) ->
         holder = control.driver_holder(str(run.pk))
     assert holder, "the run has a driver"
     pid = int(holder.split(":")[1])
-    victim = next(name for name, p in workers.processes.items() if p.pid == pid)
+    victims.append(next(name for name, p in workers.processes.items() if p.pid == pid))
     os.kill(pid, signal.SIGKILL)
-    return victim
+
+
+def _driver_gone(run: Run, services: Any, timeout_s: float = 30) -> Run:
+    """The run's driver has let go of it: whatever it does after completing is done."""
+    deadline = time.monotonic() + timeout_s
+    with ControlPlane.connect(services.zk_hosts) as control:
+        while control.driver_holder(str(run.pk)) is not None:
+            assert time.monotonic() < deadline, "the driver of a finished run holds on"
+            time.sleep(0.2)
+    run.refresh_from_db()
+    return run
 
 
 def _stop_once_caught_up(run: Run, producer: Producer, timeout_s: float = 120) -> Run:
     """Stop the run once the producer is done, a new driver took over from the killed
-    one, and nothing waits outside it."""
+    one, and its live view shows nothing waiting outside it."""
     producer.join(timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
     while Event.objects.filter(run=run, kind="driver").count() < 2:
         assert time.monotonic() < deadline, "no driver took over from the killed one"
         time.sleep(0.5)
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        before = run.source_position.get("chunk", 0)
-        time.sleep(3)  # longer than a folder's stable time and a stream's linger
-        run.refresh_from_db()
-        if run.source_position.get("chunk", 0) == before and before > 0:
+    while True:
+        lag = snapshot(run.pk)["source"]["lag"]
+        if lag is not None and lag["entries"] == 0:
             break
+        assert time.monotonic() < deadline, f"the run never caught up: {lag}"
+        time.sleep(0.5)
     set_status(run.pk, "stopping", reason="test: the producer is done")
     return wait_until_done(run, timeout_s=timeout_s)
 
@@ -112,7 +135,7 @@ def _assert_equals_the_plain_job(run: Run, doc: Any, tmp_path: Path) -> dict[str
 
 
 def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
-    workers, services, producing, tmp_path
+    workers, services, producing, victims, tmp_path
 ) -> None:
     # Given a landing folder the producer keeps writing files into, at a bursty rate
     landing, archive = tmp_path / "landing", tmp_path / "archive"
@@ -124,7 +147,7 @@ def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
     spec = LandingSpec(str(landing), "*.jsonl", stable_s=0.2, clean="archive", archive=str(archive))
     run = start(doc, policy(), source=spec)
     # When a Spark worker process and the driver's worker are killed mid-run
-    victim = _kill_a_spark_child_and_the_driver(run, workers, services)
+    _kill_a_spark_child_and_the_driver(run, workers, services, victims)
     # ...and the run is stopped once the producer is done and the folder is read
     run = _stop_once_caught_up(run, producer)
     # Then it took every file in once, in arrival order, and equals the plain job
@@ -134,15 +157,18 @@ def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
     assert sorted(Path(f.path).name for f in files) == produced
     assert [Path(f.path).name for f in files] == sorted(Path(f.path).name for f in files)
     assert Event.objects.filter(run=run, kind="driver").count() >= 2, "a new driver took over"
-    # ...and the merged files were moved to the archive folder
+    # ...and the merged files were moved to the archive folder, the merged chunks'
+    # rows coalesced, and the segment files of merged data deleted
+    run = _driver_gone(run, services)
     assert any(archive.glob("part-*")), "merged files are archived"
+    assert run.merged_prefix.get("chunk", 0) > 0, "merged chunks were coalesced"
+    segments = Path(workers.env["BPCONSOLE_DATA_DIR"], "runs", str(run.pk), "segments")
+    assert not [f for f in segments.rglob("*") if f.is_file()], "no segment file is left"
     assert source_view(run, None)["exact_up_to"] != "nothing merged yet"
-    workers.start(victim)
-    workers.wait_ready([victim])
 
 
 def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
-    workers, services, producing, tmp_path
+    workers, services, producing, victims, tmp_path
 ) -> None:
     # Given a Redis stream the producer keeps adding entries to
     stream = f"test-orders-{uuid.uuid4().hex[:8]}"
@@ -152,7 +178,7 @@ def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
     doc = skewed_reference()
     run = start(doc, policy(), source=StreamSpec(stream, linger_s=0.2))
     # When a Spark worker process and the driver's worker are killed mid-run
-    victim = _kill_a_spark_child_and_the_driver(run, workers, services)
+    _kill_a_spark_child_and_the_driver(run, workers, services, victims)
     run = _stop_once_caught_up(run, producer)
     # Then every entry it took in was merged once and acknowledged
     result = _assert_equals_the_plain_job(run, doc, tmp_path)
@@ -163,5 +189,3 @@ def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
     pending = client.xpending(stream, f"bpconsole.run.{run.pk}")
     assert pending["pending"] == 0, "every entry in the ledger is acknowledged"
     assert run.source_position["offset"] == client.xlen(stream), "it took in the whole stream"
-    workers.start(victim)
-    workers.wait_ready([victim])

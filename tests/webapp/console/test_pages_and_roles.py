@@ -71,6 +71,7 @@ def test_bootstrap_creates_admin_and_the_demo_pipelines_once(
     assert "s3cret-admin-pw" not in out.getvalue()
     assert "Loaded the reference pipeline." in out.getvalue()
     assert "Loaded the running-totals pipeline." in out.getvalue()
+    assert "Loaded the landing-demo pipeline." in out.getvalue()
     again = io.StringIO()
     call_command("bootstrap", stdout=again)
     assert again.getvalue() == ""

@@ -14,7 +14,7 @@ from webapp.console.topology_io import parse_yaml, save_document
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 # The published experiment, and a keyed stateful pipeline to try hot rescale on.
-DEMOS = ("reference", "running-totals")
+DEMOS = ("reference", "running-totals", "landing-demo")
 
 
 class Command(BaseCommand):

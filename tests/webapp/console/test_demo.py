@@ -1,0 +1,35 @@
+"""`make run`'s live demo: one continuous run of the landing-demo pipeline over its
+landing folder, started once however often the console is started."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+
+from orchestrator.models import Run
+from orchestrator.service import set_status
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def test_the_demo_run_starts_once_over_its_landing_folder(services, tmp_path) -> None:
+    call_command("bootstrap", stdout=io.StringIO())
+    folder = tmp_path / "landing-demo"
+    out = io.StringIO()
+    call_command("start_demo", "--folder", str(folder), stdout=out)
+    run = Run.objects.get(pipeline__name="landing-demo")
+    try:
+        assert folder.is_dir()
+        assert run.input_spec["kind"] == "folder"
+        assert run.input_spec["folder"] == str(folder.resolve())
+        assert run.input_spec["clean"] == "delete", "the demo's folder does not grow"
+        assert f"demo run {run.pk} started" in out.getvalue()
+        again = io.StringIO()
+        call_command("start_demo", "--folder", str(folder), stdout=again)
+        assert Run.objects.filter(pipeline__name="landing-demo").count() == 1
+        assert f"demo run {run.pk} is pending" in again.getvalue()
+    finally:
+        # Its start task waits in the broker: a later test's workers must find it ended.
+        set_status(run.pk, "cancelled", reason="test over")
