@@ -879,7 +879,7 @@ def main() -> int:
                 "--segment-rows-keep-s",
                 type=float,
                 default=None,
-                help="BPCONSOLE_SEGMENT_ROWS_KEEP_S for the stack (default: the setting's, 3600)",
+                help="BPCONSOLE_SEGMENT_ROWS_KEEP_S for the stack (default: the setting's)",
             )
     args = parser.parse_args()
     if getattr(args, "segment_rows_keep_s", None) is not None:

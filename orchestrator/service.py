@@ -356,3 +356,25 @@ def source_view(run: Run) -> SourceView:
 
 
 __all__ += ["source_view"]
+
+
+def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
+    """The run's result so far: its keys with the most records, and where it is exact up
+    to (every chunk before that point merged exactly once), for the run page and the API."""
+    from orchestrator.ledger.results import top_rows
+    from orchestrator.models import Run
+    from orchestrator.run.snapshot import exact_up_to
+
+    run = Run.objects.get(pk=run_id)
+    keys, rows = top_rows(run, max(1, min(limit, 1000)))
+    return {
+        "run": run.pk,
+        "status": run.status,
+        "exact_up_to": exact_up_to(run),
+        "final": not run.is_active,
+        "keys": keys,
+        "rows": rows,
+    }
+
+
+__all__ += ["run_results"]

@@ -53,6 +53,7 @@ api_urlpatterns = [
     path("api/runs/", api.RunListView.as_view(), name="api-runs"),
     path("api/runs/<run_id:run_id>/", api.RunDetailView.as_view(), name="api-run"),
     path("api/runs/<run_id:run_id>/snapshot/", api.RunSnapshotView.as_view(), name="api-snapshot"),
+    path("api/runs/<run_id:run_id>/results/", api.RunResultsView.as_view(), name="api-results"),
     path(
         "api/runs/<run_id:run_id>/completion/",
         api.RunCompletionView.as_view(),

@@ -39,6 +39,24 @@ def format_row(
     )
 
 
+def top_rows(run: Run, limit: int) -> tuple[int, list[ResultRow]]:
+    """The number of keys and the ``limit`` keys with the most records (then by key):
+    what the run page shows while results merge, at a cost bounded by ``limit``."""
+    keys = ResultKey.objects.filter(run=run)
+    top = list(keys.order_by("-count", "key")[: max(0, limit)])
+    distinct = dict(
+        ResultDistinct.objects.filter(run=run, key__in=[r.key for r in top])
+        .values("key")
+        .annotate(n=Count("value"))
+        .values_list("key", "n")
+    )
+    rows = [
+        format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
+        for r in top
+    ]
+    return keys.count(), rows
+
+
 def run_rows(run: Run) -> list[ResultRow]:
     distinct = dict(
         ResultDistinct.objects.filter(run=run)

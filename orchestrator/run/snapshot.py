@@ -96,8 +96,9 @@ class SourceView(TypedDict):
     # What waits outside an unbounded source (files or entries, bytes, oldest's age),
     # at the driver's last tick; None for a bounded input or without a driver.
     lag: LagJson | None
-    # Everything up to here is merged exactly once: the results are exact up to it.
-    exact_up_to: str | None
+    # Everything up to here is merged exactly once: the results are exact up to it
+    # (a position in the input, or "nothing merged yet").
+    exact_up_to: str
 
 
 # What a snapshot shows of the run row (the topology and policy never change mid-run).
@@ -235,13 +236,12 @@ def source_view(run: Run, lag: LagJson | None) -> SourceView:
         what = f"Redis stream {spec.get('stream')}"
     else:
         what = f"{len(spec.get('paths') or [])} file(s)"
-    unbounded = kind in ("folder", "stream")
     return SourceView(
         kind=kind,
-        unbounded=unbounded,
+        unbounded=kind in ("folder", "stream"),
         what=what,
         lag=lag,
-        exact_up_to=exact_up_to(run) if unbounded else None,
+        exact_up_to=exact_up_to(run),
     )
 
 
@@ -267,10 +267,16 @@ def exact_up_to(run: Run) -> str:
         if last is None:
             return "nothing merged yet"
         file_index, end = last[0], last[1] + last[2]
-    if (run.input_spec or {}).get("kind") == "stream":
+    spec = run.input_spec or {}
+    if spec.get("kind") == "stream":
         return f"{end:,} entries"
+    paths = spec.get("paths") or []
     path = (
-        SourceFile.objects.filter(run=run, index=file_index).values_list("path", flat=True).first()
+        paths[file_index]
+        if file_index < len(paths)
+        else SourceFile.objects.filter(run=run, index=file_index)
+        .values_list("path", flat=True)
+        .first()
     )
     name = path.rsplit("/", 1)[-1] if path else f"file {file_index}"
     return f"{name} byte {end:,}"

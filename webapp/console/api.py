@@ -40,6 +40,7 @@ from webapp.console.serializers import (
     PipelineDocumentSerializer,
     PipelineSummarySerializer,
     ProblemsSerializer,
+    ResultsSerializer,
     RunSerializer,
     StartRunSerializer,
     ValidationResultSerializer,
@@ -476,6 +477,28 @@ class RunCompletionView(APIView):
         except actions.ActionError as exc:
             return _error(exc)
         return Response({"run": run_id, "points": service.completion_history(run_id)})
+
+
+class RunResultsView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("limit", int, description="at most this many keys (100, up to 1000)")
+        ],
+        responses={200: ResultsSerializer, **BAD_QUERY, **DENIED, **NOT_FOUND},
+        tags=["runs"],
+        summary="The result so far: the keys with the most records, exact up to a position",
+    )
+    def get(self, request: Request, run_id: int) -> Response:
+        try:
+            actions.get_run(run_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        raw = request.query_params.get("limit", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+            return Response({"detail": "limit must be a whole number from 1 to 1000"}, status=400)
+        return Response(service.run_results(run_id, limit=int(raw)))
 
 
 EVENT_FILTERS = [

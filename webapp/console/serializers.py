@@ -335,6 +335,27 @@ class EventSerializer(serializers.Serializer[JsonObject]):
     data = serializers.DictField()  # type: ignore[assignment]
 
 
+class ResultRowSerializer(serializers.Serializer[JsonObject]):
+    key = serializers.CharField()
+    count = serializers.IntegerField()
+    sum_value = serializers.FloatField()
+    min_value = serializers.FloatField()
+    max_value = serializers.FloatField()
+    avg_value = serializers.FloatField()
+    distinct_users = serializers.IntegerField()
+
+
+class ResultsSerializer(serializers.Serializer[JsonObject]):
+    run = serializers.IntegerField()
+    status = serializers.CharField()
+    exact_up_to = serializers.CharField(
+        help_text="every chunk of the input before this position is merged exactly once"
+    )
+    final = serializers.BooleanField(help_text="the run has ended: the result is complete")
+    keys = serializers.IntegerField(help_text="keys in the result")
+    rows = ResultRowSerializer(many=True, help_text="the keys with the most records")
+
+
 class CompletionSerializer(serializers.Serializer[JsonObject]):
     run = serializers.IntegerField()
     points = serializers.ListField(

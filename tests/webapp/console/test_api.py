@@ -241,6 +241,7 @@ def test_the_openapi_schema_lists_every_endpoint() -> None:
         "/api/runs/",
         "/api/runs/{run_id}/",
         "/api/runs/{run_id}/snapshot/",
+        "/api/runs/{run_id}/results/",
         "/api/runs/{run_id}/events/",
         "/api/runs/{run_id}/pause/",
         "/api/runs/{run_id}/resume/",
@@ -265,6 +266,46 @@ def test_a_snapshot_and_the_completion_curve_of_a_run() -> None:
     assert len(snap["links"]) == 6
     assert client.get(f"/api/runs/{run.pk}/completion/").json() == {"run": run.pk, "points": []}
     assert client.get("/api/runs/424242/snapshot/").status_code == 404
+
+
+def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
+    from decimal import Decimal
+
+    from orchestrator.models import MergedChunk, ResultDistinct, ResultKey
+
+    run = make_run()
+    run.input_spec = {**run.input_spec, "paths": ["/data/in.jsonl"]}
+    run.source_position = {"chunk": 2, "file": 0, "offset": 200}
+    run.save()
+    for chunk in range(2):
+        MergedChunk.objects.create(
+            run=run,
+            chunk=chunk,
+            origin_file=0,
+            origin_offset=100 * chunk,
+            origin_length=100,
+            segment=f"s{chunk}",
+            sink="output",
+        )
+    for key, count in (("a", 3), ("b", 7), ("c", 5)):
+        ResultKey.objects.create(
+            run=run, key=key, count=count, sum=Decimal(count), min=Decimal(1), max=Decimal(1)
+        )
+    ResultDistinct.objects.create(run=run, key="b", value="u1")
+    client, _ = client_for("vera", "viewer")
+    body = client.get(f"/api/runs/{run.pk}/results/?limit=2").json()
+    assert body["exact_up_to"] == "in.jsonl byte 200"
+    assert body["keys"] == 3 and not body["final"]
+    assert [(r["key"], r["count"], r["distinct_users"]) for r in body["rows"]] == [
+        ("b", 7, 1),
+        ("c", 5, 0),
+    ]
+    for bad in ("0", "1001", "ten", "-1"):
+        answer = client.get(f"/api/runs/{run.pk}/results/?limit={bad}")
+        assert answer.status_code == 400, bad
+        assert "limit must be a whole number from 1 to 1000" in answer.json()["detail"]
+    assert client.get("/api/runs/424242/results/").status_code == 404
+    assert Client().get(f"/api/runs/{run.pk}/results/").status_code in (401, 403)
 
 
 # -- hot migration and rescale ----------------------------------------------------------

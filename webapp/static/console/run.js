@@ -24,7 +24,9 @@
     inputTotal: 0,                 // input bytes, once it exists (the driver writes a generated one)
     history: new Map(),            // node -> [{t, level, high, low}]
     rates: new Map(),              // node -> {in, out, t}: rates averaged over ~2 s
-    completion: [],                // [seconds, fraction]
+    completion: [],                // [seconds, fraction]; a continuous run: [seconds, age of the oldest waiting data]
+    ingested: [],                  // a continuous run: [seconds, bytes taken in]
+    unbounded: false,              // a continuous run has no "completed": it shows freshness
     throughput: [],                // [seconds, bytes/s]
     events: new Map(),             // id -> event
     selected: null,
@@ -149,13 +151,37 @@
       state.rates.set(n.name, { t, in: mix(prev && prev.in, st.in_rate), out: mix(prev && prev.out, st.out_rate) });
     }
     const run = snap.run || {};
-    if (run.started_at) {
-      const seconds = run.elapsed_s;
-      const last = state.completion[state.completion.length - 1];
-      if (!last || seconds > last[0]) state.completion.push([seconds, run.completed_fraction || 0]);
-      else if (seconds === last[0]) last[1] = run.completed_fraction || 0;
+    state.unbounded = Boolean(snap.source && snap.source.unbounded);
+    if (run.started_at && state.unbounded) {
+      // No input total: the charts show how old the oldest waiting data is, and the
+      // rate at which data is taken in.
+      const lag = snap.source.lag;
+      pushPoint(state.completion, run.elapsed_s, lag ? lag.age_s : 0);
+      pushPoint(state.ingested, run.elapsed_s, run.input_bytes || 0);
+      state.throughput = rateOf(state.ingested);
+    } else if (run.started_at) {
+      pushPoint(state.completion, run.elapsed_s, run.completed_fraction || 0);
       state.throughput = throughputOf(state.completion);
     }
+  }
+
+  function pushPoint(points, seconds, value) {
+    const last = points[points.length - 1];
+    if (!last || seconds > last[0]) points.push([seconds, value]);
+    else if (seconds === last[0]) last[1] = value;
+  }
+
+  function rateOf(points, windowS) {
+    // Bytes per second of a growing count over a sliding window.
+    const span = windowS || THROUGHPUT_WINDOW_S;
+    const out = [];
+    let j = 0;
+    for (let i = 1; i < points.length; i++) {
+      while (j < i - 1 && points[i][0] - points[j + 1][0] >= span) j++;
+      const dt = points[i][0] - points[j][0];
+      if (dt > 0) out.push([points[i][0], Math.max(0, (points[i][1] - points[j][1]) / dt)]);
+    }
+    return out;
   }
 
   function throughputOf(points, windowS) {
@@ -181,7 +207,8 @@
     badge.className = "status status-" + run.status;
     badge.setAttribute("data-status", run.status);
     $("run-elapsed").textContent = BP.duration(run.elapsed_s);
-    $("run-completed").textContent = BP.pct(run.completed_fraction, 1);
+    const unbounded = Boolean(snap.source && snap.source.unbounded);
+    $("run-completed").textContent = unbounded ? "never ends" : BP.pct(run.completed_fraction, 1);
     // A generated input is written by the run's driver before the source starts.
     const preparing = run.preparing;
     $("run-preparing").hidden = !preparing;
@@ -533,8 +560,17 @@
   }
 
   function drawCharts() {
-    lineChart($("chart-completion"), state.completion, { yMax: 1, yFormat: (v) => Math.round(v * 100) + "%",
-      cls: "series-completion", label: "completed fraction" });
+    if (state.unbounded) {
+      $("chart-completion-title").textContent = "Oldest data waiting outside the run";
+      $("chart-throughput-title").textContent = "Taken in (bytes per second)";
+      const oldest = Math.max(5, ...state.completion.map((p) => p[1]));
+      lineChart($("chart-completion"), state.completion, { yMax: niceCeil(oldest),
+        yFormat: (v) => v.toFixed(v % 1 ? 1 : 0) + " s", cls: "series-completion",
+        label: "age of the oldest waiting data" });
+    } else {
+      lineChart($("chart-completion"), state.completion, { yMax: 1, yFormat: (v) => Math.round(v * 100) + "%",
+        cls: "series-completion", label: "completed fraction" });
+    }
     const tp = state.throughput;
     const peak = Math.max(256 * 1024, ...tp.map((p) => p[1]));
     const unit = peak >= 1024 * 1024 ? 1024 * 1024 : 1024;
@@ -542,10 +578,14 @@
     const tick = (v) => { const x = v / unit; return (x % 1 ? x.toFixed(1) : x.toFixed(0)) + " " + unitName; };
     lineChart($("chart-throughput"), tp, { yMax: niceCeil(peak / unit) * unit, yFormat: tick,
       cls: "series-throughput", label: "merged bytes per second" });
-    const headline = throughputOf(state.completion, HEADLINE_WINDOW_S);
+    const headline = state.unbounded
+      ? rateOf(state.ingested, HEADLINE_WINDOW_S)
+      : throughputOf(state.completion, HEADLINE_WINDOW_S);
     const last = headline[headline.length - 1];
     $("run-throughput").textContent = last ? BP.rate(last[1]) : "–";
-    $("run-throughput").title = `merged at the sink, average of the last ${HEADLINE_WINDOW_S} s`;
+    $("run-throughput").title = state.unbounded
+      ? `taken in by the source, average of the last ${HEADLINE_WINDOW_S} s`
+      : `merged at the sink, average of the last ${HEADLINE_WINDOW_S} s`;
   }
 
   function niceCeil(v) {
@@ -583,12 +623,45 @@
 
   async function loadCompletion() {
     const r = await BP.api("GET", config.api + "completion/");
-    if (!r.ok || !r.data) return;
+    // A continuous run has no completion curve (no input total): its charts are live only.
+    if (!r.ok || !r.data || !r.data.points.length || state.unbounded) return;
     const live = state.completion;
     const firstLive = live.length ? live[0][0] : Infinity;
     state.completion = r.data.points.filter((p) => p[0] < firstLive).concat(live);
     state.throughput = throughputOf(state.completion);
     drawCharts();
+  }
+
+  // -- results ------------------------------------------------------------------------
+
+  const RESULTS_EVERY_MS = 5000;
+  const RESULT_ROWS = 20;
+
+  async function loadResults() {
+    // The result as it merges, stamped with where it is exact up to; polled while the
+    // run is active (the snapshot carries node states, not result rows).
+    const r = await BP.api("GET", `${config.api}results/?limit=${RESULT_ROWS}`);
+    if (r.ok && r.data) renderResults(r.data);
+    if (!(r.ok && r.data && r.data.final)) setTimeout(loadResults, RESULTS_EVERY_MS);
+  }
+
+  function renderResults(data) {
+    const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
+    $("results-stamp").textContent = data.keys > data.rows.length
+      ? `${stamp}, the ${data.rows.length} with the most records` : stamp;
+    const body = $("results").querySelector("tbody");
+    while (body.firstChild) body.removeChild(body.firstChild);
+    const fixed = (v) => Number(v).toFixed(2);
+    for (const row of data.rows) {
+      const tr = document.createElement("tr");
+      for (const value of [row.key, row.count, fixed(row.sum_value), fixed(row.min_value),
+        fixed(row.max_value), fixed(row.avg_value), row.distinct_users]) {
+        const td = document.createElement("td");
+        td.textContent = String(value);  // text, never markup: keys come from the data
+        tr.appendChild(td);
+      }
+      body.appendChild(tr);
+    }
   }
 
   // -- start --------------------------------------------------------------------------
@@ -610,6 +683,7 @@
     drawCharts();
     refreshEvents();
     loadCompletion();
+    loadResults();
     connect();
     // A tab woken from sleep may hold a dead socket: ask for a fresh snapshot.
     document.addEventListener("visibilitychange", () => {
