@@ -35,7 +35,7 @@ from balancer.runtime import Measured
 from balancer.topology import Topology
 from orchestrator.ledger import retention, segments
 from orchestrator.ledger.coalesce import coalesce
-from orchestrator.ledger.events import record_event
+from orchestrator.ledger.events import record_event, thin_events
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
 from orchestrator.pipeline.graph import balancer_topology
@@ -313,11 +313,12 @@ class RunDriver:
 
     def _retain(self) -> retention.Swept:
         """Delete what merged data no longer needs: segment files always; for a run
-        that goes on without end, old segment rows too, and its merged chunks' rows
-        coalesce into its merged prefix (a bounded run's rows are its record until
-        ``manage.py clean_runs``)."""
+        that goes on without end, old segment rows too, its merged chunks' rows
+        coalesce into its merged prefix and its old balancer events thin out (a
+        bounded run's rows are its record until ``manage.py clean_runs``)."""
         unbounded = self.started and self.pacer.input.unbounded
         if unbounded:
             coalesce(self.run_id, older_than_s=settings.BPCONSOLE_MERGED_KEEP_S)
+            thin_events(self.run_id, older_than_s=settings.BPCONSOLE_EVENTS_KEEP_S)
         keep = settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S if unbounded else None
         return retention.sweep(self.run_id, keep_rows_s=keep)

@@ -170,3 +170,30 @@ def test_a_landing_folder_prefix_crosses_from_file_to_file() -> None:
     assert run.merged_prefix == {"chunk": 4, "file": 2, "offset": 30, "parts": 4}
     run.chunks_total = 4
     assert segments.coverage(run, [(0, 20), (0, 0), (0, 30)]).exact
+
+
+def test_old_balancer_events_thin_to_one_per_kind_node_and_hour() -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from orchestrator.ledger.events import thin_events
+    from orchestrator.models import Event
+
+    run = _stream_run(1)
+    now = timezone.now()
+    old = now - dt.timedelta(hours=3)
+    for _ in range(30):
+        for kind in ("set_flag", "set_shares"):
+            Event.objects.create(run=run, kind=kind, node="task1", reason="r", actor="balancer")
+    Event.objects.create(run=run, kind="operator_migrate", node="task1", reason="r", actor="user")
+    Event.objects.create(run=run, kind="driver", reason="r", actor="system")
+    Event.objects.filter(run=run).update(time=old.replace(minute=0, second=0))
+    for _recent in range(5):  # recent ones stay whole
+        Event.objects.create(run=run, kind="set_flag", node="task1", reason="r", actor="balancer")
+    assert thin_events(run.pk, older_than_s=3600) == 58
+    kinds = list(Event.objects.filter(run=run).values_list("kind", flat=True))
+    assert sorted(kinds) == sorted(
+        ["set_flag", "set_shares", "operator_migrate", "driver", *["set_flag"] * 5]
+    )
+    assert thin_events(run.pk, older_than_s=3600) == 0
