@@ -298,6 +298,8 @@ class RunDriver:
             self.run_id
         ):
             return False
+        # Merged, all of it: a landing folder's last files are archived or deleted now.
+        self.pacer.input.housekeeping(now=True)
         # Every pool is empty now: no node is backpressured any more.
         for node in sorted(self.table.flags.flagged):
             self.table.apply(ClearFlag(reason="run finished: every pool is empty", node=node))

@@ -74,6 +74,7 @@ class SourcePacer:
         self.done = run.chunks_total is not None
         self.last_lag = SourceLag()
         self.unavailable = ""  # why the source cannot be read now, reported once
+        self.draining = False
 
     def reconfigure(self, topology: Topology, graph: SourceGraph) -> None:
         self.topology = topology
@@ -201,11 +202,12 @@ class SourcePacer:
         return True
 
     def drain(self) -> None:
-        """Read nothing new: what was read ahead and not sent is not this run's input
-        (a stream's entries stay pending in its group, a folder's rest is unread)."""
-        if not self.input.exhausted:
-            self.input.stop()
-            self.ahead.clear()
+        """Read nothing new: of what was read ahead and not sent, only what the source
+        still wants sent is (a landing folder finishes its file; a stream's entries stay
+        pending in its group)."""
+        if not self.draining:
+            self.draining = True
+            self.ahead = deque(self.input.stop(list(self.ahead)))
 
     def lag(self) -> SourceLag:
         """What waits outside the run, read at most once a tick (the last known while

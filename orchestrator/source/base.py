@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
@@ -50,10 +51,16 @@ class Source(Protocol):
 
     def committed(self, chunk: Chunk) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, ahead: Sequence[Chunk]) -> list[Chunk]:
+        """Read nothing new; returns which of the chunks read ahead (not yet emitted)
+        are still to be emitted (a landing folder finishes the file it is in the middle
+        of, so a stopped run never leaves a file half taken)."""
+        ...
 
     def lag(self) -> SourceLag: ...
 
-    def housekeeping(self) -> None: ...
+    def housekeeping(self, *, now: bool = False) -> None:
+        """Clean up after merged data (``now``: at once, as a run ends)."""
+        ...
 
     def close(self) -> None: ...

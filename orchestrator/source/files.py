@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from balancer.units import MB
@@ -43,13 +43,14 @@ class FileSource:
     def committed(self, chunk: Chunk) -> None:
         """Nothing to acknowledge: the files stay as they are."""
 
-    def stop(self) -> None:
+    def stop(self, ahead: Sequence[Chunk]) -> list[Chunk]:
         """A bounded run is cancelled, never drained: its coverage is the whole input."""
+        return list(ahead)
 
     def lag(self) -> SourceLag:
         return SourceLag()
 
-    def housekeeping(self) -> None:
+    def housekeeping(self, *, now: bool = False) -> None:
         """Input files are the user's: nothing to clean."""
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,17 @@ class LandingFolderSource:
         self.read_offset = self.emitted_offset
         self.current: Iterator[Chunk] | None = None
         self.stopped = False
+        self.finishing: int | None = None  # the file a stopped source still reads to its end
         self.last_scan = self.last_housekeeping = 0.0
         self._catch_up_read_states()
 
     # -- reading ----------------------------------------------------------------------
 
     def next_chunk(self) -> Chunk | None:
-        while not self.stopped:
+        while True:
+            if self.stopped and (self.current is None or self.read_file != self.finishing):
+                self.current = None  # stopped, and done with the file it was finishing
+                return None
             if self.current is None:
                 if self.read_file >= len(self.files):
                     self._scan()
@@ -104,7 +108,6 @@ class LandingFolderSource:
             self.current = None
             self.read_file += 1
             self.read_offset = None
-        return None
 
     def _file_chunks(self, index: int) -> Iterator[Chunk]:
         start = self.read_offset if self.read_offset is not None else None
@@ -120,7 +123,7 @@ class LandingFolderSource:
 
     @property
     def exhausted(self) -> bool:
-        return self.stopped
+        return self.stopped and self.current is None
 
     def committed(self, chunk: Chunk) -> None:
         self.emitted_file, self.emitted_offset = chunk.file_index, chunk.offset + chunk.length
@@ -129,9 +132,17 @@ class LandingFolderSource:
                 state=SourceFile.State.READ
             )
 
-    def stop(self) -> None:
+    def stop(self, ahead: Sequence[Chunk]) -> list[Chunk]:
+        """Take no new file, but finish the one the ledger has part of: a stopped run
+        leaves every file it took whole, so the next run over the folder (with clean
+        archive or delete) goes on exactly where this one ended."""
+        size = self.files[self.emitted_file].size if self.emitted_file < len(self.files) else 0
+        emitted = self.emitted_offset
+        self.finishing = self.emitted_file if emitted is not None and emitted < size else None
         self.stopped = True
-        self.current = None
+        if self.read_file != self.finishing:
+            self.current = None
+        return [c for c in ahead if c.file_index == self.finishing]
 
     def lag(self) -> SourceLag:
         """The files taken but not yet read into the ledger, and the oldest one's age."""
@@ -256,12 +267,14 @@ class LandingFolderSource:
 
     # -- cleaning up ------------------------------------------------------------------
 
-    def housekeeping(self) -> None:
+    def housekeeping(self, *, now: bool = False) -> None:
         """Keep, archive or delete the files whose every chunk is merged."""
-        now = time.monotonic()
-        if self.spec.clean == "keep" or now - self.last_housekeeping < HOUSEKEEPING_S:
+        clock = time.monotonic()
+        if self.spec.clean == "keep" or (
+            not now and clock - self.last_housekeeping < HOUSEKEEPING_S
+        ):
             return
-        self.last_housekeeping = now
+        self.last_housekeeping = clock
         read = dict(
             SourceFile.objects.filter(run_id=self.run_id, state=SourceFile.State.READ)
             .order_by("index")

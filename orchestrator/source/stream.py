@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
@@ -222,11 +222,13 @@ class RedisStreamSource:
             with contextlib.suppress(redis.RedisError):
                 self.client.xack(self.stream, self.group, *ids)
 
-    def stop(self) -> None:
+    def stop(self, ahead: Sequence[Chunk]) -> list[Chunk]:
         """Read nothing more; what was read and not sent stays pending in the group,
-        so it is not lost: it is simply not this run's."""
+        so it is not lost: it is simply not this run's (a named group's next run reads
+        it first)."""
         self.stopped = True
         self.buffer, self.buffer_bytes = [], 0
+        return []
 
     def lag(self) -> SourceLag:
         """Entries after the last one in the ledger, and the oldest one's age."""
@@ -261,7 +263,7 @@ class RedisStreamSource:
         first = cast("Entries", self.client.xrange(self.stream, min=f"({last_delivered}", count=1))
         return entry_id(_text(first[0][0]))[0] if first else 0
 
-    def housekeeping(self) -> None:
+    def housekeeping(self, *, now: bool = False) -> None:
         """The stream is the producer's to trim: nothing of it is deleted by a run."""
 
     def close(self) -> None:

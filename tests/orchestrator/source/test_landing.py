@@ -190,3 +190,40 @@ def test_a_file_is_archived_only_once_all_of_it_is_merged(tmp_path) -> None:
     source.last_scan = 0.0
     assert source.next_chunk() is not None
     assert SourceFile.objects.filter(run=run).count() == 2
+
+
+def test_a_stopped_source_finishes_the_file_it_is_in_and_takes_no_other(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    first = _land(tmp_path, "1.jsonl", 20, age_s=20)
+    _land(tmp_path, "2.jsonl", 20, age_s=10)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    source.last_scan = 0.0
+    read = [source.next_chunk() for _ in range(4)]
+    assert all(c is not None and c.file_index == 0 for c in read)
+    source.committed(read[0])  # the ledger has the first chunk; three are read ahead
+    kept = source.stop([c for c in read[1:] if c is not None])
+    assert kept == read[1:], "the read-ahead of the file in progress is still sent"
+    rest = []
+    while (chunk := source.next_chunk()) is not None:
+        rest.append(chunk)
+    assert {c.file_index for c in rest} == {0}
+    last = rest[-1]
+    assert last.offset + last.length == first.stat().st_size, "the file is finished"
+    assert source.exhausted
+    assert source.next_chunk() is None
+
+
+def test_a_source_stopped_between_files_stops_at_once(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(tmp_path, "1.jsonl", 2)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    chunks = _read_all(source)  # the whole file is in the ledger
+    _land(tmp_path, "2.jsonl", 2)
+    source.last_scan = 0.0
+    ahead = source.next_chunk()
+    assert ahead is not None and ahead.file_index == 1
+    assert source.stop([ahead]) == [], "a file not begun is left for the next run"
+    assert source.exhausted and source.next_chunk() is None
+    assert chunks
