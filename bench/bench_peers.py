@@ -289,6 +289,29 @@ def cpu_of(parts: dict[str, Part]) -> dict[str, float]:
     return {name: tree_cpu_s(pid, children=ch, jvm=jvm) for name, (pid, ch, jvm) in parts.items()}
 
 
+def rss_of(parts: dict[str, Part]) -> dict[str, int]:
+    """Resident memory per part now, from one pass over the process table."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, tuple[int, bool]] = {}
+    for proc in psutil.process_iter(["ppid", "name", "memory_info"]):
+        memory = proc.info["memory_info"]
+        if memory is not None:
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+            rss[proc.pid] = (memory.rss, proc.info["name"] == "java")
+    out: dict[str, int] = {}
+    for name, (root, with_children, jvm) in parts.items():
+        total, pending = 0, [root]
+        while pending:
+            pid = pending.pop()
+            size, is_jvm = rss.get(pid, (0, False))
+            if jvm is None or is_jvm == jvm:
+                total += size
+            if with_children:
+                pending.extend(children.get(pid, []))
+        out[name] = total
+    return out
+
+
 class PeakSampler(threading.Thread):
     """Peak resident memory per part, from one pass over the process table every 0.25 s;
     :meth:`take` returns the peaks since the last call."""
@@ -302,24 +325,7 @@ class PeakSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            children: dict[int, list[int]] = {}
-            rss: dict[int, tuple[int, bool]] = {}
-            for proc in psutil.process_iter(["ppid", "name", "memory_info"]):
-                memory = proc.info["memory_info"]
-                if memory is not None:
-                    children.setdefault(proc.info["ppid"], []).append(proc.pid)
-                    rss[proc.pid] = (memory.rss, proc.info["name"] == "java")
-            sample: dict[str, int] = {}
-            for name, (root, with_children, jvm) in self.parts.items():
-                total, pending = 0, [root]
-                while pending:
-                    pid = pending.pop()
-                    size, is_jvm = rss.get(pid, (0, False))
-                    if jvm is None or is_jvm == jvm:
-                        total += size
-                    if with_children:
-                        pending.extend(children.get(pid, []))
-                sample[name] = total
+            sample = rss_of(self.parts)
             sample["all"] = sum(sample.values())
             with self.lock:
                 for name, size in sample.items():

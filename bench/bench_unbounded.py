@@ -72,14 +72,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # This script's own folder is first on sys.path.
-from bench_peers import Part, machine_parts  # noqa: E402
+from bench_peers import machine_parts, rss_of  # noqa: E402
 from bench_runtime import (  # noqa: E402
     NO_SERVICES,
     Stack,
@@ -740,29 +739,6 @@ def disk_bytes(path: Path | None) -> int:
             except OSError:
                 continue  # deleted meanwhile
     return total
-
-
-def rss_of(parts: dict[str, Part]) -> dict[str, int]:
-    """Resident memory per part now, from one pass over the process table."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, tuple[int, bool]] = {}
-    for proc in psutil.process_iter(["ppid", "name", "memory_info"]):
-        memory = proc.info["memory_info"]
-        if memory is not None:
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
-            rss[proc.pid] = (memory.rss, proc.info["name"] == "java")
-    out: dict[str, int] = {}
-    for name, (root, with_children, jvm) in parts.items():
-        total, pending = 0, [root]
-        while pending:
-            pid = pending.pop()
-            size, is_jvm = rss.get(pid, (0, False))
-            if jvm is None or is_jvm == jvm:
-                total += size
-            if with_children:
-                pending.extend(children.get(pid, []))
-        out[name] = total
-    return out
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
