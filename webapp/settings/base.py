@@ -245,6 +245,9 @@ CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
+# A batch's result is read only by its run's driver, to see that it finished: kept in
+# Redis ten minutes, not Celery's default day, so a continuous run's Redis stays flat.
+CELERY_RESULT_EXPIRES = timedelta(minutes=10)
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TASK_ACKS_LATE = True
