@@ -21,10 +21,13 @@ def ingested_extent(run: Run) -> list[tuple[int, int]]:
     if kind == "folder":
         reached = int(position.get("file", 0))
         offset = position.get("offset")
-        spans = []
+        spans: list[tuple[int, int]] = []
         for index, start, size in SourceFile.objects.filter(run=run).values_list(
             "index", "data_start", "size"
         ):
+            # A file cleaned long ago, below the merged prefix, has no row any more
+            # (orchestrator/source/landing.py): the prefix covers it.
+            spans.extend((0, 0) for _ in range(len(spans), index))
             if index < reached:
                 spans.append((start, size))
             elif index == reached and offset is not None:

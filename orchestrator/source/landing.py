@@ -18,6 +18,7 @@ kept, moved to the archive folder or deleted, as the source's ``clean`` says (Sp
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import logging
 import os
@@ -27,7 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from balancer.units import MB
 from orchestrator.ledger.events import record_event
@@ -275,6 +278,7 @@ class LandingFolderSource:
         ):
             return
         self.last_housekeeping = clock
+        self._forget_cleaned()
         read = dict(
             SourceFile.objects.filter(run_id=self.run_id, state=SourceFile.State.READ)
             .order_by("index")
@@ -301,6 +305,20 @@ class LandingFolderSource:
             )
             # The name is free again: a file landing under it later is new data.
             self.known.pop(path, None)
+
+    def _forget_cleaned(self) -> None:
+        """Rows of files cleaned long ago and below the run's merged prefix go: a run
+        that goes on for days does not keep one row per file. (Only cleaned files: a
+        kept file's row is what stops it being taken again.)"""
+        prefix = Run.objects.values_list("merged_prefix", flat=True).get(pk=self.run_id) or {}
+        below = int(prefix.get("file", 0))
+        cutoff = timezone.now() - dt.timedelta(seconds=settings.BPCONSOLE_SOURCE_FILES_KEEP_S)
+        SourceFile.objects.filter(
+            run_id=self.run_id,
+            state=SourceFile.State.CLEANED,
+            index__lt=below,
+            discovered_at__lt=cutoff,
+        ).delete()
 
     def _clean(self, path: Path) -> str:
         """Archive or delete ``path``; returns where its data is now (the same path

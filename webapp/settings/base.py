@@ -62,6 +62,9 @@ BPCONSOLE_MERGED_KEEP_S = float(env_str("BPCONSOLE_MERGED_KEEP_S", "300"))
 # A continuous run's balancer events older than this are thinned to the first of each
 # kind at each node in each hour (users' and the system's events are kept whole).
 BPCONSOLE_EVENTS_KEEP_S = float(env_str("BPCONSOLE_EVENTS_KEEP_S", "3600"))
+# A landing folder's rows of files archived or deleted this long ago (and merged: below
+# the merged prefix) go; `run_pipeline --batch --of-run` can replay only what is younger.
+BPCONSOLE_SOURCE_FILES_KEEP_S = float(env_str("BPCONSOLE_SOURCE_FILES_KEEP_S", "3600"))
 # The largest input the built-in generator writes for one run, in MB (4 GB by default):
 # a run's generator spec asking for more is refused before anything is written, so an
 # operator cannot fill the data folder's disk (docs/security.md, "Bounded generation").

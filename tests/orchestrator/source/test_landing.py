@@ -227,3 +227,25 @@ def test_a_source_stopped_between_files_stops_at_once(tmp_path) -> None:
     assert source.stop([ahead]) == [], "a file not begun is left for the next run"
     assert source.exhausted and source.next_chunk() is None
     assert chunks
+
+
+def test_rows_of_files_cleaned_below_the_merged_prefix_go(tmp_path, settings) -> None:
+    settings.BPCONSOLE_SOURCE_FILES_KEEP_S = 0
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    spec = LandingSpec(str(landing), "*.jsonl", stable_s=0, clean="delete")
+    run = _run(spec)
+    for name in ("1.jsonl", "2.jsonl"):
+        _land(landing, name, 3, age_s=20 if name == "1.jsonl" else 10)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    chunks = _read_all(source)
+    assert [c.file_index for c in chunks] == [0, 1]
+    last = chunks[-1]
+    run.source_position = {"chunk": 2, "file": 1, "offset": last.offset + last.length}
+    run.merged_prefix = {"chunk": 2, "file": 1, "offset": last.offset + last.length, "parts": 2}
+    run.save()
+    source.last_housekeeping = 0.0
+    source.housekeeping()  # both files are cleaned (no segment is unfinished)
+    source.housekeeping(now=True)  # and the first one's row, below the prefix, goes
+    assert list(SourceFile.objects.filter(run=run).values_list("index", flat=True)) == [1]
+    assert ingested_extent(run) == [(0, 0), (0, last.offset + last.length)]
