@@ -6,15 +6,27 @@ from __future__ import annotations
 import io
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from orchestrator.models import Run
 from orchestrator.service import set_status
+from webapp.console.models import Policy
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
+def _migrated_rows() -> None:
+    """What the roles migration writes, which a transactional test before may have
+    flushed: the role groups and the default policy."""
+    for role in ("viewer", "operator", "admin"):
+        Group.objects.get_or_create(name=role)
+    if not Policy.objects.filter(is_default=True).exists():
+        Policy.objects.create(name="default", is_default=True, description="Shipped defaults.")
+
+
 def test_the_demo_run_starts_once_over_its_landing_folder(services, tmp_path) -> None:
+    _migrated_rows()
     call_command("bootstrap", stdout=io.StringIO())
     folder = tmp_path / "landing-demo"
     out = io.StringIO()
