@@ -65,7 +65,7 @@ def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> in
         run = Run.objects.select_for_update().get(pk=run_id)
         extent = ingested_extent(run)
         prefix = Prefix.of(run, extent)
-        end = _first_unfinished(run, prefix.chunk)
+        end = first_unfinished(run, prefix.chunk)
         rows = list(
             MergedChunk.objects.filter(
                 run_id=run_id, chunk__gte=prefix.chunk, chunk__lt=min(end, prefix.chunk + limit)
@@ -107,8 +107,9 @@ def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> in
         return prefix.chunk - start
 
 
-def _first_unfinished(run: Run, start: int) -> int:
-    """The first chunk not known to be merged: unfinished, or not yet emitted."""
+def first_unfinished(run: Run, start: int = 0) -> int:
+    """The first chunk (from ``start`` on) not known to be merged: unfinished, or not
+    yet emitted. Every chunk before it is merged exactly once."""
     emitted = int((run.source_position or {}).get("chunk", 0))
     first_open = (
         Segment.objects.filter(run=run, chunk__gte=start)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from django.db.models import Count, Min, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
 from balancer.model import NodeState
 from balancer.topology import NodeSpec
+from orchestrator.ledger.coalesce import first_unfinished
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment, SourceFile
 from orchestrator.run.generation import Preparing, preparing
 from orchestrator.source.base import LagJson
@@ -248,13 +249,7 @@ def source_view(run: Run, lag: LagJson | None) -> SourceView:
 def exact_up_to(run: Run) -> str:
     """Where the data merged exactly once ends: every chunk before the first one still
     unfinished (or not yet emitted) is merged, so the results are exact up to it."""
-    emitted = int((run.source_position or {}).get("chunk", 0))
-    first_open = (
-        Segment.objects.filter(run=run)
-        .exclude(state=Segment.State.DONE)
-        .aggregate(first=Min("chunk"))["first"]
-    )
-    through = min(emitted, first_open if first_open is not None else emitted) - 1
+    through = first_unfinished(run) - 1
     prefix = run.merged_prefix or {}
     if prefix and through == int(prefix["chunk"]) - 1:  # its row was coalesced
         file_index, end = int(prefix["file"]), int(prefix["offset"])
