@@ -20,7 +20,7 @@ from orchestrator.pipeline.inputs import resolve_inputs
 from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
-from orchestrator.source.spec import StreamSpec, UnboundedSpec, is_unbounded
+from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
 
@@ -87,6 +87,18 @@ def create_run(
                 raise RunError(
                     f"run {busy.pk} is reading stream {source.stream!r} as group "
                     f"{source.group!r}; one run per group at a time (stop it first)"
+                )
+        if isinstance(source, LandingSpec) and source.checkpoint:
+            busy = Run.objects.filter(
+                status__in=Run.ACTIVE,
+                input_spec__kind="folder",
+                input_spec__folder=source.folder,
+                input_spec__checkpoint=source.checkpoint,
+            ).first()
+            if busy is not None:
+                raise RunError(
+                    f"run {busy.pk} is reading {source.folder} with checkpoint "
+                    f"{source.checkpoint!r}; one run per checkpoint at a time (stop it first)"
                 )
         what = (
             f"run created over the landing folder {source.folder} ({source.pattern})"

@@ -13,7 +13,9 @@ read ends where the run had read it, so coverage stays what was really ingested.
 
 Once every chunk of a file is merged (no segment from it is unfinished), the file is
 kept, moved to the archive folder or deleted, as the source's ``clean`` says (Spark's
-``cleanSource``).
+``cleanSource``). Archived or deleted, the folder itself says where the next run starts;
+kept, a named ``checkpoint`` does: a run skips the files its checkpoint's earlier runs
+read (their rows are kept for as long as the runs are).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class LandingFolderSource:
         self.files = [InputFile(r.path, r.data_start, r.size) for r in rows]
         self.mtimes = [r.mtime_ns for r in rows]
         # What each known path looked like when taken: a later change is reported once.
-        self.known: dict[str, int] = {r.path: r.mtime_ns for r in rows}
+        # With a checkpoint, what its earlier runs read is known too: not new data.
+        self.known: dict[str, int] = self._read_before() | {r.path: r.mtime_ns for r in rows}
         self.reported: set[str] = {r.path for r in rows if r.changed}
         # The position after the last chunk in the ledger, and after the last one read
         # (read ahead, maybe not yet sent).
@@ -83,6 +86,24 @@ class LandingFolderSource:
         self.finishing: int | None = None  # the file a stopped source still reads to its end
         self.last_scan = self.last_housekeeping = 0.0
         self._catch_up_read_states()
+
+    def _read_before(self) -> dict[str, int]:
+        """The files that earlier runs with this checkpoint read whole over this folder,
+        and completed (every chunk merged), with their modification times. A file of a
+        run that failed or was cancelled is read again: that run's results were
+        abandoned with it, as a query restarted from its checkpoint redoes the batches
+        it had not committed."""
+        if not self.spec.checkpoint:
+            return {}
+        rows = SourceFile.objects.filter(
+            run__input_spec__kind="folder",
+            run__input_spec__folder=self.spec.folder,
+            run__input_spec__checkpoint=self.spec.checkpoint,
+            run__status=Run.Status.COMPLETED,
+            run_id__lt=self.run_id,
+            state=SourceFile.State.READ,
+        )
+        return dict(rows.values_list("path", "mtime_ns"))
 
     # -- reading ----------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ class LandingSpec:
     stable_s: float = 1.0
     clean: CleanMode = "keep"
     archive: str = ""
+    # A named checkpoint: a run goes on after the files the checkpoint's earlier runs
+    # read over this folder (Structured Streaming's checkpoint location, a name here).
+    # Needed only with clean: keep, where the read files stay in the folder.
+    checkpoint: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +55,7 @@ class LandingSpec:
             "stable_s": self.stable_s,
             "clean": self.clean,
             "archive": self.archive,
+            "checkpoint": self.checkpoint,
         }
 
 
@@ -92,6 +97,7 @@ def unbounded_spec(input_spec: Mapping[str, Any]) -> UnboundedSpec | None:
             stable_s=float(input_spec.get("stable_s", 1.0)),
             clean=_choice(input_spec.get("clean", "keep"), CLEAN_MODES, "clean"),
             archive=str(input_spec.get("archive", "")),
+            checkpoint=str(input_spec.get("checkpoint", "")),
         )
     if kind == "stream":
         return StreamSpec(
@@ -134,7 +140,10 @@ def check_landing(raw: Mapping[str, Any], *, fmt: str, roots: Sequence[Path] | N
             raise InputError("the archive folder must not be the landing folder or inside it")
     elif raw.get("archive"):
         raise InputError("an archive folder is given only with clean: archive")
-    return LandingSpec(folder, pattern, fmt, stable_s, clean, archive)
+    checkpoint = str(raw.get("checkpoint") or "")
+    if checkpoint and not STREAM_NAME.fullmatch(checkpoint):
+        raise InputError("a checkpoint name is 1 to 200 characters of letters, digits and ':._-'")
+    return LandingSpec(folder, pattern, fmt, stable_s, clean, archive, checkpoint)
 
 
 def check_stream(

@@ -98,8 +98,15 @@ class RunRequest:
 # each may have: every value is bounded here, before the orchestrator's checks read it
 # (paths as orchestrator/pipeline/inputs.py's MAX_PATH_CHARS, names as its stream names).
 SOURCE_FIELDS: dict[str, dict[str, int]] = {
-    "folder": {"folder": 1000, "pattern": 200, "stable_s": 32, "clean": 16, "archive": 1000},
-    "stream": {"stream": 200, "group": 200, "start": 16, "url": 500},
+    "folder": {
+        "folder": 1000,
+        "pattern": 200,
+        "stable_s": 32,
+        "clean": 16,
+        "archive": 1000,
+        "checkpoint": 200,
+    },
+    "stream": {"stream": 200, "group": 200, "start": 16, "linger_s": 32, "url": 500},
 }
 
 

@@ -15,7 +15,7 @@ JsonObject = dict[str, Any]
 
 # What run_json shows of an unbounded source's spec (orchestrator/source/spec.py).
 SOURCE_SPEC_FIELDS = {
-    "folder": ("folder", "pattern", "format", "stable_s", "clean", "archive"),
+    "folder": ("folder", "pattern", "format", "stable_s", "clean", "archive", "checkpoint"),
     "stream": ("stream", "url", "group", "start", "linger_s", "format"),
 }
 
@@ -174,6 +174,11 @@ class RunSourceSerializer(serializers.Serializer[JsonObject]):
     archive = serializers.CharField(
         required=False, allow_blank=True, help_text="folder: where archived files go"
     )
+    checkpoint = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="folder: the named checkpoint (empty: the run reads every file there)",
+    )
     stream = serializers.CharField(required=False, help_text="stream: the Redis stream")
     url = serializers.CharField(
         required=False,
@@ -186,7 +191,9 @@ class RunSourceSerializer(serializers.Serializer[JsonObject]):
     start = serializers.ChoiceField(
         choices=["earliest", "latest"], required=False, help_text="stream: where a new group starts"
     )
-    linger_s = serializers.FloatField(required=False)
+    linger_s = serializers.FloatField(
+        required=False, help_text="stream: seconds a partial chunk waits for more entries"
+    )
     format = serializers.CharField(required=False)
 
 
@@ -241,6 +248,13 @@ class StartSourceSerializer(serializers.Serializer[JsonObject]):
         help_text="folder: with clean=archive, where files go (under an input folder, not "
         "inside the landing folder)",
     )
+    checkpoint = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=200,
+        help_text="folder: a name; the run skips the files that completed runs with this "
+        "checkpoint read over the folder (for clean=keep; default: none, every file is read)",
+    )
     stream = serializers.CharField(
         required=False, max_length=200, help_text="stream: its name, letters, digits and :._-"
     )
@@ -254,6 +268,11 @@ class StartSourceSerializer(serializers.Serializer[JsonObject]):
         choices=["earliest", "latest"],
         required=False,
         help_text="stream: read from its first entry (default) or only new ones",
+    )
+    linger_s = serializers.FloatField(
+        required=False,
+        help_text="stream: seconds (0 to 10, default 0.5) a partial chunk waits for more "
+        "entries before it is sent: lower is fresher, higher makes fewer, larger batches",
     )
     url = serializers.CharField(
         required=False,

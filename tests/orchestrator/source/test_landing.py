@@ -249,3 +249,51 @@ def test_rows_of_files_cleaned_below_the_merged_prefix_go(tmp_path, settings) ->
     source.housekeeping(now=True)  # and the first one's row, below the prefix, goes
     assert list(SourceFile.objects.filter(run=run).values_list("index", flat=True)) == [1]
     assert ingested_extent(run) == [(0, 0), (0, last.offset + last.length)]
+
+
+def test_a_checkpoint_goes_on_after_the_files_its_completed_runs_read(tmp_path) -> None:
+    # Given a kept folder that a completed run with checkpoint "day" read whole
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0, clean="keep", checkpoint="day")
+    _land(tmp_path, "1.jsonl", 4, age_s=30)
+    rewritten = _land(tmp_path, "2.jsonl", 4, age_s=20)
+    first = _run(spec)
+    assert (
+        len({c.file_index for c in _read_all(LandingFolderSource(first.pk, 1, spec, PARAMS, {}))})
+        == 2
+    )
+    first.status = Run.Status.COMPLETED
+    first.save()
+    # When files land after it, one of its files is rewritten, and a new run starts
+    _land(tmp_path, "3.jsonl", 4, age_s=10)
+    rewritten.write_text('{"key":"k9","value":1,"user":"u"}\n')
+    second = _run(spec)
+    taken = _read_all(LandingFolderSource(second.pk, 1, spec, PARAMS, {}))
+    # Then the new run reads only the new file; the rewritten one is reported, not read
+    names = [
+        Path(p).name for p in SourceFile.objects.filter(run=second).values_list("path", flat=True)
+    ]
+    assert names == ["3.jsonl"]
+    assert {c.file_index for c in taken} == {0}
+    changed = Event.objects.get(run=second, kind="source_file_changed")
+    assert "2.jsonl changed after it was taken in" in changed.reason
+    # And a run without the checkpoint, or with another, reads every file there
+    for other in (
+        LandingSpec(str(tmp_path), stable_s=0),
+        LandingSpec(str(tmp_path), stable_s=0, checkpoint="audit"),
+    ):
+        run = _run(other)
+        _read_all(LandingFolderSource(run.pk, 1, other, PARAMS, {}))
+        assert SourceFile.objects.filter(run=run).count() == 3
+
+
+def test_the_files_of_a_failed_run_are_read_again_by_its_checkpoint(tmp_path) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0, clean="keep", checkpoint="day")
+    _land(tmp_path, "1.jsonl", 4)
+    failed = _run(spec)
+    _read_all(LandingFolderSource(failed.pk, 1, spec, PARAMS, {}))
+    failed.status = Run.Status.FAILED
+    failed.save()
+    # Its results were abandoned: the checkpoint holds only what a completed run merged
+    again = _run(spec)
+    _read_all(LandingFolderSource(again.pk, 1, spec, PARAMS, {}))
+    assert SourceFile.objects.filter(run=again).count() == 1

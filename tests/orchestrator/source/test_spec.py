@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.run.lifecycle import RunError, create_run
-from orchestrator.source.spec import StreamSpec, check_landing, check_stream
+from orchestrator.source.spec import LandingSpec, StreamSpec, check_landing, check_stream
 from tests.orchestrator.runs import TOPOLOGIES
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -43,6 +43,8 @@ def test_a_landing_folder_must_exist_and_stay_inside_the_roots(tmp_path) -> None
         ({"clean": "archive"}, "archive folder is a path"),
         ({"archive": "x"}, "only with clean: archive"),
         ({"pattern": "../*.jsonl"}, "one name pattern"),
+        ({"checkpoint": "day 1"}, "checkpoint name is 1 to 200"),
+        ({"checkpoint": "c" * 201}, "checkpoint name is 1 to 200"),
     ],
 )
 def test_landing_parameters_are_bounded(tmp_path, raw, message) -> None:
@@ -88,6 +90,19 @@ def test_one_run_per_consumer_group_at_a_time(services) -> None:
     with pytest.raises(RunError, match=f"run {first.pk} is reading stream"):
         create_run(topology=doc, policy={}, source=spec)
     assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_run_per_landing_folder_and_checkpoint_at_a_time(services, tmp_path) -> None:
+    doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
+    spec = LandingSpec(str(tmp_path), checkpoint="day-1")
+    first = create_run(topology=doc, policy={}, source=spec)
+    with pytest.raises(RunError, match=f"run {first.pk} is reading .* with checkpoint 'day-1'"):
+        create_run(topology=doc, policy={}, source=spec)
+    # Another checkpoint, or none, over the same folder is another reader
+    create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path), checkpoint="audit"))
+    create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path)))
+    assert Run.objects.count() == 3
 
 
 @pytest.mark.django_db(transaction=True)

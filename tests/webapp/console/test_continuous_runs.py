@@ -50,6 +50,7 @@ def test_an_operator_starts_a_landing_folder_run_through_the_api(
         "stable_s": 2.5,
         "clean": "archive",
         "archive": str(roots / "archive"),
+        "checkpoint": "day-1",
     }
     response = start(client, source)
     # Then the run is created (pending), handed to a worker, with the checked spec
@@ -65,6 +66,7 @@ def test_an_operator_starts_a_landing_folder_run_through_the_api(
         "stable_s": 2.5,
         "clean": "archive",
         "archive": str(roots / "archive"),
+        "checkpoint": "day-1",
     }
     assert Run.objects.get(pk=body["id"]).input_spec == expected
     assert body["source"] == {**expected, "unbounded": True}
@@ -78,7 +80,13 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
     reference()
     client, _ = client_for("otto", "operator")
     # When they start a run over a stream of the console's Redis, naming its URL
-    source = {"kind": "stream", "stream": "orders:eu", "start": "latest", "url": settings.REDIS_URL}
+    source = {
+        "kind": "stream",
+        "stream": "orders:eu",
+        "start": "latest",
+        "linger_s": 0.1,
+        "url": settings.REDIS_URL,
+    }
     response = start(client, source)
     # Then the run reads it as the console's own Redis: no address is stored
     assert response.status_code == 201, response.content
@@ -86,6 +94,7 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
     spec = Run.objects.get(pk=body["id"]).input_spec
     assert spec["kind"] == "stream" and spec["stream"] == "orders:eu"
     assert spec["url"] == "" and spec["group"] == "" and spec["start"] == "latest"
+    assert spec["linger_s"] == 0.1
     assert body["source"]["kind"] == "stream" and body["source"]["unbounded"] is True
     # And a run over the listed Redis never shows its password. (That Redis does not
     # exist, and a run is only created over a Redis that answers: the row is made here.)
@@ -152,7 +161,11 @@ LONG = "x" * 2000
         ({"kind": "folder"}, ["the folder is a path"]),
         ({"kind": "stream", "stream": "my stream"}, ["a stream name is"]),
         ({"kind": "stream", "stream": "s" * 500}, ["source.stream", "no more than 200"]),
+        ({"kind": "folder", "folder": "landing", "checkpoint": "a/b"}, ["checkpoint name"]),
+        ({"kind": "folder", "folder": "landing", "checkpoint": LONG}, ["source.checkpoint"]),
         ({"kind": "stream", "stream": "s", "group": "a b"}, ["consumer group name"]),
+        ({"kind": "stream", "stream": "s", "linger_s": 60}, ["linger_s must be from 0 to 10"]),
+        ({"kind": "stream", "stream": "s", "linger_s": "x" * 40}, ["source.linger_s"]),
         (
             {"kind": "stream", "stream": "s", "url": "redis://attacker.example:6379/0"},
             ["not one the administrator allowed"],

@@ -55,11 +55,17 @@ class Command(BaseCommand):
             help="what becomes of a file once merged",
         )
         parser.add_argument("--archive", help="the archive folder (--clean archive)")
+        parser.add_argument(
+            "--checkpoint", help="go on after the files completed runs with this name read"
+        )
         parser.add_argument("--stream", help="a Redis stream: read it until stopped")
         parser.add_argument("--stream-url", help="its Redis (the console's own by default)")
         parser.add_argument("--group", help="the stream's consumer group (one per run)")
         parser.add_argument(
             "--start", choices=["earliest", "latest"], default="earliest", help="a new group's"
+        )
+        parser.add_argument(
+            "--linger-s", type=float, default=0.5, help="seconds a partial chunk waits"
         )
         parser.add_argument(
             "--follow", action="store_true", help="print the run's progress every second"
@@ -142,6 +148,7 @@ class Command(BaseCommand):
                 "stable_s": options["stable_s"],
                 "clean": options["clean"],
                 "archive": options["archive"],
+                "checkpoint": options["checkpoint"],
             }
             return check_landing(raw, fmt=fmt, roots=None)
         if options["stream"]:
@@ -149,6 +156,7 @@ class Command(BaseCommand):
                 "stream": options["stream"],
                 "group": options["group"],
                 "start": options["start"],
+                "linger_s": options["linger_s"],
             }
             url = options["stream_url"] or ""
             return check_stream(
