@@ -289,8 +289,13 @@ def cpu_of(parts: dict[str, Part]) -> dict[str, float]:
     return {name: tree_cpu_s(pid, children=ch, jvm=jvm) for name, (pid, ch, jvm) in parts.items()}
 
 
-def rss_of(parts: dict[str, Part]) -> dict[str, int]:
-    """Resident memory per part now, from one pass over the process table."""
+def rss_of(parts: dict[str, Part], *, proportional: bool = False) -> dict[str, int]:
+    """Resident memory per part now, from one pass over the process table.
+
+    ``proportional``: each process's PSS instead of its RSS, so that memory shared
+    between processes (PostgreSQL's shared buffers, touched by every backend) is
+    counted once over the part, not once per process that touched it. Slower (it reads
+    every process's smaps): for samples every few seconds, not for peaks."""
     children: dict[int, list[int]] = {}
     rss: dict[int, tuple[int, bool]] = {}
     for proc in psutil.process_iter(["ppid", "name", "memory_info"]):
@@ -305,11 +310,18 @@ def rss_of(parts: dict[str, Part]) -> dict[str, int]:
             pid = pending.pop()
             size, is_jvm = rss.get(pid, (0, False))
             if jvm is None or is_jvm == jvm:
-                total += size
+                total += _pss(pid) if proportional else size
             if with_children:
                 pending.extend(children.get(pid, []))
         out[name] = total
     return out
+
+
+def _pss(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_full_info().pss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0  # gone since the listing (a backend that closed)
 
 
 class PeakSampler(threading.Thread):

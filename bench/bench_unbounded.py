@@ -41,9 +41,11 @@ from the producer making a record visible to its key's result being updated.
 
 soak: one run at ``--rate`` for ``--minutes``; every 10 s the disk used (blocks) by the
 run folder and by the landing and archive folders, ``pg_database_size``, the run's
-Segment and MergedChunk rows, and the resident memory of every process of the stack
-(psutil over the process trees started: workers and their children, the services, this
-process and its Spark JVM). Growth after the first 5 minutes: last sample / the sample at
+Segment and MergedChunk rows, and the memory of every process of the stack (psutil over
+the process trees started: workers and their children, the services, this process and its
+Spark JVM), both resident (RSS) and proportional (PSS: shared pages divided among the
+processes sharing them, so PostgreSQL's shared buffers count once however many backends
+touched them). Growth after the first 5 minutes: last sample / the sample at
 5 minutes - 1, per metric. The landing folder is cleaned by ``archive`` (``delete`` would
 leave nothing to check exactness against), so the archive folder grows by the data
 itself, by design.
@@ -763,6 +765,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 cursor.execute("SELECT pg_database_size(current_database())")
                 database = int(cursor.fetchone()[0])
             memory = rss_of(parts)
+            shared_once = rss_of(parts, proportional=True)
             sample = {
                 "t": round(t, 1),
                 "run_dir_mb": disk_bytes(run_dir(run.pk)) / MB,
@@ -773,6 +776,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "merged_chunk_rows": MergedChunk.objects.filter(run=run).count(),
                 **{f"rss_mb {name}": size / MB for name, size in memory.items()},
                 "rss_mb all": sum(memory.values()) / MB,
+                **{f"pss_mb {name}": size / MB for name, size in shared_once.items()},
+                "pss_mb all": sum(shared_once.values()) / MB,
             }
             samples.append(sample)
             print(json.dumps({k: round(v, 1) for k, v in sample.items()}), file=sys.stderr)

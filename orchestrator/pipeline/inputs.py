@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sparkjobs.segments import copy_atomic, write_atomic
 
@@ -37,6 +37,15 @@ class InputFile:
     path: str
     data_start: int  # first offset holding data (after a CSV header)
     size: int  # bytes, or rows for Parquet
+
+
+class FilesByNumber(Protocol):
+    """Input files by their number: a list, or a landing folder's files by number (a
+    dict holding only those not yet read)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, number: int, /) -> InputFile: ...
 
 
 @dataclass(frozen=True)
@@ -149,18 +158,20 @@ def measure_file(path: Path, fmt: str) -> InputFile:
 
 
 def chunks(
-    files: list[InputFile],
+    files: FilesByNumber,
     fmt: str,
     *,
     segment_bytes: int,
     route_by: str,
     start_file: int = 0,
+    stop_file: int | None = None,
     start_offset: int | None = None,
     start_index: int = 0,
 ) -> Iterator[Chunk]:
-    """Chunks from a position on (to resume after a crash), in input order."""
+    """Chunks from a position on (to resume after a crash), in input order, of the
+    files numbered ``start_file`` up to ``stop_file`` (default: all of them)."""
     index = start_index
-    for file_index in range(start_file, len(files)):
+    for file_index in range(start_file, len(files) if stop_file is None else stop_file):
         item = files[file_index]
         offset = (
             item.data_start

@@ -66,26 +66,41 @@ class LandingFolderSource:
         self.run_id, self.epoch, self.spec = run_id, epoch, spec
         self.segment_bytes = max(1, int(float(params.get("segment_mb", 1.0)) * MB))
         self.route_by = str(params.get("route_by", "key"))
-        rows = list(SourceFile.objects.filter(run_id=run_id).order_by("index"))
-        self.files = [InputFile(r.path, r.data_start, r.size) for r in rows]
-        self.mtimes = [r.mtime_ns for r in rows]
-        # What each known path looked like when taken: a later change is reported once.
-        # With a checkpoint, what its earlier runs read is known too: not new data.
-        self.known: dict[str, int] = self._read_before() | {r.path: r.mtime_ns for r in rows}
-        self.reported: set[str] = {r.path for r in rows if r.changed}
         # The position after the last chunk in the ledger, and after the last one read
         # (read ahead, maybe not yet sent).
         self.emitted_file = int(position.get("file", 0))
         offset = position.get("offset")
         self.emitted_offset = int(offset) if offset is not None else None
+        self._catch_up_read_states()
+        rows = list(SourceFile.objects.filter(run_id=run_id).order_by("index"))
+        # The files by number from the one the ledger is in on: those before it are
+        # never read again, so a run that goes on for days holds only the few ahead
+        # (rows of files cleaned long ago are even deleted: numbers may have gaps).
+        ahead = [r for r in rows if r.index >= self.emitted_file]
+        self.files = {r.index: InputFile(r.path, r.data_start, r.size) for r in ahead}
+        self.mtimes = {r.index: r.mtime_ns for r in ahead}
+        self.taken = rows[-1].index + 1 if rows else 0  # the next file's number
+        # What each path in the folder looked like when taken: a later change is
+        # reported once (a cleaned file's name is free again). With a checkpoint, what
+        # its earlier runs read is known too.
+        in_folder = [r for r in rows if r.state != SourceFile.State.CLEANED]
+        self.known = self._read_before() | {r.path: r.mtime_ns for r in in_folder}
+        self.reported = {r.path for r in in_folder if r.changed}
         self.read_index = int(position.get("chunk", 0))
         self.read_file = self.emitted_file
         self.read_offset = self.emitted_offset
+        whole = self.files.get(self.emitted_file)
+        if (
+            whole is not None
+            and self.emitted_offset is not None
+            and self.emitted_offset >= whole.size
+        ):
+            # Read whole, and maybe archived or deleted since: it is not opened again.
+            self.read_file, self.read_offset = self.emitted_file + 1, None
         self.current: Iterator[Chunk] | None = None
         self.stopped = False
         self.finishing: int | None = None  # the file a stopped source still reads to its end
         self.last_scan = self.last_housekeeping = 0.0
-        self._catch_up_read_states()
 
     def _read_before(self) -> dict[str, int]:
         """The files that earlier runs with this checkpoint read whole over this folder,
@@ -113,9 +128,9 @@ class LandingFolderSource:
                 self.current = None  # stopped, and done with the file it was finishing
                 return None
             if self.current is None:
-                if self.read_file >= len(self.files):
+                if self.read_file >= self.taken:
                     self._scan()
-                    if self.read_file >= len(self.files):
+                    if self.read_file >= self.taken:
                         return None
                 self.current = self._file_chunks(self.read_file)
             chunk = next(self.current, None)
@@ -136,11 +151,12 @@ class LandingFolderSource:
     def _file_chunks(self, index: int) -> Iterator[Chunk]:
         start = self.read_offset if self.read_offset is not None else None
         return chunks(
-            self.files[: index + 1],
+            self.files,
             self.spec.format,
             segment_bytes=self.segment_bytes,
             route_by=self.route_by,
             start_file=index,
+            stop_file=index + 1,
             start_offset=start,
             start_index=self.read_index,
         )
@@ -150,6 +166,9 @@ class LandingFolderSource:
         return self.stopped and self.current is None
 
     def committed(self, chunk: Chunk) -> None:
+        for passed in range(self.emitted_file, chunk.file_index):
+            self.files.pop(passed, None)  # never read again
+            self.mtimes.pop(passed, None)
         self.emitted_file, self.emitted_offset = chunk.file_index, chunk.offset + chunk.length
         if self.emitted_offset >= self.files[chunk.file_index].size:
             SourceFile.objects.filter(run_id=self.run_id, index=chunk.file_index).update(
@@ -160,7 +179,8 @@ class LandingFolderSource:
         """Take no new file, but finish the one the ledger has part of: a stopped run
         leaves every file it took whole, so the next run over the folder (with clean
         archive or delete) goes on exactly where this one ended."""
-        size = self.files[self.emitted_file].size if self.emitted_file < len(self.files) else 0
+        item = self.files.get(self.emitted_file)
+        size = item.size if item is not None else 0
         emitted = self.emitted_offset
         self.finishing = self.emitted_file if emitted is not None and emitted < size else None
         self.stopped = True
@@ -171,7 +191,7 @@ class LandingFolderSource:
     def lag(self) -> SourceLag:
         """The files taken but not yet read into the ledger, and the oldest one's age."""
         entries, waiting, oldest = 0, 0, 0
-        for index in range(self.emitted_file, len(self.files)):
+        for index in range(self.emitted_file, self.taken):
             item = self.files[index]
             start = (
                 self.emitted_offset
@@ -241,7 +261,7 @@ class LandingFolderSource:
             owner = Run.objects.select_for_update().filter(pk=self.run_id, epoch=self.epoch)
             if not owner.exists():
                 raise StaleEpochError(f"run {self.run_id} has a newer driver")
-            first = len(self.files)
+            first = self.taken
             SourceFile.objects.bulk_create(
                 SourceFile(
                     run_id=self.run_id,
@@ -254,8 +274,9 @@ class LandingFolderSource:
                 for offset, (item, mtime_ns) in enumerate(taken)
             )
         for item, mtime_ns in taken:
-            self.files.append(item)
-            self.mtimes.append(mtime_ns)
+            self.files[self.taken] = item
+            self.mtimes[self.taken] = mtime_ns
+            self.taken += 1
             self.known[item.path] = mtime_ns
 
     def _unchanged(self, index: int) -> bool:
@@ -358,16 +379,12 @@ class LandingFolderSource:
 
     def _catch_up_read_states(self) -> None:
         """Files whose last chunk reached the ledger just before a crash are read."""
-        done = [
-            index
-            for index in range(min(self.emitted_file + 1, len(self.files)))
-            if index < self.emitted_file
-            or (self.emitted_offset is not None and self.emitted_offset >= self.files[index].size)
-        ]
-        if done:
-            SourceFile.objects.filter(
-                run_id=self.run_id, index__in=done, state=SourceFile.State.READING
-            ).update(state=SourceFile.State.READ)
+        reading = SourceFile.objects.filter(run_id=self.run_id, state=SourceFile.State.READING)
+        reading.filter(index__lt=self.emitted_file).update(state=SourceFile.State.READ)
+        if self.emitted_offset is not None:
+            reading.filter(index=self.emitted_file, size__lte=self.emitted_offset).update(
+                state=SourceFile.State.READ
+            )
 
     def close(self) -> None:
         self.current = None

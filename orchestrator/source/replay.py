@@ -43,9 +43,17 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> int:
     if spec.format != "jsonl":
         raise ReplayError("only a landing folder of JSON lines can be replayed as one file")
     extent = ingested_extent(run)
+    rows = list(SourceFile.objects.filter(run=run).order_by("index"))
+    forgotten = len(extent) - len(rows)
+    if forgotten:
+        raise ReplayError(
+            f"run {run.pk} forgot {forgotten} of its files, cleaned over "
+            f"{settings.BPCONSOLE_SOURCE_FILES_KEEP_S:g} s ago (BPCONSOLE_SOURCE_FILES_KEEP_S): "
+            "what it took in can no longer be replayed whole"
+        )
     written = 0
     with out.open("wb") as sink:
-        for row in SourceFile.objects.filter(run=run).order_by("index"):
+        for row in rows:
             start, end = extent[row.index]
             if end <= start:
                 continue

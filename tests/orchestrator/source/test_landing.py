@@ -14,6 +14,7 @@ from orchestrator.ledger.segments import StaleEpochError
 from orchestrator.models import Event, Run, Segment, SourceFile
 from orchestrator.pipeline.inputs import Chunk
 from orchestrator.source.landing import LandingFolderSource
+from orchestrator.source.replay import ReplayError, write_ingested
 from orchestrator.source.spec import LandingSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -76,6 +77,7 @@ def test_complete_files_are_taken_once_in_arrival_order(tmp_path) -> None:
     later = _read_all(source)
     assert {c.file_index for c in later} == {2}
     assert SourceFile.objects.filter(run=run).count() == 3
+    assert list(source.files) == [2], "files behind the ledger's position are not held"
 
 
 def test_chunks_tile_each_file_and_the_extent_is_what_reached_the_ledger(tmp_path) -> None:
@@ -249,6 +251,15 @@ def test_rows_of_files_cleaned_below_the_merged_prefix_go(tmp_path, settings) ->
     source.housekeeping(now=True)  # and the first one's row, below the prefix, goes
     assert list(SourceFile.objects.filter(run=run).values_list("index", flat=True)) == [1]
     assert ingested_extent(run) == [(0, 0), (0, last.offset + last.length)]
+    # A driver started after that numbers the next file after the last, not over a gap
+    _land(landing, "3.jsonl", 3, age_s=5)
+    Run.objects.filter(pk=run.pk).update(epoch=2)
+    resumed = LandingFolderSource(run.pk, 2, spec, {"segment_mb": 1}, run.source_position)
+    assert [c.file_index for c in _read_all(resumed)] == [2]
+    assert list(SourceFile.objects.filter(run=run).values_list("index", flat=True)) == [1, 2]
+    # And the plain job can no longer be given all it took in: said, not half done
+    with pytest.raises(ReplayError, match="forgot 1 of its files"):
+        write_ingested(run, tmp_path / "replay.jsonl")
 
 
 def test_a_checkpoint_goes_on_after_the_files_its_completed_runs_read(tmp_path) -> None:
