@@ -76,30 +76,7 @@ def create_run(
             why = answers(url)
             if why:
                 raise RunError(f"the stream's Redis does not answer ({why}); nothing was created")
-        if isinstance(source, StreamSpec) and source.group:
-            busy = Run.objects.filter(
-                status__in=Run.ACTIVE,
-                input_spec__kind="stream",
-                input_spec__stream=source.stream,
-                input_spec__group=source.group,
-            ).first()
-            if busy is not None:
-                raise RunError(
-                    f"run {busy.pk} is reading stream {source.stream!r} as group "
-                    f"{source.group!r}; one run per group at a time (stop it first)"
-                )
-        if isinstance(source, LandingSpec) and source.checkpoint:
-            busy = Run.objects.filter(
-                status__in=Run.ACTIVE,
-                input_spec__kind="folder",
-                input_spec__folder=source.folder,
-                input_spec__checkpoint=source.checkpoint,
-            ).first()
-            if busy is not None:
-                raise RunError(
-                    f"run {busy.pk} is reading {source.folder} with checkpoint "
-                    f"{source.checkpoint!r}; one run per checkpoint at a time (stop it first)"
-                )
+        _one_reader_at_a_time(source)
         what = (
             f"run created over the landing folder {source.folder} ({source.pattern})"
             if not isinstance(source, StreamSpec)
@@ -146,6 +123,23 @@ def create_run(
             user=user if getattr(user, "is_authenticated", False) else None,
         )
     return run
+
+
+def _one_reader_at_a_time(source: UnboundedSpec) -> None:
+    """A named consumer group or checkpoint is one position in the source: one run at a
+    time may move it, or two runs would split (or repeat) its data between them."""
+    if isinstance(source, StreamSpec) and source.group:
+        same = {"kind": "stream", "stream": source.stream, "group": source.group}
+        what = f"stream {source.stream!r} as group {source.group!r}; one run per group"
+    elif isinstance(source, LandingSpec) and source.checkpoint:
+        same = {"kind": "folder", "folder": source.folder, "checkpoint": source.checkpoint}
+        what = f"{source.folder} with checkpoint {source.checkpoint!r}; one run per checkpoint"
+    else:
+        return
+    lookup = {f"input_spec__{field}": value for field, value in same.items()}
+    busy = Run.objects.filter(status__in=Run.ACTIVE, **lookup).first()
+    if busy is not None:
+        raise RunError(f"run {busy.pk} is reading {what} at a time (stop it first)")
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
