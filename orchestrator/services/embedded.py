@@ -56,12 +56,13 @@ class EmbeddedService:
     process: subprocess.Popen[bytes] | None = None
     stop_signal: int = signal.SIGTERM
     run_as: str | None = None
+    restart_timeout_s: float = 60.0
 
     def command(self) -> list[str]:
         raise NotImplementedError
 
     def prepare(self) -> None:
-        """Create folders and configuration before the first start."""
+        """Create folders and configuration before each start (first or restart)."""
 
     def ready(self) -> bool:
         raise NotImplementedError
@@ -102,6 +103,16 @@ class EmbeddedService:
 
     def after_ready(self) -> None:
         """Work that needs the running service (e.g. creating the database)."""
+
+    def poll(self) -> int | None:
+        """The exit code once the process exited, else ``None``; reaps the process."""
+        return None if self.process is None else self.process.poll()
+
+    def start(self) -> None:
+        """Start again in place, after the process died: same port, same data folder,
+        so every client's configured URL stays right. Waits until it answers."""
+        self.launch()
+        self.wait_ready(time.monotonic() + self.restart_timeout_s)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -241,6 +252,7 @@ class Postgres(EmbeddedService):
         return str(_pgserver_bin() / name)
 
     def prepare(self) -> None:
+        self.clear_stale_locks()
         # PostgreSQL refuses to run as root; pgserver keeps an unprivileged user for it.
         if os.geteuid() == 0:
             bin_path = _pgserver_bin()
@@ -276,6 +288,20 @@ class Postgres(EmbeddedService):
                 capture_output=True,
                 user=self.run_as,
             )
+
+    def clear_stale_locks(self) -> None:
+        """Remove the lock files a killed server left, when no live process holds them.
+
+        PostgreSQL refuses to start while ``postmaster.pid`` (and the socket's lock
+        file, ``-k`` puts it in the data folder) names a process that exists, and when
+        run as another user it cannot tell a dead pid from one it may not signal; a
+        lock naming a live process is left alone, so a running server is never
+        disturbed."""
+        locks = [self.data_dir / "postmaster.pid", self.data_dir / f".s.PGSQL.{self.port}.lock"]
+        for lock in locks:
+            pid = _lock_pid(lock)
+            if pid is not None and not pid_alive(pid):
+                lock.unlink(missing_ok=True)
 
     def command(self) -> list[str]:
         return [
@@ -315,6 +341,29 @@ class Postgres(EmbeddedService):
 
     def url(self) -> str:
         return f"postgresql://postgres@{LOOPBACK}:{self.port}/{self.database}"
+
+
+def _lock_pid(path: Path) -> int | None:
+    """The pid on the first line of a PostgreSQL lock file, if there is one."""
+    try:
+        first = path.read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    try:
+        # A single-user backend writes its pid negated.
+        return abs(int(first.strip()))
+    except ValueError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process: a zombie (exited, not yet reaped) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def check_java() -> None:

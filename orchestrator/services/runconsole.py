@@ -1,9 +1,10 @@
 """``make run``: services, migrations, first-run set-up, then the console's processes.
 
 Starts the embedded services that are not configured, applies migrations, creates the
-admin account and the reference pipeline when absent, then runs a Celery worker, Celery
-beat and the ASGI server on 127.0.0.1:8000 until Ctrl-C or SIGTERM, and stops all of
-it on the way out. If any of its processes dies, everything stops with a message.
+admin account and the reference pipeline when absent, then runs the Celery workers,
+Celery beat and the ASGI server on 127.0.0.1:8000 until Ctrl-C or SIGTERM, and stops all
+of it on the way out. Until then a process that dies, one of those or an embedded
+service, is restarted in place with backoff (``supervisor``), with a line on stdout.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import FrameType
 
 from orchestrator.services.embedded import ServiceError, die_with_parent
 from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_env
+from orchestrator.services.supervisor import Supervisor
 
 STOP_GRACE_S = 20.0
 
@@ -30,8 +32,29 @@ class Stop(Exception):
 
 @dataclass
 class Child:
+    """One of the console's processes: how to start it, and the running one."""
+
     name: str
-    process: subprocess.Popen[bytes]
+    args: list[str]
+    env: Mapping[str, str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.args,
+                env=dict(self.env),
+                cwd=PROJECT_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+            )
+
+    def poll(self) -> int | None:
+        return None if self.process is None else self.process.poll()
 
 
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -48,31 +71,23 @@ def _manage(args: list[str], env: Mapping[str, str]) -> None:
 
 
 def _spawn(name: str, args: list[str], env: Mapping[str, str], log: Path) -> Child:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            args,
-            env=dict(env),
-            cwd=PROJECT_ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-        )
-    return Child(name, process)
+    child = Child(name, args, env, log)
+    child.start()
+    return child
 
 
 def _stop_children(children: list[Child]) -> None:
-    for child in reversed(children):
-        if child.process.poll() is None:
-            child.process.terminate()
+    running = [c.process for c in reversed(children) if c.process is not None]
+    for process in running:
+        if process.poll() is None:
+            process.terminate()
     deadline = time.monotonic() + STOP_GRACE_S
-    for child in reversed(children):
+    for process in running:
         try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
+            process.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
+            process.kill()
+            process.wait()
 
 
 def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
@@ -220,16 +235,14 @@ def main() -> int:
             children.append(_demo(python, env, var_dir, logs))
         print(f"\nThe backpressure console is up: http://{host}:{port}/", flush=True)
         print(f"Logs: {logs}. Stop with Ctrl-C.", flush=True)
-        while True:
-            for child in children:
-                code = child.process.poll()
-                if code is not None:
-                    print(
-                        f"{child.name} exited with code {code}; see {logs}. Stopping.",
-                        file=sys.stderr,
-                    )
-                    return 1
-            time.sleep(0.5)
+        supervisor = Supervisor()
+        # Only what this console started itself: configured external services are
+        # someone else's to keep up.
+        for service in launcher.started:
+            supervisor.watch(service)
+        for child in children:
+            supervisor.watch(child)
+        supervisor.run()
     except Stop as stop:
         print(f"\n{stop}: stopping the console and its services...", flush=True)
         return 0
