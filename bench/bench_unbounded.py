@@ -743,6 +743,12 @@ def disk_bytes(path: Path | None) -> int:
     return total
 
 
+SOAK_TABLES = tuple(
+    f"orchestrator_{name}"
+    for name in ("segment", "mergedchunk", "resultkey", "resultdistinct", "sourcefile", "event")
+)
+
+
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     with UnboundedStack(VAR, args.spark_workers) as stack:
         from django.db import connection
@@ -764,6 +770,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_database_size(current_database())")
                 database = int(cursor.fetchone()[0])
+                # Where the database's growth is: each table with its indexes and TOAST.
+                cursor.execute(
+                    "SELECT relname, pg_total_relation_size(oid) FROM pg_class "
+                    "WHERE relname = ANY(%s)",
+                    [list(SOAK_TABLES)],
+                )
+                tables = {str(name): int(size) for name, size in cursor.fetchall()}
             memory = rss_of(parts)
             shared_once = rss_of(parts, proportional=True)
             sample = {
@@ -774,6 +787,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "database_mb": database / MB,
                 "segment_rows": Segment.objects.filter(run=run).count(),
                 "merged_chunk_rows": MergedChunk.objects.filter(run=run).count(),
+                **{f"table_mb {t}": tables.get(t, 0) / MB for t in SOAK_TABLES},
                 **{f"rss_mb {name}": size / MB for name, size in memory.items()},
                 "rss_mb all": sum(memory.values()) / MB,
                 **{f"pss_mb {name}": size / MB for name, size in shared_once.items()},

@@ -216,6 +216,10 @@ class ZooKeeper(EmbeddedService):
             f"-Xmx{self.heap_mb}m",
             "-XX:+AlwaysPreTouch",
             "-XX:+UseSerialGC",
+            # The client compiler only: the server compiler's arenas and code cache grew
+            # the process by 12 MB a few minutes into a soak, for a load that needs no
+            # peak code (a few znode writes a second).
+            "-XX:TieredStopAtLevel=1",
             f"-Dlog4j2.configurationFile={self.data_dir.parent / 'log4j2.properties'}",
             "-cp",
             f"{pyspark_jars()}/*",

@@ -57,13 +57,15 @@ BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
 # driver's flows, an adjustment's outcome and a look at what just happened; a run that
 # goes on for days keeps only this much. A bounded run keeps its rows (manage.py
 # clean_runs removes them).
-BPCONSOLE_SEGMENT_ROWS_KEEP_S = float(env_str("BPCONSOLE_SEGMENT_ROWS_KEEP_S", "300"))
-BPCONSOLE_MERGED_KEEP_S = float(env_str("BPCONSOLE_MERGED_KEEP_S", "300"))
+BPCONSOLE_SEGMENT_ROWS_KEEP_S = float(env_str("BPCONSOLE_SEGMENT_ROWS_KEEP_S", "120"))
+BPCONSOLE_MERGED_KEEP_S = float(env_str("BPCONSOLE_MERGED_KEEP_S", "120"))
 # A continuous run's balancer events older than this are thinned to the first of each
-# kind at each node in each hour (users' and the system's events are kept whole).
-BPCONSOLE_EVENTS_KEEP_S = float(env_str("BPCONSOLE_EVENTS_KEEP_S", "3600"))
+# kind at each node in each hour (users' and the system's events are kept whole): the
+# last ten minutes whole, as the run page's timeline shows them.
+BPCONSOLE_EVENTS_KEEP_S = float(env_str("BPCONSOLE_EVENTS_KEEP_S", "600"))
 # A landing folder's rows of files archived or deleted this long ago (and merged: below
-# the merged prefix) go; `run_pipeline --batch --of-run` can replay only what is younger.
+# the merged prefix) go; `run_pipeline --batch --of-run` replays a run only while none
+# of its rows has gone (it says so otherwise).
 BPCONSOLE_SOURCE_FILES_KEEP_S = float(env_str("BPCONSOLE_SOURCE_FILES_KEEP_S", "3600"))
 # The largest input the built-in generator writes for one run, in MB (4 GB by default):
 # a run's generator spec asking for more is refused before anything is written, so an
@@ -248,9 +250,10 @@ CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
-# A batch's result is read only by its run's driver, to see that it finished: kept in
-# Redis ten minutes, not Celery's default day, so a continuous run's Redis stays flat.
-CELERY_RESULT_EXPIRES = timedelta(minutes=10)
+# A batch's result is read only by its run's driver, within a loop or two of the batch
+# ending, to see that it finished: kept in Redis two minutes, not Celery's default day,
+# so a continuous run's Redis is flat after two minutes.
+CELERY_RESULT_EXPIRES = timedelta(minutes=2)
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TASK_ACKS_LATE = True

@@ -194,17 +194,22 @@ def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
     assert run.source_position["offset"] == client.xlen(stream), "it took in the whole stream"
 
 
+@pytest.mark.parametrize("clean", ["archive", "keep"])
 def test_a_stopped_landing_run_and_the_next_one_take_every_file_once(
-    workers, services, producing, tmp_path
+    workers, services, producing, tmp_path, clean
 ) -> None:
-    # Given a folder the producer keeps writing into, read by a run that archives
+    # Given a folder the producer keeps writing into, read by a run that archives, or
+    # that keeps the files and names a checkpoint (the folder then says nothing)
     landing, archive = tmp_path / "landing", tmp_path / "archive"
     landing.mkdir()
     producer = Producer(FolderTarget(landing), seconds=12, seed=5)
     producing.append(producer)
     producer.start()
     doc = skewed_reference()
-    spec = LandingSpec(str(landing), "*.jsonl", stable_s=0.2, clean="archive", archive=str(archive))
+    if clean == "archive":
+        spec = LandingSpec(str(landing), stable_s=0.2, clean="archive", archive=str(archive))
+    else:
+        spec = LandingSpec(str(landing), stable_s=0.2, checkpoint=f"c-{uuid.uuid4().hex[:8]}")
     first = start(doc, policy(), source=spec)
     # When it is stopped while data keeps arriving, and a new run starts over the folder
     deadline = time.monotonic() + 60
@@ -222,6 +227,59 @@ def test_a_stopped_landing_run_and_the_next_one_take_every_file_once(
     for index, run in enumerate((first, second)):
         _assert_equals_the_plain_job(run, doc, tmp_path / f"run{index}")
         taken += (tmp_path / f"run{index}" / "ingested.jsonl").read_bytes()
-    produced = b"".join(p.read_bytes() for p in sorted(archive.glob("part-*")))
-    assert not list(landing.glob("part-*")), "every file was taken and archived"
+    if clean == "archive":
+        assert not list(landing.glob("part-*")), "every file was taken and archived"
+    produced = b"".join(
+        p.read_bytes() for p in sorted((archive if clean == "archive" else landing).glob("part-*"))
+    )
     assert taken == produced
+
+
+def test_backpressure_on_a_landing_folder_keeps_the_backlog_in_the_folder(
+    workers, services, tmp_path
+) -> None:
+    # Given 3 MB of files already landed, and branches and an output far slower
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    produce(
+        FolderTarget(landing),
+        rate_bps=64 * 1024 * 1024,
+        pattern="skewed",
+        duration_s=None,
+        max_bytes=3 * 1024 * 1024,
+        seed=9,
+        file_bytes=64 * 1024,
+        branches=BRANCHES,
+    )
+    doc = skewed_reference(slow_mbps=3.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "sink":
+            node["max_rate_mbps"] = 4.0
+    values = policy(
+        migration="off",
+        throttling="stepwise",
+        overload_mb=0.25,
+        underload_kb=64,
+        sensitivity_ms=400,
+    )
+    run = start(doc, values, source=LandingSpec(str(landing), stable_s=0))
+    # When the slow branches fill up, the balancer slows the source: what it takes in
+    deadline = time.monotonic() + 90
+    while not Event.objects.filter(
+        run=run, kind="set_speed", node="source", data__in_backpressure=True
+    ).exists():
+        assert time.monotonic() < deadline, "the source was never slowed"
+        time.sleep(0.2)
+    # Then the backlog waits in the folder, not in the run: files not read into the
+    # ledger yet, and the ledger holding only what the pools and the read-ahead allow
+    lags = []
+    for _ in range(6):
+        lag = snapshot(run.pk)["source"]["lag"]
+        if lag is not None:
+            lags.append(lag)
+        time.sleep(0.5)
+    assert any(lag["entries"] > 0 and lag["bytes"] > 0 for lag in lags), lags
+    # ...and once stopped the run equals the plain job over what it took in
+    set_status(run.pk, "stopping", reason="test: backlog seen")
+    run = wait_until_done(run, timeout_s=180)
+    _assert_equals_the_plain_job(run, doc, tmp_path / "check")
