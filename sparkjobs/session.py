@@ -62,6 +62,11 @@ def _operator_session() -> SparkSession:
     return session
 
 
+def jvm_started() -> bool:
+    """Has this process started its Spark JVM (a worker starts it at its first batch)?"""
+    return getattr(SparkContext._gateway, "proc", None) is not None
+
+
 def jvm_exit_code() -> int | None:
     """The exit code of this process's Spark JVM once it has died; None while it runs
     (or before the first session started it)."""

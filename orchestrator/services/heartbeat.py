@@ -19,7 +19,7 @@ from typing import TypedDict
 import redis
 from django.conf import settings
 
-from sparkjobs.session import jvm_exit_code
+from sparkjobs.session import jvm_exit_code, jvm_started
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ INTERVAL_S = 5.0
 
 class Beat(TypedDict):
     worker: str
-    jvm: str  # "up", or "exited with code N"
+    jvm: str  # "up", "not started" (no batch yet) or "exited with code N"
     at: float
 
 
@@ -42,7 +42,10 @@ def _client() -> redis.Redis:
 
 def beat(worker: str) -> Beat:
     code = jvm_exit_code()
-    jvm = "up" if code is None else f"exited with code {code}"
+    if code is not None:
+        jvm = f"exited with code {code}"
+    else:
+        jvm = "up" if jvm_started() else "not started"
     entry = Beat(worker=worker, jvm=jvm, at=time.time())
     client = _client()
     try:
@@ -53,7 +56,9 @@ def beat(worker: str) -> Beat:
 
 
 def start() -> None:
-    """Beat every few seconds from this process, once it runs Spark (idempotent)."""
+    """Beat every few seconds from this process (idempotent): from each Spark worker
+    process as it starts (``orchestrator/celery.py``), and again from the batch that
+    starts its session."""
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if worker in _started:
         return

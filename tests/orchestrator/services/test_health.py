@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import time
+import uuid
+from typing import Any
 
+import psutil
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -11,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from orchestrator.services import health
+from orchestrator.services import health, heartbeat
 from orchestrator.services.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -79,3 +83,47 @@ def test_spark_down_is_reported_with_the_reason(monkeypatch: pytest.MonkeyPatch)
     check = health.check_spark(max_age_s=0)
     assert check.up is False
     assert "Error" in check.detail  # the exception type and message, not a bare "down"
+
+
+def test_healthz_reads_the_spark_workers_heartbeats_and_runs_no_spark_job(
+    viewer_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given no Spark worker beating (a prefix of this test's own in the shared Redis)
+    monkeypatch.setattr(heartbeat, "KEY_PREFIX", f"bpconsole:test-{uuid.uuid4().hex[:8]}:")
+    # Then /healthz is down, saying no batch can run
+    response = viewer_client.get("/healthz")
+    assert response.status_code == 503
+    down = [c for c in response.json()["checks"] if not c["up"]]
+    assert [c["service"] for c in down] == ["spark-workers"]
+    assert "no Spark worker has reported" in down[0]["detail"]
+    # And once a worker beats with a live JVM, it is up, from that beat alone
+    heartbeat.beat("test-host:1")
+    response = viewer_client.get("/healthz")
+    assert response.status_code == 200, response.json()
+    # (no "spark" check: that one runs a job, for manage.py doctor only)
+    services = [c["service"] for c in response.json()["checks"]]
+    assert services == ["postgresql", "redis", "zookeeper", "spark-workers"]
+
+
+@pytest.mark.spark
+def test_a_spark_worker_reports_in_before_its_first_batch(workers: Any) -> None:
+    # Given a Spark worker just started (its pool's process has run no batch)
+    process = workers.start("spark9")
+    try:
+        # Then its pool's process beats within a few seconds, and no control worker does
+        deadline = time.monotonic() + 90
+        while True:
+            pool = {c.pid for c in psutil.Process(process.pid).children()}
+            mine = [b for b in heartbeat.beats() if int(b["worker"].rsplit(":", 1)[1]) in pool]
+            if mine:
+                break
+            assert time.monotonic() < deadline, "the new Spark worker never reported in"
+            time.sleep(0.5)
+        assert mine[0]["jvm"] in ("not started", "up")
+        control = {workers.processes[name].pid for name in ("control1", "control2")}
+        beating = {int(b["worker"].rsplit(":", 1)[1]) for b in heartbeat.beats()}
+        assert not control & beating
+    finally:
+        process.terminate()
+        process.wait(30)
+        workers.processes.pop("spark9")
