@@ -385,27 +385,45 @@ def stop_run(run: Any, *, drain_s: float) -> Any:
     return run
 
 
-def exactness(run: Any, doc: PipelineDocument, scratch: Path) -> dict[str, Any]:
-    """The run's rows against the plain Spark job over exactly what it took in."""
+def exactness(run: Any, doc: PipelineDocument, scratch: Path, source: Source) -> dict[str, Any]:
+    """The run's rows against the plain Spark job over exactly what it took in.
+
+    A landing folder's run, once stopped, has read every file it took whole and archived
+    it: the plain job reads the archive folder itself (which must hold exactly the bytes
+    the run emitted), so the check needs nothing of the run's own record of its files
+    (rows of files merged long ago are deleted, BPCONSOLE_SOURCE_FILES_KEEP_S). A
+    stream's entries are read back from the stream (``write_ingested``)."""
     from orchestrator.ledger.results import summary
     from orchestrator.source.replay import write_ingested
     from orchestrator.worker.plain_job import batch_summary
 
     result = summary(run)
-    path = scratch / f"ingested-{run.pk}.jsonl"
-    try:
-        taken = write_ingested(run, path)
-        batch = batch_summary(topology=doc, input_path=str(path), generator=None)
-    finally:
-        path.unlink(missing_ok=True)
+    emitted = ingested_bytes(run)
+    if source.archive is not None:
+        files = sorted(source.archive.glob("*.jsonl"))
+        taken = sum(f.stat().st_size for f in files)
+        batch = batch_summary(
+            topology=doc, input_path=str(source.archive / "*.jsonl"), generator=None
+        )
+        whole = taken == emitted
+    else:
+        path = scratch / f"ingested-{run.pk}.jsonl"
+        try:
+            taken = write_ingested(run, path)
+            batch = batch_summary(topology=doc, input_path=str(path), generator=None)
+        finally:
+            path.unlink(missing_ok=True)
+        whole = True
     return {
         "run": run.pk,
         "status": result["status"],
         "ingested_mb": round(taken / MB, 1),
+        "emitted_equals_archived": whole,
         "rows": len(result["rows"]),
         "coverage": result["coverage"],
         "exact": result["status"] == "completed"
         and result["coverage"] == "exact"
+        and whole
         and result["rows"] == batch["rows"]
         and result["malformed_records"] == batch["malformed_records"],
         "stop_to_completed_s": getattr(run, "stop_s", None),
@@ -591,7 +609,7 @@ def sustained(args: argparse.Namespace) -> dict[str, Any]:
             return {"steps": steps, "sustained_mb_s": None, "note": "no rate was sustained"}
         run, source = best
         top = next(s for s in steps if s["run"] == run.pk)
-        exact = exactness(run, doc, stack.var)
+        exact = exactness(run, doc, stack.var, source)
         source.remove()
         reference = bounded(stack, doc, args, ingested_bytes(run))
         return {
@@ -707,7 +725,7 @@ def freshness(args: argparse.Namespace) -> dict[str, Any]:
         else:
             values = file_freshness(run)
             unit = "files"
-        exact = exactness(run, doc, stack.var)
+        exact = exactness(run, doc, stack.var, source)
         source.remove()
         return {
             "source": "stream" if args.stream else "landing folder (clean: archive)",
@@ -807,7 +825,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             every=take,
         )
         run = stop_run(run, drain_s=60.0)
-        exact = exactness(run, doc, stack.var)
+        exact = exactness(run, doc, stack.var, source)
         source.remove()
         base_t = 300.0 if seconds > 300 else seconds / 2  # after the first 5 minutes
         base = min(samples, key=lambda s: abs(s["t"] - base_t))

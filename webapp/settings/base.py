@@ -64,9 +64,10 @@ BPCONSOLE_MERGED_KEEP_S = float(env_str("BPCONSOLE_MERGED_KEEP_S", "120"))
 # last ten minutes whole, as the run page's timeline shows them.
 BPCONSOLE_EVENTS_KEEP_S = float(env_str("BPCONSOLE_EVENTS_KEEP_S", "600"))
 # A landing folder's rows of files archived or deleted this long ago (and merged: below
-# the merged prefix) go; `run_pipeline --batch --of-run` replays a run only while none
-# of its rows has gone (it says so otherwise).
-BPCONSOLE_SOURCE_FILES_KEEP_S = float(env_str("BPCONSOLE_SOURCE_FILES_KEEP_S", "3600"))
+# the merged prefix) go: they are not needed for recovery, only for a look at recent
+# files and for `run_pipeline --batch --of-run`, which replays a run only while none of
+# its rows has gone (it says so otherwise; the archive folder itself can be replayed).
+BPCONSOLE_SOURCE_FILES_KEEP_S = float(env_str("BPCONSOLE_SOURCE_FILES_KEEP_S", "600"))
 # The largest input the built-in generator writes for one run, in MB (4 GB by default):
 # a run's generator spec asking for more is refused before anything is written, so an
 # operator cannot fill the data folder's disk (docs/security.md, "Bounded generation").
