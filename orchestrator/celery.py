@@ -6,7 +6,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_process_init, worker_ready
+from celery.signals import beat_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings.local")
 
@@ -25,15 +25,3 @@ def _warn_when_root(**_: object) -> None:
             "this Celery process runs as root (uid 0): run the workers and beat as an "
             "unprivileged user"
         )
-
-
-@worker_process_init.connect
-def _beat_from_a_spark_worker(**_: object) -> None:
-    # A Spark worker's process reports in from its start, so /healthz knows it is there
-    # before its first batch starts a JVM (the queues chosen with -Q are the parent's,
-    # inherited by the pool's processes).
-    queues = app.amqp.queues.consume_from or {}
-    if "spark" in queues:
-        from orchestrator.services import heartbeat
-
-        heartbeat.start()

@@ -8,8 +8,8 @@ import os
 import socket
 from typing import Any
 
-from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery import current_app, shared_task
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import Q
@@ -153,3 +153,14 @@ def _unregister_worker(**_: Any) -> None:
     control = _registration.pop("control", None)
     if control is not None:
         control.close()
+
+
+@worker_process_init.connect
+def _beat_from_a_spark_worker(**_: Any) -> None:
+    # A Spark worker's process reports in from its start, so /healthz knows it is there
+    # before its first batch starts a JVM (the queues chosen with -Q are the parent's,
+    # inherited by the pool's processes).
+    if "spark" in (current_app.amqp.queues.consume_from or {}):
+        from orchestrator.services import heartbeat
+
+        heartbeat.start()

@@ -3,23 +3,46 @@ direct upstream, and once it stays underloaded the upstream is restored to full 
 
 A driver that did not report task speeds back to the balancer once slowed the source and
 never restored it (the balancer saw every task at full speed, never in backpressure).
+
+The run reads a landing folder, so it goes on after its data is read: the restore is
+watched to the end (over a bounded input, the run could complete between two steps of
+the restore, as its last batches drained).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event
+from orchestrator.pipeline.producer import FolderTarget, produce
+from orchestrator.run.lifecycle import set_status
+from orchestrator.source.replay import write_ingested
+from orchestrator.source.spec import LandingSpec
 from orchestrator.worker.plain_job import batch_summary
 from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_slowed_source_is_restored_to_full_speed_and_the_result_is_exact(workers) -> None:
-    # Given slow branches, and an output slower still, so that the run goes on while the
-    # branches' pools empty
+def test_a_slowed_source_is_restored_to_full_speed_and_the_result_is_exact(
+    workers, tmp_path
+) -> None:
+    # Given 2 MB landed at once, slow branches, and an output slower still
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    produce(
+        FolderTarget(landing),
+        rate_bps=64 * 1024 * 1024,
+        pattern="skewed",
+        duration_s=None,
+        max_bytes=2 * 1024 * 1024,
+        seed=5,
+        file_bytes=256 * 1024,
+        branches=("task1", "task2", "task3"),
+    )
     doc = skewed_reference(slow_mbps=3.0)
     for node in doc["nodes"]:
         if node["kind"] == "sink":
@@ -31,21 +54,27 @@ def test_a_slowed_source_is_restored_to_full_speed_and_the_result_is_exact(worke
         underload_kb=64,
         sensitivity_ms=400,
     )
-    run = wait_until_done(start(doc, values, generator="seed=5,volume_mb=2,dominance=0.6"))
-    assert run.status == "completed", run.error
-    speeds = [
-        e.data
-        for e in Event.objects.filter(run=run, kind="set_speed", node="source").order_by(
-            "time", "id"
-        )
-    ]
-    # Then the source was slowed...
-    assert any(s["speed"] < 1.0 and s["in_backpressure"] for s in speeds), speeds
-    # ...and restored: back at its origin speed, out of backpressure
-    restored = [s for s in speeds if s["speed"] == 1.0 and not s["in_backpressure"]]
-    assert restored, speeds
-    # ...and the result is exactly the plain Spark job's over the same input
+    run = start(doc, values, source=LandingSpec(str(landing), stable_s=0))
+
+    def speeds() -> list[dict]:
+        events = Event.objects.filter(run=run, kind="set_speed", node="source")
+        return [e.data for e in events.order_by("time", "id")]
+
+    # When the branches fill up and then drain (nothing more lands)
+    deadline = time.monotonic() + 120
+    while not any(s["speed"] == 1.0 and not s["in_backpressure"] for s in speeds()):
+        assert time.monotonic() < deadline, f"the source was never restored: {speeds()}"
+        time.sleep(0.5)
+    # Then the source was slowed first...
+    assert any(s["speed"] < 1.0 and s["in_backpressure"] for s in speeds()), speeds()
+    # ...and restored to its origin speed, out of backpressure (the wait above); and the
+    # stopped run is exactly the plain Spark job over what it took in
+    set_status(run.pk, "stopping", reason="test: restored")
+    run = wait_until_done(run)
     result = summary(run)
-    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+    assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact"
+    taken = tmp_path / "ingested.jsonl"
+    write_ingested(run, taken)
+    expected = batch_summary(topology=doc, input_path=str(taken), generator=None)
     assert result["rows"] == expected["rows"]
