@@ -12,7 +12,9 @@ import yaml
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.models import Run
+from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.run.lifecycle import create_run
+from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
 
 REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
@@ -93,3 +95,37 @@ def _sessions() -> str:
         )
         rows = cursor.fetchall()
     return "".join(f"\n  {row}" for row in rows)
+
+
+def landed_at_once(folder: Path, *, mb: float, seed: int, file_kb: int) -> LandingSpec:
+    """``mb`` of skewed records written into ``folder`` before the run starts (nothing
+    lands after): a continuous run over it reads them, then goes on with nothing new."""
+    folder.mkdir(parents=True, exist_ok=True)
+    produce(
+        FolderTarget(folder),
+        rate_bps=64 * 1024 * 1024,
+        pattern="skewed",
+        duration_s=None,
+        max_bytes=int(mb * 1024 * 1024),
+        seed=seed,
+        file_bytes=file_kb * 1024,
+        branches=("task1", "task2", "task3"),
+    )
+    return LandingSpec(str(folder), stable_s=0)
+
+
+def stepwise_slowed(*, output_mbps: float) -> tuple[PipelineDocument, dict[str, Any]]:
+    """Slow branches behind an output slower still, under stepwise backpressure: the
+    branches fill past the overload and slow the source."""
+    doc = skewed_reference(slow_mbps=3.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "sink":
+            node["max_rate_mbps"] = output_mbps
+    values = policy(
+        migration="off",
+        throttling="stepwise",
+        overload_mb=0.25,
+        underload_kb=64,
+        sensitivity_ms=400,
+    )
+    return doc, values

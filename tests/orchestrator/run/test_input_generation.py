@@ -70,8 +70,9 @@ def test_the_driver_writes_the_input_records_its_progress_and_then_the_input(
     seen: list[tuple[float, dict[str, int] | None, bool]] = []
 
     def publish(final: bool) -> None:
+        now = time.monotonic()  # before the read, whose time varies
         spec = Run.objects.get(pk=run.pk).input_spec
-        seen.append((time.monotonic(), spec.get("generating"), bool(spec.get("paths"))))
+        seen.append((now, spec.get("generating"), bool(spec.get("paths"))))
 
     # When its driver prepares the input
     assert as_next_driver(run, publish=publish) is None
@@ -92,8 +93,10 @@ def test_the_driver_writes_the_input_records_its_progress_and_then_the_input(
     assert writing[0][1] == {"written": 0, "total": 40 * MB}
     middle = [(t, g) for t, g in writing if 0 < g["written"] < size]
     assert middle, f"no progress was recorded: {seen}"
+    # (spaced by the interval, give or take the time of each report's own database
+    # write: a report per chunk would come milliseconds apart)
     times = [t for t, _ in writing]
-    assert all(b - a >= every_s * 0.95 for a, b in itertools.pairwise(times))
+    assert all(b - a >= every_s * 0.5 for a, b in itertools.pairwise(times)), times
     written = [g["written"] for _, g in writing]
     assert written == sorted(written)
     assert seen[-1][2], "the last snapshot shows the input ready"

@@ -17,12 +17,15 @@ import pytest
 
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event
-from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.run.lifecycle import set_status
 from orchestrator.source.replay import write_ingested
-from orchestrator.source.spec import LandingSpec
 from orchestrator.worker.plain_job import batch_summary
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    landed_at_once,
+    start,
+    stepwise_slowed,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -31,30 +34,9 @@ def test_a_slowed_source_is_restored_to_full_speed_and_the_result_is_exact(
     workers, tmp_path
 ) -> None:
     # Given 2 MB landed at once, slow branches, and an output slower still
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    produce(
-        FolderTarget(landing),
-        rate_bps=64 * 1024 * 1024,
-        pattern="skewed",
-        duration_s=None,
-        max_bytes=2 * 1024 * 1024,
-        seed=5,
-        file_bytes=256 * 1024,
-        branches=("task1", "task2", "task3"),
-    )
-    doc = skewed_reference(slow_mbps=3.0)
-    for node in doc["nodes"]:
-        if node["kind"] == "sink":
-            node["max_rate_mbps"] = 2.0
-    values = policy(
-        migration="off",
-        throttling="stepwise",
-        overload_mb=0.25,
-        underload_kb=64,
-        sensitivity_ms=400,
-    )
-    run = start(doc, values, source=LandingSpec(str(landing), stable_s=0))
+    source = landed_at_once(tmp_path / "landing", mb=2, seed=5, file_kb=256)
+    doc, values = stepwise_slowed(output_mbps=2.0)
+    run = start(doc, values, source=source)
 
     def speeds() -> list[dict]:
         events = Event.objects.filter(run=run, kind="set_speed", node="source")

@@ -26,7 +26,14 @@ from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import LandingSpec, StreamSpec
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    landed_at_once,
+    policy,
+    skewed_reference,
+    start,
+    stepwise_slowed,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -239,30 +246,9 @@ def test_backpressure_on_a_landing_folder_keeps_the_backlog_in_the_folder(
     workers, services, tmp_path
 ) -> None:
     # Given 3 MB of files already landed, and branches and an output far slower
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    produce(
-        FolderTarget(landing),
-        rate_bps=64 * 1024 * 1024,
-        pattern="skewed",
-        duration_s=None,
-        max_bytes=3 * 1024 * 1024,
-        seed=9,
-        file_bytes=64 * 1024,
-        branches=BRANCHES,
-    )
-    doc = skewed_reference(slow_mbps=3.0)
-    for node in doc["nodes"]:
-        if node["kind"] == "sink":
-            node["max_rate_mbps"] = 4.0
-    values = policy(
-        migration="off",
-        throttling="stepwise",
-        overload_mb=0.25,
-        underload_kb=64,
-        sensitivity_ms=400,
-    )
-    run = start(doc, values, source=LandingSpec(str(landing), stable_s=0))
+    source = landed_at_once(tmp_path / "landing", mb=3, seed=9, file_kb=64)
+    doc, values = stepwise_slowed(output_mbps=4.0)
+    run = start(doc, values, source=source)
     # When the slow branches fill up, the balancer slows the source: what it takes in
     deadline = time.monotonic() + 90
     while not Event.objects.filter(
