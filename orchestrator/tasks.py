@@ -68,16 +68,23 @@ def start_run(run: Run) -> None:
 
 
 @shared_task(
+    bind=True,
     name="orchestrator.process_batch",
     acks_late=True,
+    # A batch whose process died fails (WorkerLostError) rather than going back to the
+    # end of its queue: the driver sees the failure within a second, frees what the
+    # batch held and sends the node's next batch (orchestrator/run/dispatch.py).
+    reject_on_worker_lost=False,
     autoretry_for=NETWORK_ERRORS,
     max_retries=5,
     retry_backoff=True,
     retry_jitter=True,
 )
-def process_batch_task(*, run_id: int, node: str, routes: dict[str, Any] | None) -> dict[str, Any]:
+def process_batch_task(
+    self: Any, *, run_id: int, node: str, routes: dict[str, Any] | None
+) -> dict[str, Any]:
     try:
-        report = process_batch(run_id, node, routes)
+        report = process_batch(run_id, node, routes, task_id=self.request.id or "")
         if report.aligned is not None and report.aligned.tail:
             _report_tail(run_id, report)
         return report.to_json()

@@ -378,6 +378,14 @@ def release(owner: str, segments: Sequence[Segment]) -> int:
     ).update(state=Segment.State.QUEUED, lease_owner="", lease_expires=None)
 
 
+def release_task(run_id: int, task_id: str) -> int:
+    """Give back what a batch task that failed still held (its process died under it:
+    nothing of it can complete any more), without waiting for its lease to run out."""
+    return Segment.objects.filter(
+        run_id=run_id, state=Segment.State.CLAIMED, lease_owner__contains=f":task={task_id}:"
+    ).update(state=Segment.State.QUEUED, lease_owner="", lease_expires=None)
+
+
 def renew_lease(segment_ids: Sequence[str], owner: str, lease_s: float) -> int:
     """Extend the lease of the segments ``owner`` still holds; how many it holds."""
     return Segment.objects.filter(

@@ -8,19 +8,34 @@ Spark worker, unless a hot rescale placed the instance on a worker of its own.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from django.conf import settings
+from kombu.exceptions import OperationalError as BrokerError
 
 from balancer.topology import Topology
+from orchestrator.ledger import segments
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.rescale.control import RescaleControl
+from orchestrator.run.broker_watch import BrokerWatch
 from orchestrator.run.route_store import RouteStore
+
+log = logging.getLogger(__name__)
 
 # (run id, node, its routing table, the queue or None for any Spark worker) -> a handle
 Dispatcher = Callable[[int, str, dict[str, Any], Any], Any]
+
+# Redis (the broker and the result backend) restarting: a batch's state is unknown and
+# none can be sent until it is back; the run waits, it does not fail.
+BROKER_ERRORS = (BrokerError, redis.RedisError, ConnectionError)
+
+# How often the batches in flight are asked whether they failed (one read of the result
+# backend each) and Redis whether it restarted.
+CHECK_S = 0.5
 
 
 @dataclass
@@ -33,9 +48,25 @@ class Dispatch:
         ago (it may be waiting in its queue), or its node's segments are under a live
         lease (its worker renews it while the batch runs). One silent for a lease with
         nothing held cannot: e.g. sent to the queue of a worker that died."""
+        return not self.finished() and (
+            held or now - self.started < settings.BPCONSOLE_QUEUED_BATCH_S
+        )
+
+    def failed_task(self) -> str | None:
+        """The task's id once it failed: its process died under it (Celery reports
+        ``WorkerLostError``) or it gave up retrying."""
+        failed = getattr(self.handle, "failed", None)
+        try:
+            return str(self.handle.id) if failed is not None and failed() else None
+        except BROKER_ERRORS:
+            return None
+
+    def finished(self) -> bool:
         ready = getattr(self.handle, "ready", None)
-        finished = True if ready is None else bool(ready())
-        return not finished and (held or now - self.started < settings.BPCONSOLE_LEASE_S)
+        try:
+            return ready is None or bool(ready())
+        except BROKER_ERRORS:
+            return False
 
 
 class BatchDispatch:
@@ -44,6 +75,11 @@ class BatchDispatch:
         self.send = send
         self.routes = routes
         self.in_flight: dict[str, Dispatch] = {}
+        # Batches sent again while the first was presumed lost: the first may still run
+        # (it was only waiting long in its queue), and may still die under its batch.
+        self.replaced: list[Dispatch] = []
+        self.next_check = 0.0
+        self.broker = BrokerWatch(settings.CELERY_BROKER_URL)
 
     def dispatch_ready(
         self,
@@ -52,6 +88,11 @@ class BatchDispatch:
         topology: Topology,
         rescale: RescaleControl | None,
     ) -> None:
+        if now >= self.next_check:
+            self.take_over_failed(now)
+            if self.broker.restarted():
+                self.forget_unheld(flows)
+            self.next_check = now + CHECK_S
         for node, flow in flows.items():
             if flow.arrived_waiting == 0 or (
                 topology.has_node(node) and topology.node(node).kind == "source"
@@ -69,8 +110,43 @@ class BatchDispatch:
                 queue = "control"
             else:
                 queue = None
-            handle = self.send(self.run_id, node, self.routes.get(node).to_json(), queue)
+            try:
+                handle = self.send(self.run_id, node, self.routes.get(node).to_json(), queue)
+            except BROKER_ERRORS as err:
+                log.warning(
+                    "run %s: batch of %s not sent (broker down?): %s", self.run_id, node, err
+                )
+                return  # tried again next loop
+            if current is not None and not current.finished():
+                self.replaced.append(current)
             self.in_flight[node] = Dispatch(now, handle)
+
+    def take_over_failed(self, now: float) -> None:
+        """A batch whose task failed goes back to its node's pool at once: a Spark
+        worker process killed mid-batch costs a second, not a whole lease."""
+        for node, current in list(self.in_flight.items()):
+            task = current.failed_task()
+            if task is not None:
+                segments.release_task(self.run_id, task)
+                del self.in_flight[node]
+        watched = []
+        for old in self.replaced:
+            task = old.failed_task()
+            if task is not None:
+                segments.release_task(self.run_id, task)
+            elif not old.finished() and now - old.started < settings.BPCONSOLE_BATCH_MAX_S:
+                watched.append(old)  # a lost message never reports: given up after that
+        self.replaced = watched
+
+    def forget_unheld(self, flows: Mapping[str, NodeFlow]) -> None:
+        """Redis restarted empty: a batch not running yet (its node holds nothing) was
+        lost with its queue, and is sent again now. A running one reports to the new
+        server when it ends."""
+        for node in list(self.in_flight):
+            flow = flows.get(node)
+            if flow is None or flow.held == 0:
+                del self.in_flight[node]
+        log.warning("run %s: Redis restarted; batches that were queued are sent again", self.run_id)
 
     def running(self, now: float) -> bool:
         return any(d.may_complete(now) for d in self.in_flight.values())

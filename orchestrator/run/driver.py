@@ -3,7 +3,8 @@
 Exactly one driver per run holds the run's ZooKeeper lock; taking it bumps the run's
 epoch, which fences any older owner out of the ledger. The driver pauses while its
 ZooKeeper session is SUSPENDED and stops on LOST (its lock is gone; the watchdog starts
-a new driver elsewhere, which resumes from the ledger).
+a new driver elsewhere, which resumes from the ledger). Through a PostgreSQL outage it
+keeps its lock, waits for the database, and resumes from the ledger itself.
 
 Each loop the driver:
 1. lets the source send what its pacing allows (orchestrator.run.pacer);
@@ -20,11 +21,14 @@ Each loop the driver:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from balancer.document import NodeDocument
@@ -58,6 +62,9 @@ from orchestrator.zk.control_plane import ControlPlane, Subscription
 log = logging.getLogger(__name__)
 
 LOOP_S = 0.1
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+# How often a driver whose database went away tries it again.
+DATABASE_RETRY_S = 0.5
 # How often a source whose server is down is tried again before the run can start.
 SOURCE_RETRY_S = 2.0
 # How often merged data's segment files (and old rows) are deleted while a run goes on.
@@ -75,9 +82,15 @@ class RunDriver:
         publish: Publisher,
     ) -> None:
         self.run_id, self.key, self.identity = run_id, str(run_id), identity
-        self.control, self.publish = control, publish
-        self.table = ActionTable(control, run_id, on_graph_change=self._reload_topology)
-        self.batches = BatchDispatch(run_id, dispatch, self.table.routes)
+        self.control, self.publish, self.dispatch = control, publish, dispatch
+        self.lost = False
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """What one attempt at driving the run builds; a new attempt starts from the
+        ledger as a new driver would."""
+        self.table = ActionTable(self.control, self.run_id, on_graph_change=self._reload_topology)
+        self.batches = BatchDispatch(self.run_id, self.dispatch, self.table.routes)
         self.state = BalancerState()
         self.stats = TickStats()
         self.node_states: dict[str, NodeState] = {}
@@ -86,13 +99,32 @@ class RunDriver:
         # Made once the input exists (a generated input is written first): _start.
         self.pacer: SourcePacer
         self.runtime: LiveRuntime
-        self.started = self.lost = False
+        self.started = False
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
         if not lock.acquire(timeout=lock_timeout_s):
             return "another driver holds this run"
         callback = self.control.session.on_lost(self._on_lost)
+        try:
+            while True:
+                try:
+                    return self._attempt()
+                except DATABASE_ERRORS as err:
+                    # PostgreSQL restarting: the driver keeps the run's lock, waits for
+                    # the database and resumes from the ledger (a new epoch fences
+                    # whatever the interrupted attempt had sent), instead of giving the
+                    # run up to a watchdog that needs the database too.
+                    log.warning("run %s: database unreachable (%s); waiting", self.run_id, err)
+                    if not wait_for_database(alive=lambda: not self.lost):
+                        return "lost"
+                    self._fresh()
+        finally:
+            self.control.session.remove(callback)
+            if not self.lost:
+                lock.release()
+
+    def _attempt(self) -> str:
         self.reporter = Reporter(self.run_id, self.control, self.table.routes, self.publish)
         self.reporter.start()
         try:
@@ -105,9 +137,6 @@ class RunDriver:
                 subscription.cancel()
             if self.started:
                 self.pacer.input.close()
-            self.control.session.remove(callback)
-            if not self.lost:
-                lock.release()
 
     def _on_lost(self) -> None:
         # Runs in kazoo's thread: only note it; the loop gives the run up.
@@ -324,3 +353,17 @@ class RunDriver:
             thin_events(self.run_id, older_than_s=settings.BPCONSOLE_EVENTS_KEEP_S)
         keep = settings.BPCONSOLE_SEGMENT_ROWS_KEEP_S if unbounded else None
         return retention.sweep(self.run_id, keep_rows_s=keep)
+
+
+def wait_for_database(*, alive: Callable[[], bool]) -> bool:
+    """Block until the database answers again (True), or until ``alive`` says the
+    driver was superseded meanwhile (False)."""
+    while alive():
+        with contextlib.suppress(*DATABASE_ERRORS):
+            connection.close()  # the broken connection: the next query opens a new one
+        try:
+            connection.ensure_connection()
+            return True
+        except DATABASE_ERRORS:
+            time.sleep(DATABASE_RETRY_S)
+    return False

@@ -67,17 +67,26 @@ def output_id(input_id: str, node: str) -> str:
     return f"{input_id}.{node}"
 
 
-def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def worker_identity(task_id: str = "") -> str:
+    """The owner written on a batch's lease. It names the Celery task, so the batch is
+    freed at once (``segments.release_task``) when the driver sees the task fail (its
+    process died: ``WorkerLostError``) or the task's next attempt starts, instead of
+    after the lease."""
+    task = f"task={task_id}:" if task_id else ""
+    return f"{socket.gethostname()}:{os.getpid()}:{task}{uuid.uuid4().hex[:8]}"
 
 
 def process_batch(
-    run_id: int, node_name: str, routes_json: Mapping[str, object] | None
+    run_id: int, node_name: str, routes_json: Mapping[str, object] | None, task_id: str = ""
 ) -> BatchReport:
     run = Run.objects.get(pk=run_id)
     if not run.is_active:
         return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
-    owner = worker_identity()
+    owner = worker_identity(task_id)
+    if task_id:
+        # A retry of this task (its last attempt gave up on an unreachable database):
+        # what that attempt still held is free at once, not after its lease.
+        segments.release_task(run_id, task_id)
     node = _node_at(run, node_name)
     if node["kind"] != "sink":
         # Spark first, then the batch: a new worker's JVM takes seconds to start, and
@@ -125,6 +134,14 @@ def process_batch(
         except (segments.LeaseLostError, DatabaseError):
             raise  # not the operator's failure: the task's retry policy and the lease
         except Exception as error:  # noqa: BLE001 - any operator error is this batch's
+            if _spark_died(error):
+                # The engine failed, not the operator: the batch goes back to its pool
+                # unprocessed and uncounted; the next one starts a new session.
+                segments.release(owner, claim.segments)
+                log.warning(
+                    "run %s node %s: Spark died under the batch: %s", run.pk, node_name, error
+                )
+                return BatchReport(node_name, 0, 0, aligned=aligned, failure="spark died")
             failure = _failed(run, node_name, owner, claim.segments, error)
             return BatchReport(node_name, len(claim), size, aligned=aligned, failure=failure)
     return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
@@ -140,6 +157,16 @@ def _spark_ready() -> None:
         log.warning("the Spark JVM of this worker had exited with code %s; new session", code)
     operator_session()
     heartbeat.start()
+
+
+def _spark_died(error: Exception) -> bool:
+    """Did the batch fail because this worker's Spark JVM went away (killed, out of
+    memory), rather than because of its operator or data?"""
+    from py4j.protocol import Py4JNetworkError
+
+    from sparkjobs.session import jvm_exit_code
+
+    return isinstance(error, Py4JNetworkError | ConnectionError) or jvm_exit_code() is not None
 
 
 def _failed(run: Run, node: str, owner: str, batch: list[Segment], error: Exception) -> str:

@@ -43,8 +43,13 @@ BPCONSOLE_STREAM_URLS = env_list("BPCONSOLE_STREAM_URLS", [])
 # target must still lie inside the input roots).
 INPUT_FOLLOW_SYMLINKS = env_bool("BPCONSOLE_INPUT_FOLLOW_SYMLINKS", default=False)
 # How long a worker owns a claimed batch without renewing it (it renews every third of
-# this while the batch runs) before others may take it over.
-BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "60"))
+# this while the batch runs) before others may take it over: how soon a batch of a
+# worker that died or hangs runs elsewhere.
+BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "10"))
+# How long a sent batch may wait in its queue, not started, before the driver presumes
+# its message lost (prefetched by a worker that died) and sends another. A batch waits
+# behind other nodes' batches on a busy worker, so this is longer than the lease.
+BPCONSOLE_QUEUED_BATCH_S = float(env_str("BPCONSOLE_QUEUED_BATCH_S", "60"))
 # Most input one operator batch takes from its node's pool. Every Spark job costs about
 # a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
 # goes in as few jobs as this allows.

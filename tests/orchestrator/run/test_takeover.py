@@ -1,0 +1,68 @@
+"""A batch whose process or engine died runs again within seconds, not after its lease,
+and a dead Spark JVM is the engine's failure, never counted against the operator."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+from django.utils import timezone
+
+from orchestrator.ledger.results import summary
+from orchestrator.models import Run, Segment
+from orchestrator.worker.plain_job import batch_summary
+from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+GENERATOR = "seed=21,volume_mb=4,dominance=0.85,skew_mean_s=1000"
+
+
+def _operator_batch(run: Run) -> Segment:
+    """A batch of an operator (not the sink, whose merges run on the control workers)
+    while it runs."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        held = Segment.objects.filter(run=run, state="claimed").exclude(node="sink").first()
+        if held is not None:
+            return held
+        time.sleep(0.02)
+    raise AssertionError("no operator batch was ever claimed")
+
+
+def _pool_child(workers) -> psutil.Process:
+    children = psutil.Process(workers.processes["spark1"].pid).children()
+    assert len(children) == 1, children
+    return children[0]
+
+
+def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(workers) -> None:
+    # One failed attempt would fail this run
+    run = start(skewed_reference(), policy(max_batch_attempts=1), generator=GENERATOR)
+    held = _operator_batch(run)
+    owner, lease_end = held.lease_owner, held.lease_expires
+    assert ":task=" in owner, owner
+    # When the process running a batch is killed
+    _pool_child(workers).send_signal(signal.SIGKILL)
+    # Then its segments are free for another attempt before its lease would have run out
+    # (the driver sees the task fail and frees what it held)
+    while Segment.objects.filter(pk=held.pk, lease_owner=owner).exists():
+        assert timezone.now() < lease_end, "the batch waited for its lease to run out"
+        time.sleep(0.05)
+    # When the Spark JVM under the next batch is killed (its process lives on)
+    _operator_batch(run)
+    jvms = [p for p in _pool_child(workers).children() if p.name() == "java"]
+    assert len(jvms) == 1, jvms
+    jvms[0].send_signal(signal.SIGKILL)
+    # Then the batch goes back to its pool uncounted, the worker starts a new session,
+    # and the run completes, equal to the batch job
+    doc = run.topology
+    run = wait_until_done(run, timeout_s=300)
+    result = summary(run)
+    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["rows"] == expected["rows"]
+    assert not Segment.objects.filter(run=run, failures__gt=0).exists()
