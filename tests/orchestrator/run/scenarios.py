@@ -63,6 +63,22 @@ def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
     )
 
 
+def completes_like_the_batch_job(run: Run, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Wait for the run to end; it must have completed, exact and equal to the plain
+    batch job over the same input. Returns the run's summary."""
+    from orchestrator.ledger.results import summary
+    from orchestrator.worker.plain_job import batch_summary
+
+    doc = run.topology
+    run = wait_until_done(run, timeout_s=timeout_s)
+    result = summary(run)
+    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["rows"] == expected["rows"]
+    return result
+
+
 def _left(run: Run) -> str:
     """The data still unfinished, the instances and the adjustments of a stuck run."""
     from django.db.models import Count

@@ -8,10 +8,13 @@ import time
 import pytest
 from django.db import connection
 
-from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment
-from orchestrator.worker.plain_job import batch_summary
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    completes_like_the_batch_job,
+    policy,
+    skewed_reference,
+    start,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -35,8 +38,11 @@ def _takeovers(run: Run) -> list[str]:
 def test_the_driver_keeps_its_run_through_the_database_dropping_its_connections(
     workers,
 ) -> None:
-    doc = skewed_reference()
-    run = start(doc, policy(), generator="seed=31,volume_mb=3,dominance=0.85,skew_mean_s=1000")
+    run = start(
+        skewed_reference(),
+        policy(),
+        generator="seed=31,volume_mb=3,dominance=0.85,skew_mean_s=1000",
+    )
     deadline = time.monotonic() + 120
     while not Segment.objects.filter(run=run, state="done").exclude(node="source").exists():
         assert time.monotonic() < deadline, "the run never got going"
@@ -55,12 +61,7 @@ def test_the_driver_keeps_its_run_through_the_database_dropping_its_connections(
             time.sleep(0.1)
     # Then the same driver resumed the run each time (a new epoch, no other driver), and
     # the result equals the batch job's
-    run = wait_until_done(run, timeout_s=300)
-    result = summary(run)
-    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
-    assert result["status"] == "completed", result["error"]
-    assert result["coverage"] == "exact"
-    assert result["rows"] == expected["rows"]
+    completes_like_the_batch_job(run)
     takeovers = _takeovers(run)
     assert len(takeovers) >= 7, takeovers
     assert all(t.split()[1] == identity for t in takeovers), takeovers

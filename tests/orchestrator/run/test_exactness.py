@@ -15,7 +15,13 @@ from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    completes_like_the_batch_job,
+    policy,
+    skewed_reference,
+    start,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -75,12 +81,7 @@ def test_killed_spark_worker_and_killed_driver_still_give_the_exact_result(
     victim = next(name for name, p in workers.processes.items() if p.pid == pid)
     os.kill(pid, signal.SIGKILL)
     # Then another worker takes the run over and it completes exactly
-    run = wait_until_done(run, timeout_s=300)
-    result = summary(run)
-    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
-    assert result["status"] == "completed", result["error"]
-    assert result["coverage"] == "exact"
-    assert result["rows"] == expected["rows"]
+    completes_like_the_batch_job(run)
     drivers = Event.objects.filter(run=run, kind="driver").count()
     assert drivers >= 2, "a second driver took over"
     assert Segment.objects.filter(run=run, attempts__gt=1).exists(), "a batch was re-run"

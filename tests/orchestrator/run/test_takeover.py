@@ -10,10 +10,13 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from orchestrator.ledger.results import summary
 from orchestrator.models import Run, Segment
-from orchestrator.worker.plain_job import batch_summary
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    completes_like_the_batch_job,
+    policy,
+    skewed_reference,
+    start,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -58,11 +61,5 @@ def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(work
     jvms[0].send_signal(signal.SIGKILL)
     # Then the batch goes back to its pool uncounted, the worker starts a new session,
     # and the run completes, equal to the batch job
-    doc = run.topology
-    run = wait_until_done(run, timeout_s=300)
-    result = summary(run)
-    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
-    assert result["status"] == "completed", result["error"]
-    assert result["coverage"] == "exact"
-    assert result["rows"] == expected["rows"]
+    completes_like_the_batch_job(run)
     assert not Segment.objects.filter(run=run, failures__gt=0).exists()
