@@ -17,6 +17,7 @@ from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from orchestrator.ledger import segments
 from orchestrator.models import Run
+from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
 from orchestrator.zk.control_plane import ControlPlane
 
@@ -112,10 +113,25 @@ def watchdog() -> dict[str, Any]:
     if active:
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             for run_id in active:
-                if control.driver_holder(str(run_id)) is None:
+                holder = control.driver_holder(str(run_id))
+                if holder is not None and died_here(holder):
+                    # Its process is gone (a control worker killed): its lock would
+                    # otherwise last until its ZooKeeper session expires.
+                    control.break_driver_lock(str(run_id), holder)
+                    log.warning("run %s: driver %s is dead; its lock was broken", run_id, holder)
+                    holder = None
+                if holder is None:
                     drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
                     started.append(run_id)
     return {"reclaimed": reclaimed, "drivers_started": started}
+
+
+def died_here(holder: str) -> bool:
+    """Is the driver named ``holder`` (host:pid:task) a process of this machine that no
+    longer exists? Unknowable for another machine's: that one's session expiry tells."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 _registration: dict[str, ControlPlane] = {}

@@ -61,6 +61,27 @@ class WorkerZnodes(Znodes):
             return None
         return contenders[0] if contenders else None
 
+    def break_driver_lock(self, run: str, holder: str) -> int:
+        """Delete ``holder``'s contender znodes of the run's driver lock, before its
+        session expires: for a holder known to be dead (its process is gone). A holder
+        that was in fact alive is fenced by the epoch the next driver takes. Returns how
+        many znodes went."""
+        path = f"{self.run_path(run)}/driver"
+        try:
+            children = self.client.retry(self.client.get_children, path)
+        except NoNodeError:
+            return 0
+        broken = 0
+        for child in children:
+            try:
+                data, _ = self.client.retry(self.client.get, f"{path}/{child}")
+                if data.decode("utf-8", "replace") == holder:
+                    self.client.retry(self.client.delete, f"{path}/{child}")
+                    broken += 1
+            except NoNodeError:
+                continue  # released meanwhile
+        return broken
+
     # -- workers --------------------------------------------------------------------
 
     def register_worker(self, name: str, info: Mapping[str, Any]) -> None:

@@ -404,6 +404,29 @@ def test_driver_lock_is_exclusive_and_freed_with_the_holders_session(
     assert second.driver_holder(RUN) is None
 
 
+def test_a_dead_holders_lock_is_broken_before_its_session_expires(
+    connect: Callable[..., ControlPlane],
+) -> None:
+    # Given a driver lock whose holder's session is still open (its process just died)
+    first, second = connect(), connect()
+    assert first.driver_lock(RUN, "host-a:1:task").acquire(timeout=WAIT_S)
+    # When another client breaks it, naming a different holder first
+    assert second.break_driver_lock(RUN, "host-a:2:task") == 0
+    assert second.driver_holder(RUN) == "host-a:1:task"
+    assert second.break_driver_lock(RUN, "host-a:1:task") == 1
+    # Then nobody holds it, and a new driver takes it at once
+    assert second.driver_holder(RUN) is None
+    lock = second.driver_lock(RUN, "host-b:3:task")
+    assert lock.acquire(timeout=0.5)
+    assert second.driver_holder(RUN) == "host-b:3:task"
+    lock.release()
+
+
+def test_breaking_the_lock_of_a_run_without_one_changes_nothing(plane: ControlPlane) -> None:
+    assert plane.break_driver_lock("no-such-run", "host-a:1:task") == 0
+    assert plane.client.exists(f"{plane.run_path('no-such-run')}/driver") is None
+
+
 def test_next_epoch_is_atomic_under_concurrency(connect: Callable[..., ControlPlane]) -> None:
     planes = [connect(), connect()]
     assert planes[0].current_epoch(RUN) == 0

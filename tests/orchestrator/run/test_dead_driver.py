@@ -1,0 +1,34 @@
+"""The watchdog breaks a driver's lock only when the holder is a process of this
+machine that is gone; another machine's driver is left to its session's expiry."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from orchestrator.tasks import died_here
+
+
+def _a_dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_gone_process_of_this_machine_died() -> None:
+    assert died_here(f"{socket.gethostname()}:{_a_dead_pid()}:task-id") is True
+
+
+def test_a_live_process_of_this_machine_did_not() -> None:
+    assert died_here(f"{socket.gethostname()}:{os.getpid()}:task-id") is False
+
+
+def test_another_machines_driver_is_never_judged_here() -> None:
+    assert died_here(f"not-{socket.gethostname()}:{_a_dead_pid()}:task-id") is False
+
+
+def test_a_holder_that_names_no_pid_is_never_judged() -> None:
+    assert died_here(f"{socket.gethostname()}:not-a-pid:task-id") is False
+    assert died_here("") is False
