@@ -9,7 +9,8 @@ import socket
 from typing import Any
 
 from celery import current_app, shared_task
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.bootsteps import RUN  # type: ignore[attr-defined]  # missing from the stubs
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.db.models import Q
@@ -57,7 +58,14 @@ def drive_run(self: Any, *, run_id: int) -> str:
 
     identity = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
     with ControlPlane.connect(settings.ZK_HOSTS) as control:
-        driver = RunDriver(run_id, control, identity, dispatch=_dispatch, publish=publish)
+        driver = RunDriver(
+            run_id,
+            control,
+            identity,
+            dispatch=_dispatch,
+            publish=publish,
+            host_running=_worker_running,
+        )
         outcome = driver.drive()
     log.info("run %s: driver %s finished: %s", run_id, identity, outcome)
     return outcome
@@ -135,6 +143,25 @@ def died_here(holder: str) -> bool:
 
 
 _registration: dict[str, ControlPlane] = {}
+_worker: dict[str, Any] = {}
+
+
+@worker_init.connect
+def _keep_worker(sender: Any = None, **_: Any) -> None:
+    _worker["controller"] = sender
+
+
+def _worker_running() -> bool:
+    """Is this Celery worker still running (not stopping)?
+
+    A worker whose consumer died (kombu fails to restore unacked messages on a Redis
+    that is gone: "Unrecoverable error") stops, and a threads pool waits for its tasks:
+    a driver, which runs as long as its run, would keep the dead worker up for days.
+    Seeing the stop, the driver returns; the worker exits and its supervisor starts it
+    again."""
+    controller = _worker.get("controller")
+    blueprint = getattr(controller, "blueprint", None)
+    return blueprint is None or blueprint.state in (None, RUN)
 
 
 def _report_tail(run_id: int, report: BatchReport) -> None:

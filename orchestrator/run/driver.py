@@ -80,9 +80,13 @@ class RunDriver:
         *,
         dispatch: Dispatcher,
         publish: Publisher,
+        host_running: Callable[[], bool] = lambda: True,
     ) -> None:
         self.run_id, self.key, self.identity = run_id, str(run_id), identity
         self.control, self.publish, self.dispatch = control, publish, dispatch
+        # False once the process hosting the driver is shutting down: the driver gives
+        # the run up (its lock is released) instead of holding that shutdown up for days.
+        self.host_running = host_running
         self.lost = False
         self._fresh()
 
@@ -217,6 +221,9 @@ class RunDriver:
             if self.lost:
                 log.warning("run %s: ZooKeeper session lost; giving up the run", self.run_id)
                 return "lost"
+            if not self.host_running():
+                log.warning("run %s: the worker is stopping; giving up the run", self.run_id)
+                return "the worker is stopping"
             if self.control.session.is_suspended:
                 time.sleep(LOOP_S)
                 continue
