@@ -34,7 +34,28 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
+    else:
+        builder = _cluster_share(builder)
     return builder.getOrCreate()
+
+
+def _cluster_share(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """Each Spark worker process is one application on the cluster: cap its cores.
+
+    A standalone master gives an application every free core unless told otherwise, so
+    the first worker's session takes the whole cluster and every other worker's first job
+    waits for ever ("Initial job has not accepted any resources"). ``SPARK_CORES_MAX``
+    is one application's share; ``SPARK_EXECUTOR_MEMORY`` the memory of each of its
+    executors (Spark's default, 1g, is kept when unset). An executor takes as many of the
+    share's cores as its worker has free, so a share larger than one worker still fits.
+    """
+    cores = os.environ.get("SPARK_CORES_MAX")
+    if cores:
+        builder = builder.config("spark.cores.max", cores)
+    memory = os.environ.get("SPARK_EXECUTOR_MEMORY")
+    if memory:
+        builder = builder.config("spark.executor.memory", memory)
+    return builder
 
 
 def operator_session(largest_file_bytes: int = 0) -> SparkSession:

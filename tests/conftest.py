@@ -66,6 +66,8 @@ def child_env(services: Endpoints) -> dict[str, str]:
         "BPCONSOLE_VAR_DIR": str(TEST_VAR_DIR),
         "BPCONSOLE_DATA_DIR": str(TEST_VAR_DIR / "data"),
         "BPCONSOLE_LEASE_S": str(TEST_LEASE_S),
+        # A batch prefetched by a worker a test killed is sent again after a lease too.
+        "BPCONSOLE_QUEUED_BATCH_S": str(TEST_LEASE_S),
         # A continuous run's old rows go within seconds, so the tests that kill its
         # processes also cover coalesced merged chunks and deleted segment rows.
         "BPCONSOLE_MERGED_KEEP_S": "1",
@@ -82,10 +84,19 @@ class Workers:
     env: dict[str, str]
     log_dir: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Another pool on the same broker (tests/cluster) needs other node names and its
+    # own beat schedule file.
+    host: str = "bpconsole-test"
+    beat_schedule: Path = TEST_VAR_DIR / "beat-schedule"
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
         args = WORKER_COMMANDS[name.rstrip("0123456789")]
-        args = [a.replace("{name}", name) for a in args]
+        args = [
+            a.replace("{name}", name)
+            .replace("{host}", self.host)
+            .replace("{beat_schedule}", str(self.beat_schedule))
+            for a in args
+        ]
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "orchestrator.celery", *args],
@@ -100,7 +111,7 @@ class Workers:
 
     def wait_ready(self, names: list[str], timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        wanted = {f"{n}@bpconsole-test" for n in names}
+        wanted = {f"{n}@{self.host}" for n in names}
         while time.monotonic() < deadline:
             replies = celery_app.control.ping(timeout=1.0) or []
             if wanted <= {name for reply in replies for name in reply}:
@@ -128,7 +139,7 @@ WORKER_COMMANDS = {
         "--concurrency",
         "6",
         "-n",
-        "{name}@bpconsole-test",
+        "{name}@{host}",
         "--loglevel",
         "INFO",
     ],
@@ -139,11 +150,11 @@ WORKER_COMMANDS = {
         "--concurrency",
         "1",
         "-n",
-        "{name}@bpconsole-test",
+        "{name}@{host}",
         "--loglevel",
         "INFO",
     ],
-    "beat": ["beat", "--loglevel", "INFO", "--schedule", str(TEST_VAR_DIR / "beat-schedule")],
+    "beat": ["beat", "--loglevel", "INFO", "--schedule", "{beat_schedule}"],
 }
 
 
