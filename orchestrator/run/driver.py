@@ -30,6 +30,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
+from kazoo.exceptions import LockTimeout
 
 from balancer.document import NodeDocument
 from balancer.loop import BalancerState, forget, step
@@ -107,7 +108,11 @@ class RunDriver:
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
-        if not lock.acquire(timeout=lock_timeout_s):
+        try:
+            acquired = lock.acquire(timeout=lock_timeout_s)
+        except LockTimeout:  # kazoo raises on the timeout rather than returning False
+            acquired = False
+        if not acquired:
             return "another driver holds this run"
         callback = self.control.session.on_lost(self._on_lost)
         try:

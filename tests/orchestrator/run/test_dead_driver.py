@@ -1,5 +1,6 @@
-"""The watchdog breaks a driver's lock only when the holder is a process of this
-machine that is gone; another machine's driver is left to its session's expiry."""
+"""One driver per run: a second one steps aside quietly, and the watchdog breaks a
+driver's lock only when the holder is a process of this machine that is gone (another
+machine's driver is left to its session's expiry)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
+from orchestrator.run.driver import RunDriver
 from orchestrator.tasks import died_here
+from orchestrator.zk.control_plane import ControlPlane
 
 
 def _a_dead_pid() -> int:
@@ -32,3 +37,20 @@ def test_another_machines_driver_is_never_judged_here() -> None:
 def test_a_holder_that_names_no_pid_is_never_judged() -> None:
     assert died_here(f"{socket.gethostname()}:not-a-pid:task-id") is False
     assert died_here("") is False
+
+
+@pytest.mark.integration
+def test_a_second_driver_steps_aside_without_an_error(services) -> None:
+    with (
+        ControlPlane.connect(services.zk_hosts) as first,
+        ControlPlane.connect(services.zk_hosts) as second,
+    ):
+        assert first.driver_lock("9999", "host-a:1:task").acquire(timeout=5)
+        late = RunDriver(
+            9999,
+            second,
+            "host-b:2:task",
+            dispatch=lambda *_: None,
+            publish=lambda *_: None,
+        )
+        assert late.drive(lock_timeout_s=0.2) == "another driver holds this run"
