@@ -28,6 +28,7 @@ from sparkjobs.records import (
     segment_of,
 )
 from sparkjobs.segments import write_atomic
+from sparkjobs.session import collect_all
 
 GROUP_COL = "_group"  # the key of a good record, the raw line of a malformed one
 
@@ -90,16 +91,14 @@ def partial_aggregate(
     # of the job more.
     group = F.when(F.col(MALFORMED_COL), F.col(RAW_COL)).otherwise(F.col(params.key))
     distinct = F.expr(f"collect_list(DISTINCT `{params.distinct}`)")  # a validated name
-    grouped = (
-        parsed.groupBy(SEGMENT_COL, MALFORMED_COL, group.alias(GROUP_COL))
-        .agg(
+    grouped = collect_all(
+        parsed.groupBy(SEGMENT_COL, MALFORMED_COL, group.alias(GROUP_COL)).agg(
             F.count(F.lit(1)).alias("count"),
             F.sum(params.value).alias("sum"),
             F.min(params.value).alias("min"),
             F.max(params.value).alias("max"),
             F.sort_array(distinct).alias("distinct"),
         )
-        .collect()
     )
     partial_rows = [row for row in grouped if not row[MALFORMED_COL]]
     bad_rows = [

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.records import MALFORMED_COL, RAW_COL, VALUE_TYPE, parse_fields, read_lines
+from sparkjobs.session import collect_all
 from sparkjobs.transform import CORRUPT
 
 
@@ -94,16 +95,14 @@ def batch_aggregate(
     else:
         frame = read_input(spark, paths, fmt, params)
     # One pass over the input: malformed records form their own groups, only counted.
-    grouped = (
-        frame.groupBy(MALFORMED_COL, params.key)
-        .agg(
+    grouped = collect_all(
+        frame.groupBy(MALFORMED_COL, params.key).agg(
             F.count(F.lit(1)).alias("count"),
             F.sum(params.value).alias("sum"),
             F.min(params.value).alias("min"),
             F.max(params.value).alias("max"),
             F.count_distinct(params.distinct).alias("distinct"),
         )
-        .collect()
     )
     rows = [r for r in grouped if not r[MALFORMED_COL]]
     malformed = sum(int(r["count"]) for r in grouped if r[MALFORMED_COL])

@@ -19,6 +19,7 @@ from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.records import SEGMENT_COL, segment_of
 from sparkjobs.segments import write_atomic
+from sparkjobs.session import collect_all
 
 CORRUPT = "_corrupt_record"
 
@@ -48,11 +49,13 @@ def record_batch(
         good = good.select(SEGMENT_COL, *data_cols)
         result = apply_record_step(good, operator, params, keep=[SEGMENT_COL])
         payload = [c for c in result.columns if c != SEGMENT_COL]
-        rows = result.select(
-            SEGMENT_COL, F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("j")
-        ).collect()
+        rows = collect_all(
+            result.select(
+                SEGMENT_COL, F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("j")
+            )
+        )
         bad = (
-            frame.where(F.col(CORRUPT).isNotNull()).select(SEGMENT_COL, CORRUPT).collect()
+            collect_all(frame.where(F.col(CORRUPT).isNotNull()).select(SEGMENT_COL, CORRUPT))
             if has_corrupt
             else []
         )
