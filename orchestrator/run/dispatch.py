@@ -103,6 +103,10 @@ class BatchDispatch:
             # after a lease.
             if current is not None and current.may_complete(now, held=flow.held > 0):
                 continue
+            if current is not None:
+                # Freed before the next batch is sent, so that batch can take them
+                self._retire(current)
+                del self.in_flight[node]
             placed = rescale.queue_for(node) if rescale is not None else None
             if placed is not None:
                 queue: Any = placed
@@ -117,8 +121,6 @@ class BatchDispatch:
                     "run %s: batch of %s not sent (broker down?): %s", self.run_id, node, err
                 )
                 return  # tried again next loop
-            if current is not None and not current.finished():
-                self.replaced.append(current)
             self.in_flight[node] = Dispatch(now, handle)
 
     def take_over_failed(self, now: float) -> None:
@@ -129,14 +131,20 @@ class BatchDispatch:
             if task is not None:
                 segments.release_task(self.run_id, task)
                 del self.in_flight[node]
-        watched = []
-        for old in self.replaced:
-            task = old.failed_task()
-            if task is not None:
-                segments.release_task(self.run_id, task)
-            elif not old.finished() and now - old.started < settings.BPCONSOLE_BATCH_MAX_S:
-                watched.append(old)  # a lost message never reports: given up after that
-        self.replaced = watched
+        replaced, self.replaced = self.replaced, []
+        for old in replaced:
+            if now - old.started < settings.BPCONSOLE_BATCH_MAX_S:
+                self._retire(old)  # a lost message never reports: given up after that
+
+    def _retire(self, dispatch: Dispatch) -> None:
+        """A dispatch no longer the node's current one: what its task held is freed if
+        it failed; one that may still run (it only waited long in its queue) is watched,
+        as it may still die under its batch."""
+        task = dispatch.failed_task()
+        if task is not None:
+            segments.release_task(self.run_id, task)
+        elif not dispatch.finished():
+            self.replaced.append(dispatch)
 
     def forget_unheld(self, flows: Mapping[str, NodeFlow]) -> None:
         """Redis restarted empty: a batch not running yet (its node holds nothing) was
