@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -21,6 +20,8 @@ from enum import StrEnum
 from pathlib import Path
 
 import psutil
+
+from orchestrator.services.embedded import tcp_answers
 
 LOOPBACK = "127.0.0.1"
 HEARTBEAT_PREFIX = "bpconsole:spark-worker:"  # orchestrator/services/heartbeat.py
@@ -180,15 +181,6 @@ class Endpoints:
     health_token: str
 
 
-def _tcp_answers(port: int, probe: bytes, expect: bytes) -> bool:
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=1.0) as sock:
-            sock.sendall(probe)
-            return sock.recv(64).startswith(expect)
-    except OSError:
-        return False
-
-
 def postgres_answers(endpoints: Endpoints) -> bool:
     import psycopg
 
@@ -213,7 +205,7 @@ def redis_answers(endpoints: Endpoints) -> bool:
 
 def zookeeper_answers(endpoints: Endpoints) -> bool:
     # "srvr" is answered only once the server serves (embedded.ZooKeeper.ready).
-    return _tcp_answers(endpoints.zk_port, b"srvr", b"Zookeeper version")
+    return tcp_answers(endpoints.zk_port, b"srvr", b"Zookeeper version", timeout_s=1.0)
 
 
 def daphne_answers(endpoints: Endpoints) -> bool:

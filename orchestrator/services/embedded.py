@@ -125,9 +125,10 @@ class EmbeddedService:
             self.process.wait()
 
 
-def _tcp_answers(port: int, probe: bytes, expect: bytes) -> bool:
+def tcp_answers(port: int, probe: bytes, expect: bytes, timeout_s: float = 0.5) -> bool:
+    """Does the local server on ``port`` answer ``probe`` with ``expect``?"""
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=0.5) as sock:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as sock:
             sock.sendall(probe)
             return sock.recv(64).startswith(expect)
     except OSError:
@@ -162,7 +163,7 @@ class Redis(EmbeddedService):
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
     def ready(self) -> bool:
-        return _tcp_answers(self.port, b"PING\r\n", b"+PONG")
+        return tcp_answers(self.port, b"PING\r\n", b"+PONG")
 
     def url(self) -> str:
         return f"redis://{LOOPBACK}:{self.port}/0"
@@ -229,7 +230,7 @@ class ZooKeeper(EmbeddedService):
 
     def ready(self) -> bool:
         # "ruok" answers before the server serves; "srvr" reports only once it does.
-        return _tcp_answers(self.port, b"srvr", b"Zookeeper version")
+        return tcp_answers(self.port, b"srvr", b"Zookeeper version")
 
     def url(self) -> str:
         return f"{LOOPBACK}:{self.port}"
