@@ -117,6 +117,24 @@ def spark_env() -> dict[str, str]:
     }
 
 
+def spark_daemon(main_class: str, port: int, ui_port: int, *arguments: str) -> list[str]:
+    """The command of a standalone master or worker, on loopback, from the wheel's jars."""
+    return [
+        JAVA,
+        "-Xmx256m",
+        "-cp",
+        f"{pyspark_jars()}/*",
+        main_class,
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--webui-port",
+        str(ui_port),
+        *arguments,
+    ]
+
+
 @dataclass
 class SparkMaster:
     """A standalone master: RPC on ``port``, its status page (``/json``) on ``ui_port``."""
@@ -128,19 +146,7 @@ class SparkMaster:
     @classmethod
     def create(cls, log_dir: Path) -> SparkMaster:
         port, ui_port = free_port(), free_port()
-        command = [
-            JAVA,
-            "-Xmx256m",
-            "-cp",
-            f"{pyspark_jars()}/*",
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui_port),
-        ]
+        command = spark_daemon("org.apache.spark.deploy.master.Master", port, ui_port)
         env = spark_env()
         return cls(
             JavaDaemon("spark-master", command, log_dir / "spark-master.log", env), port, ui_port
@@ -185,26 +191,12 @@ class SparkWorker:
         port, ui_port = free_port(), free_port()
         work_dir = log_dir / name
         work_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            JAVA,
-            "-Xmx256m",
-            "-cp",
-            f"{pyspark_jars()}/*",
+        command = spark_daemon(
             "org.apache.spark.deploy.worker.Worker",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui_port),
-            "--cores",
-            str(cores),
-            "--memory",
-            memory,
-            "--work-dir",
-            str(work_dir),
-            master.url,
-        ]
+            port,
+            ui_port,
+            *("--cores", str(cores), "--memory", memory, "--work-dir", str(work_dir), master.url),
+        )
         env = spark_env()
         return cls(JavaDaemon(name, command, log_dir / f"{name}.log", env))
 
