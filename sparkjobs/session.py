@@ -10,6 +10,8 @@ from py4j.protocol import Py4JError
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, Row, SparkSession
 
+from sparkjobs import class_archive
+
 # Spark binds its driver to the machine's hostname by default; on a single machine
 # that may not resolve, and a console must not listen beyond loopback unasked.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -30,6 +32,9 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "100000")
         .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
     )
+    java_options = class_archive.driver_java_options()
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
