@@ -152,6 +152,13 @@ class RunDriver:
         self.lost = True
 
     def _drive(self) -> str:
+        # A driver started while the run was active may get the lock only after the run
+        # ended (it waited behind the driver that finished it, or behind dead drivers
+        # whose locks the watchdog broke): an ended run is not taken over. The chaos suite
+        # saw four drivers in turn resume a completed landing run, each in a new epoch.
+        status = Run.objects.values_list("status", flat=True).get(pk=self.run_id)
+        if status not in Run.ACTIVE:
+            return str(status)
         self.epoch = self.table.routes.epoch = segments.bump_epoch(self.run_id)
         # ZooKeeper's fence follows the ledger's: older owners' routes writes are refused.
         self.control.raise_epoch(self.key, self.epoch)

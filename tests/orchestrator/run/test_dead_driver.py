@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
+from orchestrator.models import Event, Run
 from orchestrator.run.driver import RunDriver
 from orchestrator.tasks import died_here
 from orchestrator.zk.control_plane import ControlPlane
+from tests.orchestrator.runs import pending_run
 
 
 def _a_dead_pid() -> int:
@@ -54,3 +56,23 @@ def test_a_second_driver_steps_aside_without_an_error(services) -> None:
             publish=lambda *_: None,
         )
         assert late.drive(lock_timeout_s=0.2) == "another driver holds this run"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_driver_that_gets_the_lock_after_the_run_ended_does_not_take_it_over(
+    services,
+) -> None:
+    # Drivers queue for a run's lock; one that gets it after another finished the run
+    # (or after the watchdog broke dead drivers' locks) must leave the run as it is.
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.COMPLETED)
+    epoch = Run.objects.get(pk=run.pk).epoch
+    with ControlPlane.connect(services.zk_hosts) as control:
+        late = RunDriver(
+            run.pk, control, "host-a:1:task", dispatch=lambda *_: None, publish=lambda *_: None
+        )
+        assert late.drive(lock_timeout_s=2) == Run.Status.COMPLETED
+    ended = Run.objects.get(pk=run.pk)
+    assert (ended.status, ended.epoch) == (Run.Status.COMPLETED, epoch)
+    assert not Event.objects.filter(run=run, kind="driver").exists()
