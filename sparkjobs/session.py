@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from functools import cache
 
 from py4j.protocol import Py4JError
@@ -88,6 +89,22 @@ def _operator_session() -> SparkSession:
     return session
 
 
+@dataclass
+class _JvmUse:
+    """Results collected on the current JVM: none yet means a new JVM, whose code
+    Spark's first jobs still run interpreted (the class archive spares only loading)."""
+
+    collected: int = 0
+
+
+_use = _JvmUse()
+
+
+def has_collected() -> bool:
+    """Has a job of this process's current Spark JVM returned its result yet?"""
+    return _use.collected > 0
+
+
 def jvm_started() -> bool:
     """Has this process started its Spark JVM (a worker starts it at its first batch)?"""
     return getattr(SparkContext._gateway, "proc", None) is not None
@@ -128,6 +145,7 @@ def restart_if_dead() -> int | None:
     SparkSession._activeSession = None
     spark_session.cache_clear()
     _operator_session.cache_clear()
+    _use.collected = 0
     return code
 
 
@@ -142,4 +160,5 @@ def collect_all(frame: DataFrame) -> list[Row]:
     the caller sees Spark's failure instead of a short result."""
     rows = frame.collect()
     frame.sparkSession.sparkContext._jvm.java.lang.System.nanoTime()  # type: ignore[union-attr]
+    _use.collected += 1
     return rows

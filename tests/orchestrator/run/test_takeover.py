@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from orchestrator.models import Run, Segment
+from orchestrator.worker.batch import NEW_JVM_BATCH_SEGMENTS
 from tests.orchestrator.run.scenarios import (
     completes_like_the_batch_job,
     policy,
@@ -35,6 +36,14 @@ def _operator_batch(run: Run) -> Segment:
     raise AssertionError("no operator batch was ever claimed")
 
 
+def _claimed_with(held: Segment) -> tuple[int, int]:
+    """The segments of ``held``'s batch (one claim, made in one statement), and those
+    its node still had queued."""
+    claimed = Segment.objects.filter(run=held.run_id, lease_owner=held.lease_owner).count()
+    queued = Segment.objects.filter(run=held.run_id, node=held.node, state="queued").count()
+    return claimed, queued
+
+
 def _pool_child(workers) -> psutil.Process:
     children = psutil.Process(workers.processes["spark1"].pid).children()
     assert len(children) == 1, children
@@ -54,7 +63,10 @@ def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(work
     while Segment.objects.filter(pk=held.pk, lease_owner=owner).exists():
         assert timezone.now() < lease_end, "the batch waited for its lease to run out"
         time.sleep(0.05)
-    # When the Spark JVM under the next batch is killed (its process lives on)
+    # And the new process's first batch is a small one (its JVM is new)
+    claimed, queued = _claimed_with(_operator_batch(run))
+    assert claimed <= NEW_JVM_BATCH_SEGMENTS < claimed + queued, (claimed, queued)
+    # When the Spark JVM under a later batch is killed (its process lives on)
     _operator_batch(run)
     jvms = [p for p in _pool_child(workers).children() if p.name() == "java"]
     assert len(jvms) == 1, jvms
