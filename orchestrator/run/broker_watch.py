@@ -14,17 +14,17 @@ import redis
 
 class BrokerWatch:
     def __init__(self, url: str) -> None:
-        self.url = url
+        # One client for the driver's life, asked twice a second: its pooled connection
+        # is dropped on an error and made again at the next look.
+        self.client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         self.run_id: str | None = None
 
     def _current(self) -> str | None:
-        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
-            return str(client.info("server")["run_id"])
+            return str(self.client.info("server")["run_id"])
         except redis.RedisError:
+            self.client.connection_pool.disconnect()
             return None  # down (or restarting): nothing to say until it answers
-        finally:
-            client.close()
 
     def restarted(self) -> bool:
         """True once after each restart seen; the first look only learns the run id."""
