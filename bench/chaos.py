@@ -187,6 +187,9 @@ class Hit:
     out_offset: int  # in the console's stdout (the supervisor's lines)
     beat_log: int
     injected: float
+    # The processes of the victim's kind just before the fault (the victim among them):
+    # with several Spark pool children, one left running is not the victim's replacement.
+    peers: frozenset[int] = frozenset()
     since_wall: float = 0.0  # wall-clock time the fault ended (heartbeats are wall-clock)
 
 
@@ -229,13 +232,19 @@ class Chaos:
                 (beat := spark_heartbeat_at(ep, p)) is not None and beat[0] >= hit_.since_wall
                 for p in tree.spark_children()
             )
-        others = [p for p in tree.pids(kind) if p != victim]
+        now = tree.pids(kind)
+        others = [p for p in now if p != victim]
+        if kind in (Kind.SPARK_CHILD, Kind.SPARK_JVM):
+            # Back: as many as before the fault, one of them new. A pool child writes its
+            # heartbeat once it runs; a JVM is started by its child at the next batch.
+            fresh = [p for p in now if p not in hit_.peers]
+            if len(now) < len(hit_.peers) or not fresh:
+                return False
+            return kind is Kind.SPARK_JVM or any(
+                spark_heartbeat_at(ep, p) is not None for p in fresh
+            )
         if not others:
             return False
-        if kind is Kind.SPARK_CHILD:
-            return any(spark_heartbeat_at(ep, p) is not None for p in others)
-        if kind is Kind.SPARK_JVM:
-            return True
         if kind is Kind.CONTROL:
             return control_answers(ep, others[0])
         if kind is Kind.BEAT:
@@ -270,6 +279,7 @@ class Chaos:
             out_offset=log_size(self.stack.out),
             beat_log=log_size(logs / "celery-beat.log"),
             injected=self.clock(),
+            peers=frozenset(self.tree.pids(kind)) | {victim},
         )
         hit(victim, signal.SIGSTOP if kind is Kind.SIGSTOP else signal.SIGKILL)
         return hit_
@@ -576,6 +586,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     parse_kinds(args.kinds)  # a wrong name fails before anything starts
+
+    # SIGTERM (a timeout, a kill) stops the stack as Ctrl-C does, not leave it running.
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     with contextlib.suppress(KeyboardInterrupt):
         result = session(args)
         text = json.dumps(result, indent=2, default=str)
