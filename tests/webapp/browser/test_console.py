@@ -231,9 +231,10 @@ def test_an_operator_hot_migrates_an_instance_from_the_run_view_and_sees_it_comp
 def test_a_viewer_trying_an_operator_action_is_refused_and_it_is_recorded(
     asgi_server, chromium, artifacts
 ) -> None:
-    # Given a running run and a viewer watching it
+    # Given a paused run (a running one may complete before the viewer's second try,
+    # and its controls are then disabled) and a viewer watching it
     run = make_run(reference())
-    Run.objects.filter(pk=run.pk).update(status="running")
+    Run.objects.filter(pk=run.pk).update(status="paused")
     vera = make_user("vera", "viewer")
     page = login(chromium, asgi_server, "vera")
     page.goto(f"{asgi_server.url}/runs/{run.pk}/")
@@ -251,19 +252,19 @@ def test_a_viewer_trying_an_operator_action_is_refused_and_it_is_recorded(
     assert "vera" in row.text_content()
     shoot(page, artifacts, "viewer-refused")
     # and a run control is refused the same way
-    page.click("#btn-pause")
+    page.click("#btn-resume")
     # (a function, not an expression: Playwright evaluates an expression with eval(),
     # which the pages' Content-Security-Policy forbids)
     page.wait_for_function(
         "() => document.querySelectorAll('#timeline li[data-kind=\"action_refused\"]').length >= 2"
     )
     refusals = Event.objects.filter(run=run, kind="action_refused", user=vera)
-    assert sorted(e.data["action"] for e in refusals) == ["migrate", "pause_run"]
-    assert Run.objects.get(pk=run.pk).status in {"running", "completed"}
+    assert sorted(e.data["action"] for e in refusals) == ["migrate", "resume_run"]
+    assert Run.objects.get(pk=run.pk).status == "paused"
     assert not Event.objects.filter(run=run, kind="operator_migrate").exists()
     assert page.js_errors == []
     page.context.close()
-    # The watchdog gives this "running" run a driver: end it before the database flush.
+    # The watchdog gives this paused run a driver: end it before the database flush.
     Run.objects.filter(pk=run.pk).update(status="cancelled")
     wait_until_workers_are_idle()
 
