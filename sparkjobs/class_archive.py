@@ -1,9 +1,9 @@
-"""A class-data-sharing archive for the Spark driver JVM: a new worker JVM in half the time.
+"""A class-data-sharing archive for the Spark driver JVM: a new worker JVM starts sooner.
 
 A Spark worker process whose JVM died (or a pool child that was killed) starts a new
 one before its next batch. Measured on the project's 2-core machine, a cold JVM took
 7.8 to 9.4 s to a SparkSession and 7.9 to 8.1 s more for its first aggregate batch (the
-same batch takes 1 to 2 s warm): nearly all of it loading and verifying Spark's classes.
+same batch takes 1 to 2 s warm): much of it loading and verifying Spark's classes.
 With the classes of a representative batch archived (JDK's dynamic AppCDS), the same
 cold start took 4.0 to 4.8 s and 4.3 to 5.0 s: recovery from a killed worker is bounded
 by this time (docs/runtime.md).
