@@ -1,7 +1,8 @@
 """The plain Spark batch job: the whole input, one job, the reference for exactness.
 
-It reads the original input files (not segments) and applies the same parsing rules as
-the operators (sparkjobs/records.py), so malformed records are excluded on both sides.
+It reads the original input files (not segments) as a Spark engineer would, with a
+schema and Spark's own JSON reader, and applies the same rules as the operators
+(sparkjobs/records.py), so malformed records are excluded on both sides.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.expression_guard import apply_record_step
-from sparkjobs.records import MALFORMED_COL, RAW_COL, VALUE_TYPE, parse_fields, read_lines
+from sparkjobs.records import MALFORMED_COL, RAW_COL, VALUE_TYPE, parse_fields, read_records
 from sparkjobs.session import collect_all
 from sparkjobs.transform import CORRUPT
 
@@ -44,7 +45,7 @@ def read_input(
     """Typed input with a ``_malformed`` flag, for JSON lines, CSV (header) or Parquet."""
     strings = sorted({params.key, params.distinct})
     if fmt == "jsonl":
-        return parse_fields(read_lines(spark, paths), strings=strings, numbers=[params.value])
+        return read_records(spark, paths, strings, [params.value], segments=False)
     frame = (
         spark.read.option("header", "true").csv(list(paths))
         if fmt == "csv"

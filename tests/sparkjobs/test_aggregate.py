@@ -109,3 +109,58 @@ def test_filter_then_batch_matches_filtering_first(spark: Any, tmp_path: Path) -
     )
     got = {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in filtered.rows}
     assert got == oracle([r for r in GOOD if r["user"] != "u3"])
+
+
+# Each line, the good records it holds and how many malformed ones: a line means what
+# it means to Spark's JSON reader, which the batch job and the operators both use.
+LINES: list[tuple[str, list[dict[str, Any]], int]] = [
+    ('[{"key": "b", "value": 2, "user": "u7"}]', [{"key": "b", "value": 2, "user": "u7"}], 0),
+    ("[]", [], 0),
+    ("   ", [], 0),
+    (
+        '[{"key": "d", "value": 3, "user": "u1"}, {"key": "e"}]',
+        [{"key": "d", "value": 3, "user": "u1"}],
+        1,
+    ),
+    ('[{"key": "c"}, {"value": 1}]', [], 2),
+    ('{"key": "f", "value": null, "user": "u"}', [], 1),
+    ("{}", [], 1),
+    ('{"key": "g", "value": "x"}', [], 1),  # not a number, and a field missing: once
+    ('{"key": "h", "value": 1e400, "user": "u"}', [], 1),  # beyond DECIMAL(38,10)
+    (
+        '{"key": "i", "value": "7.25", "user": "u2"}',
+        [{"key": "i", "value": "7.25", "user": "u2"}],
+        0,
+    ),
+    ('"a string"', [], 1),
+    ("null", [], 1),
+]
+
+
+def test_each_line_holds_the_records_spark_reads_and_bad_ones_are_quarantined_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    halves = [LINES[0::2], LINES[1::2]]
+    inputs = {}
+    for index, half in enumerate(halves):
+        path = tmp_path / f"seg{index}.jsonl"
+        path.write_text("".join(line + "\n" for line, _, _ in half))
+        inputs[f"seg{index}"] = path
+    outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
+    good = [record for _, records, _ in LINES for record in records]
+    # The operator: each malformed record's line quarantined once per record, in its segment
+    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
+    for index, half in enumerate(halves):
+        out = produced[f"seg{index}"]
+        assert sorted(out.quarantined) == sorted(line for line, _, bad in half for _ in range(bad))
+        assert out.malformed == sum(bad for _, _, bad in half)
+    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
+    assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
+        oracle(good)
+    )
+    # The batch job: the same records, the same malformed count
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(line + "\n" for line, _, _ in LINES))
+    result = batch_aggregate(spark, [str(whole)], "jsonl", AggregateParams())
+    assert result.malformed == sum(bad for _, _, bad in LINES)
+    assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == oracle(good)
