@@ -67,8 +67,10 @@ def start() -> None:
         while True:
             try:
                 beat(worker)
-            except redis.RedisError:
-                log.warning("spark heartbeat of %s not written", worker, exc_info=True)
+            except redis.RedisError as error:
+                # Redis restarting (or gone at the end of a test session): one line, not a
+                # traceback every beat; the next beat writes the entry again.
+                log.warning("spark heartbeat of %s not written: %s", worker, error)
             time.sleep(INTERVAL_S)
 
     thread = threading.Thread(target=loop, name="spark-heartbeat", daemon=True)
