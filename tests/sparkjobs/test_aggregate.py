@@ -134,6 +134,9 @@ LINES: list[tuple[str, list[dict[str, Any]], int]] = [
     ),
     ('"a string"', [], 1),
     ("null", [], 1),
+    # Hostile: nesting past the parser's limit, a number of 2,000 digits
+    ('{"key": "j", "value": 1, "user": "u", "pad": ' + "[" * 3000 + "]" * 3000 + "}", [], 1),
+    ('{"key": "k", "value": ' + "9" * 2000 + ', "user": "u"}', [], 1),
 ]
 
 
