@@ -43,7 +43,7 @@ def read_records(
     the raw line of a record the reader could not read (null for a readable record,
     also one that is malformed for a missing field: see ``lines_missing_fields``). With
     ``segments``, the file each record came from."""
-    schema = ", ".join([*_fields(strings, numbers), f"`{RAW_COL}` STRING"])
+    schema = _ddl([*_fields(strings, numbers), (RAW_COL, "STRING")])
     frame = (
         spark.read.schema(schema)
         .option("mode", "PERMISSIVE")
@@ -73,8 +73,8 @@ def lines_missing_fields(
     missing or null.
     """
     numeric = list(numbers)
-    as_text = "struct<" + ", ".join(f"`{n}`: STRING" for n in [*strings, *numeric]) + ">"
-    typed = "struct<" + ", ".join(f.replace(" ", ": ", 1) for f in _fields(strings, numbers)) + ">"
+    as_text = f"struct<{_ddl([(n, 'STRING') for n in [*strings, *numeric]], ':')}>"
+    typed = f"struct<{_ddl(_fields(strings, numbers), ':')}>"
     raw = F.col("value")
 
     def missing(text: Column) -> Column:
@@ -113,9 +113,7 @@ def lines_missing_fields(
 def parse_fields(lines: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
     objects in the ``_raw`` column (records a record operator wrote, in the batch job)."""
-    parsed = lines.withColumn(
-        "_r", F.from_json(F.col(RAW_COL), ", ".join(_fields(strings, numbers)))
-    )
+    parsed = lines.withColumn("_r", F.from_json(F.col(RAW_COL), _ddl(_fields(strings, numbers))))
     wanted = [*strings, *numbers]
     bad = F.col("_r").isNull()
     for name in wanted:
@@ -127,5 +125,11 @@ def parse_fields(lines: DataFrame, strings: Sequence[str], numbers: Sequence[str
     )
 
 
-def _fields(strings: Sequence[str], numbers: Sequence[str]) -> list[str]:
-    return [f"`{name}` STRING" for name in strings] + [f"`{name}` {VALUE_TYPE}" for name in numbers]
+def _fields(strings: Sequence[str], numbers: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, Spark type) of each field an operator reads."""
+    return [(name, "STRING") for name in strings] + [(name, VALUE_TYPE) for name in numbers]
+
+
+def _ddl(fields: Sequence[tuple[str, str]], sep: str = "") -> str:
+    """Fields as Spark DDL: ``a STRING, b DECIMAL(38,10)`` (``sep`` ":" inside struct<>)."""
+    return ", ".join(f"`{name}`{sep} {kind}" for name, kind in fields)
