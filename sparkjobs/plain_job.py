@@ -17,9 +17,16 @@ from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.expression_guard import apply_record_step
-from sparkjobs.records import MALFORMED_COL, RAW_COL, VALUE_TYPE, parse_fields, read_records
+from sparkjobs.records import (
+    CORRUPT,
+    MALFORMED_COL,
+    RAW_COL,
+    SEGMENT_COL,
+    parse_fields,
+    read_records,
+    read_rows,
+)
 from sparkjobs.session import collect_all
-from sparkjobs.transform import CORRUPT
 
 
 @dataclass(frozen=True)
@@ -44,34 +51,14 @@ def read_input(
 ) -> DataFrame:
     """Typed input with a ``_malformed`` flag, for JSON lines, CSV (header) or Parquet."""
     strings = sorted({params.key, params.distinct})
-    if fmt == "jsonl":
-        return read_records(spark, paths, strings, [params.value], segments=False)
-    frame = (
-        spark.read.option("header", "true").csv(list(paths))
-        if fmt == "csv"
-        else spark.read.parquet(*paths)
-    )
-    typed = frame.select(
-        *[F.col(f"`{s}`").cast("string").alias(s) for s in strings],
-        F.col(f"`{params.value}`").try_cast(VALUE_TYPE).alias(params.value),
-    )
-    bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
-    for name in [*strings, params.value]:
-        bad = bad | F.col(name).isNull()
-    return typed.withColumn(MALFORMED_COL, bad)
+    return read_records(spark, paths, strings, [params.value], fmt=fmt, segments=False)
 
 
 def _after_record_steps(
     spark: SparkSession, paths: Sequence[str], fmt: str, steps: Sequence[tuple[str, Any]]
 ) -> DataFrame:
     """The input after filter/project steps, as JSON lines again (as segments would be)."""
-    reader = spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-    if fmt == "jsonl":
-        frame = reader.json(list(paths))
-    elif fmt == "csv":
-        frame = reader.option("header", "true").csv(list(paths))
-    else:
-        frame = spark.read.parquet(*paths)
+    frame = read_rows(spark, paths, fmt).drop(SEGMENT_COL)
     if CORRUPT in frame.columns:
         frame = frame.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
     for operator, params in steps:

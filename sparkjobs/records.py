@@ -1,23 +1,30 @@
 """Reading input records the same way everywhere: operators and the batch reference job.
 
-Segments are JSON lines, read by Spark's own JSON reader with a schema of the fields an
-operator needs, as a Spark engineer reads them (``spark.read.schema(...).json(...)``), so
-a record means what it means to plain Spark: a line holding an array of objects holds
-those records, a blank line or an empty array none, and of a field given twice the last
-counts. A record is *malformed* when its line is not valid JSON or not an object (the
-reader's corrupt record), a field does not convert to its type (a value that is not a
-number), or a field the operator needs is missing or null. Malformed records are counted
-and quarantined with their raw line, never fatal. Numbers are read as DECIMAL(38,10):
+Segments are JSON lines, CSV (with their input's header line) or Parquet, each read by
+Spark's own reader with a schema of the fields an operator needs, as a Spark engineer
+reads them (``spark.read.schema(...).json(...)``, ``.csv(...)``, ``.parquet(...)``), so
+a record means what it means to plain Spark. In JSON lines, a line holding an array of
+objects holds those records, a blank line or an empty array none, and of a field given
+twice the last counts; in CSV a record is a line, its fields by the header's columns.
+A record is *malformed* when its line is not valid JSON or not an object (the reader's
+corrupt record), a field does not convert to its type (a value that is not a number),
+or a field the operator needs is missing or null. Malformed records are counted and
+quarantined with their raw line, never fatal. Numbers are read as DECIMAL(38,10):
 sums of decimals are exact whatever the order of addition, which is what lets data be
 regrouped across branches and still match the batch job to the last digit.
 """
 
 from __future__ import annotations
 
+import csv
+from collections import Counter
 from collections.abc import Sequence
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from sparkjobs.segments import MAX_HEADER_BYTES
 
 VALUE_TYPE = "DECIMAL(38,10)"
 SEGMENT_COL = "_segment"
@@ -25,10 +32,18 @@ RAW_COL = "_raw"
 MALFORMED_COL = "_malformed"
 
 
+SUFFIXES = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+# The reader's corrupt-record column when a record operator reads every field.
+CORRUPT = "_corrupt_record"
+
+
 def segment_of(file_name: str) -> str:
     """A segment's id is its file name without the extension. Mapped in Python after
     the job: a per-record regular expression in Spark would cost more than the parse."""
-    return file_name.removesuffix(".jsonl")
+    for suffix in SUFFIXES:
+        if file_name.endswith(suffix):
+            return file_name.removesuffix(suffix)
+    return file_name
 
 
 def read_records(
@@ -37,41 +52,215 @@ def read_records(
     strings: Sequence[str],
     numbers: Sequence[str],
     *,
+    fmt: str | None = None,
     segments: bool = True,
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
     also one that is malformed for a missing field: see ``lines_missing_fields``). With
-    ``segments``, the file each record came from."""
-    schema = _ddl([*_fields(strings, numbers), (RAW_COL, "STRING")])
-    frame = (
-        spark.read.schema(schema)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", RAW_COL)
-        .json(list(paths))
-    )
+    ``segments``, the file each record came from. Files are read in ``fmt``, or each in
+    the format its suffix names (segments)."""
+    parts: list[DataFrame] = []
+    for kind, files in _by_format(paths, fmt).items():
+        if kind == "jsonl":
+            parts.append(_json_records(spark, files, strings, numbers))
+        elif kind == "csv":
+            parts.extend(
+                _csv_records(spark, group, header, strings, numbers)
+                for header, group in _by_header(files).items()
+            )
+        else:
+            parts.append(_typed(spark.read.parquet(*files), strings, numbers))
+    frame = reduce(DataFrame.unionByName, parts)
     wanted = [*strings, *numbers]
     bad = F.col(RAW_COL).isNotNull()
     for name in wanted:
         bad = bad | F.col(f"`{name}`").isNull()
     kept = [F.col(f"`{name}`") for name in wanted]
     if segments:
-        kept.insert(0, F.col("_metadata.file_name").alias(SEGMENT_COL))
+        kept.insert(0, F.col(SEGMENT_COL))
     return frame.select(*kept, F.col(RAW_COL), bad.alias(MALFORMED_COL))
+
+
+def read_rows(spark: SparkSession, paths: Sequence[str], fmt: str | None = None) -> DataFrame:
+    """Every field of every record, for a record operator, with the file it came from
+    and, of JSON lines, the reader's corrupt record (``CORRUPT``, null in a readable
+    record). CSV fields are text; files with other columns add theirs (null elsewhere)."""
+    parts: list[DataFrame] = []
+    for kind, files in _by_format(paths, fmt).items():
+        if kind == "jsonl":
+            reader = spark.read.option("mode", "PERMISSIVE")
+            parts.append(reader.option("columnNameOfCorruptRecord", CORRUPT).json(files))
+        elif kind == "csv":
+            parts.extend(
+                spark.read.schema(_ddl([(n, "STRING") for n in csv_columns(header)]))
+                .option("header", "true")
+                .csv(group)
+                for header, group in _by_header(files).items()
+            )
+        else:
+            parts.append(spark.read.parquet(*files))
+    with_file = [p.withColumn(SEGMENT_COL, F.col("_metadata.file_name")) for p in parts]
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), with_file)
+
+
+def _json_records(
+    spark: SparkSession, files: list[str], strings: Sequence[str], numbers: Sequence[str]
+) -> DataFrame:
+    """JSON lines as Spark reads them with a schema: PERMISSIVE, a corrupt record's line
+    kept."""
+    schema = _ddl([*_fields(strings, numbers), (RAW_COL, "STRING")])
+    frame = (
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", RAW_COL)
+        .json(files)
+    )
+    return frame.select(
+        F.col("_metadata.file_name").alias(SEGMENT_COL),
+        *[F.col(f"`{name}`") for name in [*strings, *numbers]],
+        F.col(RAW_COL),
+    )
+
+
+def _csv_records(
+    spark: SparkSession,
+    files: list[str],
+    header: str,
+    strings: Sequence[str],
+    numbers: Sequence[str],
+) -> DataFrame:
+    """CSV files sharing a header line, as Spark reads them with ``header``: a record per
+    line, fields by their column (a field the line lacks is null, one past the header's
+    columns ignored). Every column is read as text and numbers converted after, as in
+    Parquet: the CSV reader's own number parsing would take "1,000" for 1000."""
+    schema = _ddl([(n, "STRING") for n in csv_columns(header)])
+    frame = spark.read.schema(schema).option("header", "true").csv(files)
+    return _typed(frame, strings, numbers)
+
+
+def _typed(frame: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
+    """The fields of a reader that keeps no corrupt line (CSV, Parquet) as
+    ``_json_records`` gives them: strings as text, numbers converted or null, a field
+    the files lack null."""
+    return frame.select(
+        F.col("_metadata.file_name").alias(SEGMENT_COL),
+        *_converted(frame.columns, strings, numbers),
+        F.lit(None).cast("STRING").alias(RAW_COL),
+    )
+
+
+def _converted(
+    columns: Sequence[str], strings: Sequence[str], numbers: Sequence[str]
+) -> list[Column]:
+    present = set(columns)
+
+    def field(name: str, kind: str) -> Column:
+        column = F.col(f"`{name}`") if name in present else F.lit(None)
+        typed = column.cast(kind) if kind == "STRING" else column.try_cast(kind)
+        return typed.alias(name)
+
+    return [field(name, kind) for name, kind in _fields(strings, numbers)]
+
+
+def csv_columns(header: str) -> list[str]:
+    """The column names of a CSV header line as Spark names them: an empty name is
+    ``_c<i>``, a name given twice is suffixed with its position in each place."""
+    names = [name or f"_c{i}" for i, name in enumerate(next(csv.reader([header]), []))]
+    counts = Counter(n.lower() for n in names)
+    return [f"{n}{i}" if counts[n.lower()] > 1 else n for i, n in enumerate(names)]
+
+
+def _by_format(paths: Sequence[str], fmt: str | None) -> dict[str, list[str]]:
+    """Files by the format to read them in: ``fmt``, or the one their suffix names."""
+    out: dict[str, list[str]] = {}
+    for path in paths:
+        kind = fmt or next((k for s, k in SUFFIXES.items() if path.endswith(s)), "jsonl")
+        out.setdefault(kind, []).append(path)
+    return out
+
+
+def _by_header(files: Sequence[str]) -> dict[str, list[str]]:
+    """CSV files by their header line (files of several inputs may differ)."""
+    out: dict[str, list[str]] = {}
+    for path in files:
+        with open(path, "rb") as handle:  # noqa: PTH123 - the first line only
+            header = handle.readline(MAX_HEADER_BYTES).decode("utf-8", "replace")
+        out.setdefault(header.rstrip("\r\n"), []).append(path)
+    return out
 
 
 def lines_missing_fields(
     spark: SparkSession, paths: Sequence[str], strings: Sequence[str], numbers: Sequence[str]
 ) -> DataFrame:
-    """The raw lines of the records ``read_records`` found malformed for a missing or
-    null field (the reader keeps no line of a record it could read), with their file:
-    a line once per such record in it (an array line may hold several).
+    """The raw lines of the records ``read_records`` found malformed but kept no line of
+    (a missing or null field; in CSV and Parquet every malformed record), with their
+    file: a line once per such record in it (``n``: a JSON array line may hold several).
 
-    A second read, only of the files that had such records. It repeats the reader's
-    rules on each line: an object, or an array of objects, whose every present field
-    converts (else the reader had kept the whole line as corrupt), and a needed field
-    missing or null.
+    A second read, only of the files that had such records, repeating the reader's
+    rules on each line. A Parquet record's line is its fields as a JSON object.
     """
+    parts: list[DataFrame] = []
+    for kind, files in _by_format(paths, None).items():
+        if kind == "jsonl":
+            parts.append(_json_lines_missing(spark, files, strings, numbers))
+        elif kind == "csv":
+            parts.extend(
+                _csv_bad_lines(spark, group, header, strings, numbers)
+                for header, group in _by_header(files).items()
+            )
+        else:
+            parts.append(_parquet_bad_rows(spark, files, strings, numbers))
+    return reduce(DataFrame.unionByName, parts)
+
+
+def _csv_bad_lines(
+    spark: SparkSession,
+    files: list[str],
+    header: str,
+    strings: Sequence[str],
+    numbers: Sequence[str],
+) -> DataFrame:
+    """Each line parsed as the reader parses it (``from_csv`` keeps the fields of a line
+    with too few or too many, as the reader does); header and blank lines skipped as the
+    reader skips them. A data line equal to the header is skipped too: the count of
+    malformed records stays the reader's, only that line is not quarantined."""
+    schema = _ddl([(n, "STRING") for n in csv_columns(header)])
+    raw = F.col("value")
+    parsed = F.from_csv(raw, schema)
+    fields = [parsed[c].alias(c) for c in csv_columns(header)]
+    lines = spark.read.text(files).select(
+        F.col("_metadata.file_name").alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
+    )
+    lines = lines.where((F.col(RAW_COL) != "") & (F.col(RAW_COL) != header))
+    return _bad_of(lines, strings, numbers)
+
+
+def _parquet_bad_rows(
+    spark: SparkSession, files: list[str], strings: Sequence[str], numbers: Sequence[str]
+) -> DataFrame:
+    frame = spark.read.parquet(*files)
+    payload = F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns]))
+    rows = frame.select(
+        F.col("_metadata.file_name").alias(SEGMENT_COL), payload.alias(RAW_COL), "*"
+    )
+    return _bad_of(rows, strings, numbers)
+
+
+def _bad_of(rows: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
+    """The rows whose needed fields do not all convert, one record each."""
+    bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
+    for column in _converted(rows.columns, strings, numbers):
+        bad = bad | column.isNull()
+    return rows.where(bad).select(SEGMENT_COL, RAW_COL, F.lit(1).alias("n"))
+
+
+def _json_lines_missing(
+    spark: SparkSession, paths: Sequence[str], strings: Sequence[str], numbers: Sequence[str]
+) -> DataFrame:
+    """A JSON line holds records the reader could read but that miss a field when it is
+    an object, or an array of objects, whose every present field converts (else the
+    reader had kept the whole line as corrupt), and a needed field is missing or null."""
     numeric = list(numbers)
     as_text = f"struct<{_ddl([(n, 'STRING') for n in [*strings, *numeric]], ':')}>"
     typed = f"struct<{_ddl(_fields(strings, numbers), ':')}>"

@@ -1,4 +1,5 @@
-"""Segment files: immutable JSON-lines files under the data directory."""
+"""Segment files: immutable files under the data directory, in the format their suffix
+names (``.jsonl``, ``.csv`` with its header line, ``.parquet``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 COPY_STEP = 8 * 1024 * 1024
+# A CSV header line longer than this is refused by the source: every segment repeats it.
+MAX_HEADER_BYTES = 1 << 20
 # copy_file_range cannot copy between these (another file system on older kernels, or
 # one that does not support it): the bytes then go through user space.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
@@ -22,13 +25,17 @@ def write_atomic(path: Path, body: bytes) -> int:
     return len(body)
 
 
-def copy_atomic(path: Path, source: str, offset: int, length: int, *, newline: bool) -> int:
+def copy_atomic(
+    path: Path, source: str, offset: int, length: int, *, newline: bool, head: bytes = b""
+) -> int:
     """Copy ``length`` bytes of ``source`` from ``offset`` to ``path`` all or nothing,
-    plus a final newline when ``newline``; the kernel copies, nothing passes through
-    Python where the file system allows it."""
+    after ``head`` (a CSV header line) and before a final newline when ``newline``; the
+    kernel copies, nothing passes through Python where the file system allows it."""
     with _atomic(path) as handle, open(source, "rb") as src:  # noqa: PTH123 - a raw descriptor
+        handle.write(head)
+        handle.flush()  # the kernel copies to the descriptor's position, after the head
         done = _kernel_copy(src.fileno(), handle.fileno(), offset, length)
-        handle.seek(done)
+        handle.seek(len(head) + done)
         while done < length:
             data = os.pread(src.fileno(), min(COPY_STEP, length - done), offset + done)
             if not data:
@@ -37,7 +44,7 @@ def copy_atomic(path: Path, source: str, offset: int, length: int, *, newline: b
             done += len(data)
         if newline:
             handle.write(b"\n")
-    return length + newline
+    return len(head) + length + newline
 
 
 def _kernel_copy(src: int, dst: int, offset: int, length: int) -> int:

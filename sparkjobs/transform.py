@@ -1,8 +1,8 @@
 """Record-at-a-time operators: filter by a Spark SQL condition, project expressions.
 
 One Spark job per batch; each input segment yields one output segment (possibly empty),
-so outputs keep their input's place in the source data. Lines that are not JSON objects
-are returned for quarantine.
+so outputs keep their input's place in the source data, as JSON lines. Lines that are
+not JSON objects are returned for quarantine.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import PartialOutput
 from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
-from sparkjobs.records import SEGMENT_COL, segment_of
+from sparkjobs.records import CORRUPT, SEGMENT_COL, read_rows, segment_of
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all
-
-CORRUPT = "_corrupt_record"
 
 
 def record_batch(
@@ -35,13 +33,7 @@ def record_batch(
 ) -> dict[str, PartialOutput]:
     """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
     not grouped by key, so a key group changes nothing here."""
-    frame = (
-        spark.read.option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT)
-        .json([str(p) for p in inputs.values()])
-        .withColumn(SEGMENT_COL, F.col("_metadata.file_name"))
-        .cache()
-    )
+    frame = read_rows(spark, [str(p) for p in inputs.values()]).cache()
     try:
         has_corrupt = CORRUPT in frame.columns
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame

@@ -1,14 +1,18 @@
 """The source: input files cut into chunks, each with its offset and length in the input.
 
 JSON lines and CSV are cut at line boundaries by bytes (offsets are byte offsets, CSV's
-header excluded); Parquet is cut by rows (offsets are row indexes). Every chunk becomes a
-JSON-lines segment file, so operators read one format. A chunk's *tag* is the routing
-field of its first record, which picks the branch it is meant for.
+header excluded); Parquet is cut by rows (offsets are row indexes). A chunk becomes a
+segment file in its input's format, which Spark reads natively: a JSON-lines range as it
+is, a CSV range after the file's header line, a Parquet row range as a Parquet file. A
+chunk's *tag* is the routing field of its first record, which picks the branch it is
+meant for.
 
-A JSON-lines chunk is never read into the source: only the bytes around its cut and its
-first line are, and the kernel copies the range into the segment file (write_chunk).
-Reading, counting and writing every byte in Python had cost the source about 6 CPU
-seconds per GB, taken from the Spark workers on the same machine while a run starts.
+A line chunk is never read into the source: only the bytes around its cut and its first
+line are, and the kernel copies the range into the segment file (write_chunk). Reading,
+counting and writing every byte in Python had cost the source about 6 CPU seconds per
+GB, taken from the Spark workers on the same machine while a run starts; converting CSV
+to JSON lines in Python had made a CSV run four times slower than the same records as
+JSON lines.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import glob
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from sparkjobs.segments import copy_atomic, write_atomic
+from sparkjobs.segments import MAX_HEADER_BYTES, copy_atomic, write_atomic
 
 FORMATS = ("jsonl", "csv", "parquet")
 
@@ -56,11 +60,13 @@ class Chunk:
     length: int
     tag: str
     size: int  # bytes of the segment file it becomes
-    body: bytes | None  # converted JSON lines; None: the input's own bytes, copied as they are
+    body: bytes | None  # the segment file's bytes; None: the input's own bytes, copied
     path: str  # the input file
     # Where an unbounded source stands after this chunk (a stream's last entry id), kept
     # with the run's position so a restart acknowledges and skips what is in the ledger.
     mark: str = ""
+    head: bytes = b""  # written before the copied bytes: a CSV file's header line
+    kind: str = "jsonl"  # the segment's format, its file's suffix
 
 
 def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:
@@ -153,7 +159,12 @@ def measure_file(path: Path, fmt: str) -> InputFile:
     start = 0
     if fmt == "csv":
         with path.open("rb") as handle:
-            start = len(handle.readline())
+            header = handle.readline(MAX_HEADER_BYTES + 1)
+        if len(header) > MAX_HEADER_BYTES:
+            raise InputError(
+                f"{path}: the CSV header line is longer than {MAX_HEADER_BYTES // 1024} KB"
+            )
+        start = len(header)
     return InputFile(str(path), start, size)
 
 
@@ -178,24 +189,37 @@ def chunks(
             if (start_offset is None or file_index != start_file)
             else (start_offset)
         )
-        if fmt == "jsonl":
-            for chunk_offset, length, size, tag in _jsonl_ranges(
+        if fmt == "parquet":
+            for chunk_offset, rows, body, tag in _parquet_chunks(
                 item, offset, segment_bytes, route_by
             ):
-                yield Chunk(index, file_index, chunk_offset, length, tag, size, None, item.path)
+                yield Chunk(
+                    index,
+                    file_index,
+                    chunk_offset,
+                    rows,
+                    tag,
+                    len(body),
+                    body,
+                    item.path,
+                    kind="parquet",
+                )
                 index += 1
             continue
-        reader = _parquet_chunks if fmt == "parquet" else _csv_chunks
-        for chunk_offset, length, body in reader(item, offset, segment_bytes):
+        head = _header_line(item) if fmt == "csv" else b""
+        tag_of = _csv_tagger(head, route_by) if fmt == "csv" else _json_tagger(route_by)
+        for chunk_offset, length, size, tag in _line_ranges(item, offset, segment_bytes, tag_of):
             yield Chunk(
                 index,
                 file_index,
                 chunk_offset,
                 length,
-                record_tag(body, route_by),
-                len(body),
-                body,
+                tag,
+                len(head) + size,
+                None,
                 item.path,
+                head=head,
+                kind=fmt,
             )
             index += 1
 
@@ -205,18 +229,23 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
     if chunk.body is not None:
         return write_atomic(path, chunk.body)
     return copy_atomic(
-        path, chunk.path, chunk.offset, chunk.length, newline=chunk.size > chunk.length
+        path,
+        chunk.path,
+        chunk.offset,
+        chunk.length,
+        newline=chunk.size > len(chunk.head) + chunk.length,
+        head=chunk.head,
     )
 
 
 CUT_WINDOW = 64 * 1024
 
 
-def _jsonl_ranges(
-    item: InputFile, offset: int, segment_bytes: int, route_by: str
+def _line_ranges(
+    item: InputFile, offset: int, segment_bytes: int, tag_of: Callable[[bytes], str]
 ) -> Iterator[tuple[int, int, int, str]]:
-    """(offset, length, segment size, tag) of each chunk: cut after the first newline
-    at or past ``segment_bytes``, so records never split."""
+    """(offset, length, size without a header, tag) of each chunk of a line format: cut
+    after the first newline at or past ``segment_bytes``, so records never split."""
     fd = os.open(item.path, os.O_RDONLY)
     try:
         while offset < item.size:
@@ -225,7 +254,7 @@ def _jsonl_ranges(
                 return
             length = end - offset
             newline = os.pread(fd, 1, end - 1) == b"\n"
-            yield offset, length, length + (not newline), _first_tag(fd, offset, end, route_by)
+            yield offset, length, length + (not newline), tag_of(_first_line(fd, offset, end))
             offset = end
     finally:
         os.close(fd)
@@ -244,8 +273,8 @@ def _line_end(fd: int, position: int, size: int) -> int:
     return size
 
 
-def _first_tag(fd: int, start: int, end: int, route_by: str) -> str:
-    """The tag of the range's first non-empty line, read up to its end only."""
+def _first_line(fd: int, start: int, end: int) -> bytes:
+    """The range's bytes up to the end of its first non-empty line (read no further)."""
     head = b""
     position = start
     while position < end:
@@ -256,40 +285,41 @@ def _first_tag(fd: int, start: int, end: int, route_by: str) -> str:
         position = start + len(head)
         if head.strip() and b"\n" in head.lstrip():
             break
-    return record_tag(head, route_by)
+    return head
 
 
-Ranges = Iterator[tuple[int, int, bytes]]  # (offset, length, JSON lines) of each chunk
+def _header_line(item: InputFile) -> bytes:
+    """A CSV file's header line, newline included: the first line of each of its
+    segments, so a segment is a CSV file Spark reads with ``header``."""
+    with open(item.path, "rb") as handle:  # noqa: PTH123 - a binary read of one line
+        line = handle.readline(item.data_start)
+    return line if line.endswith(b"\n") else line + b"\n"
 
 
-def _csv_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
-    with open(item.path, "rb") as handle:  # noqa: PTH123 - seek/read on a binary handle
-        header = next(csv.reader([handle.readline().decode("utf-8", "replace")]), [])
-        handle.seek(offset)
-        while offset < item.size:
-            raw = handle.read(segment_bytes)
-            if not raw:
-                break
-            if not raw.endswith(b"\n"):
-                raw += handle.readline()  # finish the last line: records never split
-            yield offset, len(raw), _csv_to_jsonl(raw, header)
-            offset += len(raw)
+def _json_tagger(route_by: str) -> Callable[[bytes], str]:
+    return lambda head: record_tag(head, route_by)
 
 
-def _csv_to_jsonl(raw: bytes, header: list[str]) -> bytes:
-    out = io.StringIO()
-    for row in csv.reader(io.StringIO(raw.decode("utf-8", "replace"))):
-        if not row:
-            continue
-        if len(row) != len(header):
-            # Kept as a line that is not a JSON object, so it is counted as malformed.
-            out.write(json.dumps(",".join(row)) + "\n")
-            continue
-        out.write(json.dumps(dict(zip(header, row, strict=True)), separators=(",", ":")) + "\n")
-    return out.getvalue().encode()
+def _csv_tagger(header: bytes, route_by: str) -> Callable[[bytes], str]:
+    """The routing field of a CSV chunk's first record, by its column in the header."""
+    names = next(csv.reader([header.decode("utf-8", "replace")]), [])
+    column = names.index(route_by) if route_by in names else -1
+
+    def tag(head: bytes) -> str:
+        for row in csv.reader(io.StringIO(head.decode("utf-8", "replace"))):
+            if row:
+                return row[column] if 0 <= column < len(row) else ""
+        return ""
+
+    return tag
 
 
-def _parquet_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
+def _parquet_chunks(
+    item: InputFile, offset: int, segment_bytes: int, route_by: str
+) -> Iterator[tuple[int, int, bytes, str]]:
+    """(first row, rows, Parquet file, tag) of each chunk: the input's rows cut into
+    Parquet files of about ``segment_bytes`` in memory, columns and types kept."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(item.path)
@@ -297,17 +327,16 @@ def _parquet_chunks(item: InputFile, offset: int, segment_bytes: int) -> Ranges:
     rows_per_chunk = max(1, segment_bytes // row_bytes)
     while offset < item.size:
         part = table.slice(offset, rows_per_chunk)
-        lines = [json.dumps(_jsonable(r), separators=(",", ":")) for r in part.to_pylist()]
-        body = ("\n".join(lines) + "\n").encode()
-        yield offset, part.num_rows, body
+        sink = pa.BufferOutputStream()
+        pq.write_table(part, sink)
+        first = part.column(route_by)[0].as_py() if route_by in part.column_names else None
+        yield (
+            offset,
+            part.num_rows,
+            sink.getvalue().to_pybytes(),
+            "" if first is None else str(first),
+        )
         offset += part.num_rows
-
-
-def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (str(v) if not isinstance(v, str | int | float | bool | None) else v)
-        for k, v in row.items()
-    }
 
 
 def record_tag(body: bytes, route_by: str) -> str:

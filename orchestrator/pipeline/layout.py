@@ -17,5 +17,7 @@ def segments_dir(run_id: int) -> Path:
     return run_dir(run_id) / "segments"
 
 
-def segment_path(run_id: int, segment_id: str) -> Path:
-    return segments_dir(run_id) / f"{segment_id}.jsonl"
+def segment_path(run_id: int, segment_id: str, kind: str = "jsonl") -> Path:
+    """A segment's file, named for its format (``kind``): operators read it by its
+    suffix. Operators write JSON lines; the source writes its input's format."""
+    return segments_dir(run_id) / f"{segment_id}.{kind}"

@@ -153,7 +153,7 @@ class SourcePacer:
                 # still reads as "input faster than output".
                 self.blocked[target] = chunk.size
             return False
-        path = segment_path(self.run_id, seg_id)
+        path = segment_path(self.run_id, seg_id, chunk.kind)
         write_chunk(path, chunk)
         segments.emit_chunk(
             self.run_id,

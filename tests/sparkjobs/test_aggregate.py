@@ -8,6 +8,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
@@ -167,3 +169,94 @@ def test_each_line_holds_the_records_spark_reads_and_bad_ones_are_quarantined_on
     result = batch_aggregate(spark, [str(whole)], "jsonl", AggregateParams())
     assert result.malformed == sum(bad for _, _, bad in LINES)
     assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == oracle(good)
+
+
+CSV_HEADER = "user,key,value,pad"
+CSV_LINES: list[tuple[str, list[dict[str, Any]], int]] = [
+    ("u1,a,1.5,x", [{"key": "a", "value": "1.5", "user": "u1"}], 0),
+    ('"u,2",a,"7.25",x', [{"key": "a", "value": "7.25", "user": "u,2"}], 0),  # quoted
+    ("u3,b,2", [{"key": "b", "value": "2", "user": "u3"}], 0),  # a field not needed: absent
+    ("u4,b,1e3,x,extra", [{"key": "b", "value": "1e3", "user": "u4"}], 0),  # past the header
+    ("", [], 0),
+    ('u5,a,"1,000",x', [], 1),  # not a number (the CSV reader's own parsing took 1000)
+    ("u6,c", [], 1),  # too few fields
+    (",c,4,x", [], 1),  # an empty field is a missing one
+    ("u7,d,x,x", [], 1),
+    ("u8,d," + "9" * 2000 + ",x", [], 1),  # beyond DECIMAL(38,10)
+    ('"u9,d,1,x', [], 1),  # an unclosed quote runs to the end of the line: one field
+]
+
+
+def test_csv_segments_are_read_by_their_header_and_bad_lines_quarantined(
+    spark: Any, tmp_path: Path
+) -> None:
+    halves = [CSV_LINES[0::2], CSV_LINES[1::2]]
+    inputs = {}
+    for index, half in enumerate(halves):
+        path = tmp_path / f"seg{index}.csv"
+        path.write_text(CSV_HEADER + "\n" + "".join(line + "\n" for line, _, _ in half))
+        inputs[f"seg{index}"] = path
+    outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
+    good = [record for _, records, _ in CSV_LINES for record in records]
+    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
+    for index, half in enumerate(halves):
+        out = produced[f"seg{index}"]
+        assert sorted(out.quarantined) == sorted(line for line, _, bad in half for _ in range(bad))
+        assert out.malformed == sum(bad for _, _, bad in half)
+    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
+    assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
+        oracle(good)
+    )
+    # The batch job reads the input file (any name) as CSV: the same records
+    whole = tmp_path / "whole.txt"
+    whole.write_text(CSV_HEADER + "\n" + "".join(line + "\n" for line, _, _ in CSV_LINES))
+    result = batch_aggregate(spark, [str(whole)], "csv", AggregateParams())
+    assert result.malformed == sum(bad for _, _, bad in CSV_LINES)
+    assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == oracle(good)
+
+
+def test_parquet_segments_keep_their_types_and_a_bad_row_is_quarantined_as_json(
+    spark: Any, tmp_path: Path
+) -> None:
+    rows: list[dict[str, Any]] = [
+        {"key": "a", "value": "1.5", "user": "u1", "n": 1},
+        {"key": "a", "value": "x", "user": "u2", "n": 2},
+        {"key": "b", "value": None, "user": "u3", "n": 3},
+        {"key": "b", "value": "-2", "user": "u3", "n": 4},
+    ]
+    inputs = {}
+    for index in range(2):
+        path = tmp_path / f"seg{index}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows[index * 2 : index * 2 + 2]), path)
+        inputs[f"seg{index}"] = path
+    outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
+    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
+    assert produced["seg0"].quarantined == ['{"key":"a","value":"x","user":"u2","n":2}']
+    assert produced["seg1"].quarantined == ['{"key":"b","user":"u3","n":3}']
+    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
+    expected = oracle([rows[0], rows[3]])
+    assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
+        expected
+    )
+    result = batch_aggregate(spark, [str(p) for p in inputs.values()], "parquet", AggregateParams())
+    assert result.malformed == 2
+    assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == expected
+
+
+def test_a_filter_over_csv_segments_of_two_headers_writes_their_records_as_json(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Two inputs name the same columns in another order: each segment is read by its own
+    # header, and the records come out the same.
+    inputs = {"seg0": tmp_path / "seg0.csv", "seg1": tmp_path / "seg1.csv"}
+    inputs["seg0"].write_text("key,value,user\na,1,u1\nb,2,u3\n")
+    inputs["seg1"].write_text('user,key,value\nu2,c,"3,5"\nu3,d,4\n')
+    outputs = {seg: tmp_path / "f" / f"{seg}.jsonl" for seg in inputs}
+    produced = record_batch(spark, "filter", {"condition": "user <> 'u3'"}, inputs, outputs)
+    assert [json.loads(line) for line in outputs["seg0"].read_text().splitlines()] == [
+        {"key": "a", "value": "1", "user": "u1"}
+    ]
+    assert [json.loads(line) for line in outputs["seg1"].read_text().splitlines()] == [
+        {"user": "u2", "key": "c", "value": "3,5"}
+    ]
+    assert [p.records for p in produced.values()] == [1, 1]

@@ -1,15 +1,20 @@
 """The source's cut: chunks tile the input, never split a record, and become segment
-files holding exactly the input's bytes (JSON lines are copied by the kernel, never read
-into the source).
+files holding exactly the input's bytes in its own format (JSON lines and CSV are copied
+by the kernel, never read into the source; Parquet is cut by rows).
 """
 
 from __future__ import annotations
 
+import csv
 import errno
+import io
+import itertools
 import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,18 +114,36 @@ def test_a_failed_copy_leaves_no_segment_file(tmp_path: Path) -> None:
     assert list(target.parent.iterdir()) == []
 
 
-def test_csv_rows_become_json_lines_and_a_row_of_the_wrong_width_stays_malformed(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "in.csv").write_bytes(b"key,value\na,1\nb,2,extra\nc,3\n")
-    (chunk,) = cut(tmp_path / "in.csv", fmt="csv", segment_bytes=1024)
-    lines = written([chunk], tmp_path)[0].decode().splitlines()
-    assert [json.loads(line) for line in lines] == [
-        {"key": "a", "value": "1"},
-        "b,2,extra",
-        {"key": "c", "value": "3"},
+def test_a_csv_segment_is_its_header_line_then_the_input_bytes_copied(tmp_path: Path) -> None:
+    data = b"".join(f'"u,{i}",k{i % 3},{i}\n'.encode() for i in range(40))
+    (tmp_path / "in.csv").write_bytes(b"user,key,value\r\n" + data[:-1])  # no final newline
+    got = cut(tmp_path / "in.csv", fmt="csv", segment_bytes=100)
+    assert len(got) > 3
+    bodies = written(got, tmp_path)
+    assert all(body.startswith(b"user,key,value\r\n") for body in bodies)
+    assert b"".join(body.removeprefix(b"user,key,value\r\n") for body in bodies) == data
+    assert [(c.offset, c.length + (c is got[-1])) for c in got] == [
+        (offset + len(b"user,key,value\r\n"), length)
+        for offset, length in reference_cuts(data, 100)
     ]
-    assert (chunk.offset, chunk.tag) == (len(b"key,value\n"), "a")
+    # The routing field is found by its column in the header, quoted commas and all.
+    assert [c.tag for c in got] == [
+        next(csv.reader([body.decode().splitlines()[1]]))[1] for body in bodies
+    ]
+    assert {c.kind for c in got} == {"csv"}
+
+
+def test_a_parquet_input_is_cut_by_rows_into_parquet_segments(tmp_path: Path) -> None:
+    rows = [{"key": f"k{i % 5}", "value": i / 4, "user": f"u{i}"} for i in range(1000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet", row_group_size=300)
+    got = cut(tmp_path / "in.parquet", fmt="parquet", segment_bytes=4096)
+    assert len(got) > 3
+    assert [c.offset for c in got] == list(itertools.accumulate([0] + [c.length for c in got[:-1]]))
+    back = [pq.read_table(io.BytesIO(body)) for body in written(got, tmp_path)]
+    assert [row for table in back for row in table.to_pylist()] == rows
+    assert back[0].schema == pq.read_schema(tmp_path / "in.parquet")
+    assert [c.tag for c in got] == [table.column("key")[0].as_py() for table in back]
+    assert {c.kind for c in got} == {"parquet"}
 
 
 @settings(max_examples=150, deadline=None)
@@ -144,3 +167,15 @@ def test_chunks_tile_the_input_exactly_whatever_the_lines_and_segment_size(
     assert all(body.endswith(b"\n") for body in bodies)
     expected = data if data.endswith(b"\n") or not data else data + b"\n"
     assert b"".join(bodies) == expected
+
+
+def test_a_csv_header_line_past_the_bound_is_refused_before_anything_is_cut(
+    tmp_path: Path,
+) -> None:
+    # Every segment repeats the header: a hostile one would be copied into each.
+    path = tmp_path / "wide.csv"
+    path.write_bytes(b"a" * (segments.MAX_HEADER_BYTES + 1) + b"\nx\n")
+    with pytest.raises(inputs.InputError, match="header line is longer than 1024 KB"):
+        resolve_inputs(str(path), "csv")
+    path.write_bytes(b"a" * (segments.MAX_HEADER_BYTES - 1) + b"\nx\n")
+    assert resolve_inputs(str(path), "csv")[0].data_start == segments.MAX_HEADER_BYTES
