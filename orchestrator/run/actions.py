@@ -4,7 +4,8 @@ Flags and signals go to ZooKeeper (flags in one pipelined write per tick, by
 orchestrator.run.flags), routing tables to the route store (written to ZooKeeper by the
 reporter thread), pacing to the source's controls, a scale-out request to the hot
 rescale control. Every action but the periodic credit grant becomes an event on the
-node it concerns (``Action.subject``).
+node it concerns (``Action.subject``), with what it changed and, for the balancer's, the
+observation it was decided on (orchestrator.run.evidence).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from balancer.model import (
     Action,
     ClearFlag,
+    NodeState,
     ScaleOutRequest,
     SetCredits,
     SetFlag,
@@ -31,6 +33,7 @@ from balancer.stepwise import TaskSpeed
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.run.controls import Controls
+from orchestrator.run.evidence import observed_for
 from orchestrator.run.flags import Flags
 from orchestrator.run.route_store import RouteStore
 from orchestrator.run.timeline import Timeline
@@ -57,6 +60,8 @@ class ActionTable:
         self.timeline = Timeline(run_id)
         self.on_graph_change = on_graph_change
         self.rescale: RescaleControl | None = None  # set once the run's graph is known
+        # Each node as the balancer saw it when it made this tick's decisions.
+        self.seen: dict[str, NodeState] = {}
         self.handlers: dict[type[Action], Handler] = {
             SetFlag: lambda a: self.flags.set(a.node),
             ClearFlag: lambda a: self.flags.clear(a.node),
@@ -75,8 +80,11 @@ class ActionTable:
     def apply(self, action: Action, actor: str = "balancer") -> None:
         self.handlers[type(action)](action)
         if action.kind not in QUIET_KINDS:
+            data = action.to_json()
+            if actor == "balancer":
+                data["observed"] = observed_for(data, self.seen)
             self.timeline.add(
-                action.kind, action.reason, node=action.subject, actor=actor, data=action.to_json()
+                action.kind, action.reason, node=action.subject, actor=actor, data=data
             )
 
     def _set_rate(self, action: SetRate) -> None:

@@ -289,6 +289,9 @@ class RunDriver:
         with phase("observe"):
             observation = self.runtime.observe()
         with phase("decide"):
+            # Each node as the balancer sees it now, thresholds and pacing before its
+            # decisions: kept with the events of the actions, to show why.
+            self.table.seen = self._node_states(observation)
             decision = step(observation, self.state, self.policy)
             self.state = decision.state
         with phase("apply"):

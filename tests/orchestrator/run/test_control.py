@@ -49,6 +49,17 @@ def test_a_throttled_node_is_flagged_its_upstream_slows_and_the_flag_clears(
     cleared = in_order.filter(kind="clear_flag", node=flagged.node).last()
     assert cleared is not None and cleared.time > flagged.time
     assert flagged.node not in remaining
+    # Every balancer event keeps why: each node it names as the balancer saw it before
+    # deciding (level, watermarks, pacing), beside what it changed
+    for event in in_order.filter(kind="set_flag"):
+        seen_then = event.data["observed"][event.node]
+        assert seen_then["level"] >= seen_then["high_water"], event.data
+        assert not seen_then["flagged"]
+    for event in in_order.filter(kind="clear_flag", reason__contains="low water"):
+        seen_then = event.data["observed"][event.node]
+        assert seen_then["level"] <= seen_then["low_water"], event.data
+        assert seen_then["flagged"]
+    assert slowed.data["observed"]["source"]["rate_coefficient"] > slowed.data["coefficient"]
 
 
 def test_operator_migrates_a_branch_now_and_stops(workers) -> None:

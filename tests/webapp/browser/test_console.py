@@ -117,6 +117,26 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     assert Event.objects.filter(run=run, kind="set_flag").exists()
     assert Event.objects.filter(run=run, kind="start_migration").exists()
 
+    # Clicking a flag's event shows why: the node as the balancer saw it, its level at or
+    # past the high water it was judged by
+    page.select_option("#event-filter", "flag")
+    flag = page.wait_for_selector('#timeline li[data-kind="set_flag"]')
+    event_id, node = flag.get_attribute("data-event"), flag.query_selector(".node-name")
+    assert node is not None
+    flag.click()
+    observed = page.wait_for_selector(
+        f'#timeline li[data-event="{event_id}"][aria-expanded="true"] '
+        f'table.observed tr[data-node="{node.text_content()}"]'
+    )
+    cell = {
+        name: float(observed.query_selector(f'td[data-field="{name}"]').text_content())
+        for name in ("level", "high_water")
+    }
+    assert cell["level"] >= cell["high_water"], cell
+    observed.scroll_into_view_if_needed()
+    shoot(page, artifacts, "run-why")
+    page.select_option("#event-filter", "all")
+
     # The pipelines page, while the run goes on: status, last run, health dot
     overview = page.context.new_page()
     overview.goto(f"{asgi_server.url}/")

@@ -29,6 +29,7 @@
     unbounded: false,              // a continuous run has no "completed": it shows freshness
     throughput: [],                // [seconds, bytes/s]
     events: new Map(),             // id -> event
+    openEvents: new Set(),         // ids of the events whose "why" is shown
     selected: null,
     socket: null,
     attempt: 0,
@@ -530,7 +531,70 @@
     const actor = e.actor || "system";
     const userAction = !["balancer", "system"].includes(actor);
     li.appendChild(BP.el("span", { class: "actor" + (userAction ? " user" : "") }, actor));
+    if (e.data && Object.keys(e.data).length) {
+      // Click (or Enter) for why: what the action changed and what it was decided on.
+      const open = state.openEvents.has(e.id);
+      li.classList.add("explained");
+      li.setAttribute("tabindex", "0");
+      li.setAttribute("role", "button");
+      li.setAttribute("aria-expanded", String(open));
+      const toggle = () => {
+        if (state.openEvents.has(e.id)) state.openEvents.delete(e.id); else state.openEvents.add(e.id);
+        li.replaceWith(eventRow(e));
+      };
+      li.addEventListener("click", toggle);
+      li.addEventListener("keydown", (ev) => { if (ev.key === "Enter") toggle(); });
+      if (open) li.appendChild(why(e.data));
+    }
     return li;
+  }
+
+  const OBSERVED = [
+    ["level", "level", (v) => v.toFixed(2)],
+    ["high_water", "high water", (v) => v.toFixed(2)],
+    ["low_water", "low water", (v) => v.toFixed(2)],
+    ["buffered_bytes", "buffered", (v) => BP.bytes(v)],
+    ["in_rate", "in", (v) => BP.rate(v)],
+    ["out_rate", "out", (v) => BP.rate(v)],
+    ["flagged", "flag", (v) => (v ? "set" : "–")],
+    ["rate_coefficient", "rate ×", (v) => v.toFixed(2)],
+    ["speed", "speed", (v) => v.toFixed(2)],
+  ];
+
+  function why(data) {
+    const box = BP.el("div", { class: "why" });
+    box.addEventListener("click", (ev) => ev.stopPropagation());  // reading it keeps it open
+    const changed = Object.entries(data).filter(([k]) => !["kind", "reason", "observed"].includes(k));
+    if (changed.length) {
+      box.appendChild(BP.el("h4", {}, "Changed"));
+      const dl = BP.el("dl", { class: "changed" });
+      for (const [k, v] of changed) {
+        dl.appendChild(BP.el("dt", {}, k.replace(/_/g, " ")));
+        dl.appendChild(BP.el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v)));
+      }
+      box.appendChild(dl);
+    }
+    const observed = data.observed || {};
+    const nodes = Object.keys(observed);
+    if (nodes.length) {
+      box.appendChild(BP.el("h4", {}, "Decided on (each node before the decision)"));
+      const table = BP.el("table", { class: "observed" });
+      const head = BP.el("tr");
+      head.appendChild(BP.el("th", {}, "node"));
+      for (const [, label] of OBSERVED) head.appendChild(BP.el("th", {}, label));
+      table.appendChild(head);
+      for (const node of nodes) {
+        const row = BP.el("tr", { "data-node": node });
+        row.appendChild(BP.el("th", {}, node));
+        for (const [key, , show] of OBSERVED) {
+          const v = observed[node][key];
+          row.appendChild(BP.el("td", { "data-field": key }, v === undefined || v === null ? "–" : show(v)));
+        }
+        table.appendChild(row);
+      }
+      box.appendChild(table);
+    }
+    return box;
   }
 
   function renderTimeline() {
