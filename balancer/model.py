@@ -58,6 +58,9 @@ class NodeState(TypedDict):
     speed: float
     origin_speed: float
     in_backpressure: bool
+    # Seconds until the pool reaches its high water at the rate it fills (forecast.py);
+    # 0 at or past it, None when not filling (and for a source).
+    full_in_s: float | None
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ def bench_states(plane: ControlPlane, ticks: int, nodes: int) -> tuple[list[floa
                 speed=100.0 + n,
                 origin_speed=120.0,
                 in_backpressure=(n + tick) % 5 == 0,
+                full_in_s=float(n % 60) or None,
             )
             for n in range(nodes)
         }

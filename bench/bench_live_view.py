@@ -323,10 +323,10 @@ class Bench:
                 self.observed_ms = time.time() * 1000
                 return measured
 
-            def _node_states(self, observation: Any) -> Any:
+            def _node_states(self, observation: Any, full_in: Any = None) -> Any:
                 # Stamp each tick's states with the time its levels were observed: the
                 # snapshot is built later (the driver publishes from a reporter thread).
-                states = super()._node_states(observation)
+                states = super()._node_states(observation, full_in)
                 for state in states.values():
                     cast("dict[str, Any]", state)["bench_observed_ms"] = self.observed_ms
                 return states

@@ -11,9 +11,10 @@ observation it was decided on (orchestrator.run.evidence).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from balancer.forecast import Pacing
 from balancer.model import (
     Action,
     ClearFlag,
@@ -75,6 +76,13 @@ class ActionTable:
             StartMigration: self._start_migration,
             StopMigration: self._stop_migration,
             ScaleOutRequest: self._scale_out,
+        }
+
+    def pacing(self, nodes: Iterable[str]) -> dict[str, Pacing]:
+        """Each node's rate coefficient and explicit shares as the actions left them."""
+        return {
+            node: Pacing(self.controls.of(node).coefficient, self.routes.get(node).shares)
+            for node in nodes
         }
 
     def apply(self, action: Action, actor: str = "balancer") -> None:

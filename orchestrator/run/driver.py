@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from django.conf import settings
@@ -33,6 +33,7 @@ from django.utils import timezone
 from kazoo.exceptions import LockTimeout
 
 from balancer.document import NodeDocument
+from balancer.forecast import Forecast
 from balancer.loop import BalancerState, forget, step
 from balancer.model import ClearFlag, NodeState, Observation
 from balancer.policy import Policy
@@ -99,6 +100,7 @@ class RunDriver:
         self.state = BalancerState()
         self.stats = TickStats()
         self.node_states: dict[str, NodeState] = {}
+        self.forecast = Forecast()
         self.subscriptions: list[Subscription] = []
         self.rescale: RescaleControl | None = None
         # Made once the input exists (a generated input is written first): _start.
@@ -292,6 +294,7 @@ class RunDriver:
             # Each node as the balancer sees it now, thresholds and pacing before its
             # decisions: kept with the events of the actions, to show why.
             self.table.seen = self._node_states(observation)
+            paced = self.table.pacing(observation.topology.order)
             decision = step(observation, self.state, self.policy)
             self.state = decision.state
         with phase("apply"):
@@ -306,17 +309,27 @@ class RunDriver:
             with phase("events"):
                 self.reporter.add_events(self.table.timeline.take())
         with phase("report"):
-            self.node_states = self._node_states(observation)
+            states = self._node_states(observation)
+            full_in = self.forecast.update(
+                observation,
+                {node: state["high_water"] for node, state in states.items()},
+                before=paced,
+                after=self.table.pacing(observation.topology.order),
+            )
+            self.node_states = self._node_states(observation, full_in)
             lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
             self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
 
-    def _node_states(self, observation: Observation) -> dict[str, NodeState]:
+    def _node_states(
+        self, observation: Observation, full_in: Mapping[str, float | None] | None = None
+    ) -> dict[str, NodeState]:
         return observer.node_states(
             observation,
             flagged=self.table.flags.flagged,
             controls=self.table.controls,
             state=self.state,
             policy=self.policy,
+            full_in=full_in,
         )
 
     def _reload_topology(self) -> None:

@@ -62,9 +62,10 @@ def node_states(
     controls: Controls,
     state: BalancerState,
     policy: Policy,
+    full_in: Mapping[str, float | None] | None = None,
 ) -> dict[str, NodeState]:
     """What each node shows in the console and in ZooKeeper after a tick: the flags and
-    pacing as the tick's actions left them."""
+    pacing as the tick's actions left them, and ``full_in`` (balancer.forecast)."""
     states: dict[str, NodeState] = {}
     for node_id, obs in observation.nodes.items():
         control = controls.of(node_id)
@@ -81,5 +82,10 @@ def node_states(
             speed=round(control.speed.speed, 4),
             origin_speed=round(control.speed.origin_speed, 4),
             in_backpressure=control.speed.in_backpressure,
+            full_in_s=_seconds((full_in or {}).get(node_id)),
         )
     return states
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -19,6 +19,7 @@ def state(level: float) -> NodeState:
         speed=1.0,
         origin_speed=1.0,
         in_backpressure=False,
+        full_in_s=None,
     )
 
 

@@ -111,6 +111,17 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     assert page.evaluate("window.sameDocument") is True
     assert page.evaluate("bpConsole.state.messages") > 3
 
+    # ...a filling node says when it will reach its high water
+    full_in, text = page.wait_for_function(
+        """() => {
+          const g = document.querySelector('g.node[data-full-in]:not([data-full-in=""])');
+          const text = g && g.querySelector(".level-text").textContent;
+          return g && [Number(g.getAttribute("data-full-in")), text];
+        }""",
+        timeout=60_000,
+    ).json_value()
+    assert full_in > 0 and "full in" in text, (full_in, text)
+
     # ...a flag lights up and the balancer's migration path appears
     page.wait_for_selector("g.node.flagged", timeout=120_000)
     page.wait_for_selector("path.migration-path", state="attached", timeout=120_000)

@@ -105,6 +105,13 @@
     return [...names].sort().join("|") + "#" + links.sort().join("|");
   }
 
+  // "14 s", "3 min", "over an hour": how soon a pool reaches its high water.
+  function soon(seconds) {
+    if (seconds < 60) return `${Math.max(1, Math.round(seconds))} s`;
+    if (seconds < 3600) return `${Math.round(seconds / 60)} min`;
+    return "over an hour";
+  }
+
   class TopologyView {
     constructor(svgElement, topology, options) {
       this.svg = svgElement;
@@ -259,8 +266,12 @@
       mark(node.high, st.high_water);
       mark(node.low, st.low_water);
       const capacity = view.capacity_bytes;
+      // A pool filling towards its high water says when it gets there, in place of
+      // its bytes (balancer/forecast.py); nothing when it is draining or already there.
+      const fullIn = typeof st.full_in_s === "number" && st.full_in_s > 0 ? st.full_in_s : null;
       node.levelText.textContent = level === null ? "no data yet"
-        : `${BP.pct(level)} · ${BP.bytes(st.buffered_bytes)}`;
+        : `${BP.pct(level)} · ` + (fullIn === null ? BP.bytes(st.buffered_bytes) : `full in ${soon(fullIn)}`);
+      node.g.setAttribute("data-full-in", fullIn === null ? "" : fullIn.toFixed(1));
       node.g.setAttribute("data-capacity", capacity);
       node.levelText.setAttribute("class", "level-text on-" + cls);
       node.g.setAttribute("data-level", level === null ? "" : level.toFixed(4));
