@@ -28,7 +28,6 @@ from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wa
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 TOPOLOGIES = Path(__file__).resolve().parents[3] / "webapp/console/topologies"
-SKEWED = "seed=21,volume_mb=32,dominance=0.85,skew_mean_s=1000,malformed_every=997"
 # The 2 s target is the rescale bench's (bench/bench_runtime.py rescale). Here the sink
 # shares the machine with the whole test stack: 1.5 to 2.7 s on a slow hour. What must
 # never come back is the first design, whose adjustments held the sink 3 to 40 s.
@@ -38,6 +37,10 @@ MAX_SINK_STALL_S = 3.0
 # round of their batches (1.6 to 5.6 s on this machine). What must never happen is the
 # first design's stall, outside nodes waiting for the subgraph to drain (40 s).
 OUTSIDE_STALL_GUARD_S = 10.0
+
+
+def _skewed(seed: int, volume_mb: int) -> str:
+    return f"seed={seed},volume_mb={volume_mb},dominance=0.85,skew_mean_s=1000,malformed_every=997"
 
 
 def _wait_started(run: Run) -> None:
@@ -72,7 +75,9 @@ def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
 def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
     # Given a skewed run of the reference pipeline
     doc = skewed_reference(slow_mbps=8.0, buffer_mb=0.5)
-    run = start(doc, policy(), generator=SKEWED)
+    # 16 MB outlast the three adjustments: they ended 7 to 16 s after the first merge and
+    # the run went on 27 to 52 s after the last one (32 MB only made that tail longer).
+    run = start(doc, policy(), generator=_skewed(21, 16))
     _wait_started(run)
     # When an aggregate instance is hot-migrated, the stage scaled out, then in
     migrated = _adjust(run, "hot_migrate", node="task2")
@@ -195,7 +200,7 @@ def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
         workers.wait_ready(["spark9"])
         name = next(w for w in _wait_for_worker("spark9"))
         doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
-        run = start(doc, policy(), generator=SKEWED.replace("seed=21", "seed=22"))
+        run = start(doc, policy(), generator=_skewed(22, 32))
         _wait_started(run)
         placed = _adjust(run, "hot_migrate", node="task2", worker=name)
         (moved,) = placed.plan["added"]
