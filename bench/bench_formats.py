@@ -31,7 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # This script's own folder is first on sys.path.
-from bench_peers import SEGMENT_MB, Shape, compare, median, reference, write_input  # noqa: E402
+from bench_peers import (  # noqa: E402
+    SEGMENT_MB,
+    Shape,
+    compare,
+    ledger_outcome,
+    median,
+    reference,
+    write_input,
+)
 from bench_runtime import Stack, run_to_end, throughput_pipeline  # noqa: E402
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -66,24 +74,9 @@ def with_format(doc: Any, fmt: str) -> Any:
 
 
 def live(doc: Any, policy: dict[str, Any], fmt: str, path: Path) -> tuple[Any, dict[str, Any]]:
-    from django.db.models import Count
-
-    from orchestrator.ledger.results import summary
-    from orchestrator.models import ResultDistinct, ResultKey
-
     run = run_to_end(with_format(doc, fmt), policy, None, input_path=str(path))
-    distinct = dict(
-        ResultDistinct.objects.filter(run=run)
-        .values("key")
-        .annotate(n=Count("value"))
-        .values_list("key", "n")
-    )
-    rows = {
-        r.key: (r.count, r.sum, r.min, r.max, distinct.get(r.key, 0))
-        for r in ResultKey.objects.filter(run=run)
-    }
-    done = summary(run)
-    return rows, {"coverage": done["coverage"], "segments": done["segments"]}
+    outcome = ledger_outcome(run)
+    return outcome.result, outcome.extra
 
 
 def batch(params: Mapping[str, Any], fmt: str, path: Path) -> tuple[Any, dict[str, Any]]:

@@ -227,12 +227,16 @@ def batch_job(data: Input, params: Mapping[str, Any]) -> Outcome:
 
 
 def live_run(data: Input, doc: Any, policy: dict[str, Any]) -> Outcome:
+    return ledger_outcome(run_to_end(doc, policy, None, input_path=str(data.whole)))
+
+
+def ledger_outcome(run: Any) -> Outcome:
+    """A finished run's result as the ledger holds it, and how the run ended."""
     from django.db.models import Count
 
     from orchestrator.ledger.results import summary
     from orchestrator.models import ResultDistinct, ResultKey
 
-    run = run_to_end(doc, policy, None, input_path=str(data.whole))
     # The ledger's own values (Decimal), not the summary's floats.
     distinct = dict(
         ResultDistinct.objects.filter(run=run)

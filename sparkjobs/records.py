@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,18 +60,13 @@ def read_records(
     also one that is malformed for a missing field: see ``lines_missing_fields``). With
     ``segments``, the file each record came from. Files are read in ``fmt``, or each in
     the format its suffix names (segments)."""
-    parts: list[DataFrame] = []
-    for kind, files in _by_format(paths, fmt).items():
-        if kind == "jsonl":
-            parts.append(_json_records(spark, files, strings, numbers))
-        elif kind == "csv":
-            parts.extend(
-                _csv_records(spark, group, header, strings, numbers)
-                for header, group in _by_header(files).items()
-            )
-        else:
-            parts.append(_typed(spark.read.parquet(*files), strings, numbers))
-    frame = reduce(DataFrame.unionByName, parts)
+    frame = _each_format(
+        paths,
+        fmt,
+        jsonl=lambda files: _json_records(spark, files, strings, numbers),
+        csv=lambda files, header: _csv_records(spark, files, header, strings, numbers),
+        parquet=lambda files: _typed(spark.read.parquet(*files), strings, numbers),
+    )
     wanted = [*strings, *numbers]
     bad = F.col(RAW_COL).isNotNull()
     for name in wanted:
@@ -86,22 +81,27 @@ def read_rows(spark: SparkSession, paths: Sequence[str], fmt: str | None = None)
     """Every field of every record, for a record operator, with the file it came from
     and, of JSON lines, the reader's corrupt record (``CORRUPT``, null in a readable
     record). CSV fields are text; files with other columns add theirs (null elsewhere)."""
-    parts: list[DataFrame] = []
-    for kind, files in _by_format(paths, fmt).items():
-        if kind == "jsonl":
-            reader = spark.read.option("mode", "PERMISSIVE")
-            parts.append(reader.option("columnNameOfCorruptRecord", CORRUPT).json(files))
-        elif kind == "csv":
-            parts.extend(
-                spark.read.schema(_ddl([(n, "STRING") for n in csv_columns(header)]))
-                .option("header", "true")
-                .csv(group)
-                for header, group in _by_header(files).items()
-            )
-        else:
-            parts.append(spark.read.parquet(*files))
-    with_file = [p.withColumn(SEGMENT_COL, F.col("_metadata.file_name")) for p in parts]
-    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), with_file)
+
+    def json_rows(files: list[str]) -> DataFrame:
+        reader = spark.read.option("mode", "PERMISSIVE")
+        return reader.option("columnNameOfCorruptRecord", CORRUPT).json(files)
+
+    def csv_rows(files: list[str], header: str) -> DataFrame:
+        schema = _ddl([(n, "STRING") for n in csv_columns(header)])
+        return spark.read.schema(schema).option("header", "true").csv(files)
+
+    def named(read: Callable[..., DataFrame]) -> Callable[..., DataFrame]:
+        # The file name is a column of each reader's own frame: a union has none.
+        return lambda *args: read(*args).withColumn(SEGMENT_COL, F.col("_metadata.file_name"))
+
+    return _each_format(
+        paths,
+        fmt,
+        jsonl=named(json_rows),
+        csv=named(csv_rows),
+        parquet=named(lambda files: spark.read.parquet(*files)),
+        missing_columns=True,
+    )
 
 
 def _json_records(
@@ -171,6 +171,29 @@ def csv_columns(header: str) -> list[str]:
     return [f"{n}{i}" if counts[n.lower()] > 1 else n for i, n in enumerate(names)]
 
 
+def _each_format(
+    paths: Sequence[str],
+    fmt: str | None,
+    *,
+    jsonl: Callable[[list[str]], DataFrame],
+    csv: Callable[[list[str], str], DataFrame],
+    parquet: Callable[[list[str]], DataFrame],
+    missing_columns: bool = False,
+) -> DataFrame:
+    """One frame of files in several formats: each format's files read by its reader
+    (CSV files once per header line), the frames united by column name (with
+    ``missing_columns``, a column only some have is null in the others)."""
+    parts: list[DataFrame] = []
+    for kind, files in _by_format(paths, fmt).items():
+        if kind == "jsonl":
+            parts.append(jsonl(files))
+        elif kind == "csv":
+            parts.extend(csv(group, header) for header, group in _by_header(files).items())
+        else:
+            parts.append(parquet(files))
+    return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=missing_columns), parts)
+
+
 def _by_format(paths: Sequence[str], fmt: str | None) -> dict[str, list[str]]:
     """Files by the format to read them in: ``fmt``, or the one their suffix names."""
     out: dict[str, list[str]] = {}
@@ -200,18 +223,13 @@ def lines_missing_fields(
     A second read, only of the files that had such records, repeating the reader's
     rules on each line. A Parquet record's line is its fields as a JSON object.
     """
-    parts: list[DataFrame] = []
-    for kind, files in _by_format(paths, None).items():
-        if kind == "jsonl":
-            parts.append(_json_lines_missing(spark, files, strings, numbers))
-        elif kind == "csv":
-            parts.extend(
-                _csv_bad_lines(spark, group, header, strings, numbers)
-                for header, group in _by_header(files).items()
-            )
-        else:
-            parts.append(_parquet_bad_rows(spark, files, strings, numbers))
-    return reduce(DataFrame.unionByName, parts)
+    return _each_format(
+        paths,
+        None,
+        jsonl=lambda files: _json_lines_missing(spark, files, strings, numbers),
+        csv=lambda files, header: _csv_bad_lines(spark, files, header, strings, numbers),
+        parquet=lambda files: _parquet_bad_rows(spark, files, strings, numbers),
+    )
 
 
 def _csv_bad_lines(

@@ -145,15 +145,29 @@ LINES: list[tuple[str, list[dict[str, Any]], int]] = [
 def test_each_line_holds_the_records_spark_reads_and_bad_ones_are_quarantined_once(
     spark: Any, tmp_path: Path
 ) -> None:
-    halves = [LINES[0::2], LINES[1::2]]
+    operator_and_batch_agree_with_the_table(spark, tmp_path, LINES, fmt="jsonl")
+
+
+def operator_and_batch_agree_with_the_table(
+    spark: Any,
+    folder: Path,
+    table: list[tuple[str, list[dict[str, Any]], int]],
+    *,
+    fmt: str,
+    head: str = "",
+) -> None:
+    """Half the table's lines in each of two segments (after ``head``, a CSV header),
+    then all of them in one input file. The operator quarantines each malformed record's
+    line once per record, in its segment; its merged partials and the batch job both
+    equal the oracle over the good records, with the same malformed count."""
+    halves = [table[0::2], table[1::2]]
     inputs = {}
     for index, half in enumerate(halves):
-        path = tmp_path / f"seg{index}.jsonl"
-        path.write_text("".join(line + "\n" for line, _, _ in half))
+        path = folder / f"seg{index}.{fmt}"
+        path.write_text(head + "".join(line + "\n" for line, _, _ in half))
         inputs[f"seg{index}"] = path
-    outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
-    good = [record for _, records, _ in LINES for record in records]
-    # The operator: each malformed record's line quarantined once per record, in its segment
+    outputs = {seg: folder / "out" / f"{seg}.jsonl" for seg in inputs}
+    good = [record for _, records, _ in table for record in records]
     produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
     for index, half in enumerate(halves):
         out = produced[f"seg{index}"]
@@ -163,11 +177,11 @@ def test_each_line_holds_the_records_spark_reads_and_bad_ones_are_quarantined_on
     assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
         oracle(good)
     )
-    # The batch job: the same records, the same malformed count
-    whole = tmp_path / "whole.jsonl"
-    whole.write_text("".join(line + "\n" for line, _, _ in LINES))
-    result = batch_aggregate(spark, [str(whole)], "jsonl", AggregateParams())
-    assert result.malformed == sum(bad for _, _, bad in LINES)
+    # The batch job is told the format: the input file's name may be anything
+    whole = folder / "whole.txt"
+    whole.write_text(head + "".join(line + "\n" for line, _, _ in table))
+    result = batch_aggregate(spark, [str(whole)], fmt, AggregateParams())
+    assert result.malformed == sum(bad for _, _, bad in table)
     assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == oracle(good)
 
 
@@ -190,29 +204,9 @@ CSV_LINES: list[tuple[str, list[dict[str, Any]], int]] = [
 def test_csv_segments_are_read_by_their_header_and_bad_lines_quarantined(
     spark: Any, tmp_path: Path
 ) -> None:
-    halves = [CSV_LINES[0::2], CSV_LINES[1::2]]
-    inputs = {}
-    for index, half in enumerate(halves):
-        path = tmp_path / f"seg{index}.csv"
-        path.write_text(CSV_HEADER + "\n" + "".join(line + "\n" for line, _, _ in half))
-        inputs[f"seg{index}"] = path
-    outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
-    good = [record for _, records, _ in CSV_LINES for record in records]
-    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
-    for index, half in enumerate(halves):
-        out = produced[f"seg{index}"]
-        assert sorted(out.quarantined) == sorted(line for line, _, bad in half for _ in range(bad))
-        assert out.malformed == sum(bad for _, _, bad in half)
-    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
-    assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
-        oracle(good)
+    operator_and_batch_agree_with_the_table(
+        spark, tmp_path, CSV_LINES, fmt="csv", head=CSV_HEADER + "\n"
     )
-    # The batch job reads the input file (any name) as CSV: the same records
-    whole = tmp_path / "whole.txt"
-    whole.write_text(CSV_HEADER + "\n" + "".join(line + "\n" for line, _, _ in CSV_LINES))
-    result = batch_aggregate(spark, [str(whole)], "csv", AggregateParams())
-    assert result.malformed == sum(bad for _, _, bad in CSV_LINES)
-    assert {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows} == oracle(good)
 
 
 def test_parquet_segments_keep_their_types_and_a_bad_row_is_quarantined_as_json(
