@@ -55,6 +55,10 @@ SHORT = [
     # Spark process was killed is taken over after it, not after the default minute.
     "--env",
     f"BPCONSOLE_LEASE_S={TEST_LEASE_S}",
+    # ...and a batch waiting in a dead worker's queue is presumed lost after it too, as
+    # in every other test (tests/conftest.py), not after the default minute.
+    "--env",
+    f"BPCONSOLE_QUEUED_BATCH_S={TEST_LEASE_S}",
 ]
 
 
