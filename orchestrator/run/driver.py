@@ -101,6 +101,9 @@ class RunDriver:
         self.stats = TickStats()
         self.node_states: dict[str, NodeState] = {}
         self.forecast = Forecast()
+        # The last tick's time to full per node: what the console showed when the next
+        # tick decided.
+        self.full_in: dict[str, float | None] = {}
         self.subscriptions: list[Subscription] = []
         self.rescale: RescaleControl | None = None
         # Made once the input exists (a generated input is written first): _start.
@@ -293,7 +296,7 @@ class RunDriver:
         with phase("decide"):
             # Each node as the balancer sees it now, thresholds and pacing before its
             # decisions: kept with the events of the actions, to show why.
-            self.table.seen = self._node_states(observation)
+            self.table.seen = self._node_states(observation, self.full_in)
             paced = self.table.pacing(observation.topology.order)
             decision = step(observation, self.state, self.policy)
             self.state = decision.state
@@ -310,13 +313,13 @@ class RunDriver:
                 self.reporter.add_events(self.table.timeline.take())
         with phase("report"):
             states = self._node_states(observation)
-            full_in = self.forecast.update(
+            self.full_in = self.forecast.update(
                 observation,
                 {node: state["high_water"] for node, state in states.items()},
                 before=paced,
                 after=self.table.pacing(observation.topology.order),
             )
-            self.node_states = self._node_states(observation, full_in)
+            self.node_states = self._node_states(observation, self.full_in)
             lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
             self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
 
