@@ -22,6 +22,7 @@ from sparkjobs.records import (
     MALFORMED_COL,
     RAW_COL,
     SEGMENT_COL,
+    column,
     parse_fields,
     read_records,
     read_rows,
@@ -63,9 +64,7 @@ def _after_record_steps(
         frame = frame.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
     for operator, params in steps:
         frame = apply_record_step(frame, operator, params)
-    return frame.select(
-        F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns])).alias(RAW_COL)
-    )
+    return frame.select(F.to_json(F.struct(*[column(c) for c in frame.columns])).alias(RAW_COL))
 
 
 def batch_aggregate(

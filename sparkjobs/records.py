@@ -258,7 +258,7 @@ def _parquet_bad_rows(
     spark: SparkSession, files: list[str], strings: Sequence[str], numbers: Sequence[str]
 ) -> DataFrame:
     frame = spark.read.parquet(*files)
-    payload = F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns]))
+    payload = F.to_json(F.struct(*[column(c) for c in frame.columns]))
     rows = frame.select(
         F.col("_metadata.file_name").alias(SEGMENT_COL), payload.alias(RAW_COL), "*"
     )
@@ -339,4 +339,14 @@ def _fields(strings: Sequence[str], numbers: Sequence[str]) -> list[tuple[str, s
 
 def _ddl(fields: Sequence[tuple[str, str]], sep: str = "") -> str:
     """Fields as Spark DDL: ``a STRING, b DECIMAL(38,10)`` (``sep`` ":" inside struct<>)."""
-    return ", ".join(f"`{name}`{sep} {kind}" for name, kind in fields)
+    return ", ".join(f"{_quoted(name)}{sep} {kind}" for name, kind in fields)
+
+
+def column(name: str) -> Column:
+    """The column of that name, whatever it holds: a CSV header or a JSON key names
+    columns, and may hold dots or backquotes."""
+    return F.col(_quoted(name))
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

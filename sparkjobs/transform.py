@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import PartialOutput
 from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
-from sparkjobs.records import CORRUPT, SEGMENT_COL, read_rows, segment_of
+from sparkjobs.records import CORRUPT, SEGMENT_COL, column, read_rows, segment_of
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all
 
@@ -38,12 +38,12 @@ def record_batch(
         has_corrupt = CORRUPT in frame.columns
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
         data_cols = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
-        good = good.select(SEGMENT_COL, *data_cols)
+        good = good.select(SEGMENT_COL, *[column(c) for c in data_cols])
         result = apply_record_step(good, operator, params, keep=[SEGMENT_COL])
         payload = [c for c in result.columns if c != SEGMENT_COL]
         rows = collect_all(
             result.select(
-                SEGMENT_COL, F.to_json(F.struct(*[F.col(f"`{c}`") for c in payload])).alias("j")
+                SEGMENT_COL, F.to_json(F.struct(*[column(c) for c in payload])).alias("j")
             )
         )
         bad = (

@@ -244,13 +244,14 @@ def test_a_filter_over_csv_segments_of_two_headers_writes_their_records_as_json(
     # header, and the records come out the same.
     inputs = {"seg0": tmp_path / "seg0.csv", "seg1": tmp_path / "seg1.csv"}
     inputs["seg0"].write_text("key,value,user\na,1,u1\nb,2,u3\n")
-    inputs["seg1"].write_text('user,key,value\nu2,c,"3,5"\nu3,d,4\n')
+    # A header names columns however it likes: a dot, a backquote, a space
+    inputs["seg1"].write_text('user,key,value,a.b `c` d\nu2,c,"3,5",x\nu3,d,4,y\n')
     outputs = {seg: tmp_path / "f" / f"{seg}.jsonl" for seg in inputs}
     produced = record_batch(spark, "filter", {"condition": "user <> 'u3'"}, inputs, outputs)
     assert [json.loads(line) for line in outputs["seg0"].read_text().splitlines()] == [
         {"key": "a", "value": "1", "user": "u1"}
     ]
     assert [json.loads(line) for line in outputs["seg1"].read_text().splitlines()] == [
-        {"user": "u2", "key": "c", "value": "3,5"}
+        {"user": "u2", "key": "c", "value": "3,5", "a.b `c` d": "x"}
     ]
     assert [p.records for p in produced.values()] == [1, 1]
