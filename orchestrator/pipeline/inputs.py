@@ -22,12 +22,17 @@ import glob
 import io
 import json
 import os
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sparkjobs.segments import MAX_HEADER_BYTES, copy_atomic, write_atomic
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 FORMATS = ("jsonl", "csv", "parquet")
 
@@ -318,25 +323,67 @@ def _parquet_chunks(
     item: InputFile, offset: int, segment_bytes: int, route_by: str
 ) -> Iterator[tuple[int, int, bytes, str]]:
     """(first row, rows, Parquet file, tag) of each chunk: the input's rows cut into
-    Parquet files of about ``segment_bytes`` in memory, columns and types kept."""
+    Parquet files of about ``segment_bytes`` in memory, columns and types kept. Read a
+    row group at a time: the source holds at most the groups one chunk spans, never
+    the whole file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(item.path)
-    row_bytes = max(1, table.nbytes // max(1, table.num_rows))
-    rows_per_chunk = max(1, segment_bytes // row_bytes)
+    groups = _RowGroups(pq.ParquetFile(item.path))
+    rows_per_chunk = max(1, segment_bytes // groups.row_bytes())
     while offset < item.size:
-        part = table.slice(offset, rows_per_chunk)
+        part = groups.rows(offset, rows_per_chunk)
+        if part.num_rows == 0:  # the file has fewer rows than measured
+            return
         sink = pa.BufferOutputStream()
         pq.write_table(part, sink)
         first = part.column(route_by)[0].as_py() if route_by in part.column_names else None
-        yield (
-            offset,
-            part.num_rows,
-            sink.getvalue().to_pybytes(),
-            "" if first is None else str(first),
-        )
+        tag = "" if first is None else str(first)
+        yield offset, part.num_rows, sink.getvalue().to_pybytes(), tag
         offset += part.num_rows
+
+
+class _RowGroups:
+    """A Parquet file's rows by index, its row groups read as needed and the last one
+    kept (chunks are read in order)."""
+
+    def __init__(self, file: pq.ParquetFile) -> None:
+        self.file = file
+        meta = file.metadata
+        self.starts = [0]
+        for index in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(index).num_rows)
+        self.cached: tuple[int, pa.Table] | None = None
+
+    def row_bytes(self) -> int:
+        """Bytes per row in memory, from the first row group (the same on every resume,
+        so chunks are cut at the same rows)."""
+        if len(self.starts) < 2 or self.starts[1] == 0:
+            return 1
+        first = self._group(0)
+        return max(1, first.nbytes // first.num_rows)
+
+    def rows(self, start: int, count: int) -> pa.Table:
+        import pyarrow as pa
+
+        parts = []
+        end = min(start + count, self.starts[-1])
+        index = max(0, bisect_right(self.starts, start) - 1)
+        while start < end and index < len(self.starts) - 1:
+            group = self._group(index)
+            low = start - self.starts[index]
+            take = min(end, self.starts[index + 1]) - start
+            parts.append(group.slice(low, take))
+            start += take
+            index += 1
+        if not parts:
+            return self.file.schema_arrow.empty_table()
+        return pa.concat_tables(parts)
+
+    def _group(self, index: int) -> pa.Table:
+        if self.cached is None or self.cached[0] != index:
+            self.cached = (index, self.file.read_row_group(index))
+        return self.cached[1]
 
 
 def record_tag(body: bytes, route_by: str) -> str:

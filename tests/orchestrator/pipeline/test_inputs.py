@@ -133,10 +133,24 @@ def test_a_csv_segment_is_its_header_line_then_the_input_bytes_copied(tmp_path: 
     assert {c.kind for c in got} == {"csv"}
 
 
-def test_a_parquet_input_is_cut_by_rows_into_parquet_segments(tmp_path: Path) -> None:
+def test_a_parquet_input_is_cut_by_rows_into_parquet_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = [{"key": f"k{i % 5}", "value": i / 4, "user": f"u{i}"} for i in range(1000)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet", row_group_size=300)
-    got = cut(tmp_path / "in.parquet", fmt="parquet", segment_bytes=4096)
+    # The source reads a row group at a time, never the whole file
+    with monkeypatch.context() as whole_file:
+        whole_file.setattr(pq, "read_table", lambda *a, **k: pytest.fail("read the whole file"))
+        got = cut(tmp_path / "in.parquet", fmt="parquet", segment_bytes=4096)
+        resumed = cut(
+            tmp_path / "in.parquet",
+            fmt="parquet",
+            segment_bytes=4096,
+            start_offset=got[2].offset,
+            start_index=2,
+        )
+    assert any(c.offset // 300 != (c.offset + c.length - 1) // 300 for c in got)  # spans groups
+    assert [(c.offset, c.length) for c in resumed] == [(c.offset, c.length) for c in got[2:]]
     assert len(got) > 3
     assert [c.offset for c in got] == list(itertools.accumulate([0] + [c.length for c in got[:-1]]))
     back = [pq.read_table(io.BytesIO(body)) for body in written(got, tmp_path)]
