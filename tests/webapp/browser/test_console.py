@@ -131,20 +131,24 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     # Clicking a flag's event shows why: the node as the balancer saw it, its level at or
     # past the high water it was judged by
     page.select_option("#event-filter", "flag")
-    flag = page.wait_for_selector('#timeline li[data-kind="set_flag"]')
-    event_id, node = flag.get_attribute("data-event"), flag.query_selector(".node-name")
-    assert node is not None
-    flag.click()
-    observed = page.wait_for_selector(
+    # Locators, not element handles: the timeline re-renders as events arrive.
+    flag = page.locator('#timeline li[data-kind="set_flag"]').first
+    event_id = flag.get_attribute("data-event")
+    event = page.locator(f'#timeline li[data-event="{event_id}"]')
+    node = event.locator(".node-name").text_content()
+    event.click()
+    row = (
         f'#timeline li[data-event="{event_id}"][aria-expanded="true"] '
-        f'table.observed tr[data-node="{node.text_content()}"]'
+        f'table.observed tr[data-node="{node}"]'
     )
-    cell = {
-        name: float(observed.query_selector(f'td[data-field="{name}"]').text_content())
-        for name in ("level", "high_water")
-    }
-    assert cell["level"] >= cell["high_water"], cell
-    observed.scroll_into_view_if_needed()
+    page.locator(row).wait_for()
+    level, high = page.evaluate(
+        """(row) => ["level", "high_water"].map((name) =>
+          Number(document.querySelector(`${row} td[data-field="${name}"]`).textContent))""",
+        row,
+    )
+    assert level >= high, (level, high)
+    page.locator(row).scroll_into_view_if_needed()
     shoot(page, artifacts, "run-why")
     page.select_option("#event-filter", "all")
 
