@@ -61,6 +61,13 @@ class Run(models.Model):
             "coalesced: they tile its input up to ('file', 'offset')."
         ),
     )
+    windows_closed = models.JSONField(
+        default=dict,
+        help_text=(
+            "A windowed run's sink watermark: chunks below 'chunk' are merged, the largest "
+            "event time among them is 'high_us', and windows ending by 'closed_us' are final."
+        ),
+    )
     error = models.TextField(blank=True)
 
     class Meta:
@@ -119,6 +126,18 @@ class Segment(models.Model):
     slots_to = models.PositiveSmallIntegerField(
         default=KEY_SLOTS, help_text="End (exclusive) of the key slots this copy carries."
     )
+    high_before_us = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Largest event time of the chunks before its chunk: the watermark it "
+        "was read under (windowed pipelines; null: none yet).",
+    )
+    high_us = models.BigIntegerField(
+        null=True, blank=True, help_text="Largest event time up to and with its chunk."
+    )
+    late = models.IntegerField(
+        default=0, help_text="(record, window) pairs its operator found late."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True)
@@ -146,6 +165,9 @@ class MergedChunk(models.Model):
     slots_to = models.PositiveSmallIntegerField(default=KEY_SLOTS)
     segment = models.CharField(max_length=200)
     sink = models.CharField(max_length=100)
+    high_us = models.BigIntegerField(
+        null=True, blank=True, help_text="Largest event time up to and with this chunk."
+    )
     merged_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -190,6 +212,51 @@ class ResultDistinct(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} {self.key}={self.value}"
+
+
+class WindowKey(models.Model):
+    """Per-(window, key) result of a windowed pipeline, open until the sink's
+    watermark passes the window's end; then closed, once, and final."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="window_keys")
+    start_us = models.BigIntegerField()
+    end_us = models.BigIntegerField()
+    key = models.CharField(max_length=500)
+    count = models.BigIntegerField()
+    sum = models.DecimalField(max_digits=38, decimal_places=10)
+    min = models.DecimalField(max_digits=38, decimal_places=10)
+    max = models.DecimalField(max_digits=38, decimal_places=10)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "start_us", "key"], name="one_row_per_window_key"
+            )
+        ]
+        indexes = [models.Index(fields=["run", "closed_at", "end_us"])]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} window {self.start_us} key {self.key}"
+
+
+class WindowDistinct(models.Model):
+    """The exact set behind a window's distinct count: one row per (window, key, value)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="window_distinct")
+    start_us = models.BigIntegerField()
+    key = models.CharField(max_length=500)
+    value = models.CharField(max_length=500)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "start_us", "key", "value"], name="window_distinct_value_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} window {self.start_us} {self.key}={self.value}"
 
 
 class SourceFile(models.Model):

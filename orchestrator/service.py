@@ -30,6 +30,7 @@ from balancer.policy import validate as validate_policy
 from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
 from orchestrator.ledger.results import summary as run_summary
 from orchestrator.pipeline.generator import GeneratorError
+from orchestrator.pipeline.graph import pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.run.lifecycle import (
     RunError,
@@ -118,6 +119,7 @@ __all__ = [
     "start_run",
     "validate_params",
     "validate_policy",
+    "window_problems",
     "workers_alive",
     "write_ingested",
 ]
@@ -362,11 +364,14 @@ def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
     """The run's result so far: its keys with the most records, and where it is exact up
     to (every chunk before that point merged exactly once), for the run page and the API."""
     from orchestrator.ledger.results import top_rows
+    from orchestrator.ledger.window_view import windows_view
     from orchestrator.models import Run
     from orchestrator.run.snapshot import exact_up_to
 
     run = Run.objects.get(pk=run_id)
-    keys, rows = top_rows(run, max(1, min(limit, 1000)))
+    limit = max(1, min(limit, 1000))
+    keys, rows = top_rows(run, limit)
+    spec = pipeline_windows(run.topology)
     return {
         "run": run.pk,
         "status": run.status,
@@ -374,6 +379,7 @@ def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
         "final": not run.is_active,
         "keys": keys,
         "rows": rows,
+        "windows": None if spec is None else windows_view(run, spec, rows=limit),
     }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
 from sparkjobs.records import (
     MALFORMED_COL,
@@ -31,10 +32,11 @@ from sparkjobs.records import (
 )
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all
+from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, event_us, late, window_starts
 
 log = logging.getLogger(__name__)
 
-GROUP_COL = "_group"  # a good record's key, a malformed one's raw line (null if it has none)
+GROUP_COL = "_group"  # a good record's key; a malformed or late one's line (or null)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class AggregateParams:
     key: str = "key"
     value: str = "value"
     distinct: str = "user"
+    windows: WindowSpec | None = None  # per event-time window, or over all time
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> AggregateParams:
@@ -49,7 +52,16 @@ class AggregateParams:
             key=params.get("key", "key"),
             value=params.get("value", "value"),
             distinct=params.get("distinct", "user"),
+            windows=WindowSpec.from_params(params),
         )
+
+    @property
+    def strings(self) -> list[str]:
+        """The text fields read: key, distinct field, event time."""
+        named = {self.key, self.distinct}
+        if self.windows is not None:
+            named.add(self.windows.field)
+        return sorted(named)
 
 
 @dataclass
@@ -60,9 +72,11 @@ class PartialOutput:
     path: Path
     records: int = 0
     malformed: int = 0
+    late: int = 0  # (record, window) pairs whose window had closed (windowed only)
     keys: int = 0
     bytes: int = 0
     quarantined: list[str] = field(default_factory=list)
+    late_lines: list[str] = field(default_factory=list)
 
 
 def partial_aggregate(
@@ -70,17 +84,45 @@ def partial_aggregate(
     inputs: Mapping[str, Path],
     outputs: Mapping[str, Path],
     params: AggregateParams,
+    *,
     key_group: KeyGroup | None = None,
+    highs: Mapping[str, int | None] | None = None,
 ) -> dict[str, PartialOutput]:
     """Aggregate each input segment (id -> file) into its output file (id -> file).
 
     One Spark job reads the whole batch; malformed lines are returned per segment for
     quarantine. Outputs are written atomically, so a crash leaves no half file. With a
     ``key_group`` only the keys of that group are aggregated (a keyed stage's part).
+    Windowed, partials are per (window, key), and a record's window that the watermark
+    of its segment's chunk had closed (``highs``: segment id -> the largest event time
+    before its chunk) is late: counted and quarantined, not aggregated.
     """
-    strings = sorted({params.key, params.distinct})
+    strings = params.strings
     paths = {seg: str(path) for seg, path in inputs.items()}
     parsed = read_records(spark, list(paths.values()), strings=strings, numbers=[params.value])
+    spec = params.windows
+    window = F.lit(None).cast("BIGINT")
+    is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
+    if spec is not None:
+        t = event_us(F.col(f"`{spec.field}`"))
+        parsed = parsed.withColumn(EVENT_COL, t).withColumn(
+            MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull()
+        )
+        # A malformed record keeps one row (no window); a good one has one per window.
+        parsed = parsed.withColumn(
+            WINDOW_COL,
+            F.explode(
+                F.when(F.col(MALFORMED_COL), F.array(F.lit(None).cast("BIGINT"))).otherwise(
+                    window_starts(F.col(EVENT_COL), spec)
+                )
+            ),
+        )
+        by_file = {Path(paths[seg]).name: high for seg, high in (highs or {}).items()}
+        parsed = parsed.withColumn(
+            LATE_COL,
+            ~F.col(MALFORMED_COL) & late(F.col(WINDOW_COL), F.col(SEGMENT_COL), spec, by_file),
+        )
+        window, is_late = F.col(WINDOW_COL), F.col(LATE_COL)
     if key_group is not None:
         slot = F.pmod(F.crc32(F.col(params.key)), F.lit(KEY_SLOTS))
         slots = key_group.slots
@@ -95,10 +137,32 @@ def partial_aggregate(
     # job's count(DISTINCT): hash-aggregated per (group, value) first, so the set is
     # built from distinct values only. collect_set over every record cost about a tenth
     # of the job more.
-    group = F.when(F.col(MALFORMED_COL), F.col(RAW_COL)).otherwise(F.col(params.key))
+    # A late record is quarantined as the fields read, as JSON: the reader kept no line
+    # of a readable record, and late ones are few.
+    group = (
+        F.when(F.col(MALFORMED_COL), F.col(RAW_COL))
+        .when(is_late, F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]])))
+        .otherwise(F.col(params.key))
+    )
+    # A malformed record whose event time alone is wrong has a readable line: it is
+    # quarantined as its fields, like a late one.
+    if spec is not None:
+        group = F.when(
+            F.col(MALFORMED_COL)
+            & F.col(RAW_COL).isNull()
+            & F.col(EVENT_COL).isNull()
+            & F.col(f"`{spec.field}`").isNotNull(),
+            F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]])),
+        ).otherwise(group)
     distinct = F.expr(f"collect_list(DISTINCT `{params.distinct}`)")  # a validated name
     grouped = collect_all(
-        parsed.groupBy(SEGMENT_COL, MALFORMED_COL, group.alias(GROUP_COL)).agg(
+        parsed.groupBy(
+            SEGMENT_COL,
+            MALFORMED_COL,
+            is_late.alias(LATE_COL),
+            window.alias(WINDOW_COL),
+            group.alias(GROUP_COL),
+        ).agg(
             F.count(F.lit(1)).alias("count"),
             F.sum(params.value).alias("sum"),
             F.min(params.value).alias("min"),
@@ -106,7 +170,13 @@ def partial_aggregate(
             F.sort_array(distinct).alias("distinct"),
         )
     )
-    partial_rows = [row for row in grouped if not row[MALFORMED_COL]]
+    partial_rows = [row for row in grouped if not row[MALFORMED_COL] and not row[LATE_COL]]
+    late_rows = [
+        (segment_of(row[SEGMENT_COL]), row[GROUP_COL])
+        for row in grouped
+        if row[LATE_COL]
+        for _ in range(row["count"])
+    ]
     bad_rows = [
         (segment_of(row[SEGMENT_COL]), row[GROUP_COL])
         for row in grouped
@@ -128,9 +198,11 @@ def partial_aggregate(
         result = results[seg]
         result.records += row["count"]
         result.keys += 1
+        window_field = {} if spec is None else {"window": row[WINDOW_COL]}
         lines_by_segment[seg].append(
             json.dumps(
                 {
+                    **window_field,
                     "key": row[GROUP_COL],
                     "count": row["count"],
                     "sum": _dec(row["sum"]),
@@ -145,6 +217,9 @@ def partial_aggregate(
         result = results[seg]
         result.malformed += 1
         result.quarantined.append(raw)
+    for seg, raw in late_rows:
+        results[seg].late += 1
+        results[seg].late_lines.append(raw)
     for seg, result in results.items():
         body = "".join(line + "\n" for line in sorted(lines_by_segment[seg]))
         result.bytes = write_atomic(result.path, body.encode())
@@ -185,11 +260,17 @@ def aggregate_batch(
     outputs: Mapping[str, Path],
     *,
     key_group: KeyGroup | None,
+    highs: Mapping[str, int | None] | None = None,
 ) -> dict[str, PartialOutput]:
     """The batch job of ``aggregate`` and ``running`` (sparkjobs/catalog.py): per-key
     partials of each segment, only of ``key_group``'s keys when it is a part."""
     return partial_aggregate(
-        spark, inputs, outputs, AggregateParams.from_params(params), key_group=key_group
+        spark,
+        inputs,
+        outputs,
+        AggregateParams.from_params(params),
+        key_group=key_group,
+        highs=highs,
     )
 
 

@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sparkjobs import expressions
+from sparkjobs.event_time import (
+    MAX_LATENESS_S,
+    MAX_WINDOW_S,
+    MAX_WINDOWS_PER_RECORD,
+    MIN_WINDOW_S,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -86,12 +92,81 @@ def _expressions(value: Any) -> str | None:
     return "; ".join(problems) or None
 
 
+SINKS = ("results", "postgres", "parquet")
+MAX_PATH_CHARS = 500
+
+
+def _table_name(value: Any) -> str | None:
+    ok = isinstance(value, str) and 0 < len(value) <= 63 and value[0].isalpha()
+    if not ok or not set(value) <= IDENTIFIER_CHARS or value != value.lower():
+        return f"must be a table name (lower-case letters, digits, _; at most 63), got {value!r}"
+    return None
+
+
+def _relative_path(value: Any) -> str | None:
+    """A folder below the sink root: relative, no ``..``, no control characters."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
+        return f"must be a relative folder of at most {MAX_PATH_CHARS} characters"
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
+        return f"must be a folder below the sink root (relative, no '..'), got {value!r}"
+    return None
+
+
+def _sink_problems(params: Mapping[str, Any]) -> list[str]:
+    """Each sink names what it needs, and only that."""
+    sink = params.get("sink", "results")
+    needs = {"postgres": ("table",), "parquet": ("path",), "results": ()}.get(sink, ())
+    problems = [f"{name} is required for sink {sink}" for name in needs if not params.get(name)]
+    for name in ("table", "path", "database"):
+        used = needs + (("database",) if sink == "postgres" else ())
+        if name in params and name not in used:
+            problems.append(f"{name} is not used by sink {sink}")
+    return problems
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+def _micro_precise(check: Check) -> Check:
+    def precise(value: Any) -> str | None:
+        problem = check(value)
+        if problem is None and round(value * 1_000_000) != value * 1_000_000:
+            return f"must be a whole number of microseconds, got {value!r}"
+        return problem
+
+    return precise
+
+
+WINDOW_PARAMS: tuple[str, ...] = ("window_s", "slide_s", "event_time", "lateness_s")
+
+
+def _window_field_problems(params: Mapping[str, Any]) -> list[str]:
+    """What is wrong with an aggregate's window fields taken together."""
+    size, slide = params.get("window_s"), params.get("slide_s")
+    if size is None:
+        given = [name for name in WINDOW_PARAMS if name != "window_s" and name in params]
+        return [f"{', '.join(given)} given without window_s (no windows)"] if given else []
+    if not isinstance(size, int | float) or not isinstance(slide, int | float | None):
+        return []  # each field's own check said what
+    if slide is not None and slide > size:
+        return [f"slide_s ({slide:g}) must not exceed window_s ({size:g})"]
+    if slide is not None and -(-size // slide) > MAX_WINDOWS_PER_RECORD:
+        return [
+            f"window_s / slide_s must be at most {MAX_WINDOWS_PER_RECORD} (windows per "
+            f"record), got {size:g} / {slide:g}"
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     default: Any
     check: Check
     help: str
     required: bool = False
+    number: bool = False  # a number even when its default is none (an editor types it)
 
 
 class BatchJob(Protocol):
@@ -107,6 +182,7 @@ class BatchJob(Protocol):
         outputs: Mapping[str, Path],
         *,
         key_group: KeyGroup | None,
+        highs: Mapping[str, int | None] | None = None,
     ) -> Mapping[str, PartialOutput]: ...
 
 
@@ -181,6 +257,28 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                "window_s": ParamSpec(
+                    None,
+                    _optional(_micro_precise(_number(MIN_WINDOW_S, MAX_WINDOW_S))),
+                    "event-time window size in seconds (none: over all time)",
+                    number=True,
+                ),
+                "slide_s": ParamSpec(
+                    None,
+                    _optional(_micro_precise(_number(0.001, MAX_WINDOW_S))),
+                    "hopping windows start every slide_s seconds (none: tumbling)",
+                    number=True,
+                ),
+                "event_time": ParamSpec(
+                    "event_time",
+                    _field_name,
+                    "field holding the event time (epoch seconds or ISO-8601)",
+                ),
+                "lateness_s": ParamSpec(
+                    0,
+                    _micro_precise(_number(0, MAX_LATENESS_S)),
+                    "allowed delay behind the largest event time seen",
+                ),
             },
             batch_job=AGGREGATE_JOB,
             partials=True,
@@ -206,8 +304,25 @@ OPERATORS: Mapping[str, OperatorSpec] = {
         OperatorSpec(
             "merge",
             "sink",
-            "Merges partial aggregates into the run's result table, each segment once.",
-            {},
+            "Merges partial aggregates into the run's result table, each segment once; "
+            "a windowed pipeline's closed windows also go to a PostgreSQL table or Parquet "
+            "files, each window once.",
+            {
+                "sink": ParamSpec("results", _one_of(SINKS), "where closed windows go"),
+                "table": ParamSpec(
+                    None, _optional(_table_name), "PostgreSQL table (sink: postgres)"
+                ),
+                "database": ParamSpec(
+                    "console",
+                    _field_name,
+                    "a database the admin configured (BPCONSOLE_SINK_DATABASES)",
+                ),
+                "path": ParamSpec(
+                    None,
+                    _optional(_relative_path),
+                    "folder below the sink root for Parquet files (sink: parquet)",
+                ),
+            },
         ),
     )
 }
@@ -255,4 +370,8 @@ def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list
         problem = pspec.check(params[name])
         if problem:
             problems.append(f"parameter {name!r} {problem}")
+    if "window_s" in spec.params:
+        problems.extend(_window_field_problems(params))
+    if "sink" in spec.params and not problems:
+        problems.extend(_sink_problems(params))
     return problems

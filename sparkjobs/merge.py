@@ -30,6 +30,7 @@ class MergedKey:
     min: Decimal
     max: Decimal
     distinct: tuple[str, ...]
+    window: int | None = None  # the event-time window's start (us), when windowed
 
 
 def read_partials(path: Path) -> Iterator[MergedKey]:
@@ -45,20 +46,22 @@ def read_partials(path: Path) -> Iterator[MergedKey]:
                     min=Decimal(row["min"]),
                     max=Decimal(row["max"]),
                     distinct=tuple(row["distinct"]),
+                    window=row.get("window"),
                 )
 
 
 def combine(partials: Iterable[MergedKey]) -> list[MergedKey]:
-    """Partials combined per key: counts and sums add, min and max fold, sets unite."""
-    keys: dict[str, tuple[int, Decimal, Decimal, Decimal, set[str]]] = {}
+    """Partials combined per (window, key): counts and sums add, min and max fold, sets
+    unite."""
+    keys: dict[tuple[int | None, str], tuple[int, Decimal, Decimal, Decimal, set[str]]] = {}
     for p in partials:
-        seen = keys.get(p.key)
+        seen = keys.get((p.window, p.key))
         if seen is None:
-            keys[p.key] = (p.count, p.sum, p.min, p.max, set(p.distinct))
+            keys[(p.window, p.key)] = (p.count, p.sum, p.min, p.max, set(p.distinct))
             continue
         count, total, low, high, values = seen
         values.update(p.distinct)
-        keys[p.key] = (
+        keys[(p.window, p.key)] = (
             count + p.count,
             EXACT.add(total, p.sum),
             min(low, p.min),
@@ -66,8 +69,10 @@ def combine(partials: Iterable[MergedKey]) -> list[MergedKey]:
             values,
         )
     return [
-        MergedKey(key, count, total, low, high, tuple(sorted(values)))
-        for key, (count, total, low, high, values) in sorted(keys.items())
+        MergedKey(key, count, total, low, high, tuple(sorted(values)), window)
+        for (window, key), (count, total, low, high, values) in sorted(
+            keys.items(), key=lambda item: (item[0][0] or 0, item[0][1])
+        )
     ]
 
 

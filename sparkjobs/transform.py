@@ -30,9 +30,11 @@ def record_batch(
     outputs: Mapping[str, Path],
     *,
     key_group: KeyGroup | None = None,
+    highs: Mapping[str, int | None] | None = None,
 ) -> dict[str, PartialOutput]:
     """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
-    not grouped by key, so a key group changes nothing here."""
+    not grouped by key, so a key group changes nothing here; nor are they windowed, so
+    neither do ``highs`` (their outputs carry their inputs' event-time marks)."""
     frame = read_rows(spark, [str(p) for p in inputs.values()]).cache()
     try:
         has_corrupt = CORRUPT in frame.columns

@@ -65,6 +65,8 @@ def child_env(services: Endpoints) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
         "BPCONSOLE_VAR_DIR": str(TEST_VAR_DIR),
         "BPCONSOLE_DATA_DIR": str(TEST_VAR_DIR / "data"),
+        # Where this process checks a Parquet sink is where the workers write it.
+        "BPCONSOLE_SINK_ROOT": str(settings.BPCONSOLE_SINK_ROOT),
         "BPCONSOLE_LEASE_S": str(TEST_LEASE_S),
         # A batch prefetched by a worker a test killed is sent again after a lease too.
         "BPCONSOLE_QUEUED_BATCH_S": str(TEST_LEASE_S),

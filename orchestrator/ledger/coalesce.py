@@ -43,18 +43,31 @@ class Prefix:
     file: int
     offset: int
     parts: int  # rows folded in: the merged parts the run's counts still include
+    high_us: int | None = None  # the largest event time up to the prefix (windowed)
 
     @classmethod
     def of(cls, run: Run, extent: list[tuple[int, int]]) -> Prefix:
         kept = run.merged_prefix or {}
         if kept:
+            high = kept.get("high_us")
             return cls(
-                int(kept["chunk"]), int(kept["file"]), int(kept["offset"]), int(kept["parts"])
+                int(kept["chunk"]),
+                int(kept["file"]),
+                int(kept["offset"]),
+                int(kept["parts"]),
+                None if high is None else int(high),
             )
         return cls(0, 0, extent[0][0] if extent else 0, 0)
 
     def to_json(self) -> dict[str, int]:
-        return {"chunk": self.chunk, "file": self.file, "offset": self.offset, "parts": self.parts}
+        high = {} if self.high_us is None else {"high_us": self.high_us}
+        return {
+            "chunk": self.chunk,
+            "file": self.file,
+            "offset": self.offset,
+            "parts": self.parts,
+            **high,
+        }
 
 
 def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> int:
@@ -80,6 +93,7 @@ def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> in
                 "slots_from",
                 "slots_to",
                 "merged_at",
+                "high_us",
             )
         )
         start = prefix.chunk
@@ -87,9 +101,9 @@ def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> in
         at = 0
         while at < len(rows) and rows[at][1] == prefix.chunk:
             parts = [r for r in rows[at:] if r[1] == prefix.chunk]
-            _, _, file_index, offset, length, _, _, _ = parts[0]
+            _, _, file_index, offset, length, _, _, _, high = parts[0]
             if not (
-                _tiles_the_slots([(r[5], r[6]) for r in parts])
+                tiles_the_slots([(r[5], r[6]) for r in parts])
                 and all(r[7] <= cutoff for r in parts)
                 and all((r[2], r[3], r[4]) == (file_index, offset, length) for r in parts)
                 and _continues(prefix, file_index, offset, extent)
@@ -97,7 +111,11 @@ def coalesce(run_id: int, *, older_than_s: float, limit: int = MAX_CHUNKS) -> in
                 break
             folded.extend(r[0] for r in parts)
             prefix = Prefix(
-                prefix.chunk + 1, file_index, offset + length, prefix.parts + len(parts)
+                prefix.chunk + 1,
+                file_index,
+                offset + length,
+                prefix.parts + len(parts),
+                high if high is not None else prefix.high_us,
             )
             at += len(parts)
         if not folded:
@@ -119,7 +137,7 @@ def first_unfinished(run: Run, start: int = 0) -> int:
     return min(emitted, first_open) if first_open is not None else emitted
 
 
-def _tiles_the_slots(ranges: list[tuple[int, int]]) -> bool:
+def tiles_the_slots(ranges: list[tuple[int, int]]) -> bool:
     position = 0
     for low, high in sorted(ranges):
         if low != position:

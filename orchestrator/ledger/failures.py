@@ -90,10 +90,20 @@ def record_failure(
             if not retryable
             else f"node {node}, segment {first}: failed {attempt} times: {error}"
         )
-        if run.is_active:
-            run.status = Run.Status.FAILED
-            run.error = reason
-            run.finished_at = timezone.now()
-            run.save(update_fields=["status", "error", "finished_at"])
-            record_event(run_id, "run_failed", f"run failed: {reason}", node=node, data=data)
+        _fail(run, reason, node=node, data=data)
         return Failure(attempt, run_failed=True)
+
+
+def fail_run(run_id: int, reason: str, *, node: str = "") -> None:
+    """Fail an active run with ``reason`` (what the run page shows)."""
+    with transaction.atomic():
+        _fail(Run.objects.select_for_update().get(pk=run_id), reason, node=node, data={})
+
+
+def _fail(run: Run, reason: str, *, node: str, data: dict[str, object]) -> None:
+    if run.is_active:
+        run.status = Run.Status.FAILED
+        run.error = reason
+        run.finished_at = timezone.now()
+        run.save(update_fields=["status", "error", "finished_at"])
+        record_event(run.pk, "run_failed", f"run failed: {reason}", node=node, data=data)

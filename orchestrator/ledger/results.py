@@ -12,7 +12,9 @@ from typing import Any, TypedDict
 
 from django.db.models import Count
 
-from orchestrator.models import ResultDistinct, ResultKey, Run
+from orchestrator.models import ResultDistinct, ResultKey, Run, WindowDistinct, WindowKey
+from orchestrator.pipeline.graph import pipeline_windows
+from sparkjobs.event_time import iso
 
 
 class ResultRow(TypedDict):
@@ -73,6 +75,37 @@ def run_rows(run: Run) -> list[ResultRow]:
     )
 
 
+class WindowRow(ResultRow):
+    window_start: str
+    window_end: str
+    closed: bool
+
+
+def window_rows(run: Run, *, closed_only: bool = False) -> list[WindowRow]:
+    """A windowed run's rows, by window then key (``closed_only``: final ones only)."""
+    rows = WindowKey.objects.filter(run=run)
+    if closed_only:
+        rows = rows.filter(closed_at__isnull=False)
+    distinct = {
+        (start, key): n
+        for start, key, n in WindowDistinct.objects.filter(run=run)
+        .values("start_us", "key")
+        .annotate(n=Count("value"))
+        .values_list("start_us", "key", "n")
+    }
+    return [
+        WindowRow(
+            window_start=iso(r.start_us),
+            window_end=iso(r.end_us),
+            closed=r.closed_at is not None,
+            **format_row(
+                r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get((r.start_us, r.key), 0)
+            ),
+        )
+        for r in rows.order_by("start_us", "key")
+    ]
+
+
 def sorted_rows(rows: Iterable[ResultRow]) -> list[ResultRow]:
     return sorted(rows, key=lambda row: row["key"])
 
@@ -97,4 +130,9 @@ def summary(run: Run) -> dict[str, Any]:
         "coverage": cover["status"] if cover["status"] == "exact" else cover,
         "error": run.error or None,
         "rows": run_rows(run),
+        **(
+            {"windows": window_rows(run), "late_records": segments.late_records(run.pk)}
+            if pipeline_windows(run.topology) is not None
+            else {}
+        ),
     }

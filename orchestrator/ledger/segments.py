@@ -25,7 +25,9 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from balancer.units import MEGABIT
+from orchestrator.ledger import windows as window_ledger
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
+from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS
 from sparkjobs.merge import MergedKey
 
@@ -61,6 +63,10 @@ class NewSegment:
     config: int = 0  # graph version the sender routed it with
     slots_from: int = 0  # the key slots it carries, for a keyed stage's key group
     slots_to: int = KEY_SLOTS
+    # Event-time marks of its chunk (windowed pipelines): the largest event time before
+    # it (its watermark) and up to and with it. Carried unchanged through every stage.
+    high_before_us: int | None = None
+    high_us: int | None = None
 
 
 def bump_epoch(run_id: int) -> int:
@@ -106,6 +112,8 @@ def _insert(run_id: int, epoch: int, items: Sequence[NewSegment], now: dt.dateti
                 config=item.config,
                 slots_from=item.slots_from,
                 slots_to=item.slots_to,
+                high_before_us=item.high_before_us,
+                high_us=item.high_us,
             )
         )
     Segment.objects.bulk_create(rows, ignore_conflicts=True)
@@ -245,7 +253,12 @@ def _fence_retired(run_id: int, node: str) -> None:
         raise LeaseLostError(f"instance {node} was retired; its late batch is refused")
 
 
-def _finish_inputs(owner: str, inputs: Sequence[Segment], malformed: dict[str, int]) -> None:
+def _finish_inputs(
+    owner: str,
+    inputs: Sequence[Segment],
+    malformed: dict[str, int],
+    late: Mapping[str, int] | None = None,
+) -> None:
     now = timezone.now()
     ids = [s.pk for s in inputs]
     done = Segment.objects.filter(
@@ -256,6 +269,9 @@ def _finish_inputs(owner: str, inputs: Sequence[Segment], malformed: dict[str, i
     for seg_id, count in malformed.items():
         if count:
             Segment.objects.filter(pk=seg_id).update(malformed=count)
+    for seg_id, count in (late or {}).items():
+        if count:
+            Segment.objects.filter(pk=seg_id).update(late=count)
 
 
 def complete_batch(
@@ -266,6 +282,7 @@ def complete_batch(
     malformed: dict[str, int],
     *,
     fold: Callable[[], None] | None = None,
+    late: Mapping[str, int] | None = None,
 ) -> None:
     """Outputs in, inputs done (and a stateful operator's state folded), in one
     transaction; refused if the lease was lost or the instance was retired meanwhile."""
@@ -273,7 +290,7 @@ def complete_batch(
     with transaction.atomic():
         if inputs:
             _fence_retired(run_id, inputs[0].node)
-        _finish_inputs(owner, inputs, malformed)
+        _finish_inputs(owner, inputs, malformed, late)
         if fold is not None:
             fold()
         epoch = Run.objects.values_list("epoch", flat=True).get(pk=run_id)
@@ -286,9 +303,11 @@ def complete_sink_batch(
     owner: str,
     inputs: Sequence[Segment],
     deltas: Iterable[MergedKey],
+    *,
+    windows: WindowSpec | None = None,
 ) -> None:
-    """Merge a batch into the result and record its chunks (or chunk parts), once, in
-    one transaction."""
+    """Merge a batch into the result (a windowed pipeline's: into its open windows) and
+    record its chunks (or chunk parts), once, in one transaction."""
     with transaction.atomic():
         _fence_retired(run_id, sink)
         _finish_inputs(owner, inputs, {})
@@ -303,6 +322,7 @@ def complete_sink_batch(
                 slots_to=s.slots_to,
                 segment=s.pk,
                 sink=sink,
+                high_us=s.high_us,
             )
             for s in inputs
         ]
@@ -327,7 +347,10 @@ def complete_sink_batch(
         if already:
             raise AlreadyMergedError(already)
         MergedChunk.objects.bulk_create(rows)  # the unique constraint is the last word
-        _upsert_results(run_id, list(deltas))
+        if windows is not None:
+            window_ledger.fold(run_id, windows, list(deltas))
+        else:
+            _upsert_results(run_id, list(deltas))
 
 
 def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
@@ -542,6 +565,11 @@ def _tile(
 
 def migrated_segments(run_id: int) -> int:
     return Segment.objects.filter(run_id=run_id).exclude(migrated_from="").count()
+
+
+def late_records(run_id: int) -> int:
+    """(record, window) pairs the operators found behind the watermark (windowed)."""
+    return int(Segment.objects.filter(run_id=run_id).aggregate(n=Sum("late"))["n"] or 0)
 
 
 def malformed_records(run_id: int) -> int:

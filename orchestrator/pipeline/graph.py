@@ -10,6 +10,7 @@ the document.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -26,6 +27,7 @@ from balancer.document import (
 from balancer.topology import Topology
 from orchestrator.pipeline.inputs import InputFile
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of, validate_params
+from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KeyGroup
 
 # Graphs kept per process: a run has one per configuration in use (two while a hot
@@ -205,8 +207,63 @@ def operator_problems(doc: PipelineDocument) -> list[str]:
     The console checks a document when it is saved; a run checks it again when it
     starts, because what is admitted may have narrowed since (expressions, say).
     """
-    return [
+    problems = [
         f"node {node['name']}: {problem}"
         for node in doc["nodes"]
         for problem in validate_params(operator_name(node), node["kind"], node.get("params") or {})
     ]
+    return problems or window_problems(doc)
+
+
+def _aggregating(doc: PipelineDocument | StoredDocument) -> list[NodeDocument]:
+    nodes = cast("PipelineDocument", doc)["nodes"]
+    return [n for n in nodes if OPERATORS[operator_name(n)].partials]
+
+
+def window_problems(
+    doc: PipelineDocument | StoredDocument, tick_ms: int | None = None
+) -> list[str]:
+    """Partials meet at the sink, so every aggregating node must window alike: one
+    sink merges (window, key) rows, and the source tracks one event-time field. A
+    window shorter than the balancer's tick would close between two looks at it."""
+    specs = {n["name"]: WindowSpec.from_params(n.get("params") or {}) for n in _aggregating(doc)}
+    sinks = {json.dumps(n.get("params") or {}, sort_keys=True) for n in _sinks(doc)}
+    if len(sinks) > 1:
+        return ["sink nodes must have the same parameters: closed windows go to one place"]
+    kind = pipeline_sink(doc).get("sink", "results")
+    if kind != "results" and not any(specs.values()):
+        return [
+            f"sink {kind} writes closed windows: give the aggregating nodes window_s "
+            "(and event_time)"
+        ]
+    if len(set(specs.values())) <= 1:
+        spec = next(iter(specs.values()), None)
+        if spec is not None and tick_ms is not None and spec.size_us < tick_ms * 1000:
+            return [
+                f"window_s ({spec.size_us / 1e6:g} s) must not be shorter than the "
+                f"balancer tick (tick_ms {tick_ms})"
+            ]
+        return []
+    shown = "; ".join(
+        f"{name}: {'no window' if spec is None else spec.to_json()}"
+        for name, spec in sorted(specs.items())
+    )
+    return [f"aggregating nodes must have the same window fields, got {shown}"]
+
+
+def _sinks(doc: PipelineDocument | StoredDocument) -> list[NodeDocument]:
+    nodes = cast("PipelineDocument", doc)["nodes"]
+    return [n for n in nodes if n["kind"] == "sink"]
+
+
+def pipeline_sink(doc: PipelineDocument | StoredDocument) -> Mapping[str, object]:
+    """The parameters of the pipeline's sink (its sink nodes share them)."""
+    sinks = _sinks(doc)
+    return dict(sinks[0].get("params") or {}) if sinks else {}
+
+
+def pipeline_windows(doc: PipelineDocument | StoredDocument) -> WindowSpec | None:
+    """The pipeline's event-time windows (its aggregating nodes share them), or None."""
+    for node in _aggregating(doc):
+        return WindowSpec.from_params(node.get("params") or {})
+    return None

@@ -40,11 +40,13 @@ from balancer.policy import Policy
 from balancer.runtime import Measured
 from balancer.topology import Topology
 from orchestrator.ledger import retention, segments
+from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.coalesce import coalesce
 from orchestrator.ledger.events import record_event, thin_events
+from orchestrator.ledger.failures import fail_run
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
-from orchestrator.pipeline.graph import balancer_topology
+from orchestrator.pipeline.graph import balancer_topology, pipeline_sink, pipeline_windows
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.rescale.plan import topology_at
 from orchestrator.rescale.start import ensure_instances
@@ -58,8 +60,10 @@ from orchestrator.run.publisher import Publisher
 from orchestrator.run.reporter import Report, Reporter
 from orchestrator.run.runtime import LiveRuntime
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
+from orchestrator.sink.targets import ResultTable, Sink, SinkError, sink_of
 from orchestrator.source.base import SourceUnavailable
 from orchestrator.zk.control_plane import ControlPlane, Subscription
+from sparkjobs.event_time import WindowSpec
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,8 @@ class RunDriver:
         self.full_in: dict[str, float | None] = {}
         self.subscriptions: list[Subscription] = []
         self.rescale: RescaleControl | None = None
+        self.windows: WindowSpec | None = None
+        self.sink: Sink = ResultTable()
         # Made once the input exists (a generated input is written first): _start.
         self.pacer: SourcePacer
         self.runtime: LiveRuntime
@@ -223,6 +229,9 @@ class RunDriver:
         self.commands = OperatorCommands(self.table, self.policy)
         self.subscriptions = [self.signals.watch(), self.commands.watch()]
         self.runtime = LiveRuntime(self.topology, self._measure, self.table, self.signals)
+        # Event-time windows the sink closes as its watermark passes them, if any.
+        self.windows = pipeline_windows(run.topology)
+        self.sink = sink_of(pipeline_sink(run.topology))
         self.started = True
         if run.status == Run.Status.PENDING:
             Run.objects.filter(pk=self.run_id).update(
@@ -311,6 +320,9 @@ class RunDriver:
                 self.table.flags.flush(self.control, self.key)
             with phase("events"):
                 self.reporter.add_events(self.table.timeline.take())
+            if self.windows is not None:
+                with phase("windows"):
+                    self._close_windows()
         with phase("report"):
             states = self._node_states(observation)
             self.full_in = self.forecast.update(
@@ -322,6 +334,16 @@ class RunDriver:
             self.node_states = self._node_states(observation, self.full_in)
             lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
             self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
+
+    def _close_windows(self, *, final: bool = False) -> None:
+        """Close what the sink's watermark passed; a sink that cannot be written fails
+        the run with why (nothing of that step was committed)."""
+        if self.windows is None:
+            return
+        try:
+            window_ledger.advance(self.run_id, self.windows, self.sink, final=final)
+        except SinkError as exc:
+            fail_run(self.run_id, f"the sink could not be written: {exc}")
 
     def _node_states(
         self, observation: Observation, full_in: Mapping[str, float | None] | None = None
@@ -367,6 +389,9 @@ class RunDriver:
             return False
         # Merged, all of it: a landing folder's last files are archived or deleted now.
         self.pacer.input.housekeeping(now=True)
+        if self.windows is not None:
+            # The input ended: its watermark is past every window.
+            self._close_windows(final=True)
         # Every pool is empty now: no node is backpressured any more.
         for node in sorted(self.table.flags.flagged):
             self.table.apply(ClearFlag(reason="run finished: every pool is empty", node=node))

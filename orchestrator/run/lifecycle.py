@@ -15,11 +15,12 @@ from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
-from orchestrator.pipeline.graph import operator_problems
+from orchestrator.pipeline.graph import operator_problems, pipeline_sink
 from orchestrator.pipeline.inputs import resolve_inputs
 from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
+from orchestrator.sink.targets import SinkError, sink_of
 from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
@@ -53,6 +54,12 @@ def create_run(
     refused = operator_problems(topology)
     if refused:
         raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
+    try:
+        # A table whose columns do not fit, a folder that cannot be written: refused
+        # before anything exists, rather than failing at the first closed window.
+        sink_of(pipeline_sink(topology)).check()
+    except SinkError as exc:
+        raise RunError(f"the sink cannot be written: {exc}") from exc
     source_node = next(n for n in topology["nodes"] if n["kind"] == "source")
     params = source_node.get("params") or {}
     fmt = params.get("format", "jsonl")

@@ -19,7 +19,13 @@ from balancer.units import MB, MEGABIT
 from orchestrator.ledger import segments
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Run
-from orchestrator.pipeline.graph import StoredDocument, bandwidth, downstreams_of
+from orchestrator.pipeline.event_high import segment_high
+from orchestrator.pipeline.graph import (
+    StoredDocument,
+    bandwidth,
+    downstreams_of,
+    pipeline_windows,
+)
 from orchestrator.pipeline.inputs import Chunk, write_chunk
 from orchestrator.pipeline.layout import segment_path
 from orchestrator.pipeline.routes import tagged_route
@@ -70,6 +76,9 @@ class SourcePacer:
         self.measured_rate = 0.0
         self.input: Source = open_source(run, epoch, source.get("params") or {})
         self.next_index = int((run.source_position or {}).get("chunk", 0))
+        high = (run.source_position or {}).get("high_us")
+        # The largest event time emitted so far: the next chunk's watermark (windowed).
+        self.high_us: int | None = None if high is None else int(high)
         self.emitted_bytes = int(run.input_bytes)
         self.done = run.chunks_total is not None
         self.last_lag = SourceLag()
@@ -155,6 +164,12 @@ class SourcePacer:
             return False
         path = segment_path(self.run_id, seg_id, chunk.kind)
         write_chunk(path, chunk)
+        high_before, high = self.high_us, self.high_us
+        windows = pipeline_windows(graph.doc)
+        if windows is not None:
+            found = segment_high(path, chunk.kind, windows.field)
+            if found is not None:
+                high = found if high is None else max(high, found)
         segments.emit_chunk(
             self.run_id,
             self.epoch,
@@ -175,6 +190,8 @@ class SourcePacer:
                     config=graph.config,
                     slots_from=slots.low,
                     slots_to=slots.high,
+                    high_before_us=high_before,
+                    high_us=high,
                 )
                 for node, migrated_from, slots in copies
             ],
@@ -183,6 +200,7 @@ class SourcePacer:
                 "file": chunk.file_index,
                 "offset": chunk.offset + chunk.length,
                 **({"mark": chunk.mark} if chunk.mark else {}),
+                **({"high_us": high} if high is not None else {}),
             },
             self.emitted_bytes + chunk.size,
         )
@@ -196,6 +214,7 @@ class SourcePacer:
         if credits is not None:
             credits[target] = credits.get(target, 0.0) - chunk.size
         self.next_index = chunk.index + 1
+        self.high_us = high
         self.ahead.popleft()
         tagged = tagged_route(chunk.tag, graph.downstreams, routes)
         self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size

@@ -17,7 +17,9 @@ from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument
 from balancer.model import NodeState
 from balancer.topology import NodeSpec
 from orchestrator.ledger.coalesce import first_unfinished
+from orchestrator.ledger.window_view import WindowsView, windows_view
 from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, Segment, SourceFile
+from orchestrator.pipeline.graph import pipeline_windows
 from orchestrator.run.generation import Preparing, preparing
 from orchestrator.source.base import LagJson
 
@@ -113,6 +115,7 @@ SNAPSHOT_FIELDS = [
     "finished_at",
     "error",
     "source_position",
+    "windows_closed",
 ]
 
 
@@ -126,6 +129,9 @@ class Snapshot(TypedDict):
     events: list[dict[str, Any]]  # Event.to_json(), newest first
     adjustment: AdjustmentView | None
     source: SourceView
+    # A windowed run's event time: watermarks, each node's lag, open windows (null
+    # for a pipeline without windows).
+    windows: WindowsView | None
 
 
 def _links(
@@ -225,7 +231,14 @@ def build_snapshot(
         events=events,
         adjustment=_adjustment(adjustment, instances),
         source=source_view(run, lag),
+        windows=_windows(run),
     )
+
+
+def _windows(run: Run) -> WindowsView | None:
+    spec = pipeline_windows(run.topology)
+    # The results panel polls the closed windows' rows; the live view needs none.
+    return None if spec is None else windows_view(run, spec, rows=0)
 
 
 def source_view(run: Run, lag: LagJson | None) -> SourceView:

@@ -23,7 +23,7 @@ from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParam
 from balancer.units import MB
 from orchestrator.ledger import failures, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
-from orchestrator.pipeline.graph import RunGraph
+from orchestrator.pipeline.graph import RunGraph, pipeline_windows
 from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale import alignment, plan
@@ -248,9 +248,20 @@ def _operate(
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
         produced = _run_operator(
-            spark, node=node, params=params, inputs=inputs, outputs=outputs, slots=slots
+            spark,
+            node=node,
+            params=params,
+            inputs=inputs,
+            outputs=outputs,
+            slots=slots,
+            highs={stem: s.high_before_us for stem, s in by_file.items()},
         )
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
+    _quarantine(
+        run.pk,
+        {by_file[stem].pk: out.late_lines for stem, out in produced.items()},
+        kind="late",
+    )
     new = []
     for stem, seg in by_file.items():
         out = produced[stem]
@@ -274,9 +285,12 @@ def _operate(
                     config=claim.config,
                     slots_from=part.low,
                     slots_to=part.high,
+                    high_before_us=seg.high_before_us,
+                    high_us=seg.high_us,
                 )
             )
     malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
+    late = {by_file[stem].pk: out.late for stem, out in produced.items()}
     fold = None
     if stateful:
         deltas = [
@@ -289,7 +303,7 @@ def _operate(
         def fold() -> None:
             keystate.fold(run.pk, stage, name, deltas)
 
-    segments.complete_batch(run.pk, owner, batch, new, malformed, fold=fold)
+    segments.complete_batch(run.pk, owner, batch, new, malformed, fold=fold, late=late)
     return sum(malformed.values())
 
 
@@ -301,19 +315,29 @@ def _run_operator(
     inputs: dict[str, Path],
     outputs: dict[str, Path],
     slots: KeyGroup,
+    highs: Mapping[str, int | None],
 ) -> Mapping[str, PartialOutput]:
     """The node's operator on this batch: the job the catalog names for it."""
     spec = operator_of(node)
     job = spec.job()
-    return job(spark, spec.name, params, inputs, outputs, key_group=None if slots.whole else slots)
+    return job(
+        spark,
+        spec.name,
+        params,
+        inputs,
+        outputs,
+        key_group=None if slots.whole else slots,
+        highs=highs,
+    )
 
 
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
     pending = list(batch)
+    windows = pipeline_windows(run.topology)
     while pending:
         merged = combine_partials([Path(s.path) for s in pending])
         try:
-            segments.complete_sink_batch(run.pk, sink, owner, pending, merged)
+            segments.complete_sink_batch(run.pk, sink, owner, pending, merged, windows=windows)
             return
         except segments.AlreadyMergedError as err:
             # Delivered twice: those chunk parts are in the result already. Merge the
@@ -323,10 +347,12 @@ def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
             pending = [s for s in pending if (s.chunk, s.slots_from) not in err.parts]
 
 
-def _quarantine(run_id: int, lines: Mapping[str, list[str]]) -> None:
+def _quarantine(run_id: int, lines: Mapping[str, list[str]], kind: str = "") -> None:
+    """Malformed records' lines (``kind`` "") or late ones' ("late"), per segment."""
     from sparkjobs.segments import write_atomic
 
+    folder = run_dir(run_id) / "quarantine"
     for seg, bad in lines.items():
         if bad:
             body = "".join(line + "\n" for line in bad).encode()
-            write_atomic(run_dir(run_id) / "quarantine" / f"{seg}.jsonl", body)
+            write_atomic((folder / kind if kind else folder) / f"{seg}.jsonl", body)

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from balancer.document import NodeDocument, PipelineDocument
-from orchestrator.ledger.results import format_row, sorted_rows
+from orchestrator.ledger.results import WindowRow, format_row, sorted_rows
 from orchestrator.pipeline import generator as generator_module
 from orchestrator.pipeline.generator import (
     GeneratorFields,
@@ -20,6 +20,7 @@ from orchestrator.pipeline.generator import (
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import resolve_inputs
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of
+from sparkjobs.event_time import iso
 
 
 class BatchJobError(ValueError):
@@ -104,6 +105,22 @@ def batch_summary(
     rows = sorted_rows(
         format_row(r.key, r.count, r.sum, r.min, r.max, distinct=r.distinct) for r in result.rows
     )
+    windows = (
+        {}
+        if result.windows is None
+        else {
+            "windows": [
+                WindowRow(
+                    window_start=iso(w.start_us),
+                    window_end=iso(w.end_us),
+                    closed=True,
+                    **format_row(w.key, w.count, w.sum, w.min, w.max, distinct=w.distinct),
+                )
+                for w in sorted(result.windows, key=lambda w: (w.start_us, w.key))
+            ],
+            "late_records": 0,
+        }
+    )
     return {
         "run": None,
         "status": "completed",
@@ -114,4 +131,5 @@ def batch_summary(
         "coverage": "exact",
         "error": None,
         "rows": rows,
+        **windows,
     }

@@ -18,7 +18,7 @@ ORCHESTRATOR = PROJECT / "orchestrator"
 WEBAPP = PROJECT / "webapp"
 
 # Sub-packages, named for their jobs; each docstring says what it may import.
-ROOMS = ("pipeline", "ledger", "zk", "rescale", "worker", "source", "run", "services")
+ROOMS = ("pipeline", "sink", "ledger", "zk", "rescale", "worker", "source", "run", "services")
 # The Django app surface at the root: models, the Celery app, tasks, commands and the
 # console's door.
 EVERYTHING = frozenset({*ROOMS, "models", "celery", "tasks", "service", "management"})
@@ -26,7 +26,8 @@ EVERYTHING = frozenset({*ROOMS, "models", "celery", "tasks", "service", "managem
 # What each part of orchestrator/ may import of the orchestrator, besides itself.
 ALLOWED: dict[str, frozenset[str]] = {
     "pipeline": frozenset(),
-    "ledger": frozenset({"models", "pipeline"}),
+    "sink": frozenset(),
+    "ledger": frozenset({"models", "pipeline", "sink"}),
     "zk": frozenset({"pipeline"}),
     "rescale": frozenset({"models", "ledger", "pipeline", "zk"}),
     "worker": frozenset({"models", "ledger", "pipeline", "rescale", "services"}),

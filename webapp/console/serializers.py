@@ -364,6 +364,48 @@ class ResultRowSerializer(serializers.Serializer[JsonObject]):
     distinct_users = serializers.IntegerField()
 
 
+class OpenWindowSerializer(serializers.Serializer[JsonObject]):
+    start = serializers.CharField(help_text="ISO-8601, UTC")
+    end = serializers.CharField()
+    keys = serializers.IntegerField()
+    records = serializers.IntegerField()
+    progress = serializers.FloatField(help_text="how far the watermark is through it, 0 to 1")
+
+
+class ClosedWindowSerializer(serializers.Serializer[JsonObject]):
+    start = serializers.CharField()
+    end = serializers.CharField()
+    rows = ResultRowSerializer(many=True, help_text="its keys with the most records")
+
+
+class NodeTimeSerializer(serializers.Serializer[JsonObject]):
+    through = serializers.CharField(allow_null=True, help_text="largest event time processed")
+    lag_s = serializers.FloatField(allow_null=True, help_text="behind the source, in event time")
+
+
+class WindowsSerializer(serializers.Serializer[JsonObject]):
+    event_time = serializers.CharField(help_text="the field holding each record's event time")
+    window_s = serializers.FloatField()
+    slide_s = serializers.FloatField()
+    lateness_s = serializers.FloatField()
+    source_high = serializers.CharField(
+        allow_null=True, help_text="the largest event time the source has read"
+    )
+    watermark = serializers.CharField(
+        allow_null=True, help_text="windows ending by this are closed: final, written once"
+    )
+    event_lag_s = serializers.FloatField(
+        allow_null=True, help_text="the source's largest event time minus the sink's"
+    )
+    late_records = serializers.IntegerField(
+        help_text="(record, window) pairs behind the watermark: quarantined, not counted"
+    )
+    closed = serializers.IntegerField(help_text="windows closed")
+    open = OpenWindowSerializer(many=True, help_text="open windows, oldest first")
+    latest = ClosedWindowSerializer(many=True, help_text="the latest closed windows")
+    nodes = serializers.DictField(child=NodeTimeSerializer())
+
+
 class ResultsSerializer(serializers.Serializer[JsonObject]):
     run = serializers.IntegerField()
     status = serializers.CharField()
@@ -373,6 +415,9 @@ class ResultsSerializer(serializers.Serializer[JsonObject]):
     final = serializers.BooleanField(help_text="the run has ended: the result is complete")
     keys = serializers.IntegerField(help_text="keys in the result")
     rows = ResultRowSerializer(many=True, help_text="the keys with the most records")
+    windows = WindowsSerializer(
+        allow_null=True, help_text="a windowed pipeline's windows (null without windows)"
+    )
 
 
 class CompletionSerializer(serializers.Serializer[JsonObject]):

@@ -23,6 +23,7 @@ from orchestrator.service import (
     operator_name,
     validate_params,
     validate_policy,
+    window_problems,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -93,6 +94,9 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
         return problems
     names, kinds, node_problems = _check_nodes(nodes)
     problems += node_problems
+    if not node_problems:
+        tick = _tick_ms(doc, base_policy)
+        problems += [Problem("nodes", message) for message in window_problems(doc, tick)]
     pairs, edge_problems = _check_edges(edges, names)
     problems += edge_problems
     problems += _check_shape(names, kinds, pairs)
@@ -122,6 +126,15 @@ def _number_problem(value: Any) -> str | None:
     if not finite:
         return f"must be a finite number, got {shown(value)}"
     return None
+
+
+def _tick_ms(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> int | None:
+    """The balancer tick the document's policy gives, if it can be read."""
+    overrides = doc.get("policy_overrides") or {}
+    value = overrides.get("tick_ms") if isinstance(overrides, Mapping) else None
+    if value is None:
+        value = (base if base is not None else Policy().to_dict()).get("tick_ms")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _check_policy(doc: Mapping[str, Any], base: Mapping[str, Any] | None) -> list[Problem]:

@@ -78,7 +78,12 @@ def _operator_catalog() -> dict[str, Any]:
             "kind": spec.kind,
             "description": spec.description,
             "params": {
-                pname: {"default": p.default, "help": p.help, "required": p.required}
+                pname: {
+                    "default": p.default,
+                    "help": p.help,
+                    "required": p.required,
+                    "number": p.number,
+                }
                 for pname, p in spec.params.items()
             },
         }

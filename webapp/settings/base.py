@@ -16,6 +16,7 @@ from webapp.settings.env import (
     env_list,
     env_str,
     full_origins,
+    sink_databases,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -39,6 +40,13 @@ INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DA
 # Redis servers a run started from the console may read a stream from, besides the
 # console's own (REDIS_URL): a run must not make the server connect anywhere it is told.
 BPCONSOLE_STREAM_URLS = env_list("BPCONSOLE_STREAM_URLS", [])
+# Where a windowed pipeline's sink may write: Parquet sinks below this folder only, and
+# PostgreSQL sinks only to the databases named here ("name=postgresql://...", comma
+# separated); a pipeline names a database, never a URL (docs/security.md).
+BPCONSOLE_SINK_ROOT = Path(env_str("BPCONSOLE_SINK_ROOT", str(VAR_DIR / "sinks")))
+BPCONSOLE_SINK_DATABASES = sink_databases(
+    env_list("BPCONSOLE_SINK_DATABASES", []), console=DATABASE_URL
+)
 # A match reached through a symbolic link is refused unless this is set (the link's
 # target must still lie inside the input roots).
 INPUT_FOLLOW_SYMLINKS = env_bool("BPCONSOLE_INPUT_FOLLOW_SYMLINKS", default=False)

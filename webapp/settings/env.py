@@ -100,3 +100,20 @@ def database_from_url(url: str) -> dict[str, object]:
         "CONN_MAX_AGE": int(os.environ.get("DB_CONN_MAX_AGE", "60")),
         "CONN_HEALTH_CHECKS": True,
     }
+
+
+def sink_databases(items: list[str], *, console: str) -> dict[str, str]:
+    """``name=url`` items as a mapping; ``console`` (the console's own database) is
+    always there, under that name."""
+    named = {"console": console}
+    for item in items:
+        name, sep, url = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier() or not url.strip() or name == "console":
+            raise ImproperlyConfigured(
+                "BPCONSOLE_SINK_DATABASES items are name=postgresql://... (a name other "
+                f"than console, the console's own), got {item[:40]!r}"
+            )
+        database_from_url(url.strip())  # refuses what is not a PostgreSQL URL
+        named[name] = url.strip()
+    return named

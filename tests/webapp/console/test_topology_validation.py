@@ -131,3 +131,60 @@ def test_not_a_mapping_and_garbage_keys() -> None:
     found = messages({"name": "x", "nodes": [], "colour": 1})
     assert "colour: unknown key" in found
     assert "nodes: must be a non-empty list of nodes" in found
+
+
+def windowed(doc: dict[str, Any], **params: Any) -> dict[str, Any]:
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**(node.get("params") or {}), **params}
+    return doc
+
+
+def test_windows_on_every_aggregate_are_valid(reference: dict[str, Any]) -> None:
+    assert messages(windowed(reference, window_s=60, slide_s=15, lateness_s=5)) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"window_s": 0.5}, "parameter 'window_s' must be between 1 and 86400, got 0.5"),
+        ({"window_s": 90_000}, "parameter 'window_s' must be between 1 and 86400, got 90000"),
+        ({"window_s": "1m"}, "parameter 'window_s' must be a number, got '1m'"),
+        ({"window_s": 1.0000001}, "must be a whole number of microseconds"),
+        ({"window_s": 10, "slide_s": 20}, "slide_s (20) must not exceed window_s (10)"),
+        ({"window_s": 600, "slide_s": 1}, "window_s / slide_s must be at most 100"),
+        ({"window_s": 10, "lateness_s": -1}, "parameter 'lateness_s' must be between 0"),
+        ({"window_s": 10, "event_time": "a.b"}, "parameter 'event_time' must be a field name"),
+        ({"lateness_s": 5}, "lateness_s given without window_s (no windows)"),
+    ],
+)
+def test_window_fields_out_of_range_are_refused_with_the_allowed_range(
+    reference: dict[str, Any], params: dict[str, Any], expected: str
+) -> None:
+    found = messages(windowed(reference, **params))
+    assert any(expected in m and m.startswith("nodes[1] (task1).params") for m in found), found
+
+
+def test_aggregates_that_window_differently_are_refused(reference: dict[str, Any]) -> None:
+    windowed(reference, window_s=60)
+    reference["nodes"][2]["params"]["window_s"] = 30
+    found = [m for m in messages(reference) if m.startswith("nodes: aggregating")]
+    assert len(found) == 1
+    assert found[0].startswith("nodes: aggregating nodes must have the same window fields")
+    assert "task2" in found[0]
+
+
+def test_a_window_shorter_than_the_tick_is_refused(reference: dict[str, Any]) -> None:
+    doc = windowed(reference, window_s=2)
+    doc["policy_overrides"] = {"tick_ms": 5000}
+    assert messages(doc) == [
+        "nodes: window_s (2 s) must not be shorter than the balancer tick (tick_ms 5000)"
+    ]
+
+
+def test_a_stateful_running_stage_takes_no_window(reference: dict[str, Any]) -> None:
+    doc = copy.deepcopy(reference)
+    doc["nodes"][1]["operator"] = "running"
+    doc["nodes"][1]["params"] = {"window_s": 10}
+    found = messages(doc)
+    assert any("unknown parameter 'window_s' for running" in m for m in found), found

@@ -32,7 +32,7 @@
     if (Array.isArray(spec.default) || spec.list) {
       return t.split("\n").map((s) => s.trim()).filter(Boolean);
     }
-    if (typeof spec.default === "number") return numberOrRaw(t);
+    if (typeof spec.default === "number" || spec.number) return numberOrRaw(t);
     return t;
   }
 

@@ -709,7 +709,55 @@
     if (!(r.ok && r.data && r.data.final)) setTimeout(loadResults, RESULTS_EVERY_MS);
   }
 
+  function cells(tr, values) {
+    for (const value of values) {
+      const td = document.createElement("td");
+      td.textContent = String(value);  // text, never markup: keys come from the data
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+
+  function span(start, end) {
+    // Windows are UTC; the date is dropped when both ends share it.
+    const [d1, t1] = start.replace("Z", "").split("T");
+    const [d2, t2] = end.replace("Z", "").split("T");
+    return d1 === d2 ? `${d1} ${t1}–${t2}` : `${d1} ${t1} – ${d2} ${t2}`;
+  }
+
+  function renderWindows(w) {
+    const card = $("windows-card");
+    if (!card) return;
+    card.hidden = !w;
+    if (!w) return;
+    const slide = w.slide_s !== w.window_s ? `, sliding every ${w.slide_s} s` : "";
+    $("windows-stamp").textContent =
+      `${w.window_s} s windows on ${w.event_time}${slide}, lateness ${w.lateness_s} s`;
+    const lag = typeof w.event_lag_s === "number" ? ` · sink ${w.event_lag_s.toFixed(1)} s behind the source in event time` : "";
+    $("windows-marks").textContent =
+      `watermark ${w.watermark || "–"} · ${w.closed} closed · ${w.late_records} late (quarantined)${lag}`;
+    card.setAttribute("data-late", w.late_records);
+    card.setAttribute("data-closed", w.closed);
+    const open = $("windows-open").querySelector("tbody");
+    while (open.firstChild) open.removeChild(open.firstChild);
+    for (const o of w.open) {
+      open.appendChild(cells(document.createElement("tr"),
+        [span(o.start, o.end), o.keys, o.records, BP.pct(o.progress)]));
+    }
+    const closed = $("windows-closed").querySelector("tbody");
+    while (closed.firstChild) closed.removeChild(closed.firstChild);
+    const fixed = (v) => Number(v).toFixed(2);
+    for (const c of w.latest) {
+      for (const row of c.rows) {
+        closed.appendChild(cells(document.createElement("tr"), [span(c.start, c.end), row.key,
+          row.count, fixed(row.sum_value), fixed(row.min_value), fixed(row.max_value),
+          fixed(row.avg_value), row.distinct_users]));
+      }
+    }
+  }
+
   function renderResults(data) {
+    renderWindows(data.windows);
     const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
     $("results-stamp").textContent = data.keys > data.rows.length
       ? `${stamp}, the ${data.rows.length} with the most records` : stamp;

@@ -229,6 +229,7 @@
     update(snapshot, rates) {
       this.reshape(snapshot);
       this.source = snapshot.source || null;
+      this.windows = snapshot.windows || null;
       const byName = new Map((snapshot.nodes || []).map((n) => [n.name, n]));
       for (const [name, node] of this.nodes) {
         const view = byName.get(name);
@@ -272,6 +273,11 @@
       node.levelText.textContent = level === null ? "no data yet"
         : `${BP.pct(level)} · ` + (fullIn === null ? BP.bytes(st.buffered_bytes) : `full in ${soon(fullIn)}`);
       node.g.setAttribute("data-full-in", fullIn === null ? "" : fullIn.toFixed(1));
+      // A windowed run: how far behind the source this node is in event time.
+      const time = this.windows && this.windows.nodes ? this.windows.nodes[view.name] : null;
+      const lag = time && typeof time.lag_s === "number" ? time.lag_s : null;
+      node.g.setAttribute("data-event-lag", lag === null ? "" : lag.toFixed(1));
+      if (lag !== null && level !== null) node.levelText.textContent += ` · ${lag.toFixed(1)} s behind`;
       node.g.setAttribute("data-capacity", capacity);
       node.levelText.setAttribute("class", "level-text on-" + cls);
       node.g.setAttribute("data-level", level === null ? "" : level.toFixed(4));

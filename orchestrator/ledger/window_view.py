@@ -1,0 +1,145 @@
+"""A windowed run's progress in event time, as the console shows it: where the source
+and the sink's watermark stand, how far behind each node is, which windows are open
+and how far, the latest closed ones and the records that came too late."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from django.db.models import Count, Max, Sum
+
+from orchestrator.ledger.results import ResultRow, format_row
+from orchestrator.ledger.segments import late_records
+from orchestrator.ledger.windows import SinkWatermark
+from orchestrator.models import Run, Segment, WindowDistinct, WindowKey
+from sparkjobs.event_time import US, WindowSpec, iso
+
+OPEN_SHOWN = 12  # open windows listed, oldest first
+
+
+class OpenWindow(TypedDict):
+    start: str
+    end: str
+    keys: int
+    records: int
+    progress: float  # how far the watermark is through it, 0 to 1
+
+
+class ClosedWindow(TypedDict):
+    start: str
+    end: str
+    rows: list[ResultRow]  # its keys with the most records
+
+
+class NodeTime(TypedDict):
+    through: str | None  # the largest event time of the data it has processed
+    lag_s: float | None  # the source's largest event time minus that
+
+
+class WindowsView(TypedDict):
+    event_time: str
+    window_s: float
+    slide_s: float
+    lateness_s: float
+    source_high: str | None  # the largest event time the source has read
+    watermark: str | None  # windows ending by this are closed and final
+    event_lag_s: float | None  # the source's largest event time minus the sink's
+    late_records: int
+    closed: int
+    open: list[OpenWindow]
+    latest: list[ClosedWindow]
+    nodes: dict[str, NodeTime]
+
+
+def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
+    """The run's windows now: ``rows`` result rows of the latest closed windows."""
+    mark = SinkWatermark.of(run)
+    raw_high = (run.source_position or {}).get("high_us")
+    source_high = None if raw_high is None else int(raw_high)
+    keys = WindowKey.objects.filter(run=run)
+    open_windows = list(
+        keys.filter(closed_at__isnull=True)
+        .values("start_us", "end_us")
+        .annotate(keys=Count("id"), records=Sum("count"))
+        .order_by("start_us")[:OPEN_SHOWN]
+    )
+    watermark = None if mark.high_us is None else mark.high_us - spec.lateness_us
+    return WindowsView(
+        event_time=spec.field,
+        window_s=spec.size_us / US,
+        slide_s=spec.slide_us / US,
+        lateness_s=spec.lateness_us / US,
+        source_high=None if source_high is None else iso(source_high),
+        watermark=None if mark.closed_us is None else iso(mark.closed_us),
+        event_lag_s=_lag(source_high, mark.high_us),
+        late_records=late_records(run.pk),
+        closed=keys.filter(closed_at__isnull=False).values("start_us").distinct().count(),
+        open=[
+            OpenWindow(
+                start=iso(w["start_us"]),
+                end=iso(w["end_us"]),
+                keys=int(w["keys"]),
+                records=int(w["records"] or 0),
+                progress=_progress(watermark, w["start_us"], w["end_us"]),
+            )
+            for w in open_windows
+        ],
+        latest=_latest_closed(run, rows),
+        nodes=_node_times(run, source_high),
+    )
+
+
+def _lag(ahead: int | None, behind: int | None) -> float | None:
+    if ahead is None or behind is None:
+        return None
+    return round(max(0, ahead - behind) / US, 3)
+
+
+def _progress(watermark: int | None, start: int, end: int) -> float:
+    if watermark is None:
+        return 0.0
+    return round(min(1.0, max(0.0, (watermark - start) / (end - start))), 3)
+
+
+def _latest_closed(run: Run, rows: int) -> list[ClosedWindow]:
+    """The most recent closed windows, newest first, with up to ``rows`` rows in all."""
+    closed = WindowKey.objects.filter(run=run, closed_at__isnull=False)
+    starts = list(closed.values_list("start_us", flat=True).distinct().order_by("-start_us")[:3])
+    out: list[ClosedWindow] = []
+    left = rows
+    for start in starts:
+        top = list(closed.filter(start_us=start).order_by("-count", "key")[: max(left, 0)])
+        if not top:
+            break
+        distinct = dict(
+            WindowDistinct.objects.filter(run=run, start_us=start, key__in=[r.key for r in top])
+            .values("key")
+            .annotate(n=Count("value"))
+            .values_list("key", "n")
+        )
+        out.append(
+            ClosedWindow(
+                start=iso(start),
+                end=iso(top[0].end_us),
+                rows=[
+                    format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
+                    for r in top
+                ],
+            )
+        )
+        left -= len(top)
+    return out
+
+
+def _node_times(run: Run, source_high: int | None) -> dict[str, NodeTime]:
+    done = (
+        Segment.objects.filter(run=run, state=Segment.State.DONE, high_us__isnull=False)
+        .values("node")
+        .annotate(through=Max("high_us"))
+    )
+    return {
+        row["node"]: NodeTime(
+            through=iso(row["through"]), lag_s=_lag(source_high, int(row["through"]))
+        )
+        for row in done
+    }

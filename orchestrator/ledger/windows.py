@@ -1,0 +1,202 @@
+"""Event-time windows at the sink: open while data may still come, closed once.
+
+A windowed pipeline's partials are per (window, key). The sink folds them into open
+windows in the transaction that records their chunks as merged (as for all-time
+results). A window is *final* when the sink's watermark passes its end: the chunks
+``0 .. n-1`` are all merged and the largest event time among them, minus the allowed
+lateness, is at or past the window's end. Every later chunk was read under a watermark
+at least that high, so its records for that window were found late by the operators
+and never reach the sink: nothing can change a closed window. Closing marks its rows in
+one statement, once; an input that ends closes every window (its watermark is +inf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+from django.db.models import Count, QuerySet
+from django.utils import timezone
+
+from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
+from orchestrator.models import MergedChunk, Run, WindowDistinct, WindowKey
+from orchestrator.sink.targets import ClosedRow, Sink
+from sparkjobs.event_time import WindowSpec
+from sparkjobs.merge import MergedKey
+
+# Most merged chunk rows one call walks, so the driver's tick never waits long.
+MAX_ROWS = 50_000
+
+
+class ClosedWindowError(RuntimeError):
+    """A delta for a window that was closed: a late record was not caught upstream."""
+
+
+@dataclass(frozen=True)
+class SinkWatermark:
+    """Chunks below ``chunk`` are merged; ``high_us`` is their largest event time;
+    windows ending by ``closed_us`` are closed (None: none yet)."""
+
+    chunk: int = 0
+    high_us: int | None = None
+    closed_us: int | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> SinkWatermark:
+        kept = run.windows_closed or {}
+        return cls(
+            int(kept.get("chunk", 0)),
+            _int_or_none(kept.get("high_us")),
+            _int_or_none(kept.get("closed_us")),
+        )
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"chunk": self.chunk, "high_us": self.high_us, "closed_us": self.closed_us}
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def fold(run_id: int, spec: WindowSpec, deltas: Sequence[MergedKey]) -> None:
+    """Add a sink batch's per-(window, key) deltas to the open windows (inside the
+    batch's transaction): one set-based statement per table."""
+    if not deltas:
+        return
+    closed = SinkWatermark.of(Run.objects.only("windows_closed").get(pk=run_id)).closed_us
+    if closed is not None:
+        shut = sorted(
+            {d.window for d in deltas if d.window is not None and d.window + spec.size_us <= closed}
+        )
+        if shut:
+            raise ClosedWindowError(
+                f"run {run_id}: data for windows already closed (starts {shut[:5]} us)"
+            )
+    starts = [_start(d) for d in deltas]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO orchestrator_windowkey
+              (run_id, start_us, end_us, key, count, sum, min, max)
+            SELECT %s, d.start_us, d.start_us + %s, d.key, d.count, d.sum, d.min, d.max
+            FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::numeric[], %s::numeric[],
+                        %s::numeric[]) AS d(start_us, key, count, sum, min, max)
+            ON CONFLICT (run_id, start_us, key) DO UPDATE SET
+              count = orchestrator_windowkey.count + EXCLUDED.count,
+              sum = orchestrator_windowkey.sum + EXCLUDED.sum,
+              min = LEAST(orchestrator_windowkey.min, EXCLUDED.min),
+              max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max)
+            """,
+            [
+                run_id,
+                spec.size_us,
+                starts,
+                [d.key for d in deltas],
+                [d.count for d in deltas],
+                [d.sum for d in deltas],
+                [d.min for d in deltas],
+                [d.max for d in deltas],
+            ],
+        )
+        values = [
+            (start, d.key, v) for start, d in zip(starts, deltas, strict=True) for v in d.distinct
+        ]
+        if values:
+            cursor.execute(
+                """
+                INSERT INTO orchestrator_windowdistinct (run_id, start_us, key, value)
+                SELECT %s, d.start_us, d.key, d.value
+                FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS d(start_us, key, value)
+                ON CONFLICT DO NOTHING
+                """,
+                [run_id, [v[0] for v in values], [v[1] for v in values], [v[2] for v in values]],
+            )
+
+
+def _start(delta: MergedKey) -> int:
+    if delta.window is None:
+        raise ValueError(f"partial of key {delta.key!r} has no window in a windowed run")
+    return delta.window
+
+
+def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -> int:
+    """Move the sink's watermark over the chunks merged since, and close the windows it
+    passed (``final``: the input ended, close them all). Returns how many (window, key)
+    rows were closed."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        mark = SinkWatermark.of(run)
+        folded = Prefix.of(run, [])
+        if run.merged_prefix and folded.chunk > mark.chunk:
+            # Rows below a continuous run's merged prefix are gone: start from it.
+            mark = SinkWatermark(
+                folded.chunk, _higher(mark.high_us, folded.high_us), mark.closed_us
+            )
+        merged = list(
+            MergedChunk.objects.filter(run_id=run_id, chunk__gte=mark.chunk)
+            .order_by("chunk", "slots_from")
+            .values_list("chunk", "slots_from", "slots_to", "high_us")[:MAX_ROWS]
+        )
+        chunk, high = mark.chunk, mark.high_us
+        at = 0
+        while at < len(merged) and merged[at][0] == chunk:
+            parts = [r for r in merged[at:] if r[0] == chunk]
+            if not tiles_the_slots([(r[1], r[2]) for r in parts]):
+                break
+            high = _higher(high, parts[0][3])
+            chunk, at = chunk + 1, at + len(parts)
+        closed = mark.closed_us
+        if high is not None:
+            closed = _higher(closed, high - spec.lateness_us)
+        pending = WindowKey.objects.filter(run_id=run_id, closed_at__isnull=True)
+        if not final:
+            pending = pending.none() if closed is None else pending.filter(end_us__lte=closed)
+        rows = closing_rows(run_id, pending)
+        # The target is written first: in this transaction when it shares the ledger's
+        # database, else committed before it (an upsert, so a crash between the two
+        # writes the same rows again).
+        sink.write(run_id, rows)
+        shut = pending.update(closed_at=timezone.now())
+        if final:
+            last_end = WindowKey.objects.filter(run_id=run_id).order_by("-end_us").first()
+            closed = _higher(closed, last_end.end_us if last_end else None)
+        Run.objects.filter(pk=run_id).update(
+            windows_closed=SinkWatermark(chunk, high, closed).to_json()
+        )
+        return shut
+
+
+def closing_rows(run_id: int, pending: QuerySet[WindowKey]) -> list[ClosedRow]:
+    """The final rows of the windows about to close, with their distinct counts."""
+    rows = list(pending.order_by("start_us", "key"))
+    if not rows:
+        return []
+    distinct = {
+        (start, key): n
+        for start, key, n in WindowDistinct.objects.filter(
+            run_id=run_id, start_us__in={r.start_us for r in rows}
+        )
+        .values("start_us", "key")
+        .annotate(n=Count("value"))
+        .values_list("start_us", "key", "n")
+    }
+    return [
+        ClosedRow(
+            r.start_us,
+            r.end_us,
+            r.key,
+            r.count,
+            r.sum,
+            r.min,
+            r.max,
+            distinct.get((r.start_us, r.key), 0),
+        )
+        for r in rows
+    ]
+
+
+def _higher(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)

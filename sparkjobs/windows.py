@@ -1,0 +1,59 @@
+"""Event time and windows as Spark columns: ``sparkjobs/event_time.py`` in Spark SQL.
+
+The same rules on both sides, so the source's watermark and the operators' windows
+agree on what a record's time is: a number of seconds (or its text) is floored to the
+microsecond; any other text is read as a timestamp (ISO-8601, UTC when it has no
+offset); anything else is no time, and the record malformed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from sparkjobs.event_time import MAX_US, MIN_US, US, WindowSpec
+
+EVENT_COL = "_event_us"
+WINDOW_COL = "_window"
+LATE_COL = "_late"
+
+
+def event_us(text: Column) -> Column:
+    """A record's event time in microseconds, or null (``parse_us`` in Spark). The field
+    is read as text: Spark's JSON reader gives a number its literal text."""
+    trimmed = F.trim(text)
+    # try_ all the way: a hostile number must be no time, not a failed job (ANSI mode).
+    number = F.floor(F.try_multiply(trimmed.try_cast("DECIMAL(38,12)"), F.lit(US)))
+    number = number.try_cast("BIGINT")
+    stamp = F.unix_micros(F.try_to_timestamp(trimmed))
+    # "1_000" is no number to Spark's cast either; refused on both sides.
+    t = F.when(trimmed.contains("_"), F.lit(None)).otherwise(F.coalesce(number, stamp))
+    return F.when(t.between(MIN_US, MAX_US), t)
+
+
+def window_starts(t: Column, spec: WindowSpec) -> Column:
+    """The starts of the windows holding time ``t`` (an array: hopping windows overlap)."""
+    last = t - F.pmod(t, F.lit(spec.slide_us))
+    candidates = F.transform(
+        F.sequence(F.lit(0), F.lit(spec.fan_out - 1)),
+        lambda k: last - k.cast("BIGINT") * F.lit(spec.slide_us),
+    )
+    return F.filter(candidates, lambda start: start + F.lit(spec.size_us) > t)
+
+
+def late(
+    start: Column, segment: Column, spec: WindowSpec, highs: Mapping[str, int | None]
+) -> Column:
+    """Is the window at ``start`` closed for its record's segment (file name) by the
+    watermark that segment's chunk was read under (``highs``: the largest event time of
+    the chunks before it, per file name; absent or None: no earlier event)?"""
+    known = {name: high for name, high in highs.items() if high is not None}
+    if not known:
+        return F.lit(False)  # noqa: FBT003 - a Spark literal
+    pairs = [item for name, high in sorted(known.items()) for item in (F.lit(name), F.lit(high))]
+    high = F.create_map(*pairs)[segment]
+    end = start + F.lit(spec.size_us)
+    never = F.lit(False)  # noqa: FBT003 - a Spark literal
+    return F.coalesce(end <= high - F.lit(spec.lateness_us), never)

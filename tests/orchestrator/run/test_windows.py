@@ -1,0 +1,328 @@
+"""Event-time windows: out-of-order and late records through three branches with
+migration; every window closes once and equals Spark's own ``window()`` over the records
+that were not late, and the late ones are exactly those behind the watermark."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from django.conf import settings
+from django.db import connection
+from pyspark.sql import functions as F
+
+from orchestrator.ledger.results import summary
+from orchestrator.models import Event, Run, Segment, WindowKey
+from orchestrator.run.lifecycle import RunError, create_run
+from orchestrator.worker.plain_job import batch_summary
+from orchestrator.zk.control_plane import ControlPlane
+from sparkjobs.event_time import US, WindowSpec, iso, parse_us
+from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+T0 = 1_790_000_000  # 2026-09-21: event times count from here
+WINDOW = {"window_s": 10, "event_time": "ts", "lateness_s": 2}
+
+
+def events(count: int, seed: int) -> list[str]:
+    """JSON lines whose event times advance about 1 s per 400 records, jitter up to 3 s
+    (out of order), 1 in 50 records 30 to 60 s behind (late), both number and ISO
+    times, and a few records whose time is missing or not one."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(count):
+        t = T0 + i / 400 + rng.uniform(-3, 0)
+        if rng.random() < 0.02:
+            t -= rng.uniform(30, 60)
+        record: dict[str, Any] = {
+            "key": f"k{0 if rng.random() < 0.35 else rng.randrange(1, 15)}",
+            "value": rng.randrange(100_000) / 100,
+            "user": f"u{rng.randrange(40)}",
+            "ts": round(t, 3) if i % 3 else iso(int(round(t, 3) * US)),
+        }
+        if i % 997 == 5:
+            record["ts"] = "yesterday"
+        if i % 1499 == 7:
+            del record["ts"]
+        lines.append(json.dumps(record))
+    lines.insert(count // 2, '{"key": "k1", "value": ')  # a malformed line
+    return lines
+
+
+def windowed(doc: dict[str, Any]) -> dict[str, Any]:
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**(node.get("params") or {}), **WINDOW}
+    return doc
+
+
+def chunk_records(path: Path, run: Run) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Each source chunk's parsed records, by chunk, from the input's own bytes."""
+    data = path.read_bytes()
+    chunks = {
+        s.chunk: (s.origin_offset, s.origin_length)
+        for s in Segment.objects.filter(run=run, upstream="source")
+    }
+    out = []
+    for chunk, (offset, length) in sorted(chunks.items()):
+        records = []
+        for line in data[offset : offset + length].splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        out.append((chunk, records))
+    return out
+
+
+@dataclass
+class Oracle:
+    """What the run must give, computed here: each chunk's watermark from its records."""
+
+    kept: list[dict[str, Any]]  # records on time, with their time "t" in us
+    late: int
+    bad: int
+    marks: dict[int, int | None]  # chunk -> the largest event time before it
+
+    @classmethod
+    def of(cls, path: Path, run: Run) -> Oracle:
+        spec = WindowSpec.from_params(WINDOW)
+        assert spec is not None
+        high: int | None = None
+        oracle = cls([], 0, 0, {})
+        for chunk, records in chunk_records(path, run):
+            oracle.marks[chunk] = high
+            for record in records:
+                t = parse_us(record.get("ts"))
+                if t is None:
+                    oracle.bad += 1
+                elif spec.late(spec.starts(t)[0], high):
+                    oracle.late += 1
+                else:
+                    oracle.kept.append({**record, "t": t})
+            times = [t for t in (parse_us(r.get("ts")) for r in records) if t is not None]
+            high = max([*times, *([] if high is None else [high])], default=None)
+        return oracle
+
+    def rows(self, spark: Any) -> list[tuple[Any, ...]]:
+        """Spark's own window() over the records on time: (start us, key, count, sum,
+        min, max, distinct), by window and key."""
+        frame = spark.createDataFrame(
+            [(r["key"], str(r["value"]), r["user"], r["t"]) for r in self.kept],
+            "key STRING, value STRING, user STRING, t BIGINT",
+        )
+        expected = (
+            frame.withColumn("value", F.col("value").cast("DECIMAL(38,10)"))
+            .withColumn("ts", F.timestamp_micros("t"))
+            .groupBy(F.window("ts", "10 seconds"), "key")
+            .agg(
+                F.count(F.lit(1)).alias("count"),
+                F.sum("value").alias("sum"),
+                F.min("value").alias("min"),
+                F.max("value").alias("max"),
+                F.count_distinct("user").alias("distinct"),
+            )
+            .withColumn("start", F.unix_micros(F.col("window.start")))
+            .collect()
+        )
+        return sorted(
+            (r["start"], r["key"], r["count"], r["sum"], r["min"], r["max"], r["distinct"])
+            for r in expected
+        )
+
+
+def write_events(tmp_path: Path, count: int, seed: int) -> Path:
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(events(count, seed=seed)) + "\n")
+    return path
+
+
+def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
+    workers, spark, tmp_path: Path
+) -> None:
+    path = write_events(tmp_path, 24_000, seed=11)
+    doc = windowed(skewed_reference())
+    run = wait_until_done(start(doc, policy(), input_path=str(path)))
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["migrated_segments"] > 0  # data moved between branches
+
+    oracle = Oracle.of(path, run)
+    assert oracle.late > 50 and oracle.bad > 10
+    recorded = {
+        s.chunk: s.high_before_us for s in Segment.objects.filter(run=run, upstream="source")
+    }
+    assert recorded == oracle.marks
+    assert result["late_records"] == oracle.late
+    assert result["malformed_records"] == oracle.bad + 1
+    # Late records are quarantined apart from malformed ones, as the fields read.
+    late_folder = Path(workers.env["BPCONSOLE_DATA_DIR"]) / "runs" / str(run.pk) / "quarantine"
+    late_lines = [
+        json.loads(line)
+        for part in (late_folder / "late").glob("*.jsonl")
+        for line in part.read_text().splitlines()
+    ]
+    assert len(late_lines) == oracle.late
+    assert all(set(line) == {"key", "value", "user", "ts"} for line in late_lines)
+
+    want = [
+        (
+            iso(start_us),
+            key,
+            count,
+            float(total),
+            float(low),
+            float(high),
+            float(Decimal(total) / count),
+            distinct,
+        )
+        for start_us, key, count, total, low, high, distinct in oracle.rows(spark)
+    ]
+    got = sorted(
+        (
+            w["window_start"],
+            w["key"],
+            w["count"],
+            w["sum_value"],
+            w["min_value"],
+            w["max_value"],
+            w["avg_value"],
+            w["distinct_users"],
+        )
+        for w in result["windows"]
+    )
+    assert got == want
+    assert all(w["closed"] for w in result["windows"])
+    assert WindowKey.objects.filter(run=run).count() == len(want)
+
+    # The plain batch job (``run_pipeline --batch``) over the records that were not late.
+    on_time = tmp_path / "on_time.jsonl"
+    on_time.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "t"}) + "\n" for r in oracle.kept)
+    )
+    batch = batch_summary(topology=doc, input_path=str(on_time), generator=None)
+    assert batch["windows"] == result["windows"]
+    assert batch["malformed_records"] == 0
+
+
+def _driver_pid(run: Run, services: Any) -> int | None:
+    with ControlPlane.connect(services.zk_hosts) as control:
+        holder = control.driver_holder(str(run.pk))
+    return int(holder.split(":")[1]) if holder else None
+
+
+def _kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
+    """SIGKILL the Spark worker's pool child while it holds a batch, then the control
+    worker running the run's driver; returns the killed control worker's name."""
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="claimed").exists():
+        assert time.monotonic() < deadline, "no batch was ever claimed"
+        time.sleep(0.05)
+    for child in psutil.Process(workers.processes["spark1"].pid).children():
+        child.send_signal(signal.SIGKILL)
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        pid = _driver_pid(run, services)
+        time.sleep(0.1)
+    assert pid is not None
+    victim = next(name for name, p in workers.processes.items() if p.pid == pid)
+    os.kill(pid, signal.SIGKILL)
+    return victim
+
+
+def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_die(
+    workers, services, spark, tmp_path: Path
+) -> None:
+    path = write_events(tmp_path, 16_000, seed=12)
+    table = f"windows_{uuid.uuid4().hex[:8]}"
+    doc = windowed(skewed_reference())
+    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
+    sink["params"] = {"sink": "postgres", "table": table}
+    run = start(doc, policy(), input_path=str(path))
+    victim = _kill_a_batch_and_the_driver(run, workers, services)
+    run = wait_until_done(run)
+    workers.start(victim)
+    workers.wait_ready([victim])
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert Event.objects.filter(run=run, kind="driver").count() >= 2, "a second driver took over"
+    oracle = Oracle.of(path, run)
+    assert result["late_records"] == oracle.late
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT (extract(epoch FROM window_start) * 1000000)::bigint, key, count, sum, "  # noqa: S608 - a name made here
+            f"min, max, distinct_users FROM {table} ORDER BY 1, 2"
+        )
+        rows = [tuple(r) for r in cursor.fetchall()]
+        cursor.execute(f"SELECT window_start, rows, run_id FROM {table}_commits")  # noqa: S608
+        log = cursor.fetchall()
+        cursor.execute(f"DROP TABLE {table}, {table}_commits")
+    want = oracle.rows(spark)
+    # Every (window, key) once (the table's key says so), each equal to Spark's window().
+    assert rows == want
+    assert len({r[0] for r in rows}) == len(log)
+    assert sum(n for _, n, _ in log) == len(rows)
+    assert {run_id for _, _, run_id in log} == {run.pk}
+
+
+def test_parquet_files_hold_each_window_once_and_read_back_equal(
+    workers, spark, tmp_path: Path
+) -> None:
+    path = write_events(tmp_path, 8_000, seed=13)
+    folder = f"test-{uuid.uuid4().hex[:8]}"
+    doc = windowed(skewed_reference())
+    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
+    sink["params"] = {"sink": "parquet", "path": folder}
+    run = wait_until_done(start(doc, policy(), input_path=str(path)))
+    assert run.status == "completed", run.error
+    root = settings.BPCONSOLE_SINK_ROOT / folder
+    manifest = json.loads((root / "_manifest.json").read_text())["windows"]
+    starts = [w["start_us"] for w in manifest]
+    assert starts == sorted(set(starts))  # each window once, in order
+    # Only committed files: nothing written aside is left, nothing unlisted.
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        ["_manifest.json", *[w["file"] for w in manifest]]
+    )
+    back = spark.read.parquet(*[str(root / w["file"]) for w in manifest])
+    rows = sorted(
+        (r["start"], r["key"], r["count"], r["sum"], r["min"], r["max"], r["distinct_users"])
+        for r in back.withColumn("start", F.unix_micros("window_start")).collect()
+    )
+    assert rows == Oracle.of(path, run).rows(spark)
+    assert sum(w["rows"] for w in manifest) == len(rows)
+
+
+def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
+    workers, tmp_path: Path
+) -> None:
+    doc = windowed(skewed_reference())
+    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
+    table = f"taken_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {table} (window_start date, key int, count text)")
+    sink["params"] = {"sink": "postgres", "table": table}
+    before = Run.objects.count()
+    with pytest.raises(RunError) as refused:
+        create_run(topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 10, 1)))
+    message = str(refused.value)
+    assert f"table {table} exists and its columns do not fit" in message
+    assert "window_start (date; needs timestamp with time zone)" in message
+    assert "window_end (missing" in message
+    sink["params"] = {"sink": "postgres", "table": table, "database": "elsewhere"}
+    with pytest.raises(RunError, match="database 'elsewhere' is not configured"):
+        create_run(topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 10, 1)))
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {table}")
+    assert Run.objects.count() == before
