@@ -227,6 +227,11 @@ class WindowKey(models.Model):
     min = models.DecimalField(max_digits=38, decimal_places=10)
     max = models.DecimalField(max_digits=38, decimal_places=10)
     closed_at = models.DateTimeField(null=True, blank=True)
+    distinct = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The distinct count, kept when the window closes (its set is deleted then).",
+    )
 
     class Meta:
         constraints = [

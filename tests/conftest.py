@@ -40,6 +40,7 @@ def services() -> Iterator[Endpoints]:
     settings.CELERY_RESULT_BACKEND = endpoints.redis_url
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [endpoints.redis_url]
     settings.DATA_DIR = TEST_VAR_DIR / "data"
+    settings.BPCONSOLE_SINK_ROOT = TEST_VAR_DIR / "sinks"
     celery_app.conf.broker_url = endpoints.redis_url
     celery_app.conf.result_backend = endpoints.redis_url
     try:

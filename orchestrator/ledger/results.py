@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from django.db.models import Count
 
+from orchestrator.ledger.windows import distinct_of
 from orchestrator.models import ResultDistinct, ResultKey, Run, WindowDistinct, WindowKey
 from orchestrator.pipeline.graph import pipeline_windows
 from sparkjobs.event_time import iso
@@ -81,11 +82,9 @@ class WindowRow(ResultRow):
     closed: bool
 
 
-def window_rows(run: Run, *, closed_only: bool = False) -> list[WindowRow]:
-    """A windowed run's rows, by window then key (``closed_only``: final ones only)."""
+def window_rows(run: Run) -> list[WindowRow]:
+    """A windowed run's rows (open and closed), by window then key."""
     rows = WindowKey.objects.filter(run=run)
-    if closed_only:
-        rows = rows.filter(closed_at__isnull=False)
     distinct = {
         (start, key): n
         for start, key, n in WindowDistinct.objects.filter(run=run)
@@ -98,9 +97,7 @@ def window_rows(run: Run, *, closed_only: bool = False) -> list[WindowRow]:
             window_start=iso(r.start_us),
             window_end=iso(r.end_us),
             closed=r.closed_at is not None,
-            **format_row(
-                r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get((r.start_us, r.key), 0)
-            ),
+            **format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct_of(r, distinct)),
         )
         for r in rows.order_by("start_us", "key")
     ]

@@ -17,9 +17,10 @@ reader of done rows still needs it:
 - an adjustment's outcome measures the pauses of the nodes outside it from what they
   finished since it began (``rescale.completion.measure``): nothing done since the
   start of a running adjustment goes;
-- the run's numbers of migrated segments and malformed records are counts over rows
-  (``segments.migrated_segments``, ``malformed_records``; the run page, the API and
-  the result summary show them): those rows stay, only their files go;
+- the run's numbers of migrated segments, malformed records and late records are
+  counts over rows (``segments.migrated_segments``, ``malformed_records``,
+  ``late_records``; the run page, the API and the result summary show them): those
+  rows stay, only their files go;
 - adjustment markers stay: few, fileless, and recreated by ``alignment.send_marker``
   (``get_or_create``) if they were missing.
 
@@ -51,7 +52,7 @@ MAX_PATHS = 5000
 MAX_ROWS = 20000
 
 # Rows the run's counts are made of (see the module docstring): never deleted.
-_COUNTED = ~Q(migrated_from="") | Q(malformed__gt=0)
+_COUNTED = ~Q(migrated_from="") | Q(malformed__gt=0) | Q(late__gt=0)
 
 
 @dataclass(frozen=True)

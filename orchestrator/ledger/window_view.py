@@ -11,10 +11,13 @@ from django.db.models import Count, Max, Sum
 from orchestrator.ledger.results import ResultRow, format_row
 from orchestrator.ledger.segments import late_records
 from orchestrator.ledger.windows import SinkWatermark
-from orchestrator.models import Run, Segment, WindowDistinct, WindowKey
+from orchestrator.models import Run, Segment, WindowKey
+from orchestrator.pipeline.layout import run_dir
 from sparkjobs.event_time import US, WindowSpec, iso
 
 OPEN_SHOWN = 12  # open windows listed, oldest first
+LATE_SHOWN = 10  # late records listed, from the first quarantine files
+LATE_LINE_CHARS = 500  # each shown cut to this
 
 
 class OpenWindow(TypedDict):
@@ -45,6 +48,7 @@ class WindowsView(TypedDict):
     watermark: str | None  # windows ending by this are closed and final
     event_lag_s: float | None  # the source's largest event time minus the sink's
     late_records: int
+    late_sample: list[str]  # some of the late records, as quarantined
     closed: int
     open: list[OpenWindow]
     latest: list[ClosedWindow]
@@ -73,6 +77,7 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
         watermark=None if mark.closed_us is None else iso(mark.closed_us),
         event_lag_s=_lag(source_high, mark.high_us),
         late_records=late_records(run.pk),
+        late_sample=late_sample(run.pk) if rows else [],
         closed=keys.filter(closed_at__isnull=False).values("start_us").distinct().count(),
         open=[
             OpenWindow(
@@ -87,6 +92,20 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
         latest=_latest_closed(run, rows),
         nodes=_node_times(run, source_high),
     )
+
+
+def late_sample(run_id: int) -> list[str]:
+    """The first late records of the quarantine (``quarantine/late/``), each cut to
+    ``LATE_LINE_CHARS``: what the run page lists. Reads a few lines, never whole files."""
+    folder = run_dir(run_id) / "quarantine" / "late"
+    shown: list[str] = []
+    for part in sorted(folder.glob("*.jsonl"))[:LATE_SHOWN] if folder.is_dir() else []:
+        with part.open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                shown.append(line.rstrip("\n")[:LATE_LINE_CHARS])
+                if len(shown) >= LATE_SHOWN:
+                    return shown
+    return shown
 
 
 def _lag(ahead: int | None, behind: int | None) -> float | None:
@@ -111,18 +130,13 @@ def _latest_closed(run: Run, rows: int) -> list[ClosedWindow]:
         top = list(closed.filter(start_us=start).order_by("-count", "key")[: max(left, 0)])
         if not top:
             break
-        distinct = dict(
-            WindowDistinct.objects.filter(run=run, start_us=start, key__in=[r.key for r in top])
-            .values("key")
-            .annotate(n=Count("value"))
-            .values_list("key", "n")
-        )
         out.append(
             ClosedWindow(
                 start=iso(start),
                 end=iso(top[0].end_us),
                 rows=[
-                    format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
+                    # A closed window keeps its distinct counts on its rows.
+                    format_row(r.key, r.count, r.sum, r.min, r.max, distinct=r.distinct or 0)
                     for r in top
                 ],
             )

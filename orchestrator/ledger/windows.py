@@ -17,16 +17,17 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 from django.db.models import Count, QuerySet
-from django.utils import timezone
 
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
 from orchestrator.models import MergedChunk, Run, WindowDistinct, WindowKey
-from orchestrator.sink.targets import ClosedRow, Sink
+from orchestrator.sink.targets import ClosedRow, ResultTable, Sink
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.merge import MergedKey
 
 # Most merged chunk rows one call walks, so the driver's tick never waits long.
 MAX_ROWS = 50_000
+# Closed windows whose rows the ledger keeps when the sink writes them elsewhere.
+KEEP_CLOSED = 10
 
 
 class ClosedWindowError(RuntimeError):
@@ -157,14 +158,52 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
         # database, else committed before it (an upsert, so a crash between the two
         # writes the same rows again).
         sink.write(run_id, rows)
-        shut = pending.update(closed_at=timezone.now())
+        _close(run_id, rows)
         if final:
             last_end = WindowKey.objects.filter(run_id=run_id).order_by("-end_us").first()
             closed = _higher(closed, last_end.end_us if last_end else None)
+        if not isinstance(sink, ResultTable):
+            _forget_written(run_id)
         Run.objects.filter(pk=run_id).update(
             windows_closed=SinkWatermark(chunk, high, closed).to_json()
         )
-        return shut
+        return len(rows)
+
+
+def _close(run_id: int, rows: Sequence[ClosedRow]) -> None:
+    """Mark the rows closed with their distinct counts, and delete the sets behind
+    those: a closed window never changes, and a run that goes on for days must not keep
+    every value it ever counted."""
+    if not rows:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE orchestrator_windowkey k SET closed_at = now(), "distinct" = d.n
+            FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS d(start_us, key, n)
+            WHERE k.run_id = %s AND k.start_us = d.start_us AND k.key = d.key
+            """,
+            [[r.start_us for r in rows], [r.key for r in rows], [r.distinct for r in rows], run_id],
+        )
+    WindowDistinct.objects.filter(
+        run_id=run_id, start_us__in=sorted({r.start_us for r in rows})
+    ).delete()
+
+
+def _forget_written(run_id: int) -> None:
+    """A sink elsewhere holds the closed windows: the ledger keeps only the latest
+    ``KEEP_CLOSED`` of them, for the run page."""
+    starts = (
+        WindowKey.objects.filter(run_id=run_id, closed_at__isnull=False)
+        .values_list("start_us", flat=True)
+        .distinct()
+        .order_by("-start_us")
+    )
+    oldest_kept = list(starts[:KEEP_CLOSED])
+    if len(oldest_kept) == KEEP_CLOSED:
+        WindowKey.objects.filter(
+            run_id=run_id, closed_at__isnull=False, start_us__lt=oldest_kept[-1]
+        ).delete()
 
 
 def closing_rows(run_id: int, pending: QuerySet[WindowKey]) -> list[ClosedRow]:
@@ -183,17 +222,17 @@ def closing_rows(run_id: int, pending: QuerySet[WindowKey]) -> list[ClosedRow]:
     }
     return [
         ClosedRow(
-            r.start_us,
-            r.end_us,
-            r.key,
-            r.count,
-            r.sum,
-            r.min,
-            r.max,
-            distinct.get((r.start_us, r.key), 0),
+            r.start_us, r.end_us, r.key, r.count, r.sum, r.min, r.max, distinct_of(r, distinct)
         )
         for r in rows
     ]
+
+
+def distinct_of(row: WindowKey, sets: dict[tuple[int, str], int]) -> int:
+    """A window row's distinct count: kept on it once closed, else its set's size."""
+    if row.distinct is not None:
+        return row.distinct
+    return sets.get((row.start_us, row.key), 0)
 
 
 def _higher(a: int | None, b: int | None) -> int | None:

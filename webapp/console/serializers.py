@@ -400,6 +400,9 @@ class WindowsSerializer(serializers.Serializer[JsonObject]):
     late_records = serializers.IntegerField(
         help_text="(record, window) pairs behind the watermark: quarantined, not counted"
     )
+    late_sample = serializers.ListField(
+        child=serializers.CharField(), help_text="the first late records, as quarantined"
+    )
     closed = serializers.IntegerField(help_text="windows closed")
     open = OpenWindowSerializer(many=True, help_text="open windows, oldest first")
     latest = ClosedWindowSerializer(many=True, help_text="the latest closed windows")

@@ -20,10 +20,17 @@ from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from orchestrator.rescale.alignment import claim_batch
 from orchestrator.rescale.plan import key_groups
-from orchestrator.run.lifecycle import live_workers, request_adjustment
+from orchestrator.run.lifecycle import live_workers
 from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.keygroups import slot_of
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    adjust_and_wait,
+    policy,
+    skewed_reference,
+    start,
+    wait_started,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -43,31 +50,6 @@ def _skewed(seed: int, volume_mb: int) -> str:
     return f"seed={seed},volume_mb={volume_mb},dominance=0.85,skew_mean_s=1000,malformed_every=997"
 
 
-def _wait_started(run: Run) -> None:
-    deadline = time.monotonic() + 120
-    while not Segment.objects.filter(run=run, state="done", marker=False).exists():
-        assert time.monotonic() < deadline, "the run never processed a segment"
-        time.sleep(0.1)
-
-
-def _adjust(run: Run, command: str, timeout_s: float = 90.0, **target: str) -> Adjustment:
-    """Ask for an adjustment and wait until it ends; returns it."""
-    known = set(Adjustment.objects.filter(run=run).values_list("pk", flat=True))
-    request_adjustment(run.pk, command, **target)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        new = Adjustment.objects.filter(run=run).exclude(pk__in=known).first()
-        if new is not None and new.status != Adjustment.Status.RUNNING:
-            # The adjustment's timeline, shown by pytest when a test fails.
-            for e in Event.objects.filter(run=run, time__gte=new.started_at).order_by("time", "id"):
-                print(e.time.strftime("%H:%M:%S.%f")[:-3], e.kind, e.node, e.reason[:160])
-            return new
-        refused = Event.objects.filter(run=run, kind="adjust_refused").first()
-        assert refused is None, refused.reason
-        time.sleep(0.1)
-    raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
-
-
 def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
     return batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
 
@@ -78,12 +60,12 @@ def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(wo
     # 16 MB outlast the three adjustments: they ended 7 to 16 s after the first merge and
     # the run went on 27 to 52 s after the last one (32 MB only made that tail longer).
     run = start(doc, policy(), generator=_skewed(21, 16))
-    _wait_started(run)
+    wait_started(run)
     # When an aggregate instance is hot-migrated, the stage scaled out, then in
-    migrated = _adjust(run, "hot_migrate", node="task2")
-    grown = _adjust(run, "add_instance", stage="agg")
+    migrated = adjust_and_wait(run, "hot_migrate", node="task2")
+    grown = adjust_and_wait(run, "add_instance", stage="agg")
     (added,) = grown.plan["added"]
-    shrunk = _adjust(run, "remove_instance", node=added)
+    shrunk = adjust_and_wait(run, "remove_instance", node=added)
     run = wait_until_done(run, timeout_s=300)
     # Then each adjustment completed, the sink never stalled long meanwhile...
     for adjustment in (migrated, grown, shrunk):
@@ -118,11 +100,11 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
     # Given the keyed running-totals pipeline (state per key, two instances)
     doc = _running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
     run = start(doc, policy(), generator="seed=4,volume_mb=12,malformed_every=499")
-    _wait_started(run)
+    wait_started(run)
     # When its stage scales out, hot-migrates an instance, and scales in
-    grown = _adjust(run, "add_instance", stage="totals")
-    moved = _adjust(run, "hot_migrate", node="totals1")
-    shrunk = _adjust(run, "remove_instance", node=grown.plan["added"][0])
+    grown = adjust_and_wait(run, "add_instance", stage="totals")
+    moved = adjust_and_wait(run, "hot_migrate", node="totals1")
+    shrunk = adjust_and_wait(run, "remove_instance", node=grown.plan["added"][0])
     run = wait_until_done(run, timeout_s=300)
     # Then every hand-off kept every key's state identical, each key with its owner
     for adjustment in (grown, moved, shrunk):
@@ -158,7 +140,7 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     # Given a keyed stage, one of whose instances has a batch held by a stuck worker
     doc = _running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
     run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=4")
-    _wait_started(run)
+    wait_started(run)
     stuck = None
     deadline = time.monotonic() + 60
     while not stuck:
@@ -168,7 +150,7 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
         )
     before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
     # When an instance is added: totals1 cannot align while its batch is out
-    adjustment = _adjust(run, "add_instance", stage="totals")
+    adjustment = adjust_and_wait(run, "add_instance", stage="totals")
     # Then the adjustment rolled back, saying why, to the old graph...
     assert adjustment.status == "rolled_back"
     assert "not complete after 1 s" in adjustment.outcome["reason"]
@@ -201,8 +183,8 @@ def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
         name = next(w for w in _wait_for_worker("spark9"))
         doc = skewed_reference(slow_mbps=4.0, buffer_mb=1.0)
         run = start(doc, policy(), generator=_skewed(22, 32))
-        _wait_started(run)
-        placed = _adjust(run, "hot_migrate", node="task2", worker=name)
+        wait_started(run)
+        placed = adjust_and_wait(run, "hot_migrate", node="task2", worker=name)
         (moved,) = placed.plan["added"]
         assert Instance.objects.get(run=run, name=moved).worker == name
         while not Segment.objects.filter(run=run, node=moved, state="done").exists():
@@ -294,9 +276,9 @@ def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(wor
         *({"from": a["name"], "to": "output", "bandwidth_mbps": 25} for a in aggs),
     ]
     run = start(doc, policy(), generator="seed=6,volume_mb=8")
-    _wait_started(run)
+    wait_started(run)
     # When the filter stage scales out
-    grown = _adjust(run, "add_instance", stage="clean")
+    grown = adjust_and_wait(run, "add_instance", stage="clean")
     # Then the sink, outside the subgraph, kept merging meanwhile
     assert grown.status == "complete", grown.outcome
     assert "output" not in grown.plan["subgraph"]

@@ -11,9 +11,9 @@ import yaml
 
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
-from orchestrator.models import Run
+from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
-from orchestrator.run.lifecycle import create_run
+from orchestrator.run.lifecycle import create_run, request_adjustment
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
 
@@ -61,6 +61,31 @@ def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
     raise AssertionError(
         f"run {run.pk} still {run.status} after {timeout_s} s{_left(run)}{_sessions()}"
     )
+
+
+def wait_started(run: Run) -> None:
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="done", marker=False).exists():
+        assert time.monotonic() < deadline, "the run never processed a segment"
+        time.sleep(0.1)
+
+
+def adjust_and_wait(run: Run, command: str, timeout_s: float = 90.0, **target: str) -> Adjustment:
+    """Ask for an adjustment and wait until it ends; returns it."""
+    known = set(Adjustment.objects.filter(run=run).values_list("pk", flat=True))
+    request_adjustment(run.pk, command, **target)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        new = Adjustment.objects.filter(run=run).exclude(pk__in=known).first()
+        if new is not None and new.status != Adjustment.Status.RUNNING:
+            # The adjustment's timeline, shown by pytest when a test fails.
+            for e in Event.objects.filter(run=run, time__gte=new.started_at).order_by("time", "id"):
+                print(e.time.strftime("%H:%M:%S.%f")[:-3], e.kind, e.node, e.reason[:160])
+            return new
+        refused = Event.objects.filter(run=run, kind="adjust_refused").first()
+        assert refused is None, refused.reason
+        time.sleep(0.1)
+    raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
 
 
 def completes_like_the_batch_job(run: Run, timeout_s: float = 300.0) -> dict[str, Any]:

@@ -27,7 +27,14 @@ from orchestrator.run.lifecycle import RunError, create_run
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.event_time import US, WindowSpec, iso, parse_us
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    adjust_and_wait,
+    policy,
+    skewed_reference,
+    start,
+    wait_started,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -153,7 +160,14 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
 ) -> None:
     path = write_events(tmp_path, 24_000, seed=11)
     doc = windowed(skewed_reference())
-    run = wait_until_done(start(doc, policy(), input_path=str(path)))
+    run = start(doc, policy(), input_path=str(path))
+    # A hot rescale while windows are open: the stage grows by an instance.
+    wait_started(run)
+    grown = adjust_and_wait(run, "add_instance", stage="agg")
+    run = wait_until_done(run)
+    assert grown.status == "complete", grown.outcome
+    (added,) = grown.plan["added"]
+    assert Segment.objects.filter(run=run, node=added, state="done").exists()
     result = summary(run)
     assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact"

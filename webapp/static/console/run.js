@@ -738,6 +738,14 @@
       `watermark ${w.watermark || "–"} · ${w.closed} closed · ${w.late_records} late (quarantined)${lag}`;
     card.setAttribute("data-late", w.late_records);
     card.setAttribute("data-closed", w.closed);
+    const late = $("windows-late-list");
+    while (late.firstChild) late.removeChild(late.firstChild);
+    for (const line of w.late_sample || []) {
+      const li = document.createElement("li");
+      li.textContent = line;  // text, never markup: records come from the data
+      late.appendChild(li);
+    }
+    $("windows-late").hidden = !(w.late_sample && w.late_sample.length);
     const open = $("windows-open").querySelector("tbody");
     while (open.firstChild) open.removeChild(open.firstChild);
     for (const o of w.open) {
@@ -758,6 +766,8 @@
 
   function renderResults(data) {
     renderWindows(data.windows);
+    // A windowed run's results are its windows: the all-time table stays empty.
+    document.querySelector(".results-card").hidden = !!data.windows;
     const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
     $("results-stamp").textContent = data.keys > data.rows.length
       ? `${stamp}, the ${data.rows.length} with the most records` : stamp;

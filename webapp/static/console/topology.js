@@ -277,7 +277,10 @@
       const time = this.windows && this.windows.nodes ? this.windows.nodes[view.name] : null;
       const lag = time && typeof time.lag_s === "number" ? time.lag_s : null;
       node.g.setAttribute("data-event-lag", lag === null ? "" : lag.toFixed(1));
-      if (lag !== null && level !== null) node.levelText.textContent += ` · ${lag.toFixed(1)} s behind`;
+      if (lag !== null) {
+        const behind = `${lag.toFixed(1)} s behind`;
+        node.levelText.textContent = level === null ? behind : `${node.levelText.textContent} · ${behind}`;
+      }
       node.g.setAttribute("data-capacity", capacity);
       node.levelText.setAttribute("class", "level-text on-" + cls);
       node.g.setAttribute("data-level", level === null ? "" : level.toFixed(4));

@@ -1,0 +1,118 @@
+"""Sink targets: a Parquet sink stays below its root and writes each window once,
+however often a step is repeated after a crash; the databases a sink may name are the
+admin's."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from orchestrator.sink.targets import ClosedRow, ParquetFolder, SinkError, sink_of
+from sparkjobs.catalog import validate_params
+from webapp.settings.env import sink_databases
+
+US = 1_000_000
+
+
+def rows(start_s: int, keys: int) -> list[ClosedRow]:
+    return [
+        ClosedRow(
+            start_s * US,
+            (start_s + 10) * US,
+            f"k{i}",
+            i + 1,
+            Decimal("10.5") * (i + 1),
+            Decimal("0.25"),
+            Decimal("9.75"),
+            i,
+        )
+        for i in range(keys)
+    ]
+
+
+def test_a_repeated_step_rewrites_the_same_window_and_lists_it_once(tmp_path: Path) -> None:
+    with override_settings(BPCONSOLE_SINK_ROOT=tmp_path):
+        sink = ParquetFolder("out/minutes")
+        sink.check()
+        sink.write(7, rows(0, 3) + rows(10, 2))
+        first = (tmp_path / "out/minutes/window-0.parquet").read_bytes()
+        # A crash after the files but before the ledger's commit: the step again.
+        sink.write(7, rows(10, 2) + rows(20, 1))
+    folder = tmp_path / "out/minutes"
+    manifest = json.loads((folder / "_manifest.json").read_text())["windows"]
+    assert [(w["start_us"], w["rows"]) for w in manifest] == [(0, 3), (10 * US, 2), (20 * US, 1)]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "_manifest.json",
+        "window-0.parquet",
+        "window-10000000.parquet",
+        "window-20000000.parquet",
+    ]
+    assert (folder / "window-0.parquet").read_bytes() == first
+    table = pq.read_table(folder / "window-0.parquet")
+    assert str(table.schema.field("sum").type) == "decimal128(38, 10)"
+    assert str(table.schema.field("window_start").type) == "timestamp[us, tz=UTC]"
+    assert table.column("avg").to_pylist() == [Decimal("10.5000000000")] * 3
+
+
+def test_a_parquet_path_leaving_the_sink_root_is_refused(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    with override_settings(BPCONSOLE_SINK_ROOT=root):
+        with pytest.raises(SinkError, match="leaves the sink root"):
+            ParquetFolder("link/windows").check()
+        with pytest.raises(SinkError, match="leaves the sink root"):
+            ParquetFolder("link").write(1, rows(0, 1))
+    assert list(outside.iterdir()) == []
+
+
+def test_a_folder_that_cannot_be_written_is_refused_with_why(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with (
+        override_settings(BPCONSOLE_SINK_ROOT=tmp_path),
+        pytest.raises(SinkError, match="cannot be written"),
+    ):
+        ParquetFolder("file/below").check()
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({"sink": "parquet", "path": "/etc"}, "below the sink root"),
+        ({"sink": "parquet", "path": "a/../../b"}, "below the sink root"),
+        ({"sink": "parquet", "path": "a\nb"}, "below the sink root"),
+        ({"sink": "parquet"}, "path is required for sink parquet"),
+        ({"sink": "postgres", "table": "Robert'); DROP TABLE x;--"}, "must be a table name"),
+        ({"sink": "postgres", "table": "t" * 64}, "must be a table name"),
+        ({"sink": "postgres"}, "table is required for sink postgres"),
+        ({"sink": "postgres", "table": "t", "database": "postgresql://evil:5432/x"}, "field name"),
+        ({"sink": "results", "table": "t"}, "table is not used by sink results"),
+        ({"sink": "kafka"}, "must be one of results, postgres, parquet"),
+    ],
+)
+def test_a_sink_node_names_only_what_it_may(params: dict[str, object], problem: str) -> None:
+    found = validate_params("merge", "sink", params)
+    assert any(problem in p for p in found), found
+
+
+def test_only_the_admins_databases_and_the_console_s_own_may_be_named() -> None:
+    named = sink_databases(
+        ["reports=postgresql://u@db.internal/reports"], console="postgresql://c/x"
+    )
+    assert named == {"console": "postgresql://c/x", "reports": "postgresql://u@db.internal/reports"}
+    with pytest.raises(ImproperlyConfigured, match="a name other than console"):
+        sink_databases(["console=postgresql://elsewhere/x"], console="postgresql://c/x")
+    with pytest.raises(ImproperlyConfigured):
+        sink_databases(["reports=mysql://db/x"], console="postgresql://c/x")
+    with (
+        override_settings(BPCONSOLE_SINK_DATABASES={"console": "postgresql://c/x"}),
+        pytest.raises(SinkError, match="database 'reports' is not configured"),
+    ):
+        sink_of({"sink": "postgres", "table": "t", "database": "reports"}).check()
