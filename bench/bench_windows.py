@@ -164,7 +164,7 @@ def outcome(run: Any) -> tuple[Expected, int]:
             w.sum.normalize(),
             w.min.normalize(),
             w.max.normalize(),
-            distinct.get((w.start_us, w.key), 0),
+            w.distinct if w.distinct is not None else distinct.get((w.start_us, w.key), 0),
         )
         for w in WindowKey.objects.filter(run=run, closed_at__isnull=False)
     }

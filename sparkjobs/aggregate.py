@@ -108,13 +108,19 @@ def partial_aggregate(
         parsed = parsed.withColumn(EVENT_COL, t).withColumn(
             MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull()
         )
-        # A malformed record keeps one row (no window); a good one has one per window.
+        # A malformed record keeps one row (no window); a good one has one per window
+        # (tumbling: one, computed without an array).
+        starts = (
+            F.array(F.col(EVENT_COL) - F.pmod(F.col(EVENT_COL), F.lit(spec.slide_us)))
+            if spec.fan_out == 1
+            else window_starts(F.col(EVENT_COL), spec)
+        )
         parsed = parsed.withColumn(
             WINDOW_COL,
-            F.explode(
-                F.when(F.col(MALFORMED_COL), F.array(F.lit(None).cast("BIGINT"))).otherwise(
-                    window_starts(F.col(EVENT_COL), spec)
-                )
+            F.when(F.col(MALFORMED_COL), F.lit(None).cast("BIGINT")).otherwise(starts[0])
+            if spec.fan_out == 1
+            else F.explode(
+                F.when(F.col(MALFORMED_COL), F.array(F.lit(None).cast("BIGINT"))).otherwise(starts)
             ),
         )
         by_file = {Path(paths[seg]).name: high for seg, high in (highs or {}).items()}
@@ -139,21 +145,22 @@ def partial_aggregate(
     # of the job more.
     # A late record is quarantined as the fields read, as JSON: the reader kept no line
     # of a readable record, and late ones are few.
+    as_read = F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]]))
     group = (
         F.when(F.col(MALFORMED_COL), F.col(RAW_COL))
-        .when(is_late, F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]])))
+        .when(is_late, as_read)
         .otherwise(F.col(params.key))
     )
     # A malformed record whose event time alone is wrong has a readable line: it is
     # quarantined as its fields, like a late one.
     if spec is not None:
-        group = F.when(
+        time_alone_wrong = (
             F.col(MALFORMED_COL)
             & F.col(RAW_COL).isNull()
             & F.col(EVENT_COL).isNull()
-            & F.col(f"`{spec.field}`").isNotNull(),
-            F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]])),
-        ).otherwise(group)
+            & F.col(f"`{spec.field}`").isNotNull()
+        )
+        group = F.when(time_alone_wrong, as_read).otherwise(group)
     distinct = F.expr(f"collect_list(DISTINCT `{params.distinct}`)")  # a validated name
     grouped = collect_all(
         parsed.groupBy(

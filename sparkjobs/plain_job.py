@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import AggregateParams
@@ -91,32 +91,36 @@ def batch_aggregate(
     if params.windows is not None:
         return _windowed(frame, params, params.windows)
     # One pass over the input: malformed records form their own groups, only counted.
-    grouped = collect_all(
-        frame.groupBy(MALFORMED_COL, params.key).agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum(params.value).alias("sum"),
-            F.min(params.value).alias("min"),
-            F.max(params.value).alias("max"),
-            F.count_distinct(params.distinct).alias("distinct"),
-        )
-    )
+    grouped = collect_all(frame.groupBy(MALFORMED_COL, params.key).agg(*_aggregates(params)))
     rows = [r for r in grouped if not r[MALFORMED_COL]]
     malformed = sum(int(r["count"]) for r in grouped if r[MALFORMED_COL])
     return BatchResult(
-        rows=[
-            BatchKey(
-                key=r[params.key],
-                count=int(r["count"]),
-                sum=r["sum"],
-                min=r["min"],
-                max=r["max"],
-                distinct=int(r["distinct"]),
-            )
-            for r in rows
-        ],
+        rows=[BatchKey(**_key_fields(r, params)) for r in rows],
         records=sum(int(r["count"]) for r in rows),
         malformed=malformed,
     )
+
+
+def _aggregates(params: AggregateParams) -> list[Column]:
+    """The exact aggregates, as a Spark engineer writes them."""
+    return [
+        F.count(F.lit(1)).alias("count"),
+        F.sum(params.value).alias("sum"),
+        F.min(params.value).alias("min"),
+        F.max(params.value).alias("max"),
+        F.count_distinct(params.distinct).alias("distinct"),
+    ]
+
+
+def _key_fields(row: Row, params: AggregateParams) -> dict[str, Any]:
+    return {
+        "key": row[params.key],
+        "count": int(row["count"]),
+        "sum": row["sum"],
+        "min": row["min"],
+        "max": row["max"],
+        "distinct": int(row["distinct"]),
+    }
 
 
 def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> BatchResult:
@@ -130,13 +134,7 @@ def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> Ba
             F.window("_t", f"{spec.size_us} microseconds", f"{spec.slide_us} microseconds"),
             params.key,
         )
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum(params.value).alias("sum"),
-            F.min(params.value).alias("min"),
-            F.max(params.value).alias("max"),
-            F.count_distinct(params.distinct).alias("distinct"),
-        )
+        .agg(*_aggregates(params))
         .select(
             F.unix_micros(F.col("window.start")).alias("start"),
             F.unix_micros(F.col("window.end")).alias("end"),
@@ -147,16 +145,7 @@ def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> Ba
         r[MALFORMED_COL]: int(r["count"]) for r in frame.groupBy(MALFORMED_COL).count().collect()
     }
     windows = [
-        BatchWindowKey(
-            key=r[params.key],
-            count=int(r["count"]),
-            sum=r["sum"],
-            min=r["min"],
-            max=r["max"],
-            distinct=int(r["distinct"]),
-            start_us=int(r["start"]),
-            end_us=int(r["end"]),
-        )
+        BatchWindowKey(**_key_fields(r, params), start_us=int(r["start"]), end_us=int(r["end"]))
         for r in grouped
     ]
     return BatchResult(

@@ -146,3 +146,21 @@ def test_the_highest_event_time_of_a_segment_counts_records_only(tmp_path: Path)
     csv_path.write_text('key,"ts"\nk,5\nk,"1970-01-01T00:00:40Z"\nk,\nbroken\n')
     assert segment_high(csv_path, "csv", "ts") == 40 * US
     assert segment_high(csv_path, "csv", "absent") is None
+
+
+def test_numbers_read_by_arrow_mean_what_they_mean_line_by_line(tmp_path: Path) -> None:
+    clean = tmp_path / "numbers.jsonl"
+    lines = [
+        '{"ts": 1790000000.1234567, "meta": {"ts": 1999999999}}',
+        '{"ts": null}',
+        '{"key": "no time"}',
+        "",
+        '{"ts": NaN}',
+        '{"ts": 1789999999}',
+    ]
+    clean.write_text("\n".join(lines) + "\n")
+    # The fast path reads it; the line-by-line one (a file it refuses) agrees.
+    refused = tmp_path / "refused.jsonl"
+    refused.write_text("\n".join([*lines, "{broken"]) + "\n")
+    assert segment_high(clean, "jsonl", "ts") == 1_790_000_000_123_456
+    assert segment_high(refused, "jsonl", "ts") == 1_790_000_000_123_456

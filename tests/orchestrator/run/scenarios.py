@@ -16,6 +16,7 @@ from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.run.lifecycle import create_run, request_adjustment
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
+from orchestrator.zk.control_plane import ControlPlane
 
 REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
 SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short
@@ -86,6 +87,13 @@ def adjust_and_wait(run: Run, command: str, timeout_s: float = 90.0, **target: s
         assert refused is None, refused.reason
         time.sleep(0.1)
     raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
+
+
+def driver_pid(run: Run, services: Any) -> int | None:
+    """The process holding the run's driver lock (a control worker), if any."""
+    with ControlPlane.connect(services.zk_hosts) as control:
+        holder = control.driver_holder(str(run.pk))
+    return int(holder.split(":")[1]) if holder else None
 
 
 def completes_like_the_batch_job(run: Run, timeout_s: float = 300.0) -> dict[str, Any]:

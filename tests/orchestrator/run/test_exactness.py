@@ -12,11 +12,11 @@ import psutil
 import pytest
 
 from orchestrator.ledger.results import summary
-from orchestrator.models import Event, Run, Segment
+from orchestrator.models import Event, Segment
 from orchestrator.worker.plain_job import batch_summary
-from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.run.scenarios import (
     completes_like_the_batch_job,
+    driver_pid,
     policy,
     skewed_reference,
     start,
@@ -53,12 +53,6 @@ def _spark_children(workers) -> list[psutil.Process]:
     return parent.children(recursive=False)
 
 
-def _driver_pid(run: Run, services) -> int | None:
-    with ControlPlane.connect(services.zk_hosts) as control:
-        holder = control.driver_holder(str(run.pk))
-    return int(holder.split(":")[1]) if holder else None
-
-
 def test_killed_spark_worker_and_killed_driver_still_give_the_exact_result(
     workers, services
 ) -> None:
@@ -75,7 +69,7 @@ def test_killed_spark_worker_and_killed_driver_still_give_the_exact_result(
     deadline = time.monotonic() + 60
     pid = None
     while pid is None and time.monotonic() < deadline:
-        pid = _driver_pid(run, services)
+        pid = driver_pid(run, services)
         time.sleep(0.1)
     assert pid is not None
     victim = next(name for name, p in workers.processes.items() if p.pid == pid)

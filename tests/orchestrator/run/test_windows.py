@@ -25,10 +25,10 @@ from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment, WindowKey
 from orchestrator.run.lifecycle import RunError, create_run
 from orchestrator.worker.plain_job import batch_summary
-from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.event_time import US, WindowSpec, iso, parse_us
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
+    driver_pid,
     policy,
     skewed_reference,
     start,
@@ -231,12 +231,6 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
     assert batch["malformed_records"] == 0
 
 
-def _driver_pid(run: Run, services: Any) -> int | None:
-    with ControlPlane.connect(services.zk_hosts) as control:
-        holder = control.driver_holder(str(run.pk))
-    return int(holder.split(":")[1]) if holder else None
-
-
 def _kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
     """SIGKILL the Spark worker's pool child while it holds a batch, then the control
     worker running the run's driver; returns the killed control worker's name."""
@@ -248,7 +242,7 @@ def _kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
         child.send_signal(signal.SIGKILL)
     pid = None
     while pid is None and time.monotonic() < deadline:
-        pid = _driver_pid(run, services)
+        pid = driver_pid(run, services)
         time.sleep(0.1)
     assert pid is not None
     victim = next(name for name, p in workers.processes.items() if p.pid == pid)

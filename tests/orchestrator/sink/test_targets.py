@@ -5,9 +5,13 @@ admin's."""
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -116,3 +120,54 @@ def test_only_the_admins_databases_and_the_console_s_own_may_be_named() -> None:
         pytest.raises(SinkError, match="database 'reports' is not configured"),
     ):
         sink_of({"sink": "postgres", "table": "t", "database": "reports"}).check()
+
+
+@pytest.fixture
+def other_database(services: Any) -> Iterator[str]:
+    """A second database on the test server, as an admin would name one."""
+    server, _, _ = services.database_url.rpartition("/")
+    name = f"sink_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(services.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with psycopg.connect(services.database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_a_table_in_another_database_is_created_typed_and_written_idempotently(
+    other_database: str,
+) -> None:
+    named = {"console": "postgresql://unused/x", "reports": other_database}
+    with override_settings(BPCONSOLE_SINK_DATABASES=named):
+        sink = sink_of({"sink": "postgres", "table": "per_minute", "database": "reports"})
+        assert not sink.in_ledger_transaction  # committed before the ledger's
+        sink.check()
+        sink.write(5, rows(0, 3))
+        # The ledger's commit was lost: the same step again writes the same rows.
+        sink.write(5, rows(0, 3) + rows(10, 1))
+    with psycopg.connect(other_database) as conn:
+        table = conn.execute(
+            "SELECT extract(epoch FROM window_start)::bigint, key, count, sum, avg,"
+            " distinct_users, run_id FROM per_minute ORDER BY 1, 2"
+        ).fetchall()
+        log = conn.execute(
+            "SELECT extract(epoch FROM window_start)::bigint, rows FROM per_minute_commits"
+            " ORDER BY 1"
+        ).fetchall()
+        types = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_name = 'per_minute'"
+            ).fetchall()
+        )
+    assert table == [
+        (0, "k0", 1, Decimal("10.5"), Decimal("10.5"), 0, 5),
+        (0, "k1", 2, Decimal("21.0"), Decimal("10.5"), 1, 5),
+        (0, "k2", 3, Decimal("31.5"), Decimal("10.5"), 2, 5),
+        (10, "k0", 1, Decimal("10.5"), Decimal("10.5"), 0, 5),
+    ]
+    assert log == [(0, 3), (10, 1)]
+    assert types["window_start"] == "timestamp with time zone"
+    assert types["sum"] == "numeric"
