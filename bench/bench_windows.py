@@ -146,25 +146,17 @@ def expected(path: Path, run: Any, spec: Any) -> tuple[Expected, int]:
 
 
 def outcome(run: Any) -> tuple[Expected, int]:
-    from django.db.models import Count
-
+    """The run's closed windows (each keeps its distinct count) and its late count."""
     from orchestrator.ledger.segments import late_records
-    from orchestrator.models import WindowDistinct, WindowKey
+    from orchestrator.models import WindowKey
 
-    distinct = dict(
-        ((start, key), n)
-        for start, key, n in WindowDistinct.objects.filter(run=run)
-        .values("start_us", "key")
-        .annotate(n=Count("value"))
-        .values_list("start_us", "key", "n")
-    )
     rows = {
         (w.start_us, w.key): (
             w.count,
             w.sum.normalize(),
             w.min.normalize(),
             w.max.normalize(),
-            w.distinct if w.distinct is not None else distinct.get((w.start_us, w.key), 0),
+            w.distinct if w.distinct is not None else -1,  # a closed row always has it
         )
         for w in WindowKey.objects.filter(run=run, closed_at__isnull=False)
     }
@@ -240,6 +232,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 run_to_end(doc, policy, None, input_path=str(warm))
             seconds: dict[str, list[float]] = {"plain": [], "windowed": []}
             latencies: list[float] = []
+            ticks: dict[str, list[dict[str, float]]] = {"plain": [], "windowed": []}
             at_end = 0
             wrong: list[str] = []
             for round_ in range(args.rounds):
@@ -250,6 +243,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     if run.status != "completed":
                         wrong.append(f"{name} round {round_ + 1}: {run.status} {run.error}")
                         continue
+                    ticks[name].append({**_tick_stats(run), **_busy_s(run)})
                     if name == "plain":
                         continue
                     got, late = outcome(run)
@@ -286,9 +280,37 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "max": round(max(latencies), 3) if latencies else None,
             "mean": round(statistics.fmean(latencies), 3) if latencies else None,
         },
+        "driver_ticks": ticks,
         "exact": not wrong,
         "wrong": wrong,
     }
+
+
+def _busy_s(run: Any) -> dict[str, float]:
+    """Seconds each kind of node spent in batches (claim to done, each batch once)."""
+    from orchestrator.models import Segment
+
+    batches = set(
+        Segment.objects.filter(
+            run=run, done_at__isnull=False, claimed_at__isnull=False
+        ).values_list("node", "claimed_at", "done_at")
+    )
+    busy: dict[str, float] = {}
+    for node, claimed, done in batches:
+        if claimed is None or done is None:
+            continue
+        kind = "sink" if node == "output" else "operators"
+        busy[kind] = busy.get(kind, 0.0) + (done - claimed).total_seconds()
+    return {kind: round(seconds, 2) for kind, seconds in busy.items()}
+
+
+def _tick_stats(run: Any) -> dict[str, float]:
+    """The driver's tick times, per phase (what a windowed run's closing costs)."""
+    from orchestrator.models import Event
+
+    event = Event.objects.filter(run=run, kind="driver_stats").order_by("-id").first()
+    data = event.data if event is not None else {}
+    return {k: round(float(v), 2) for k, v in data.items() if "ms" in k or k == "ticks"}
 
 
 def table(result: dict[str, Any]) -> str:

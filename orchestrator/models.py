@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from sparkjobs.keygroups import KEY_SLOTS
@@ -227,10 +228,12 @@ class WindowKey(models.Model):
     min = models.DecimalField(max_digits=38, decimal_places=10)
     max = models.DecimalField(max_digits=38, decimal_places=10)
     closed_at = models.DateTimeField(null=True, blank=True)
+    # The exact set behind the distinct count while the window is open, one array per
+    # row (a batch updates a row per key, not a row per value); on closing, its size is
+    # kept and the set dropped.
+    values = ArrayField(models.CharField(max_length=500), null=True, blank=True)
     distinct = models.BigIntegerField(
-        null=True,
-        blank=True,
-        help_text="The distinct count, kept when the window closes (its set is deleted then).",
+        null=True, blank=True, help_text="The distinct count, kept when the window closes."
     )
 
     class Meta:
@@ -243,25 +246,6 @@ class WindowKey(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} window {self.start_us} key {self.key}"
-
-
-class WindowDistinct(models.Model):
-    """The exact set behind a window's distinct count: one row per (window, key, value)."""
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="window_distinct")
-    start_us = models.BigIntegerField()
-    key = models.CharField(max_length=500)
-    value = models.CharField(max_length=500)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["run", "start_us", "key", "value"], name="window_distinct_value_once"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"run {self.run_id} window {self.start_us} {self.key}={self.value}"
 
 
 class SourceFile(models.Model):

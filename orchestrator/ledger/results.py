@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 from django.db.models import Count
 
 from orchestrator.ledger.windows import distinct_of
-from orchestrator.models import ResultDistinct, ResultKey, Run, WindowDistinct, WindowKey
+from orchestrator.models import ResultDistinct, ResultKey, Run, WindowKey
 from orchestrator.pipeline.graph import pipeline_windows
 from sparkjobs.event_time import iso
 
@@ -85,19 +85,12 @@ class WindowRow(ResultRow):
 def window_rows(run: Run) -> list[WindowRow]:
     """A windowed run's rows (open and closed), by window then key."""
     rows = WindowKey.objects.filter(run=run)
-    distinct = {
-        (start, key): n
-        for start, key, n in WindowDistinct.objects.filter(run=run)
-        .values("start_us", "key")
-        .annotate(n=Count("value"))
-        .values_list("start_us", "key", "n")
-    }
     return [
         WindowRow(
             window_start=iso(r.start_us),
             window_end=iso(r.end_us),
             closed=r.closed_at is not None,
-            **format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct_of(r, distinct)),
+            **format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct_of(r)),
         )
         for r in rows.order_by("start_us", "key")
     ]

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Func, IntegerField, QuerySet
 
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
-from orchestrator.models import MergedChunk, Run, WindowDistinct, WindowKey
+from orchestrator.models import MergedChunk, Run, WindowKey
 from orchestrator.sink.targets import ClosedRow, ResultTable, Sink
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.merge import MergedKey
@@ -28,6 +28,13 @@ from sparkjobs.merge import MergedKey
 MAX_ROWS = 50_000
 # Closed windows whose rows the ledger keeps when the sink writes them elsewhere.
 KEEP_CLOSED = 10
+
+
+class Cardinality(Func):
+    """PostgreSQL's cardinality(): an array's size, without reading the array out."""
+
+    function = "cardinality"
+    output_field = IntegerField()
 
 
 class ClosedWindowError(RuntimeError):
@@ -75,21 +82,37 @@ def fold(run_id: int, spec: WindowSpec, deltas: Sequence[MergedKey]) -> None:
                 f"run {run_id}: data for windows already closed (starts {shut[:5]} us)"
             )
     starts = [_start(d) for d in deltas]
+    # Each set travels flat, its values tagged with their row's index, and is gathered
+    # back server-side; then it unites with the row's own set, sorted, each value once.
+    owners = [i for i, d in enumerate(deltas) for _ in d.distinct]
+    values = [v for d in deltas for v in d.distinct]
     with connection.cursor() as cursor:
         cursor.execute(
             """
+            WITH sets AS (
+              SELECT i, array_agg(v ORDER BY v) AS vals
+              FROM unnest(%s::int[], %s::text[]) AS x(i, v) GROUP BY i)
             INSERT INTO orchestrator_windowkey
-              (run_id, start_us, end_us, key, count, sum, min, max)
-            SELECT %s, d.start_us, d.start_us + %s, d.key, d.count, d.sum, d.min, d.max
+              (run_id, start_us, end_us, key, count, sum, min, max, "values")
+            SELECT %s, d.start_us, d.start_us + %s, d.key, d.count, d.sum, d.min, d.max,
+                   COALESCE(sets.vals, '{}')
             FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::numeric[], %s::numeric[],
-                        %s::numeric[]) AS d(start_us, key, count, sum, min, max)
+                        %s::numeric[]) WITH ORDINALITY
+                 AS d(start_us, key, count, sum, min, max, n)
+            LEFT JOIN sets ON sets.i = d.n - 1
             ON CONFLICT (run_id, start_us, key) DO UPDATE SET
               count = orchestrator_windowkey.count + EXCLUDED.count,
               sum = orchestrator_windowkey.sum + EXCLUDED.sum,
               min = LEAST(orchestrator_windowkey.min, EXCLUDED.min),
-              max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max)
+              max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max),
+              "values" = ARRAY(
+                SELECT DISTINCT v
+                FROM unnest(orchestrator_windowkey."values" || EXCLUDED."values") AS v
+                ORDER BY v)
             """,
             [
+                owners,
+                values,
                 run_id,
                 spec.size_us,
                 starts,
@@ -100,19 +123,6 @@ def fold(run_id: int, spec: WindowSpec, deltas: Sequence[MergedKey]) -> None:
                 [d.max for d in deltas],
             ],
         )
-        values = [
-            (start, d.key, v) for start, d in zip(starts, deltas, strict=True) for v in d.distinct
-        ]
-        if values:
-            cursor.execute(
-                """
-                INSERT INTO orchestrator_windowdistinct (run_id, start_us, key, value)
-                SELECT %s, d.start_us, d.key, d.value
-                FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS d(start_us, key, value)
-                ON CONFLICT DO NOTHING
-                """,
-                [run_id, [v[0] for v in values], [v[1] for v in values], [v[2] for v in values]],
-            )
 
 
 def _start(delta: MergedKey) -> int:
@@ -171,23 +181,21 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
 
 
 def _close(run_id: int, rows: Sequence[ClosedRow]) -> None:
-    """Mark the rows closed with their distinct counts, and delete the sets behind
-    those: a closed window never changes, and a run that goes on for days must not keep
-    every value it ever counted."""
+    """Mark the rows closed, keeping each set's size and dropping the set: a closed
+    window never changes, and a run that goes on for days must not keep every value
+    it ever counted."""
     if not rows:
         return
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE orchestrator_windowkey k SET closed_at = now(), "distinct" = d.n
+            UPDATE orchestrator_windowkey k
+            SET closed_at = now(), "distinct" = d.n, "values" = NULL
             FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS d(start_us, key, n)
             WHERE k.run_id = %s AND k.start_us = d.start_us AND k.key = d.key
             """,
             [[r.start_us for r in rows], [r.key for r in rows], [r.distinct for r in rows], run_id],
         )
-    WindowDistinct.objects.filter(
-        run_id=run_id, start_us__in=sorted({r.start_us for r in rows})
-    ).delete()
 
 
 def _forget_written(run_id: int) -> None:
@@ -208,31 +216,20 @@ def _forget_written(run_id: int) -> None:
 
 def closing_rows(run_id: int, pending: QuerySet[WindowKey]) -> list[ClosedRow]:
     """The final rows of the windows about to close, with their distinct counts."""
-    rows = list(pending.order_by("start_us", "key"))
-    if not rows:
-        return []
-    distinct = {
-        (start, key): n
-        for start, key, n in WindowDistinct.objects.filter(
-            run_id=run_id, start_us__in={r.start_us for r in rows}
-        )
-        .values("start_us", "key")
-        .annotate(n=Count("value"))
-        .values_list("start_us", "key", "n")
-    }
+    rows = pending.order_by("start_us", "key").values_list(
+        "start_us", "end_us", "key", "count", "sum", "min", "max", "distinct", Cardinality("values")
+    )
     return [
-        ClosedRow(
-            r.start_us, r.end_us, r.key, r.count, r.sum, r.min, r.max, distinct_of(r, distinct)
-        )
-        for r in rows
+        ClosedRow(start, end, key, count, total, low, high, kept if kept is not None else size or 0)
+        for start, end, key, count, total, low, high, kept, size in rows
     ]
 
 
-def distinct_of(row: WindowKey, sets: dict[tuple[int, str], int]) -> int:
+def distinct_of(row: WindowKey) -> int:
     """A window row's distinct count: kept on it once closed, else its set's size."""
     if row.distinct is not None:
         return row.distinct
-    return sets.get((row.start_us, row.key), 0)
+    return len(row.values or [])
 
 
 def _higher(a: int | None, b: int | None) -> int | None:
