@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Min, Sum
 
 from orchestrator.ledger.results import ResultRow, format_row
 from orchestrator.ledger.segments import late_records
@@ -35,8 +35,8 @@ class ClosedWindow(TypedDict):
 
 
 class NodeTime(TypedDict):
-    through: str | None  # the largest event time of the data it has processed
-    lag_s: float | None  # the source's largest event time minus that
+    oldest_waiting: str | None  # the event time its oldest waiting data reaches
+    lag_s: float  # the source's largest event time minus that; 0 when nothing waits
 
 
 class WindowsView(TypedDict):
@@ -78,7 +78,7 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
         event_lag_s=_lag(source_high, mark.high_us),
         late_records=late_records(run.pk),
         late_sample=late_sample(run.pk) if rows else [],
-        closed=keys.filter(closed_at__isnull=False).values("start_us").distinct().count(),
+        closed=mark.windows,
         open=[
             OpenWindow(
                 start=iso(w["start_us"]),
@@ -146,14 +146,25 @@ def _latest_closed(run: Run, rows: int) -> list[ClosedWindow]:
 
 
 def _node_times(run: Run, source_high: int | None) -> dict[str, NodeTime]:
-    done = (
-        Segment.objects.filter(run=run, state=Segment.State.DONE, high_us__isnull=False)
-        .values("node")
-        .annotate(through=Max("high_us"))
-    )
-    return {
-        row["node"]: NodeTime(
-            through=iso(row["through"]), lag_s=_lag(source_high, int(row["through"]))
+    """How far behind the source each node is in event time: by the oldest data still
+    waiting in its pool (its largest event time), nothing when its pool is empty. A node
+    that is idle is caught up, however old the last data it saw."""
+    waiting = dict(
+        Segment.objects.filter(
+            run=run,
+            state__in=(Segment.State.QUEUED, Segment.State.CLAIMED),
+            high_us__isnull=False,
+            marker=False,
         )
-        for row in done
+        .values("node")
+        .annotate(oldest=Min("high_us"))
+        .values_list("node", "oldest")
+    )
+    nodes = {n["name"] for n in run.topology["nodes"]} | set(waiting)
+    return {
+        node: NodeTime(
+            oldest_waiting=None if node not in waiting else iso(int(waiting[node])),
+            lag_s=0.0 if node not in waiting else _lag(source_high, int(waiting[node])) or 0.0,
+        )
+        for node in sorted(nodes)
     }

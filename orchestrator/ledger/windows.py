@@ -49,6 +49,7 @@ class SinkWatermark:
     chunk: int = 0
     high_us: int | None = None
     closed_us: int | None = None
+    windows: int = 0  # windows closed so far (a sink elsewhere keeps the rows of few)
 
     @classmethod
     def of(cls, run: Run) -> SinkWatermark:
@@ -57,10 +58,16 @@ class SinkWatermark:
             int(kept.get("chunk", 0)),
             _int_or_none(kept.get("high_us")),
             _int_or_none(kept.get("closed_us")),
+            int(kept.get("windows", 0)),
         )
 
     def to_json(self) -> dict[str, int | None]:
-        return {"chunk": self.chunk, "high_us": self.high_us, "closed_us": self.closed_us}
+        return {
+            "chunk": self.chunk,
+            "high_us": self.high_us,
+            "closed_us": self.closed_us,
+            "windows": self.windows,
+        }
 
 
 def _int_or_none(value: object) -> int | None:
@@ -142,7 +149,7 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
         if run.merged_prefix and folded.chunk > mark.chunk:
             # Rows below a continuous run's merged prefix are gone: start from it.
             mark = SinkWatermark(
-                folded.chunk, _higher(mark.high_us, folded.high_us), mark.closed_us
+                folded.chunk, _higher(mark.high_us, folded.high_us), mark.closed_us, mark.windows
             )
         merged = list(
             MergedChunk.objects.filter(run_id=run_id, chunk__gte=mark.chunk)
@@ -175,7 +182,9 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
         if not isinstance(sink, ResultTable):
             _forget_written(run_id)
         Run.objects.filter(pk=run_id).update(
-            windows_closed=SinkWatermark(chunk, high, closed).to_json()
+            windows_closed=SinkWatermark(
+                chunk, high, closed, mark.windows + len({r.start_us for r in rows})
+            ).to_json()
         )
         return len(rows)
 

@@ -379,8 +379,12 @@ class ClosedWindowSerializer(serializers.Serializer[JsonObject]):
 
 
 class NodeTimeSerializer(serializers.Serializer[JsonObject]):
-    through = serializers.CharField(allow_null=True, help_text="largest event time processed")
-    lag_s = serializers.FloatField(allow_null=True, help_text="behind the source, in event time")
+    oldest_waiting = serializers.CharField(
+        allow_null=True, help_text="the event time its oldest waiting data reaches"
+    )
+    lag_s = serializers.FloatField(
+        help_text="behind the source in event time by its oldest waiting data; 0: nothing waits"
+    )
 
 
 class WindowsSerializer(serializers.Serializer[JsonObject]):

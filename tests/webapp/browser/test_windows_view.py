@@ -47,7 +47,7 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
     asgi_server, chromium, artifacts, tmp_path: Path
 ) -> None:
     # Given a windowed run whose sink closed two windows and holds a third open, 25 s of
-    # event time read by the source, task1 done through 22 s, 7 records late
+    # event time read by the source, task1 holding data up to 22 s, 7 records late
     run = windowed_run(tmp_path)
     now = timezone.now()
     for start, closed in ((0, True), (10, True), (20, False)):
@@ -69,7 +69,12 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
             )
     Run.objects.filter(pk=run.pk).update(
         source_position={"chunk": 9, "high_us": T0 + 25 * US},
-        windows_closed={"chunk": 8, "high_us": T0 + 21 * US, "closed_us": T0 + 20 * US},
+        windows_closed={
+            "chunk": 8,
+            "high_us": T0 + 21 * US,
+            "closed_us": T0 + 20 * US,
+            "windows": 2,
+        },
     )
     Segment.objects.create(
         id=f"r{run.pk}.c0000001",
@@ -81,7 +86,7 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
         node="task1",
         path="-",
         bytes=10,
-        state="done",
+        state="queued",
         available_at=now,
         high_us=T0 + 22 * US,
         late=7,
@@ -125,9 +130,12 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
         assert first[:3] == ["2026-09-21 14:13:30\u201314:13:40", "JFK", "50"]
         assert first[-2:] == ["12.50", "1"]
         assert closed.count() == 4
-        # ...and task1 is 3 s behind the source in event time, on its bar
+        # ...and task1 is 3 s behind the source in event time, on its bar; task2, with
+        # nothing waiting, is caught up
         page.wait_for_selector('[data-node="task1"][data-event-lag="3.0"]')
         assert "3.0 s behind" in (page.text_content('[data-node="task1"] .level-text') or "")
+        assert page.get_attribute('[data-node="task2"]', "data-event-lag") == "0.0"
+        assert "behind" not in (page.text_content('[data-node="task2"] .level-text') or "")
         assert not page.is_visible(".results-card")  # the windows are the results
         shoot(page, artifacts, "run-windows")
         assert page.js_errors == []

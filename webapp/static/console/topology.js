@@ -277,7 +277,8 @@
       const time = this.windows && this.windows.nodes ? this.windows.nodes[view.name] : null;
       const lag = time && typeof time.lag_s === "number" ? time.lag_s : null;
       node.g.setAttribute("data-event-lag", lag === null ? "" : lag.toFixed(1));
-      if (lag !== null) {
+      // Only while data waits: an idle node is caught up (lag 0), the source never lags.
+      if (lag !== null && lag >= 0.05 && node.kind !== "source") {
         const behind = `${lag.toFixed(1)} s behind`;
         node.levelText.textContent = level === null ? behind : `${node.levelText.textContent} · ${behind}`;
       }
