@@ -270,18 +270,17 @@
       // A pool filling towards its high water says when it gets there, in place of
       // its bytes (balancer/forecast.py); nothing when it is draining or already there.
       const fullIn = typeof st.full_in_s === "number" && st.full_in_s > 0 ? st.full_in_s : null;
-      node.levelText.textContent = level === null ? "no data yet"
-        : `${BP.pct(level)} · ` + (fullIn === null ? BP.bytes(st.buffered_bytes) : `full in ${soon(fullIn)}`);
-      node.g.setAttribute("data-full-in", fullIn === null ? "" : fullIn.toFixed(1));
-      // A windowed run: how far behind the source this node is in event time.
+      // A windowed run: how far behind the source this node is in event time, by the
+      // oldest data in its pool; shown in place of the bytes (and of the time to full:
+      // in a windowed run, event time is what its results wait for).
       const time = this.windows && this.windows.nodes ? this.windows.nodes[view.name] : null;
       const lag = time && typeof time.lag_s === "number" ? time.lag_s : null;
+      const behind = lag !== null && lag >= 0.05 && node.kind !== "source"
+        ? `${lag < 10 ? lag.toFixed(1) : Math.round(lag)} s behind` : null;
+      const detail = behind || (fullIn === null ? BP.bytes(st.buffered_bytes) : `full in ${soon(fullIn)}`);
+      node.levelText.textContent = level === null ? (behind || "no data yet") : `${BP.pct(level)} · ${detail}`;
+      node.g.setAttribute("data-full-in", fullIn === null ? "" : fullIn.toFixed(1));
       node.g.setAttribute("data-event-lag", lag === null ? "" : lag.toFixed(1));
-      // Only while data waits: an idle node is caught up (lag 0), the source never lags.
-      if (lag !== null && lag >= 0.05 && node.kind !== "source") {
-        const behind = `${lag.toFixed(1)} s behind`;
-        node.levelText.textContent = level === null ? behind : `${node.levelText.textContent} · ${behind}`;
-      }
       node.g.setAttribute("data-capacity", capacity);
       node.levelText.setAttribute("class", "level-text on-" + cls);
       node.g.setAttribute("data-level", level === null ? "" : level.toFixed(4));
