@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, TypedDict
 
+from django.db import transaction
 from django.db.models import Count
 
 from orchestrator.ledger.windows import distinct_of
@@ -104,7 +105,12 @@ def summary(run: Run) -> dict[str, Any]:
     from orchestrator.ledger import segments
     from orchestrator.ledger.ingested import ingested_extent
 
-    cover = segments.coverage(run, ingested_extent(run)).to_json()
+    with transaction.atomic():
+        # Coalescing folds merged chunks' rows into the run's merged prefix under the
+        # run row's lock: both are read under it, fresh, or a fold between the two
+        # reads (the caller's row being older) shows the folded chunks as missing.
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        cover = segments.coverage(locked, ingested_extent(locked)).to_json()
     seconds = (
         (run.finished_at - run.started_at).total_seconds()
         if run.finished_at and run.started_at
