@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from balancer.document import PipelineDocument
@@ -94,6 +97,26 @@ def driver_pid(run: Run, services: Any) -> int | None:
     with ControlPlane.connect(services.zk_hosts) as control:
         holder = control.driver_holder(str(run.pk))
     return int(holder.split(":")[1]) if holder else None
+
+
+def kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
+    """SIGKILL the Spark worker's pool child while it holds a batch of ``run``, then the
+    control worker running the run's driver; returns the killed control worker's name."""
+    deadline = time.monotonic() + 120
+    while not Segment.objects.filter(run=run, state="claimed").exists():
+        assert time.monotonic() < deadline, "no batch was ever claimed"
+        time.sleep(0.05)
+    for child in psutil.Process(workers.processes["spark1"].pid).children():
+        child.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        pid = driver_pid(run, services)
+        time.sleep(0.1)
+    assert pid is not None
+    victim: str = next(name for name, p in workers.processes.items() if p.pid == pid)
+    os.kill(pid, signal.SIGKILL)
+    return victim
 
 
 def completes_like_the_batch_job(run: Run, timeout_s: float = 300.0) -> dict[str, Any]:

@@ -3,12 +3,8 @@ migration, malformed records, and crashes of a Spark worker and of the driver.""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from orchestrator.ledger.results import summary
@@ -16,7 +12,7 @@ from orchestrator.models import Event, Segment
 from orchestrator.worker.plain_job import batch_summary
 from tests.orchestrator.run.scenarios import (
     completes_like_the_batch_job,
-    driver_pid,
+    kill_a_batch_and_the_driver,
     policy,
     skewed_reference,
     start,
@@ -48,32 +44,14 @@ def test_skewed_run_with_migration_equals_the_batch_job(workers) -> None:
     assert migrated is not None and migrated.node != migrated.migrated_from
 
 
-def _spark_children(workers) -> list[psutil.Process]:
-    parent = psutil.Process(workers.processes["spark1"].pid)
-    return parent.children(recursive=False)
-
-
 def test_killed_spark_worker_and_killed_driver_still_give_the_exact_result(
     workers, services
 ) -> None:
     doc = skewed_reference()
     run = start(doc, policy(), generator=GENERATOR.replace("seed=11", "seed=12"))
-    # When a Spark worker process is killed while it holds a batch...
-    deadline = time.monotonic() + 120
-    while not Segment.objects.filter(run=run, state="claimed").exists():
-        assert time.monotonic() < deadline, "no batch was ever claimed"
-        time.sleep(0.05)
-    for child in _spark_children(workers):
-        child.send_signal(signal.SIGKILL)
-    # ...and the worker process running the run's driver is killed too
-    deadline = time.monotonic() + 60
-    pid = None
-    while pid is None and time.monotonic() < deadline:
-        pid = driver_pid(run, services)
-        time.sleep(0.1)
-    assert pid is not None
-    victim = next(name for name, p in workers.processes.items() if p.pid == pid)
-    os.kill(pid, signal.SIGKILL)
+    # When a Spark worker process is killed while it holds a batch, and the worker
+    # process running the run's driver too
+    victim = kill_a_batch_and_the_driver(run, workers, services)
     # Then another worker takes the run over and it completes exactly
     completes_like_the_batch_job(run)
     drivers = Event.objects.filter(run=run, kind="driver").count()

@@ -5,17 +5,13 @@ that were not late, and the late ones are exactly those behind the watermark."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -28,7 +24,7 @@ from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.event_time import US, WindowSpec, iso, parse_us
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
-    driver_pid,
+    kill_a_batch_and_the_driver,
     policy,
     skewed_reference,
     start,
@@ -231,25 +227,6 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
     assert batch["malformed_records"] == 0
 
 
-def _kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
-    """SIGKILL the Spark worker's pool child while it holds a batch, then the control
-    worker running the run's driver; returns the killed control worker's name."""
-    deadline = time.monotonic() + 120
-    while not Segment.objects.filter(run=run, state="claimed").exists():
-        assert time.monotonic() < deadline, "no batch was ever claimed"
-        time.sleep(0.05)
-    for child in psutil.Process(workers.processes["spark1"].pid).children():
-        child.send_signal(signal.SIGKILL)
-    pid = None
-    while pid is None and time.monotonic() < deadline:
-        pid = driver_pid(run, services)
-        time.sleep(0.1)
-    assert pid is not None
-    victim = next(name for name, p in workers.processes.items() if p.pid == pid)
-    os.kill(pid, signal.SIGKILL)
-    return victim
-
-
 def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_die(
     workers, services, spark, tmp_path: Path
 ) -> None:
@@ -259,7 +236,7 @@ def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_d
     sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
     sink["params"] = {"sink": "postgres", "table": table}
     run = start(doc, policy(), input_path=str(path))
-    victim = _kill_a_batch_and_the_driver(run, workers, services)
+    victim = kill_a_batch_and_the_driver(run, workers, services)
     run = wait_until_done(run)
     workers.start(victim)
     workers.wait_ready([victim])
