@@ -381,12 +381,19 @@ class Adjustment(models.Model):
 
 
 class KeyState(models.Model):
-    """A stateful instance's running state of one key (count, sum, min, max)."""
+    """A stateful instance's running state of one key (count, sum, min, max), per
+    event-time window when its pipeline windows."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="key_states")
     stage = models.CharField(max_length=100)
     holder = models.CharField(max_length=100)
     key = models.CharField(max_length=500)
+    window_us = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Start of the event-time window (null: over all time); dropped once "
+        "the window closes.",
+    )
     slot = models.PositiveSmallIntegerField(help_text="Key-space slot: crc32(key) mod slots.")
     count = models.BigIntegerField()
     sum = models.DecimalField(max_digits=38, decimal_places=10)
@@ -395,8 +402,12 @@ class KeyState(models.Model):
 
     class Meta:
         constraints = [
+            # All-time state has no window: null must conflict with null for the fold's
+            # upsert to find the row.
             models.UniqueConstraint(
-                fields=["run", "stage", "holder", "key"], name="one_state_per_holder_key"
+                fields=["run", "stage", "holder", "key", "window_us"],
+                name="one_state_per_holder_key_window",
+                nulls_distinct=False,
             )
         ]
         indexes = [models.Index(fields=["run", "stage", "slot"])]

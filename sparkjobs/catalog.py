@@ -219,6 +219,33 @@ RECORD_JOB = "sparkjobs.transform:record_batch"
 AGGREGATE_JOB = "sparkjobs.aggregate:aggregate_batch"
 
 
+# Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
+_WINDOW_PARAMS: Mapping[str, ParamSpec] = {
+    "window_s": ParamSpec(
+        None,
+        _optional(_micro_precise(_number(MIN_WINDOW_S, MAX_WINDOW_S))),
+        "event-time window size in seconds (none: over all time)",
+        number=True,
+    ),
+    "slide_s": ParamSpec(
+        None,
+        _optional(_micro_precise(_number(0.001, MAX_WINDOW_S))),
+        "hopping windows start every slide_s seconds (none: tumbling)",
+        number=True,
+    ),
+    "event_time": ParamSpec(
+        "event_time",
+        _field_name,
+        "field holding the event time (epoch seconds or ISO-8601)",
+    ),
+    "lateness_s": ParamSpec(
+        0,
+        _micro_precise(_number(0, MAX_LATENESS_S)),
+        "allowed delay behind the largest event time seen",
+    ),
+}
+
+
 OPERATORS: Mapping[str, OperatorSpec] = {
     spec.name: spec
     for spec in (
@@ -257,28 +284,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
-                "window_s": ParamSpec(
-                    None,
-                    _optional(_micro_precise(_number(MIN_WINDOW_S, MAX_WINDOW_S))),
-                    "event-time window size in seconds (none: over all time)",
-                    number=True,
-                ),
-                "slide_s": ParamSpec(
-                    None,
-                    _optional(_micro_precise(_number(0.001, MAX_WINDOW_S))),
-                    "hopping windows start every slide_s seconds (none: tumbling)",
-                    number=True,
-                ),
-                "event_time": ParamSpec(
-                    "event_time",
-                    _field_name,
-                    "field holding the event time (epoch seconds or ISO-8601)",
-                ),
-                "lateness_s": ParamSpec(
-                    0,
-                    _micro_precise(_number(0, MAX_LATENESS_S)),
-                    "allowed delay behind the largest event time seen",
-                ),
+                **_WINDOW_PARAMS,
             },
             batch_job=AGGREGATE_JOB,
             partials=True,
@@ -286,13 +292,15 @@ OPERATORS: Mapping[str, OperatorSpec] = {
         OperatorSpec(
             "running",
             "operator",
-            "Stateful running totals per key (count, sum, min, max), kept across segments; "
-            "each instance owns a key group, and passes its keys' partial aggregates on.",
+            "Stateful running totals per key (count, sum, min, max), kept across segments "
+            "(per event-time window too, each dropped once its window closes); each "
+            "instance owns a key group, and passes its keys' partial aggregates on.",
             {
                 "key": ParamSpec("key", _field_name, "grouping field"),
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                **_WINDOW_PARAMS,
             },
             # A key's records go to the instance owning its key group: the balancer may
             # neither shift shares between the stage's instances nor migrate data into one.

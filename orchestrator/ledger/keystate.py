@@ -1,10 +1,13 @@
-"""State of stateful (keyed) instances, per key, in PostgreSQL.
+"""State of stateful (keyed) instances, per key (and event-time window), in PostgreSQL.
 
 A stateful instance folds each batch into the running totals of its keys in the same
 transaction that marks the batch done, so its state is exactly-once like the data. The
 totals are mergeable (count and sum add, min and max fold): handing state over is
 merging rows into the new holder and deleting them at the old one, in one statement
-pair, never a copy that could be applied twice.
+pair, never a copy that could be applied twice. A windowed pipeline's state is per (key,
+window) and a window's state is dropped once the sink closes the window: no record can
+reach a closed window any more (it would be late), and a run that goes on for days must
+not keep every window it ever saw.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.db import connection
 
@@ -20,24 +24,34 @@ from sparkjobs.keygroups import slot_of
 
 # Merging into a holder's row is how state is both folded and handed over.
 _FOLD = """
-    INSERT INTO orchestrator_keystate (run_id, stage, holder, key, slot, count, sum, min, max)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-    ON CONFLICT (run_id, stage, holder, key) DO UPDATE SET
+    INSERT INTO orchestrator_keystate
+      (run_id, stage, holder, key, window_us, slot, count, sum, min, max)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (run_id, stage, holder, key, window_us) DO UPDATE SET
       count = orchestrator_keystate.count + EXCLUDED.count,
       sum = orchestrator_keystate.sum + EXCLUDED.sum,
       min = LEAST(orchestrator_keystate.min, EXCLUDED.min),
       max = GREATEST(orchestrator_keystate.max, EXCLUDED.max)
 """
 _MOVE = """
-    INSERT INTO orchestrator_keystate (run_id, stage, holder, key, slot, count, sum, min, max)
-    SELECT run_id, stage, %s, key, slot, count, sum, min, max FROM orchestrator_keystate
+    INSERT INTO orchestrator_keystate
+      (run_id, stage, holder, key, window_us, slot, count, sum, min, max)
+    SELECT run_id, stage, %s, key, window_us, slot, count, sum, min, max
+    FROM orchestrator_keystate
     WHERE run_id = %s AND stage = %s AND holder = %s AND slot = ANY(%s)
-    ON CONFLICT (run_id, stage, holder, key) DO UPDATE SET
+    ON CONFLICT (run_id, stage, holder, key, window_us) DO UPDATE SET
       count = orchestrator_keystate.count + EXCLUDED.count,
       sum = orchestrator_keystate.sum + EXCLUDED.sum,
       min = LEAST(orchestrator_keystate.min, EXCLUDED.min),
       max = GREATEST(orchestrator_keystate.max, EXCLUDED.max)
 """
+
+
+class StateKey(NamedTuple):
+    """Whose state a row is: a key, in an event-time window (None: over all time)."""
+
+    key: str
+    window_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,11 +62,11 @@ class Totals:
     max: Decimal
 
 
-def fold(run_id: int, stage: str, holder: str, deltas: Iterable[tuple[str, Totals]]) -> None:
+def fold(run_id: int, stage: str, holder: str, deltas: Iterable[tuple[StateKey, Totals]]) -> None:
     """Add a batch's per-key totals to ``holder``'s state (inside the batch's transaction)."""
     rows = [
-        (run_id, stage, holder, key, slot_of(key), t.count, t.sum, t.min, t.max)
-        for key, t in deltas
+        (run_id, stage, holder, k.key, k.window_us, slot_of(k.key), t.count, t.sum, t.min, t.max)
+        for k, t in deltas
     ]
     if not rows:
         return
@@ -93,27 +107,35 @@ def rehome(run_id: int, stage: str, owners: Mapping[int, str]) -> int:
     return moved
 
 
-def totals(run_id: int, stage: str) -> dict[str, Totals]:
+def forget_closed(run_id: int, size_us: int, closed_us: int) -> int:
+    """Drop every stage's state of the windows ending by ``closed_us`` (the sink's
+    closing watermark). Returns the number of rows dropped."""
+    dropped, _ = KeyState.objects.filter(run_id=run_id, window_us__lte=closed_us - size_us).delete()
+    return dropped
+
+
+def totals(run_id: int, stage: str) -> dict[StateKey, Totals]:
     """Every key's state combined over its holders: what a hand-off must preserve."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT key, SUM(count), SUM(sum), MIN(min), MAX(max) FROM orchestrator_keystate"
-            " WHERE run_id = %s AND stage = %s GROUP BY key",
+            "SELECT key, window_us, SUM(count), SUM(sum), MIN(min), MAX(max)"
+            " FROM orchestrator_keystate WHERE run_id = %s AND stage = %s"
+            " GROUP BY key, window_us",
             [run_id, stage],
         )
         return {
-            key: Totals(int(count), Decimal(s), Decimal(lo), Decimal(hi))
-            for key, count, s, lo, hi in cursor.fetchall()
+            StateKey(key, window): Totals(int(count), Decimal(s), Decimal(lo), Decimal(hi))
+            for key, window, count, s, lo, hi in cursor.fetchall()
         }
 
 
-def holders(run_id: int, stage: str) -> dict[str, list[str]]:
+def holders(run_id: int, stage: str) -> dict[StateKey, list[str]]:
     """Who holds each key's state (exactly one holder after a completed hand-off)."""
-    result: dict[str, list[str]] = {}
-    for key, holder in (
+    result: dict[StateKey, list[str]] = {}
+    for key, window, holder in (
         KeyState.objects.filter(run_id=run_id, stage=stage)
-        .order_by("key", "holder")
-        .values_list("key", "holder")
+        .order_by("key", "window_us", "holder")
+        .values_list("key", "window_us", "holder")
     ):
-        result.setdefault(key, []).append(holder)
+        result.setdefault(StateKey(key, window), []).append(holder)
     return result

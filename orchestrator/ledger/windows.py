@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import Func, IntegerField, QuerySet
 
+from orchestrator.ledger import keystate
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
 from orchestrator.models import MergedChunk, Run, WindowKey
 from orchestrator.sink.targets import ClosedRow, ResultTable, Sink
@@ -181,6 +182,8 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
             closed = _higher(closed, last_end.end_us if last_end else None)
         if not isinstance(sink, ResultTable):
             _forget_written(run_id)
+        if closed is not None:
+            keystate.forget_closed(run_id, spec.size_us, closed)
         Run.objects.filter(pk=run_id).update(
             windows_closed=SinkWatermark(
                 chunk, high, closed, mark.windows + len({r.start_us for r in rows})

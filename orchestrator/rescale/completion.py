@@ -52,6 +52,9 @@ def complete(adjustment_id: int) -> Adjustment:
         if adjustment.status != Adjustment.Status.RUNNING:
             return adjustment
         run_id, version = adjustment.run_id, adjustment.version
+        # Closing windows drops their state under the run's lock: held here, the state
+        # compared before and after the hand-off is the same state.
+        Run.objects.select_for_update().get(pk=run_id)
         state: dict[str, Any] = {}
         for stage, hand in adjustment.plan["handoff"].items():
             before = keystate.totals(run_id, stage)
@@ -62,7 +65,9 @@ def complete(adjustment_id: int) -> Adjustment:
             after = keystate.totals(run_id, stage)
             owners = _owners(adjustment.after, stage)
             holders = keystate.holders(run_id, stage)
-            misplaced = sorted(key for key, who in holders.items() if who != [owners[slot_of(key)]])
+            misplaced = sorted(
+                {k.key for k, who in holders.items() if who != [owners[slot_of(k.key)]]}
+            )
             state[stage] = {
                 "keys": len(after),
                 "keys_fetched": fetched,

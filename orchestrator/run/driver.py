@@ -335,15 +335,17 @@ class RunDriver:
             lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
             self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
 
-    def _close_windows(self, *, final: bool = False) -> None:
+    def _close_windows(self, *, final: bool = False) -> bool:
         """Close what the sink's watermark passed; a sink that cannot be written fails
-        the run with why (nothing of that step was committed)."""
+        the run with why (nothing of that step was committed). False: it failed."""
         if self.windows is None:
-            return
+            return True
         try:
             window_ledger.advance(self.run_id, self.windows, self.sink, final=final)
         except SinkError as exc:
             fail_run(self.run_id, f"the sink could not be written: {exc}")
+            return False
+        return True
 
     def _node_states(
         self, observation: Observation, full_in: Mapping[str, float | None] | None = None
@@ -389,9 +391,10 @@ class RunDriver:
             return False
         # Merged, all of it: a landing folder's last files are archived or deleted now.
         self.pacer.input.housekeeping(now=True)
-        if self.windows is not None:
-            # The input ended: its watermark is past every window.
-            self._close_windows(final=True)
+        # The input ended: its watermark is past every window. A sink that cannot take
+        # them failed the run, which the next loop reports (never settled as complete).
+        if not self._close_windows(final=True):
+            return False
         # Every pool is empty now: no node is backpressured any more.
         for node in sorted(self.table.flags.flagged):
             self.table.apply(ClearFlag(reason="run finished: every pool is empty", node=node))

@@ -294,7 +294,7 @@ def _operate(
     fold = None
     if stateful:
         deltas = [
-            (m.key, keystate.Totals(m.count, m.sum, m.min, m.max))
+            (keystate.StateKey(m.key, m.window), keystate.Totals(m.count, m.sum, m.min, m.max))
             for out in produced.values()
             for m in read_partials(out.path)
         ]

@@ -8,12 +8,10 @@ import contextlib
 import copy
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-import yaml
 
 from orchestrator.ledger import keystate
 from orchestrator.ledger.results import summary
@@ -26,6 +24,7 @@ from sparkjobs.keygroups import slot_of
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
     policy,
+    running_totals,
     skewed_reference,
     start,
     wait_started,
@@ -34,7 +33,6 @@ from tests.orchestrator.run.scenarios import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
-TOPOLOGIES = Path(__file__).resolve().parents[3] / "webapp/console/topologies"
 # The 2 s target is the rescale bench's (bench/bench_runtime.py rescale). Here the sink
 # shares the machine with the whole test stack: 1.5 to 2.7 s on a slow hour. What must
 # never come back is the first design, whose adjustments held the sink 3 to 40 s.
@@ -84,21 +82,11 @@ def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(wo
     assert result["rows"] == expected["rows"]
 
 
-def _running_totals(**changes: Any) -> dict[str, Any]:
-    doc = yaml.safe_load((TOPOLOGIES / "running-totals.yaml").read_text())
-    for node in doc["nodes"]:
-        if node["kind"] == "source":
-            node["params"]["segment_mb"] = 0.0625
-        elif node["kind"] == "operator":
-            node.update(changes)
-    return doc
-
-
 def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batch_job(
     workers,
 ) -> None:
     # Given the keyed running-totals pipeline (state per key, two instances)
-    doc = _running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
     run = start(doc, policy(), generator="seed=4,volume_mb=12,malformed_every=499")
     wait_started(run)
     # When its stage scales out, hot-migrates an instance, and scales in
@@ -117,7 +105,7 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
     assert result["coverage"] == "exact", result["error"]
     assert result["rows"] == expected["rows"]
     totals = keystate.totals(run.pk, "totals")
-    assert {k: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+    assert {k.key: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
         r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
         for r in expected["rows"]
     }
@@ -126,8 +114,8 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
     final = [n["name"] for n in run.topology["nodes"] if n.get("stage") == "totals"]
     assert len(final) == 2
     groups = key_groups(run.topology, "totals")
-    for key, holders in keystate.holders(run.pk, "totals").items():
-        assert len(holders) == 1 and slot_of(key) in groups[holders[0]].slots
+    for state, holders in keystate.holders(run.pk, "totals").items():
+        assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
 
 
 def _dec(value: Any) -> Any:
@@ -138,7 +126,7 @@ def _dec(value: Any) -> Any:
 
 def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
     # Given a keyed stage, one of whose instances has a batch held by a stuck worker
-    doc = _running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
+    doc = running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
     run = start(doc, policy(adjust_timeout_s=1.0), generator="seed=8,volume_mb=4")
     wait_started(run)
     stuck = None
@@ -165,12 +153,12 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     assert result["coverage"] == "exact", result["error"]
     expected = _expected(run, doc)
     assert result["rows"] == expected["rows"]
-    assert {k: t.count for k, t in keystate.totals(run.pk, "totals").items()} == {
+    assert {k.key: t.count for k, t in keystate.totals(run.pk, "totals").items()} == {
         r["key"]: r["count"] for r in expected["rows"]
     }
     groups = key_groups(before, "totals")
-    for key, holders in keystate.holders(run.pk, "totals").items():
-        assert len(holders) == 1 and slot_of(key) in groups[holders[0]].slots
+    for state, holders in keystate.holders(run.pk, "totals").items():
+        assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
 
 
 def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(

@@ -38,15 +38,20 @@ def _keys_per_slot_range() -> dict[str, Decimal]:
     return {key: Decimal(slot) for slot, key in keys.items()}
 
 
-def _seed_state(run: Run) -> dict[str, keystate.Totals]:
-    """totals1 and totals2 hold the keys of their even key groups."""
+def _seed_state(run: Run) -> dict[keystate.StateKey, keystate.Totals]:
+    """totals1 and totals2 hold the keys of their even key groups, over all time and
+    in an event-time window."""
     groups = key_groups(run.topology, "totals")
-    by_holder: dict[str, list[tuple[str, keystate.Totals]]] = {}
+    by_holder: dict[str, list[tuple[keystate.StateKey, keystate.Totals]]] = {}
     for key, value in _keys_per_slot_range().items():
         holder = next(m for m, g in groups.items() if slot_of(key) in g.slots)
-        by_holder.setdefault(holder, []).append(
-            (key, keystate.Totals(3, value * 3, value - 1, value + 1))
-        )
+        for window in (None, 60_000_000):
+            by_holder.setdefault(holder, []).append(
+                (
+                    keystate.StateKey(key, window),
+                    keystate.Totals(3, value * 3, value - 1, value + 1),
+                )
+            )
     for holder, deltas in by_holder.items():
         keystate.fold(run.pk, "totals", holder, deltas)
     return keystate.totals(run.pk, "totals")
@@ -193,9 +198,9 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
     # Then every key's state is what it was, held once, by the owner of its slot
     assert keystate.totals(run.pk, "totals") == before
     owners = key_groups(done.after, "totals")
-    for key, holders in keystate.holders(run.pk, "totals").items():
+    for state, holders in keystate.holders(run.pk, "totals").items():
         (holder,) = holders
-        assert slot_of(key) in owners[holder].slots
+        assert slot_of(state.key) in owners[holder].slots
     assert done.outcome["state"]["totals"]["identical"] is True
     assert done.outcome["state"]["totals"]["misplaced_keys"] == []
 
@@ -267,8 +272,8 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
         assert inside == KeyGroup(c.slots_from, c.slots_to)
     # And every key's state is back with its old owner, unchanged
     assert keystate.totals(run.pk, "totals") == before
-    for key, holders in keystate.holders(run.pk, "totals").items():
-        assert slot_of(key) in old_groups[holders[0]].slots and len(holders) == 1
+    for state, holders in keystate.holders(run.pk, "totals").items():
+        assert slot_of(state.key) in old_groups[holders[0]].slots and len(holders) == 1
 
 
 def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,13 @@ from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
-from orchestrator.run.lifecycle import create_run, request_adjustment
+from orchestrator.run.lifecycle import create_run, request_adjustment, set_status, snapshot
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
 from orchestrator.zk.control_plane import ControlPlane
 
-REFERENCE = Path(__file__).resolve().parents[3] / "webapp/console/topologies/reference.yaml"
+TOPOLOGIES = Path(__file__).resolve().parents[3] / "webapp/console/topologies"
+REFERENCE = TOPOLOGIES / "reference.yaml"
 SEGMENT_MB = 0.0625  # 64 KB: many segments from a few MB, so runs stay short
 
 
@@ -36,6 +38,18 @@ def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> Pipel
             node["buffer_mb"] = buffer_mb if node["kind"] == "operator" else 16
         if node["name"] in {"task1", "task2"}:
             node["max_rate_mbps"] = slow_mbps
+    return doc
+
+
+def running_totals(**changes: Any) -> PipelineDocument:
+    """The keyed running-totals pipeline (state per key, two instances), small segments,
+    ``changes`` on its operators."""
+    doc: PipelineDocument = yaml.safe_load((TOPOLOGIES / "running-totals.yaml").read_text())
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"] = {**node["params"], "segment_mb": SEGMENT_MB}
+        elif node["kind"] == "operator":
+            node.update(changes)  # type: ignore[typeddict-item]
     return doc
 
 
@@ -117,6 +131,26 @@ def kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
     victim: str = next(name for name, p in workers.processes.items() if p.pid == pid)
     os.kill(pid, signal.SIGKILL)
     return victim
+
+
+def stop_once_caught_up(
+    run: Run, producer: threading.Thread, timeout_s: float = 120, *, needs_takeover: bool = True
+) -> Run:
+    """Stop an unbounded run once the producer is done, a new driver took over from the killed
+    one (``needs_takeover``), and its live view shows nothing waiting outside it."""
+    producer.join(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while needs_takeover and Event.objects.filter(run=run, kind="driver").count() < 2:
+        assert time.monotonic() < deadline, "no driver took over from the killed one"
+        time.sleep(0.5)
+    while True:
+        lag = snapshot(run.pk)["source"]["lag"]
+        if lag is not None and lag["entries"] == 0:
+            break
+        assert time.monotonic() < deadline, f"the run never caught up: {lag}"
+        time.sleep(0.5)
+    set_status(run.pk, "stopping", reason="test: the producer is done")
+    return wait_until_done(run, timeout_s=timeout_s)
 
 
 def completes_like_the_batch_job(run: Run, timeout_s: float = 300.0) -> dict[str, Any]:

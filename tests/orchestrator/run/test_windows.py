@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -17,17 +19,23 @@ from django.conf import settings
 from django.db import connection
 from pyspark.sql import functions as F
 
+from orchestrator.ledger import keystate
 from orchestrator.ledger.results import summary
-from orchestrator.models import Event, Run, Segment, WindowKey
+from orchestrator.models import Event, KeyState, Run, Segment, SourceFile, WindowKey
 from orchestrator.run.lifecycle import RunError, create_run
+from orchestrator.source.replay import write_ingested
+from orchestrator.source.spec import LandingSpec
+from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.event_time import US, WindowSpec, iso, parse_us
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
     kill_a_batch_and_the_driver,
     policy,
+    running_totals,
     skewed_reference,
     start,
+    stop_once_caught_up,
     wait_started,
     wait_until_done,
 )
@@ -227,6 +235,65 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
     assert batch["malformed_records"] == 0
 
 
+class StateSampler(threading.Thread):
+    """Reads a running run's key state over and over: every window held must still be
+    open at the sink. The watermark is read first, so a window it closed is gone from
+    the state read after it (they change in one transaction)."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(daemon=True)
+        self.run_id = run_id
+        self.seen = 0
+        self.wrong: list[tuple[list[int], int]] = []
+
+    def run(self) -> None:
+        try:
+            while Run.objects.filter(pk=self.run_id, status__in=["pending", "running"]).exists():
+                closed = Run.objects.get(pk=self.run_id).windows_closed.get("closed_us")
+                held = set(
+                    KeyState.objects.filter(
+                        run_id=self.run_id, window_us__isnull=False
+                    ).values_list("window_us", flat=True)
+                )
+                if closed is not None and held:
+                    self.seen += 1
+                    if min(held) + WINDOW["window_s"] * US <= closed:
+                        self.wrong.append((sorted(held), closed))
+                time.sleep(0.1)
+        finally:
+            connection.close()
+
+
+def test_a_stateful_stage_holds_state_per_open_window_across_a_rescale_and_drops_it_closed(
+    workers, spark, tmp_path: Path
+) -> None:
+    path = write_events(tmp_path, 16_000, seed=14)
+    doc = windowed(running_totals(max_rate_mbps=6.0, buffer_mb=1.0))
+    run = start(doc, policy(), input_path=str(path))
+    sampler = StateSampler(run.pk)
+    sampler.start()
+    wait_started(run)
+    grown = adjust_and_wait(run, "add_instance", stage="totals")
+    run = wait_until_done(run)
+    assert grown.status == "complete", grown.outcome
+    state = grown.outcome["state"]["totals"]
+    assert state["identical"] is True and state["misplaced_keys"] == [], state
+    sampler.join()
+    assert sampler.wrong == []
+    assert sampler.seen > 0, "the state was never seen while windows were open"
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    got = sorted(
+        (parse_us(w["window_start"]), w["key"], w["count"], w["sum_value"], w["distinct_users"])
+        for w in result["windows"]
+    )
+    want = [(s, k, c, float(t), d) for s, k, c, t, _, _, d in Oracle.of(path, run).rows(spark)]
+    assert got == want
+    # Every window closed with the input's end, and its state with it.
+    assert keystate.totals(run.pk, "totals") == {}
+
+
 def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_die(
     workers, services, spark, tmp_path: Path
 ) -> None:
@@ -262,18 +329,48 @@ def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_d
     assert {run_id for _, _, run_id in log} == {run.pk}
 
 
-def test_parquet_files_hold_each_window_once_and_read_back_equal(
-    workers, spark, tmp_path: Path
-) -> None:
-    path = write_events(tmp_path, 8_000, seed=13)
-    folder = f"test-{uuid.uuid4().hex[:8]}"
-    doc = windowed(skewed_reference())
-    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
-    sink["params"] = {"sink": "parquet", "path": folder}
-    run = wait_until_done(start(doc, policy(), input_path=str(path)))
-    assert run.status == "completed", run.error
-    root = settings.BPCONSOLE_SINK_ROOT / folder
-    manifest = json.loads((root / "_manifest.json").read_text())["windows"]
+def steady_events(count: int, seed: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """JSON lines at 40 records per event-time second, up to 1 s out of order (less than
+    the lateness: never late), and after the first 140 s one record in 50 from 60 to
+    120 s back (always late, however the input is cut into chunks of up to 25 s).
+    Returns the lines and the records on time, each with its time "t" in us: which
+    records are late does not depend on chunk boundaries, so a continuous run, whose
+    segment rows go as data merges, is checked against the input alone."""
+    rng = random.Random(seed)
+    lines, kept = [], []
+    for i in range(count):
+        position = T0 + i / 40
+        t = position - rng.uniform(0, 1)
+        late = position > T0 + 140 and rng.random() < 0.02
+        if late:
+            t = position - rng.uniform(60, 120)
+        record = {
+            "key": f"k{0 if rng.random() < 0.35 else rng.randrange(1, 15)}",
+            "value": rng.randrange(100_000) / 100,
+            "user": f"u{rng.randrange(40)}",
+            "ts": round(t, 3) if i % 3 else iso(int(round(t, 3) * US)),
+        }
+        lines.append(json.dumps(record))
+        if not late:
+            kept.append({**record, "t": parse_us(record["ts"])})
+    return lines, kept
+
+
+def land(folder: Path, lines: list[str], files: int, every_s: float) -> None:
+    """Write ``lines`` into ``folder`` as ``files`` files, one every ``every_s``, each
+    whole at once (written aside, then renamed)."""
+    size = -(-len(lines) // files)
+    for n in range(files):
+        part = folder / f".part-{n:04d}.tmp"
+        part.write_text("\n".join(lines[n * size : (n + 1) * size]) + "\n")
+        part.rename(folder / f"part-{n:04d}.jsonl")
+        time.sleep(every_s)
+
+
+def read_back(spark: Any, root: Path) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
+    """A Parquet sink's manifest, and its committed files read back with Spark: (start
+    us, key, count, sum, min, max, distinct) by window and key."""
+    manifest: list[dict[str, Any]] = json.loads((root / "_manifest.json").read_text())["windows"]
     starts = [w["start_us"] for w in manifest]
     assert starts == sorted(set(starts))  # each window once, in order
     # Only committed files: nothing written aside is left, nothing unlisted.
@@ -285,8 +382,47 @@ def test_parquet_files_hold_each_window_once_and_read_back_equal(
         (r["start"], r["key"], r["count"], r["sum"], r["min"], r["max"], r["distinct_users"])
         for r in back.withColumn("start", F.unix_micros("window_start")).collect()
     )
-    assert rows == Oracle.of(path, run).rows(spark)
     assert sum(w["rows"] for w in manifest) == len(rows)
+    return manifest, rows
+
+
+def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
+    workers, services, spark, tmp_path: Path
+) -> None:
+    lines, kept = steady_events(8_000, seed=15)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    writer = threading.Thread(target=land, args=(landing, lines, 8, 0.4), daemon=True)
+    folder = f"test-{uuid.uuid4().hex[:8]}"
+    doc = windowed(skewed_reference())
+    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
+    sink["params"] = {"sink": "parquet", "path": folder}
+    writer.start()
+    spec = LandingSpec(str(landing), stable_s=0.2, clean="archive", archive=str(tmp_path / "a"))
+    run = start(doc, policy(), source=spec)
+    victim = kill_a_batch_and_the_driver(run, workers, services)
+    try:
+        # Stopped once every file is read (a stopped landing run finishes its file).
+        writer.join()
+        deadline = time.monotonic() + 120
+        while SourceFile.objects.filter(run=run, state__in=["read", "cleaned"]).count() < 8:
+            assert time.monotonic() < deadline, "the run never read every file"
+            time.sleep(0.2)
+        run = stop_once_caught_up(run, writer)
+    finally:
+        workers.start(victim)
+        workers.wait_ready([victim])
+    taken = tmp_path / "ingested.jsonl"
+    write_ingested(run, taken)
+    assert taken.read_text().splitlines() == lines
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    assert result["late_records"] == len(lines) - len(kept)
+    # Stopping closed every window: each went to its file once, equal to Spark's window().
+    manifest, rows = read_back(spark, settings.BPCONSOLE_SINK_ROOT / folder)
+    assert rows == Oracle(kept, 0, 0, {}).rows(spark)
+    assert {w["run"] for w in manifest} == {run.pk}
 
 
 def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
@@ -311,3 +447,26 @@ def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE {table}")
     assert Run.objects.count() == before
+
+
+def test_a_parquet_folder_gone_unwritable_fails_the_run_with_why_and_commits_nothing(
+    workers, tmp_path: Path
+) -> None:
+    folder = f"test-{uuid.uuid4().hex[:8]}"
+    doc = windowed(skewed_reference())
+    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
+    sink["params"] = {"sink": "parquet", "path": folder}
+    run = create_run(
+        topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 2_000, 16))
+    )
+    # The folder was checked when the run was made; a file takes its place before it starts.
+    root = settings.BPCONSOLE_SINK_ROOT / folder
+    root.rmdir()
+    root.write_text("not a folder")
+    start_run(run)
+    run = wait_until_done(run)
+    assert run.status == "failed"
+    assert run.error.startswith(f"the sink could not be written: path '{folder}' cannot be written")
+    assert root.read_text() == "not a folder"
+    assert not WindowKey.objects.filter(run=run, closed_at__isnull=False).exists()
+    assert run.windows_closed.get("windows", 0) == 0

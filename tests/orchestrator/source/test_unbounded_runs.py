@@ -32,6 +32,7 @@ from tests.orchestrator.run.scenarios import (
     skewed_reference,
     start,
     stepwise_slowed,
+    stop_once_caught_up,
     wait_until_done,
 )
 
@@ -111,26 +112,6 @@ def _driver_gone(run: Run, services: Any, timeout_s: float = 30) -> Run:
     return run
 
 
-def _stop_once_caught_up(
-    run: Run, producer: Producer, timeout_s: float = 120, *, needs_takeover: bool = True
-) -> Run:
-    """Stop the run once the producer is done, a new driver took over from the killed
-    one (``needs_takeover``), and its live view shows nothing waiting outside it."""
-    producer.join(timeout=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while needs_takeover and Event.objects.filter(run=run, kind="driver").count() < 2:
-        assert time.monotonic() < deadline, "no driver took over from the killed one"
-        time.sleep(0.5)
-    while True:
-        lag = snapshot(run.pk)["source"]["lag"]
-        if lag is not None and lag["entries"] == 0:
-            break
-        assert time.monotonic() < deadline, f"the run never caught up: {lag}"
-        time.sleep(0.5)
-    set_status(run.pk, "stopping", reason="test: the producer is done")
-    return wait_until_done(run, timeout_s=timeout_s)
-
-
 def _assert_equals_the_plain_job(run: Run, doc: Any, tmp_path: Path) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     result = summary(run)
@@ -159,7 +140,7 @@ def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
     # When a Spark worker process and the driver's worker are killed mid-run
     _kill_a_spark_child_and_the_driver(run, workers, services, victims)
     # ...and the run is stopped once the producer is done and the folder is read
-    run = _stop_once_caught_up(run, producer)
+    run = stop_once_caught_up(run, producer)
     # Then it took every file in once, in arrival order, and equals the plain job
     _assert_equals_the_plain_job(run, doc, tmp_path)
     files = list(SourceFile.objects.filter(run=run).order_by("index"))
@@ -189,7 +170,7 @@ def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
     run = start(doc, policy(), source=StreamSpec(stream, linger_s=0.2))
     # When a Spark worker process and the driver's worker are killed mid-run
     _kill_a_spark_child_and_the_driver(run, workers, services, victims)
-    run = _stop_once_caught_up(run, producer)
+    run = stop_once_caught_up(run, producer)
     # Then every entry it took in was merged once and acknowledged
     result = _assert_equals_the_plain_job(run, doc, tmp_path)
     assert result["rows"], "records were aggregated"
@@ -226,7 +207,7 @@ def test_a_stopped_landing_run_and_the_next_one_take_every_file_once(
     set_status(first.pk, "stopping", reason="test: stop mid-stream")
     first = _driver_gone(wait_until_done(first), services)
     second = start(doc, policy(), source=spec)
-    second = _stop_once_caught_up(second, producer, needs_takeover=False)
+    second = stop_once_caught_up(second, producer, needs_takeover=False)
     second = _driver_gone(second, services)
     # Then each equals the plain job over what it took in, and together they took every
     # produced file exactly once, in order: nothing lost, nothing read twice

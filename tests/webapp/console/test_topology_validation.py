@@ -182,9 +182,9 @@ def test_a_window_shorter_than_the_tick_is_refused(reference: dict[str, Any]) ->
     ]
 
 
-def test_a_stateful_running_stage_takes_no_window(reference: dict[str, Any]) -> None:
-    doc = copy.deepcopy(reference)
-    doc["nodes"][1]["operator"] = "running"
-    doc["nodes"][1]["params"] = {"window_s": 10}
-    found = messages(doc)
-    assert any("unknown parameter 'window_s' for running" in m for m in found), found
+def test_a_stateful_running_stage_windows_like_the_aggregates() -> None:
+    doc = parse_yaml((REFERENCE.parent / "running-totals.yaml").read_text())
+    doc["nodes"][1]["params"]["window_s"] = 10
+    found = [m for m in messages(doc) if m.startswith("nodes: aggregating")]
+    assert len(found) == 1 and "totals1: {" in found[0] and "totals2: no window" in found[0]
+    assert messages(windowed(doc, window_s=10, event_time="ts")) == []
