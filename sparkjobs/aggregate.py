@@ -32,7 +32,7 @@ from sparkjobs.records import (
 )
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all
-from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, event_us, late, window_starts
+from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, late, window_starts, with_event_us
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,7 @@ def partial_aggregate(
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
     if spec is not None:
-        t = event_us(F.col(f"`{spec.field}`"))
-        parsed = parsed.withColumn(EVENT_COL, t).withColumn(
+        parsed = with_event_us(parsed, spec.field).withColumn(
             MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull()
         )
         # A malformed record keeps one row (no window); a good one has one per window

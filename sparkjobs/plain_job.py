@@ -29,7 +29,7 @@ from sparkjobs.records import (
     read_rows,
 )
 from sparkjobs.session import collect_all
-from sparkjobs.windows import event_us
+from sparkjobs.windows import EVENT_COL, with_event_us
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def _key_fields(row: Row, params: AggregateParams) -> dict[str, Any]:
 def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> BatchResult:
     """Spark's own ``window()`` over every record: a batch job sees the whole input at
     once, so no record is late (a live run's equal when none was)."""
-    t = event_us(F.col(f"`{spec.field}`"))
-    frame = frame.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | t.isNull())
-    good = frame.where(~F.col(MALFORMED_COL)).withColumn("_t", F.timestamp_micros(t))
+    frame = with_event_us(frame, spec.field)
+    frame = frame.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull())
+    good = frame.where(~F.col(MALFORMED_COL)).withColumn("_t", F.timestamp_micros(EVENT_COL))
     grouped = collect_all(
         good.groupBy(
             F.window("_t", f"{spec.size_us} microseconds", f"{spec.slide_us} microseconds"),

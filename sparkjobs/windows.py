@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sparkjobs.event_time import MAX_US, MIN_US, US, WindowSpec
@@ -20,17 +20,29 @@ WINDOW_COL = "_window"
 LATE_COL = "_late"
 
 
-def event_us(text: Column) -> Column:
-    """A record's event time in microseconds, or null (``parse_us`` in Spark). The field
-    is read as text: Spark's JSON reader gives a number its literal text."""
-    trimmed = F.trim(text)
+def with_event_us(frame: DataFrame, field: str, name: str = EVENT_COL) -> DataFrame:
+    """``frame`` with column ``name``: the event time in microseconds of text column
+    ``field``, or null (``parse_us`` in Spark). The field is read as text: Spark's JSON
+    reader gives a number its literal text.
+
+    Each step is a column of its own, so the text is trimmed and parsed once per record
+    whatever Spark's code generation does: built as one expression, the plan held the
+    parse three times (the range check repeats the value). Spark keeps projections
+    apart when merging them would repeat an expensive expression."""
+    text, parsed = f"{name}_text", f"{name}_parsed"
+    trimmed = F.col(text)
     # try_ all the way: a hostile number must be no time, not a failed job (ANSI mode).
     number = F.floor(F.try_multiply(trimmed.try_cast("DECIMAL(38,12)"), F.lit(US)))
     number = number.try_cast("BIGINT")
     stamp = F.unix_micros(F.try_to_timestamp(trimmed))
     # "1_000" is no number to Spark's cast either; refused on both sides.
     t = F.when(trimmed.contains("_"), F.lit(None)).otherwise(F.coalesce(number, stamp))
-    return F.when(t.between(MIN_US, MAX_US), t)
+    return (
+        frame.withColumn(text, F.trim(F.col(f"`{field}`")))
+        .withColumn(parsed, t)
+        .withColumn(name, F.when(F.col(parsed).between(MIN_US, MAX_US), F.col(parsed)))
+        .drop(text, parsed)
+    )
 
 
 def window_starts(t: Column, spec: WindowSpec) -> Column:
@@ -56,4 +68,8 @@ def late(
     high = F.create_map(*pairs)[segment]
     end = start + F.lit(spec.size_us)
     never = F.lit(False)  # noqa: FBT003 - a Spark literal
-    return F.coalesce(end <= high - F.lit(spec.lateness_us), never)
+    # Nearly every record is on time: one comparison with the batch's highest watermark
+    # rules it out before the look-up of its own segment's.
+    highest = max(known.values()) - spec.lateness_us
+    own = F.coalesce(end <= high - F.lit(spec.lateness_us), never)
+    return F.when(end <= F.lit(highest), own).otherwise(never)

@@ -18,7 +18,7 @@ from orchestrator.pipeline.event_high import segment_high
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.event_time import US, WindowSpec, parse_us
 from sparkjobs.merge import combine_partials
-from sparkjobs.windows import event_us
+from sparkjobs.windows import with_event_us
 
 TIMES = [
     ("1790000000", 1_790_000_000 * US),
@@ -45,7 +45,7 @@ def test_an_event_time_means_the_same_in_python(text: str, expected: int | None)
 
 def test_an_event_time_means_the_same_in_spark(spark: Any) -> None:
     frame = spark.createDataFrame([(t,) for t, _ in TIMES], "t STRING")
-    got = [row["us"] for row in frame.select(event_us(F.col("t")).alias("us")).collect()]
+    got = [row["us"] for row in with_event_us(frame, "t", "us").select("us").collect()]
     assert got == [expected for _, expected in TIMES]
 
 
@@ -102,7 +102,8 @@ def test_hopping_windows_equal_spark_window_and_late_records_stay_out(
     )
     expected = (
         frame.withColumn("value", F.col("value").cast("DECIMAL(38,10)"))
-        .withColumn("t", F.timestamp_micros(event_us(F.col("ts"))))
+        .transform(lambda f: with_event_us(f, "ts", "us"))
+        .withColumn("t", F.timestamp_micros("us"))
         .groupBy(F.window("t", "6 seconds", "2 seconds"), "key")
         .agg(
             F.count(F.lit(1)).alias("count"),

@@ -4,12 +4,17 @@ messages. Through the whole ASGI application, so the origin check of asgi.py is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 from kazoo.client import KazooClient
@@ -17,6 +22,7 @@ from kazoo.client import KazooClient
 from orchestrator import service
 from orchestrator.models import Run
 from orchestrator.run.publisher import publish
+from orchestrator.zk.control_plane import ControlPlane
 from tests.webapp.console.factories import client_for, make_run, make_user
 from webapp.asgi import application
 
@@ -136,11 +142,22 @@ def refuse_zookeeper(*args: Any, **kwargs: Any) -> None:
     raise AssertionError("the web process opened a ZooKeeper session")
 
 
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as resources:
+        yield resources
+
+
 def test_a_late_viewer_gets_the_drivers_last_snapshot_without_zookeeper(
-    services, monkeypatch
+    services, monkeypatch, stack: contextlib.ExitStack
 ) -> None:
-    # Given a running run whose driver published a tick (kept beside the channel layer)
+    # Given a running run whose driver (this test, holding its lock, so that no
+    # watchdog starts a real one) published a tick (kept beside the channel layer)
     run = make_run()
+    control = stack.enter_context(ControlPlane.connect(settings.ZK_HOSTS))
+    lock = control.driver_lock(str(run.pk), f"{socket.gethostname()}:{os.getpid()}:test")
+    assert lock.acquire(timeout=10)
+    stack.callback(lock.release)
     Run.objects.filter(pk=run.pk).update(status="running")
     tick = service.snapshot(run.pk)
     tick = {
