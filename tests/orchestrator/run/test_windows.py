@@ -331,7 +331,7 @@ def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_d
 
 def steady_events(count: int, seed: int) -> tuple[list[str], list[dict[str, Any]]]:
     """JSON lines at 40 records per event-time second, up to 1 s out of order (less than
-    the lateness: never late), and after the first 140 s one record in 50 from 60 to
+    the lateness: never late), and after the first 70 s one record in 50 from 60 to
     120 s back (always late, however the input is cut into chunks of up to 25 s).
     Returns the lines and the records on time, each with its time "t" in us: which
     records are late does not depend on chunk boundaries, so a continuous run, whose
@@ -341,7 +341,7 @@ def steady_events(count: int, seed: int) -> tuple[list[str], list[dict[str, Any]
     for i in range(count):
         position = T0 + i / 40
         t = position - rng.uniform(0, 1)
-        late = position > T0 + 140 and rng.random() < 0.02
+        late = position > T0 + 70 and rng.random() < 0.02
         if late:
             t = position - rng.uniform(60, 120)
         record = {
@@ -389,10 +389,10 @@ def read_back(spark: Any, root: Path) -> tuple[list[dict[str, Any]], list[tuple[
 def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
     workers, services, spark, tmp_path: Path
 ) -> None:
-    lines, kept = steady_events(8_000, seed=15)
+    lines, kept = steady_events(6_000, seed=15)
     landing = tmp_path / "landing"
     landing.mkdir()
-    writer = threading.Thread(target=land, args=(landing, lines, 8, 0.4), daemon=True)
+    writer = threading.Thread(target=land, args=(landing, lines, 6, 0.4), daemon=True)
     folder = f"test-{uuid.uuid4().hex[:8]}"
     doc = windowed(skewed_reference())
     sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
@@ -405,7 +405,7 @@ def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
         # Stopped once every file is read (a stopped landing run finishes its file).
         writer.join()
         deadline = time.monotonic() + 120
-        while SourceFile.objects.filter(run=run, state__in=["read", "cleaned"]).count() < 8:
+        while SourceFile.objects.filter(run=run, state__in=["read", "cleaned"]).count() < 6:
             assert time.monotonic() < deadline, "the run never read every file"
             time.sleep(0.2)
         run = stop_once_caught_up(run, writer)
