@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from django.db.models import Count, Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
@@ -22,6 +22,7 @@ from orchestrator.models import Adjustment, Event, Instance, MergedChunk, Run, S
 from orchestrator.pipeline.graph import pipeline_windows
 from orchestrator.run.generation import Preparing, preparing
 from orchestrator.source.base import LagJson
+from sparkjobs.keygroups import KEY_SLOTS
 
 RECENT_EVENTS = 30
 
@@ -159,14 +160,17 @@ def _links(
 
 
 def progress(run: Run) -> Progress:
+    # A keyed stage merges a chunk in parts, one per key group, each naming the whole
+    # chunk's bytes: a part counts for its share of the key slots.
+    slots = F("slots_to") - F("slots_from")
     merged = MergedChunk.objects.filter(run=run).aggregate(
-        length=Sum("origin_length"), chunks=Count("id")
+        length=Sum(F("origin_length") * slots), slots=Sum(slots)
     )
     total = int(run.input_spec.get("extent_total") or 0)
-    done = int(merged["length"] or 0)
-    folded = int((run.merged_prefix or {}).get("parts", 0))  # coalesced rows
+    done = int(merged["length"] or 0) // KEY_SLOTS
+    folded = int((run.merged_prefix or {}).get("chunk", 0))  # coalesced chunks
     return Progress(
-        merged_chunks=int(merged["chunks"] or 0) + folded,
+        merged_chunks=int(merged["slots"] or 0) // KEY_SLOTS + folded,
         chunks_total=run.chunks_total,
         completed_fraction=(done / total) if total else 0.0,
         migrated_segments=Segment.objects.filter(run=run).exclude(migrated_from="").count(),

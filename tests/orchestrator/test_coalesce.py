@@ -10,6 +10,7 @@ import pytest
 from orchestrator.ledger import segments
 from orchestrator.ledger.coalesce import coalesce
 from orchestrator.models import MergedChunk, Run, Segment, SourceFile
+from orchestrator.run.snapshot import progress
 from sparkjobs.keygroups import KEY_SLOTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -197,3 +198,25 @@ def test_old_balancer_events_thin_to_one_per_kind_node_and_hour() -> None:
         ["set_flag", "set_shares", "operator_migrate", "driver", *["set_flag"] * 5]
     )
     assert thin_events(run.pk, older_than_s=3600) == 0
+
+
+def test_a_chunk_merged_in_key_group_parts_counts_once_and_by_its_share() -> None:
+    # Given a keyed run of 4 chunks of 10 bytes: chunk 0 merged in two halves of the key
+    # slots, chunk 1 in one half only
+    run = _stream_run(4)
+    half = KEY_SLOTS // 2
+    _merge(run, 0, [(0, half), (half, KEY_SLOTS)])
+    _merge(run, 1, [(0, half)])
+    Run.objects.filter(pk=run.pk).update(input_spec={**run.input_spec, "extent_total": 40})
+    run.refresh_from_db()
+    # Then the progress shown counts whole chunks and bytes, never a part as a chunk
+    shown = progress(run)
+    assert shown["merged_chunks"] == 1
+    assert shown["completed_fraction"] == (10 + 5) / 40
+    # ...and chunks folded into the merged prefix count as chunks, not as their parts
+    Run.objects.filter(pk=run.pk).update(
+        merged_prefix={"chunk": 1, "file": 0, "offset": 10, "parts": 2}
+    )
+    MergedChunk.objects.filter(run=run, chunk=0).delete()
+    run.refresh_from_db()
+    assert progress(run)["merged_chunks"] == 1
