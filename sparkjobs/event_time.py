@@ -71,6 +71,13 @@ class WindowSpec:
         largest earlier event time was ``high_before_us`` (None: no earlier event)?"""
         return closes(start_us + self.size_us, high_before_us, self.lateness_us)
 
+    def describe(self) -> str:
+        """The spec in the pipeline's own words (seconds), for messages."""
+        return (
+            f"window_s {self.size_us / US:g}, slide_s {self.slide_us / US:g}, "
+            f"event_time {self.field}, lateness_s {self.lateness_us / US:g}"
+        )
+
     def to_json(self) -> dict[str, int | str]:
         return {
             "event_time": self.field,

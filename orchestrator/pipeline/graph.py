@@ -245,7 +245,7 @@ def window_problems(
             ]
         return []
     shown = "; ".join(
-        f"{name}: {'no window' if spec is None else spec.to_json()}"
+        f"{name}: {'no window' if spec is None else spec.describe()}"
         for name, spec in sorted(specs.items())
     )
     return [f"aggregating nodes must have the same window fields, got {shown}"]
