@@ -78,6 +78,12 @@ def windowed(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def sinking(doc: dict[str, Any], **params: str) -> dict[str, Any]:
+    """``doc`` with its sink node's parameters set to ``params``."""
+    next(n for n in doc["nodes"] if n["kind"] == "sink")["params"] = params
+    return doc
+
+
 def chunk_records(path: Path, run: Run) -> list[tuple[int, list[dict[str, Any]]]]:
     """Each source chunk's parsed records, by chunk, from the input's own bytes."""
     data = path.read_bytes()
@@ -300,8 +306,7 @@ def test_a_postgres_table_gets_every_window_once_after_a_worker_and_the_driver_d
     path = write_events(tmp_path, 16_000, seed=12)
     table = f"windows_{uuid.uuid4().hex[:8]}"
     doc = windowed(skewed_reference())
-    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
-    sink["params"] = {"sink": "postgres", "table": table}
+    sinking(doc, sink="postgres", table=table)
     run = start(doc, policy(), input_path=str(path))
     victim = kill_a_batch_and_the_driver(run, workers, services)
     run = wait_until_done(run)
@@ -395,8 +400,7 @@ def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
     writer = threading.Thread(target=land, args=(landing, lines, 6, 0.4), daemon=True)
     folder = f"test-{uuid.uuid4().hex[:8]}"
     doc = windowed(skewed_reference())
-    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
-    sink["params"] = {"sink": "parquet", "path": folder}
+    sinking(doc, sink="parquet", path=folder)
     writer.start()
     spec = LandingSpec(str(landing), stable_s=0.2, clean="archive", archive=str(tmp_path / "a"))
     run = start(doc, policy(), source=spec)
@@ -429,11 +433,10 @@ def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
     workers, tmp_path: Path
 ) -> None:
     doc = windowed(skewed_reference())
-    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
     table = f"taken_{uuid.uuid4().hex[:8]}"
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TABLE {table} (window_start date, key int, count text)")
-    sink["params"] = {"sink": "postgres", "table": table}
+    sinking(doc, sink="postgres", table=table)
     before = Run.objects.count()
     with pytest.raises(RunError) as refused:
         create_run(topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 10, 1)))
@@ -441,7 +444,7 @@ def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
     assert f"table {table} exists and its columns do not fit" in message
     assert "window_start (date; needs timestamp with time zone)" in message
     assert "window_end (missing" in message
-    sink["params"] = {"sink": "postgres", "table": table, "database": "elsewhere"}
+    sinking(doc, sink="postgres", table=table, database="elsewhere")
     with pytest.raises(RunError, match="database 'elsewhere' is not configured"):
         create_run(topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 10, 1)))
     with connection.cursor() as cursor:
@@ -454,8 +457,7 @@ def test_a_parquet_folder_gone_unwritable_fails_the_run_with_why_and_commits_not
 ) -> None:
     folder = f"test-{uuid.uuid4().hex[:8]}"
     doc = windowed(skewed_reference())
-    sink = next(n for n in doc["nodes"] if n["kind"] == "sink")
-    sink["params"] = {"sink": "parquet", "path": folder}
+    sinking(doc, sink="parquet", path=folder)
     run = create_run(
         topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 2_000, 16))
     )
