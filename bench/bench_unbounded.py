@@ -296,12 +296,15 @@ def source_view(run_id: int) -> dict[str, Any] | None:
     return dict(view) if view else None
 
 
-def start_unbounded(doc: PipelineDocument, spec: Any) -> Any:
-    """Create and start the run; return once its driver reports the source's lag."""
+def start_unbounded(
+    doc: PipelineDocument, spec: Any, run_policy: dict[str, Any] | None = None
+) -> Any:
+    """Create and start the run (with ``run_policy``, else the throughput policy);
+    return once its driver reports the source's lag."""
     from orchestrator.run.lifecycle import create_run
     from orchestrator.tasks import start_run
 
-    run = create_run(topology=doc, policy=policy(), source=spec)
+    run = create_run(topology=doc, policy=run_policy or policy(), source=spec)
     start_run(run)
     deadline = time.monotonic() + 180
     while True:

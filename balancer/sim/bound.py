@@ -5,6 +5,11 @@
 * :func:`fluid_bound`: the completion time of an ideal queue fed by the source's
   schedule and drained at the max-flow rate. Whatever the routing, data cannot leave
   the pipeline faster than max flow, nor before it was emitted.
+* :func:`reduced_max_flow`: max flow counted in the source's bytes when operators shrink
+  (or grow) what passes through them, as live operators do: an aggregation's output
+  is a small fraction of its input, so the links after it carry far more of the
+  source's data than their bandwidth in bytes. The live fluid bound is
+  :func:`schedule_bound` at this rate (bench/bench_policies.py).
 * :func:`minimum_share`: a lower bound on the share of the data that must leave its
   tagged branch for the run to finish by a given time. Branch ``i`` alone carries at
   most ``c_i`` bytes per second (its max flow with the source's other links cut), so by
@@ -20,9 +25,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
+from balancer.sim.calibration import source_gains
 from balancer.sim.workload import Workload
 from balancer.topology import Topology
 
@@ -90,15 +97,55 @@ def branch_capacities(topology: Topology) -> dict[str, float]:
     return {child: max_flow(topology, frozenset({child})) for child in topology.downstreams(source)}
 
 
-def fluid_bound(workload: Workload, rate_bps: float) -> float:
-    """Completion time of an ideal queue fed by ``workload`` and drained at ``rate_bps``.
+def reduced_max_flow(topology: Topology, reductions: Mapping[str, float]) -> float:
+    """Max flow in the sources' bytes per second, when node ``n`` sends on
+    ``reductions[n]`` bytes per byte it takes in (1 where not given).
+
+    Each capacity is converted to source bytes: a link out of ``u`` carries
+    ``bandwidth / gain(u)`` of them, where ``gain(u)`` is the product of the reductions on
+    the way from the source to ``u``'s output, and a node's processing limit applies to
+    its input, ``max_rate / gain(input of n)``. Where paths into a node differ in gain
+    the smallest is taken, which overstates the flow: the time bound stays a bound.
+    """
+    gain_in, gain_out = source_gains(topology, reductions)
+    nodes = [
+        replace(spec, max_rate_bps=_in_source_bytes(spec.max_rate_bps, gain_in[spec.id]))
+        for spec in topology.nodes
+    ]
+    links = [
+        replace(link, bandwidth_bps=_in_source_bytes(link.bandwidth_bps, gain_out[link.src]))
+        for link in topology.links
+    ]
+    return max_flow(Topology.build(nodes, links))
+
+
+def _in_source_bytes(capacity_bps: float, gain: float) -> float:
+    """A capacity in source bytes per second; 0 stays "unlimited", and so does a
+    capacity that carries nothing of the source's (gain 0)."""
+    if capacity_bps <= 0 or gain <= 0:
+        return 0.0
+    return capacity_bps / gain
+
+
+def schedule_bound(arrivals: np.ndarray, sizes: np.ndarray, rate_bps: float) -> float:
+    """Completion time of an ideal queue fed ``sizes[k]`` bytes at ``arrivals[k]``
+    (non-decreasing) and drained at ``rate_bps``.
 
     The queue is done at ``T`` iff for every ``s <= T`` what arrived before ``s`` plus
     ``rate * (T - s)`` covers the volume; the binding ``s`` is an arrival instant, so
-    ``T = max_k (a_k + (V - bytes before packet k) / rate)``.
+    ``T = max_k (a_k + (V - bytes before arrival k) / rate)``.
     """
-    before = np.arange(workload.packets) * workload.packet_bytes
-    return float(np.max(workload.arrivals + (workload.volume_bytes - before) / rate_bps))
+    if len(arrivals) == 0:
+        return 0.0
+    before = np.cumsum(sizes) - sizes
+    return float(np.max(arrivals + (float(np.sum(sizes)) - before) / rate_bps))
+
+
+def fluid_bound(workload: Workload, rate_bps: float) -> float:
+    """Completion time of an ideal queue fed by ``workload`` and drained at ``rate_bps``
+    (:func:`schedule_bound` of its packets)."""
+    sizes = np.full(workload.packets, workload.packet_bytes, dtype=float)
+    return schedule_bound(workload.arrivals, sizes, rate_bps)
 
 
 def own_branch_output(workload: Workload, tag: int, rate_bps: float, until_s: float) -> float:

@@ -6,6 +6,8 @@
     --table [--volumes 500MB,1GB,2GB,5GB] [--json]   every policy at each volume
     --sweep [--json]        published migration, alpha x beta at --volume (Table 1)
     --plot FILE.png         completed fraction every 5 s: credit, published, ours
+    --replay FILE [--policy NAME] [--json]   a live run replayed with its calibrated runtime
+                            (the file ``manage.py calibrate_sim RUN --out FILE`` writes)
 
 :func:`main` takes the arguments and returns the exit status; it writes only to stdout
 (results) and stderr (errors), and never exits the interpreter itself.
@@ -39,6 +41,7 @@ from balancer.sim.reference import (
     parse_volume,
     reference_topology,
 )
+from balancer.sim.replay import Replay
 from balancer.topology import Topology
 
 PLOTTED = ("credit", "pressure", "ours")
@@ -51,6 +54,14 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, or a usage error argparse already reported
         return int(stop.code or 0)
+    if args.replay:
+        try:
+            replay = _load_replay(args.replay)
+        except (OSError, ValueError, KeyError, TypeError) as problem:
+            print(f"simulate: {args.replay}: {problem}", file=sys.stderr)
+            return 2
+        _print_replay(replay, [args.policy] if args.policy else list(BENCHMARK_POLICIES), args.json)
+        return 0
     try:
         topology = load_topology(args.topology) if args.topology else reference_topology()
         volume = parse_volume(args.volume)
@@ -86,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--table", action="store_true", help="every policy at the four volumes")
     mode.add_argument("--sweep", action="store_true", help="alpha/beta sweep (published)")
     mode.add_argument("--plot", type=Path, metavar="FILE.png", help="completed-fraction plot")
+    parser.add_argument(
+        "--replay", type=Path, metavar="FILE", help="a live run's replay (manage.py calibrate_sim)"
+    )
     parser.add_argument("--volume", default="5GB", help="data volume, e.g. 500MB, 5GB")
     parser.add_argument(
         "--volumes",
@@ -190,3 +204,43 @@ def _plot(topology: Topology, volume: float, seed: int, path: Path, label: str) 
         bound_s=scenario.bound_s,
     )
     print(f"wrote {path}")
+
+
+MAX_REPLAY_BYTES = 64 * 2**20
+
+
+def _load_replay(path: Path) -> Replay:
+    if path.stat().st_size > MAX_REPLAY_BYTES:
+        raise ValueError(f"larger than {MAX_REPLAY_BYTES // 2**20} MB")
+    return Replay.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _print_replay(replay: Replay, names: Sequence[str], as_json: bool) -> None:
+    bound = replay.live_bound_s()
+    results = {name: replay.run(name) for name in names}
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "live_bound_s": round(bound, 3),
+                    "runtime": replay.runtime.to_json(),
+                    "policies": {
+                        name: {
+                            "completion_s": round(r.completion_s, 3),
+                            "ratio_to_bound": round(r.completion_s / bound, 4),
+                            "migrated_share": round(r.migrated_share, 4),
+                        }
+                        for name, r in results.items()
+                    },
+                }
+            )
+        )
+        return
+    volume = replay.workload.volume_bytes / 2**20
+    print(f"Replay of {volume:.1f} MB; live fluid bound {bound:.1f} s; {replay.runtime.to_json()}")
+    print(f"  {'policy':<22}{'time (s)':>10}{'x bound':>9}{'migrated':>10}")
+    for name, r in results.items():
+        print(
+            f"  {BENCHMARK_POLICIES[name].label:<22}{r.completion_s:>10.1f}"
+            f"{r.completion_s / bound:>9.3f}{r.migrated_share:>10.1%}"
+        )

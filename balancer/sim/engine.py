@@ -61,16 +61,20 @@ from balancer.model import (
 )
 from balancer.policy import Policy
 from balancer.runtime import Measured, Measurement
+from balancer.sim.calibration import RuntimeModel, source_gains
 from balancer.sim.runtime import SimRuntime
 from balancer.sim.workload import Workload
 from balancer.stepwise import TaskSpeed, apply_signal
 from balancer.topology import Topology
 
-_ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE = range(5)
+_ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE, _BATCH_DONE = range(6)
 _EPS = 1e-9
 # Packets a link holds at once (one on the wire, one waiting): the sender's socket
 # buffer. More waiting data stays in the sender's queue, where its level shows it.
 _LINK_BUFFER = 2
+# Batch mode's pool of Spark workers, which every operator shares (a sink's pool is its
+# node index).
+_SPARK = -1
 # How often window mode looks for timed-out batches; the timeout itself is the policy's.
 _EXPIRE_CHECK_S = 1.0
 
@@ -145,6 +149,7 @@ class _Windows:
 
 class _Node:
     __slots__ = (
+        "batched",
         "bytes_in",
         "bytes_out",
         "capacity",
@@ -164,6 +169,7 @@ class _Node:
         "proc_s",
         "queue",
         "r_max",
+        "ready",
         "route_in",
         "speed",
         "splits",
@@ -193,6 +199,10 @@ class _Node:
         self.credits: dict[int, float] = {}
         self.splits: list[_Split] = []
         self.migrations: dict[int, _Migration] = {}
+        # Batch mode (a RuntimeModel): packets at the head of the queue already processed,
+        # and packets being processed in a batch behind them; -1: no batch asked for.
+        self.ready = 0
+        self.batched = -1
 
 
 class Simulator:
@@ -204,19 +214,27 @@ class Simulator:
         workload: Workload,
         policy: Policy,
         controllers: Sequence[Controller] = (),
+        runtime: RuntimeModel | None = None,
     ) -> None:
+        """``runtime``: operators as the live runtime runs them (batches on shared
+        workers, data reduced as measured); without it, the published model."""
         (self.source_id,) = topology.sources()
         self.topology, self.workload, self.policy = topology, workload, policy
         self.controllers = tuple(controllers)
         self.size = workload.packet_bytes
+        self.model = runtime
         ids = list(topology.order)
         self.index = {n: i for i, n in enumerate(ids)}
+        # A packet's size in each node's queue and as it leaves the node.
+        gain_in, gain_out = source_gains(topology, runtime.reductions if runtime else {})
+        self.in_size = [self.size * gain_in[n] for n in ids]
+        self.out_size = [self.size * gain_out[n] for n in ids]
         self.nodes: list[_Node] = []
         for i, node_id in enumerate(ids):
             spec = topology.node(node_id)
-            if spec.capacity_bytes < self.size and node_id != self.source_id:
+            if spec.capacity_bytes < self.in_size[i] and node_id != self.source_id:
                 raise ValueError(f"queue of {node_id} cannot hold one packet")
-            proc_s = self.size / spec.max_rate_bps if spec.max_rate_bps else 0.0
+            proc_s = self.in_size[i] / spec.max_rate_bps if spec.max_rate_bps else 0.0
             node = _Node(i, node_id, spec.capacity_bytes, proc_s)
             node.downs = tuple(self.index[d] for d in topology.downstreams(node_id))
             node.ups = tuple(self.index[u] for u in topology.upstreams(node_id))
@@ -230,8 +248,19 @@ class Simulator:
         # Link state per (src, dst): [free from, serialisation time, latency].
         self.links: dict[tuple[int, int], list[float]] = {}
         for link in topology.links:
-            tx = self.size / link.bandwidth_bps if link.bandwidth_bps else 0.0
-            self.links[(self.index[link.src], self.index[link.dst])] = [0.0, tx, link.latency_s]
+            src = self.index[link.src]
+            tx = self.out_size[src] / link.bandwidth_bps if link.bandwidth_bps else 0.0
+            self.links[(src, self.index[link.dst])] = [0.0, tx, link.latency_s]
+        # Batch mode: operators share the pool of Spark workers (_SPARK); a sink merges
+        # its own batches one at a time (its pool is its index). Per pool, the nodes
+        # waiting for a worker in the order they asked, and the workers free.
+        self.pool_of = self._pools(runtime)
+        self.batching = frozenset(self.pool_of)
+        self.waiting_batches: dict[int, deque[int]] = {p: deque() for p in self.pool_of.values()}
+        self.free_workers = {
+            p: (runtime.workers if p == _SPARK and runtime is not None else 1)
+            for p in self.pool_of.values()
+        }
         self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
         self.done_times = np.full(workload.packets, math.nan)
         self.left_source = np.full(workload.packets, math.nan)
@@ -256,6 +285,19 @@ class Simulator:
             for i in range(len(self.controllers))
         ]
         self.levels = SimRuntime(self, functools.partial(self._measure, None))
+
+    def _pools(self, runtime: RuntimeModel | None) -> dict[int, int]:
+        """Which nodes process batches, and in which pool of workers."""
+        pools: dict[int, int] = {}
+        if runtime is None:
+            return pools
+        for n, i in self.index.items():
+            kind = self.topology.node(n).kind
+            if kind == "operator":
+                pools[i] = _SPARK
+            elif kind == "sink" and runtime.batches_sinks:
+                pools[i] = i
+        return pools
 
     # --- the event loop -------------------------------------------------------------------
 
@@ -284,6 +326,8 @@ class Simulator:
                     self._forward(node)
             elif kind == _CONTROL:
                 self._control(a)
+            elif kind == _BATCH_DONE:
+                self._batch_done(self.nodes[a])
             elif self.windows is not None:
                 self._expire(self.windows)
         return SimResult(
@@ -324,6 +368,45 @@ class Simulator:
         if not node.queue:
             node.head_ready = self.now + node.proc_s
         node.queue.append(packet)
+        if node_index in self.batching:
+            self._ask_batch(node)
+        self._forward(node)
+
+    # --- batch mode: operators as the live runtime runs them --------------------------------
+
+    def _ask_batch(self, node: _Node) -> None:
+        """A node with unprocessed input and no batch asks for one (a live driver sends
+        one task per node at a time; the workers take tasks in the order sent)."""
+        if node.batched < 0 and len(node.queue) > node.ready:
+            node.batched = 0
+            pool = self.pool_of[node.index]
+            self.waiting_batches[pool].append(node.index)
+            self._start_batches(pool)
+
+    def _start_batches(self, pool: int) -> None:
+        model = self.model
+        if model is None:
+            return  # the published model: no batches
+        waiting = self.waiting_batches[pool]
+        while self.free_workers[pool] and waiting:
+            node = self.nodes[waiting.popleft()]
+            # The batch claims what has arrived when its worker starts it.
+            size = self.in_size[node.index]
+            count = len(node.queue) - node.ready
+            if math.isfinite(model.max_batch_bytes):
+                count = min(count, max(1, int(model.max_batch_bytes // size)))
+            node.batched = count
+            self.free_workers[pool] -= 1
+            cost = model.batch_s if pool == _SPARK else model.sink_batch_s
+            self._push(self.now + cost(count * size), _BATCH_DONE, node.index)
+
+    def _batch_done(self, node: _Node) -> None:
+        node.ready += node.batched
+        node.batched = -1
+        pool = self.pool_of[node.index]
+        self.free_workers[pool] += 1
+        self._ask_batch(node)
+        self._start_batches(pool)
         self._forward(node)
 
     # --- forwarding -----------------------------------------------------------------------
@@ -335,8 +418,11 @@ class Simulator:
             self._window_dispatch(windows)
             return
         acks = windows if windows is not None and node.index in self.source.downs else None
+        batching = node.index in self.batching
         while node.queue:
-            if node.head_ready > self.now + _EPS:
+            if batching and node.ready == 0:
+                return  # the head is still being processed, or waits for a worker
+            if not batching and node.head_ready > self.now + _EPS:
                 self._wake(node, node.head_ready)
                 return
             packet = node.queue[0]
@@ -352,6 +438,8 @@ class Simulator:
             if not self._admits(node, target):
                 return
             node.queue.popleft()
+            if batching:
+                node.ready -= 1
             commit()
             self._send(node, target, packet)
             if node.queue:
@@ -361,8 +449,10 @@ class Simulator:
 
     def _consume(self, node: _Node, packet: int, acks: _Windows | None) -> None:
         node.queue.popleft()
-        node.occupancy -= self.size
-        node.bytes_out += self.size
+        if node.index in self.batching:
+            node.ready -= 1
+        node.occupancy -= self.in_size[node.index]
+        node.bytes_out += self.in_size[node.index]
         if node.queue:
             node.head_ready = self.now + node.proc_s
         if acks is not None:
@@ -379,10 +469,11 @@ class Simulator:
             self._wake(node, opens)  # the link's send buffer is full until then
             return False
         receiver = self.nodes[target]
-        if receiver.occupancy + self.size > receiver.capacity + _EPS:
+        size = self.in_size[target]
+        if receiver.occupancy + size > receiver.capacity + _EPS:
             return False  # the receiver's put() would block: no room
         if self.policy.throttling == "credit":
-            return node.credits.get(target, 0.0) + _EPS >= self.size
+            return node.credits.get(target, 0.0) + _EPS >= size
         return True
 
     def _send(self, node: _Node, target: int, packet: int) -> None:
@@ -390,15 +481,17 @@ class Simulator:
         start = max(self.now, link[0])
         link[0] = start + link[1]
         self._push(link[0] + link[2], _DELIVER, target, packet)
-        size = self.size
-        node.occupancy -= size
-        node.bytes_out += size
+        # Rates count a node's input bytes (as a live node's "done" does); what travels
+        # the link is its output.
+        taken, size = self.in_size[node.index], self.in_size[target]
+        node.occupancy -= taken
+        node.bytes_out += taken
         if node is self.source and math.isnan(self.left_source[packet]):
             self.left_source[packet] = self.now
         if node.credits:
             node.credits[target] = node.credits.get(target, 0.0) - size
         if node.pace < 1.0 and math.isfinite(node.r_max):
-            node.next_send = self.now + size / (node.pace * node.r_max)
+            node.next_send = self.now + self.out_size[node.index] / (node.pace * node.r_max)
         receiver = self.nodes[target]
         receiver.occupancy += size
         receiver.bytes_in += size
@@ -409,11 +502,11 @@ class Simulator:
     def _count_route_in(self, node: _Node, packet: int) -> None:
         tag = int(self.tag_node[packet])
         if len(node.downs) > 1 and tag in node.downs:
-            node.route_in[tag] = node.route_in.get(tag, 0.0) + self.size
+            node.route_in[tag] = node.route_in.get(tag, 0.0) + self.in_size[node.index]
 
     def _after_drain(self, node: _Node) -> None:
         self._level_changed(node)
-        if node.occupancy + self.size <= node.capacity + _EPS:
+        if node.occupancy + self.in_size[node.index] <= node.capacity + _EPS:
             for up in node.ups:
                 self._wake(self.nodes[up], self.now)
 
@@ -561,13 +654,14 @@ class Simulator:
 
     def _head_by_route(self, node: _Node) -> dict[str, float]:
         """Bytes per tag among what the node sends next, at most one buffer of it."""
-        limit = max(1, int(node.capacity // self.size))
+        size = self.in_size[node.index]
+        limit = max(1, int(node.capacity // size))
         by_route: dict[str, float] = {}
         order = self.topology.order
         for packet in itertools.islice(node.queue, limit):
             tag = int(self.tag_node[packet])
             if tag in node.downs:
-                by_route[order[tag]] = by_route.get(order[tag], 0.0) + self.size
+                by_route[order[tag]] = by_route.get(order[tag], 0.0) + size
         return by_route
 
     def apply(self, action: Action) -> None:

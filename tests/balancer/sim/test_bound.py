@@ -13,6 +13,8 @@ from balancer.sim.bound import (
     fluid_bound,
     max_flow,
     minimum_share,
+    reduced_max_flow,
+    schedule_bound,
 )
 from balancer.sim.reference import MBIT, reference_topology
 from balancer.sim.workload import Workload
@@ -73,3 +75,62 @@ def test_tags_matching_the_capacities_need_no_migration() -> None:
     workload = tagged([0.0] * 10, [0, 1] * 5)
 
     assert minimum_share(workload, {"1": MB, "2": MB}, 5.0) == 0.0
+
+
+def test_an_aggregation_that_shrinks_its_data_lifts_the_links_after_it() -> None:
+    # Out of each branch goes a tenth of what came in: the output links (25, 25, 75)
+    # carry 250, 250, 750 of the source's Mb/s, so the input links (50, 50, 100) bind.
+    reductions = {"1": 0.1, "2": 0.1, "3": 0.1}
+
+    assert reduced_max_flow(reference_topology(), reductions) == pytest.approx(200 * MBIT)
+
+
+def test_without_reductions_the_flow_is_the_plain_max_flow() -> None:
+    assert reduced_max_flow(reference_topology(), {}) == pytest.approx(125 * MBIT)
+
+
+def test_an_operator_that_grows_its_data_narrows_the_links_after_it() -> None:
+    # Branch 3 doubles its data: its 75 Mb/s output link carries 37.5 of the source's.
+    flow = reduced_max_flow(reference_topology(), {"3": 2.0})
+
+    assert flow == pytest.approx((25 + 25 + 37.5) * MBIT)
+
+
+def test_a_node_limit_counts_what_reaches_it_not_what_left_the_source() -> None:
+    # a halves the data; b processes 3 bytes/s of a's output, which is 6 of the source's.
+    topology = Topology.build(
+        [
+            NodeSpec("s", "source"),
+            NodeSpec("a"),
+            NodeSpec("b", max_rate_bps=3.0),
+            NodeSpec("k", "sink"),
+        ],
+        [LinkSpec("s", "a", 100.0), LinkSpec("a", "b", 100.0), LinkSpec("b", "k", 100.0)],
+    )
+
+    assert reduced_max_flow(topology, {"a": 0.5}) == pytest.approx(6.0)
+
+
+def test_an_operator_that_emits_nothing_frees_the_links_after_it() -> None:
+    topology = Topology.build(
+        [NodeSpec("s", "source"), NodeSpec("a"), NodeSpec("k", "sink")],
+        [LinkSpec("s", "a", 10.0), LinkSpec("a", "k", 1.0)],
+    )
+
+    assert reduced_max_flow(topology, {"a": 0.0}) == 10.0
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.inf, math.nan])
+def test_a_reduction_that_is_not_a_finite_non_negative_number_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="reductions"):
+        reduced_max_flow(reference_topology(), {"1": bad})
+
+
+def test_a_file_read_at_once_drains_at_the_flow_rate() -> None:
+    assert schedule_bound(np.array([0.0]), np.array([12.0]), 4.0) == 3.0
+
+
+def test_uneven_arrivals_bind_at_the_latest_backlog() -> None:
+    # 8 bytes at 0 and 8 at 3 through 2 bytes/s: at 3, 2 of the first are left, and
+    # the 10 bytes then queued take 5 s more.
+    assert schedule_bound(np.array([0.0, 3.0]), np.array([8.0, 8.0]), 2.0) == 8.0

@@ -1,0 +1,191 @@
+"""How the live runtime processes data, for a simulator that predicts it.
+
+The published model (every node a consumer taking one packet at a time, packets
+unchanged from source to sink) does not describe a live run: there, operators are Spark
+jobs that take everything their pool holds as one batch, each batch costs a fixed
+time plus a time per byte on a pool of Spark workers that every operator shares, and an
+aggregation sends on only a few per cent of the bytes it reads. With one Spark worker
+busy 91% of a link-limited run (docs/benchmarks.md, "Balancing policies, live"), the
+worker, not the links, set the pace, and no policy ranking made in the published model
+carried over.
+
+:class:`RuntimeModel` holds those facts; :func:`fit_batch_cost` fits the batch cost
+from a live run's batches (bench/bench_policies.py measures them from the ledger).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from balancer.topology import Topology
+
+# Gaps between one batch's end and the next one's start shorter than this are the
+# runtime's own cost of starting a batch (task delivery, the claim); longer ones are a
+# worker with nothing to do.
+BACK_TO_BACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class RuntimeModel:
+    """Operators run as batches on ``workers`` shared workers: a batch takes all its
+    node's waiting input (up to ``max_batch_bytes``), costs ``batch_fixed_s`` plus its
+    bytes over ``batch_bytes_per_s``, and its node sends on ``reductions[node]`` bytes
+    per byte it took in (1 where not given)."""
+
+    workers: int = 1
+    batch_fixed_s: float = 0.0
+    batch_bytes_per_s: float = math.inf
+    max_batch_bytes: float = math.inf
+    reductions: Mapping[str, float] = field(default_factory=dict)
+    # A sink merges batches too, one at a time, on the control worker. At 0 and
+    # unlimited, it merges each packet as it arrives.
+    sink_batch_fixed_s: float = 0.0
+    sink_batch_bytes_per_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("a runtime needs at least one worker")
+        if not (self.batch_fixed_s >= 0 and self.batch_bytes_per_s > 0):
+            raise ValueError("a batch's fixed cost must be >= 0 and its rate positive")
+        if not (self.sink_batch_fixed_s >= 0 and self.sink_batch_bytes_per_s > 0):
+            raise ValueError("a sink batch's fixed cost must be >= 0 and its rate positive")
+        if not self.max_batch_bytes > 0:
+            raise ValueError("a batch must be able to hold some bytes")
+        bad = {n: r for n, r in self.reductions.items() if not (r >= 0 and math.isfinite(r))}
+        if bad:
+            raise ValueError(f"reductions must be finite and >= 0: {bad}")
+
+    def batch_s(self, size_bytes: float) -> float:
+        return self.batch_fixed_s + size_bytes / self.batch_bytes_per_s
+
+    @property
+    def batches_sinks(self) -> bool:
+        return self.sink_batch_fixed_s > 0 or math.isfinite(self.sink_batch_bytes_per_s)
+
+    def sink_batch_s(self, size_bytes: float) -> float:
+        return self.sink_batch_fixed_s + size_bytes / self.sink_batch_bytes_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workers": self.workers,
+            "batch_fixed_s": round(self.batch_fixed_s, 4),
+            "batch_mb_per_s": _mb(self.batch_bytes_per_s),
+            "max_batch_mb": _mb(self.max_batch_bytes),
+            "reductions": {k: round(v, 5) for k, v in self.reductions.items()},
+            "sink_batch_fixed_s": round(self.sink_batch_fixed_s, 4),
+            "sink_batch_mb_per_s": _mb(self.sink_batch_bytes_per_s),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RuntimeModel:
+        """Raises ValueError (or KeyError, TypeError) on a document that is not one."""
+        return cls(
+            workers=int(data["workers"]),
+            batch_fixed_s=float(data["batch_fixed_s"]),
+            batch_bytes_per_s=_bytes(data["batch_mb_per_s"]),
+            max_batch_bytes=_bytes(data["max_batch_mb"]),
+            reductions={str(k): float(v) for k, v in dict(data["reductions"]).items()},
+            sink_batch_fixed_s=float(data.get("sink_batch_fixed_s", 0.0)),
+            sink_batch_bytes_per_s=_bytes(data.get("sink_batch_mb_per_s")),
+        )
+
+
+def _mb(value: float) -> float | None:
+    return None if math.isinf(value) else round(value / 2**20, 4)
+
+
+def _bytes(mb: object) -> float:
+    return math.inf if mb is None else float(mb) * 2**20  # type: ignore[arg-type]
+
+
+class BatchSample(NamedTuple):
+    """One operator batch of a live run: when its worker began and finished it (seconds
+    from the run's start) and the bytes it took."""
+
+    began_s: float
+    done_s: float
+    bytes: float
+
+
+def fit_runtime(
+    runs: Sequence[Sequence[BatchSample]],
+    *,
+    workers: int,
+    max_batch_bytes: float,
+    reductions: Mapping[str, float],
+    sink_runs: Sequence[Sequence[BatchSample]] = (),
+) -> RuntimeModel:
+    """The runtime that the operator batches of one or more live runs show: their cost
+    fitted by :func:`fit_batch_cost` over all of them, plus the median gap between
+    back-to-back batches of a run (the cost of starting one, outside its
+    claim-to-completion time; with several workers batches overlap and no gap is read).
+    The sink's batches (``sink_runs``), if given, are fitted the same way."""
+    sink_fixed, sink_rate = 0.0, math.inf
+    if any(sink_runs):
+        sink_fixed, sink_rate = fit_batch_cost(
+            [(b.bytes, b.done_s - b.began_s) for bs in sink_runs for b in bs]
+        )
+    fixed, rate = fit_batch_cost([(b.bytes, b.done_s - b.began_s) for bs in runs for b in bs])
+    gaps = [
+        later.began_s - earlier.done_s
+        for batches in runs
+        for earlier, later in itertools.pairwise(sorted(batches))
+        if 0 <= later.began_s - earlier.done_s < BACK_TO_BACK_S
+    ]
+    start = statistics.median(gaps) if gaps and workers == 1 else 0.0
+    return RuntimeModel(
+        workers=workers,
+        batch_fixed_s=fixed + start,
+        batch_bytes_per_s=rate,
+        max_batch_bytes=max_batch_bytes,
+        reductions=dict(reductions),
+        sink_batch_fixed_s=sink_fixed,
+        sink_batch_bytes_per_s=sink_rate,
+    )
+
+
+def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(fixed seconds, bytes per second)`` of ``seconds = fixed + bytes / rate``, fitted
+    by least squares to ``(bytes, seconds)`` samples.
+
+    The fit is constrained to a cost that makes sense: a negative fixed cost is taken as
+    0 (the rate refitted through the origin), and batches that are all alike in size
+    give only their mean time, as a fixed cost with an unlimited rate.
+    """
+    if not samples:
+        raise ValueError("no batches to fit")
+    sizes = np.array([s for s, _ in samples], dtype=float)
+    seconds = np.array([t for _, t in samples], dtype=float)
+    if np.ptp(sizes) <= 0:
+        return float(seconds.mean()), math.inf
+    slope, fixed = np.polyfit(sizes, seconds, 1)
+    if fixed < 0:
+        slope, fixed = float(sizes @ seconds / (sizes @ sizes)), 0.0
+    if slope <= 0:
+        return float(seconds.mean()), math.inf
+    return float(fixed), float(1 / slope)
+
+
+def source_gains(
+    topology: Topology, reductions: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per node, the bytes of its input and of its output per byte the sources emitted,
+    when node ``n`` sends on ``reductions[n]`` bytes per byte it takes in (1 where not
+    given). Where paths into a node differ in gain, the smallest is taken."""
+    bad = {n: r for n, r in reductions.items() if not (r >= 0 and math.isfinite(r))}
+    if bad:
+        raise ValueError(f"reductions must be finite and >= 0: {bad}")
+    gain_in: dict[str, float] = {}
+    gain_out: dict[str, float] = {}
+    for node_id in topology.order:
+        ups = topology.upstreams(node_id)
+        gain_in[node_id] = min((gain_out[u] for u in ups), default=1.0)
+        gain_out[node_id] = gain_in[node_id] * reductions.get(node_id, 1.0)
+    return gain_in, gain_out
