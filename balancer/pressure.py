@@ -150,20 +150,42 @@ def branches_of(topology: Topology, branch_node: str) -> tuple[Branch, ...]:
 
 
 def branch_capacity(topology: Topology, branch: Branch) -> float:
-    """The branch's bottleneck in bytes per second (``math.inf`` when nothing limits it).
+    """The branch's bottleneck in bytes per second of what enters it (``math.inf`` when
+    nothing limits it).
 
     The minimum over its entry and chain links, the total of the links leaving its last
     node, and the emulated processing limit of its nodes: a node that can process only
-    ``r`` bytes per second narrows the path exactly like a link of bandwidth ``r``.
+    ``r`` bytes per second narrows the path exactly like a link of bandwidth ``r``. Each
+    is counted in the branch's input bytes: after a node that sends on a twentieth of
+    what it takes in (its measured ``reduction``), a link carries twenty times its
+    bandwidth of the branch's input.
     """
+    share_in: dict[str, float] = {}
+    share_out: dict[str, float] = {}
+    share = 1.0
+    for node in branch.nodes:
+        share_in[node] = share
+        share *= topology.node(node).reduction
+        share_out[node] = share
     last = branch.nodes[-1]
     exits = [lk for lk in branch.links if lk[0] == last]
     path_links = [lk for lk in branch.links if lk[0] != last]
-    limits = [_bandwidth(topology, src, dst) for src, dst in path_links]
+    limits = [
+        _of_input(_bandwidth(topology, src, dst), share_out.get(src, 1.0))
+        for src, dst in path_links
+    ]
     if exits:
-        limits.append(sum(_bandwidth(topology, src, dst) for src, dst in exits))
-    limits.extend(topology.node(n).max_rate_bps or math.inf for n in branch.nodes)
+        out = sum(_bandwidth(topology, src, dst) for src, dst in exits)
+        limits.append(_of_input(out, share_out[last]))
+    limits.extend(
+        _of_input(topology.node(n).max_rate_bps or math.inf, share_in[n]) for n in branch.nodes
+    )
     return min(limits)
+
+
+def _of_input(capacity_bps: float, share: float) -> float:
+    """A capacity in bytes of the branch's input, where ``share`` of them reach it."""
+    return capacity_bps / share if share > 0 else math.inf
 
 
 def _bandwidth(topology: Topology, src: str, dst: str) -> float:

@@ -6,8 +6,9 @@ adjacency is computed up front: decisions over 1,000 nodes must stay in millisec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from balancer.document import (
@@ -34,6 +35,10 @@ class NodeSpec:
     capacity_bytes: float = DEFAULT_BUFFER_MB * MB
     mergeable: bool = True
     max_rate_bps: float = 0.0  # bytes per second; 0 means unlimited
+    # Bytes it sends on per byte it takes in: an aggregation sends on a few per cent.
+    # Not in a document: measured while a run goes (1 until then), so that a capacity
+    # after the node counts what it carries of the node's input.
+    reduction: float = 1.0
 
     @property
     def stage_name(self) -> str:
@@ -136,6 +141,18 @@ class Topology:
         ]
         links = [LinkSpec.from_document(edge, megabit=megabit) for edge in doc.get("edges", [])]
         return cls.build(nodes, links)
+
+    def with_reductions(self, reductions: Mapping[str, float]) -> Topology:
+        """The same graph with ``reductions[n]`` as node ``n``'s reduction (the others
+        unchanged); raises ValueError for one that is not finite and >= 0."""
+        bad = {n: r for n, r in reductions.items() if not (r >= 0 and math.isfinite(r))}
+        if bad:
+            raise ValueError(f"reductions must be finite and >= 0: {bad}")
+        nodes = [
+            replace(spec, reduction=float(reductions[spec.id])) if spec.id in reductions else spec
+            for spec in self.nodes
+        ]
+        return Topology.build(nodes, self.links)
 
     def node(self, node_id: str) -> NodeSpec:
         return self._by_id[node_id]

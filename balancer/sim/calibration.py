@@ -35,9 +35,9 @@ BACK_TO_BACK_S = 1.0
 @dataclass(frozen=True)
 class RuntimeModel:
     """Operators run as batches on ``workers`` shared workers: a batch takes all its
-    node's waiting input (up to ``max_batch_bytes``), costs ``batch_fixed_s`` plus its
-    bytes over ``batch_bytes_per_s``, and its node sends on ``reductions[node]`` bytes
-    per byte it took in (1 where not given)."""
+    node's waiting input (up to ``max_batch_bytes``) and costs ``batch_fixed_s`` plus its
+    bytes over ``batch_bytes_per_s``. ``reductions``: the bytes each operator was
+    measured to send on per byte it took in (a replay gives them to its topology)."""
 
     workers: int = 1
     batch_fixed_s: float = 0.0
@@ -173,19 +173,14 @@ def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float
     return float(fixed), float(1 / slope)
 
 
-def source_gains(
-    topology: Topology, reductions: Mapping[str, float]
-) -> tuple[dict[str, float], dict[str, float]]:
+def source_gains(topology: Topology) -> tuple[dict[str, float], dict[str, float]]:
     """Per node, the bytes of its input and of its output per byte the sources emitted,
-    when node ``n`` sends on ``reductions[n]`` bytes per byte it takes in (1 where not
-    given). Where paths into a node differ in gain, the smallest is taken."""
-    bad = {n: r for n, r in reductions.items() if not (r >= 0 and math.isfinite(r))}
-    if bad:
-        raise ValueError(f"reductions must be finite and >= 0: {bad}")
+    each node sending on its ``reduction`` of what it takes in. Where paths into a node
+    differ in gain, the smallest is taken."""
     gain_in: dict[str, float] = {}
     gain_out: dict[str, float] = {}
     for node_id in topology.order:
         ups = topology.upstreams(node_id)
         gain_in[node_id] = min((gain_out[u] for u in ups), default=1.0)
-        gain_out[node_id] = gain_in[node_id] * reductions.get(node_id, 1.0)
+        gain_out[node_id] = gain_in[node_id] * topology.node(node_id).reduction
     return gain_in, gain_out

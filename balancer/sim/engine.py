@@ -217,7 +217,8 @@ class Simulator:
         runtime: RuntimeModel | None = None,
     ) -> None:
         """``runtime``: operators as the live runtime runs them (batches on shared
-        workers, data reduced as measured); without it, the published model."""
+        workers); without it, the published model. Data shrinks at each node by its
+        ``reduction`` (1 in the published model)."""
         (self.source_id,) = topology.sources()
         self.topology, self.workload, self.policy = topology, workload, policy
         self.controllers = tuple(controllers)
@@ -225,8 +226,9 @@ class Simulator:
         self.model = runtime
         ids = list(topology.order)
         self.index = {n: i for i, n in enumerate(ids)}
-        # A packet's size in each node's queue and as it leaves the node.
-        gain_in, gain_out = source_gains(topology, runtime.reductions if runtime else {})
+        # A packet's size in each node's queue and as it leaves the node (reduced by
+        # the nodes it went through: topology.with_reductions).
+        gain_in, gain_out = source_gains(topology)
         self.in_size = [self.size * gain_in[n] for n in ids]
         self.out_size = [self.size * gain_out[n] for n in ids]
         self.nodes: list[_Node] = []

@@ -39,7 +39,8 @@ class Replay:
 
     @property
     def topology(self) -> Topology:
-        return Topology.from_document(self.document)
+        """The pipeline with its operators' reductions, as the live balancer sees it."""
+        return Topology.from_document(self.document).with_reductions(self.runtime.reductions)
 
     def live_bound_s(self) -> float:
         """No policy finishes before the input crossed the pipeline at its max flow in

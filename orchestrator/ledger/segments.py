@@ -458,6 +458,22 @@ def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
         }
 
 
+def sent_bytes(run_id: int, since: dt.datetime) -> dict[str, int]:
+    """Bytes each node sent on since ``since``: the outputs its completed batches
+    inserted (in the transaction that marked their inputs done, so over the same window
+    as :func:`node_flows`'s ``done_bytes``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT upstream, COALESCE(SUM(bytes), 0) FROM orchestrator_segment
+            WHERE run_id = %s AND created_at >= %s AND NOT marker AND upstream <> ''
+            GROUP BY upstream
+            """,
+            [run_id, since],
+        )
+        return {row[0]: int(row[1]) for row in cursor.fetchall()}
+
+
 def unfinished(run_id: int) -> int:
     """Segments (and adjustment markers) not done yet."""
     return Segment.objects.filter(run_id=run_id).exclude(state=Segment.State.DONE).count()

@@ -37,6 +37,7 @@ from balancer.forecast import Forecast
 from balancer.loop import BalancerState, forget, step
 from balancer.model import ClearFlag, NodeState, Observation
 from balancer.policy import Policy
+from balancer.reductions import Reductions
 from balancer.runtime import Measured
 from balancer.topology import Topology
 from orchestrator.ledger import retention, segments
@@ -115,7 +116,11 @@ class RunDriver:
         # Made once the input exists (a generated input is written first): _start.
         self.pacer: SourcePacer
         self.runtime: LiveRuntime
+        self.topology: Topology  # the balancer's view, set by _reload_topology
         self.started = False
+        # What each operator sends on per byte it takes in, as measured; the balancer's
+        # capacities after a node count in its input bytes (balancer/reductions.py).
+        self.reductions = Reductions.of(())
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
@@ -301,6 +306,7 @@ class RunDriver:
     def _tick(self) -> None:
         phase = self.stats.phase
         with phase("observe"):
+            self._measure_reductions()
             observation = self.runtime.observe()
         with phase("decide"):
             # Each node as the balancer sees it now, thresholds and pacing before its
@@ -359,11 +365,22 @@ class RunDriver:
             full_in=full_in,
         )
 
+    def _measure_reductions(self) -> None:
+        """Add the last interval's bytes in and out of each operator; give the balancer
+        the ratios when they have moved."""
+        since = timezone.now() - timedelta(seconds=self.interval_s)
+        taken = {node: flow.done_bytes for node, flow in self.flows.items()}
+        if self.reductions.add(taken, segments.sent_bytes(self.run_id, since)):
+            self.topology = self.topology.with_reductions(self.reductions.give())
+            self.runtime.topology = self.topology
+
     def _reload_topology(self) -> None:
         """The run's graph after a hot rescale began, completed or rolled back: what the
         balancer observes, and what the source routes with."""
         run = Run.objects.only("topology", "config_version").get(pk=self.run_id)
-        self.topology = balancer_topology(run.topology)
+        graph = balancer_topology(run.topology)
+        self.reductions.keep_only(n.id for n in graph.nodes if n.kind == "operator")
+        self.topology = graph.with_reductions(self.reductions.give())
         self.state = forget(self.state, frozenset(self.topology.order))
         for gone in sorted(self.table.flags.flagged - set(self.topology.order)):
             self.table.apply(ClearFlag(reason=f"{gone} was retired by a hot rescale", node=gone))

@@ -118,7 +118,7 @@ def test_data_an_operator_shrinks_crosses_its_output_link_faster() -> None:
     # Ten 1 MB packets through a 1 MB/s output link: 10 s as published; a tenth of the
     # bytes leave the operator, so 1 s.
     narrow = chain(out_bandwidth=MB)
-    shrinking = RuntimeModel(reductions={"op0": 0.1})
+    shrinking = narrow.with_reductions({"op0": 0.1})
 
     assert completion(narrow, at_start(10), None) == pytest.approx(10.0)
-    assert completion(narrow, at_start(10), shrinking) == pytest.approx(1.0)
+    assert completion(shrinking, at_start(10), None) == pytest.approx(1.0)
