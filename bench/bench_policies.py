@@ -82,11 +82,11 @@ def reference_document(scale: float, buffer_mb: float) -> PipelineDocument:
 
 
 def completed_share(run: Any, every_s: float = 1.0) -> list[tuple[float, float]]:
-    """The share of the input merged by the sink at each ``every_s`` since the start."""
+    """The share of the input merged by the sink at each ``every_s`` since the start
+    (of a run that merged all of its input: a file's or a stream's)."""
     from orchestrator.models import MergedChunk
     from sparkjobs.keygroups import KEY_SLOTS
 
-    total = float(run.input_spec.get("extent_total") or 0)
     rows = sorted(
         MergedChunk.objects.filter(run=run).values_list(
             "merged_at", "origin_length", "slots_from", "slots_to"
@@ -94,6 +94,7 @@ def completed_share(run: Any, every_s: float = 1.0) -> list[tuple[float, float]]
     )
     times = np.array([(at - run.started_at).total_seconds() for at, *_ in rows])
     sizes = np.array([length * (high - low) / KEY_SLOTS for _, length, low, high in rows])
+    total = float(sizes.sum())
     done = np.cumsum(sizes) / total if total else np.zeros(len(rows))
     end = float(times[-1]) if len(times) else 0.0
     points = []

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from balancer.policy import MB
 from balancer.sim.calibration import RuntimeModel
 from balancer.sim.cli import main as simulate
 from balancer.sim.replay import Replay
 from balancer.sim.workload import Workload
 from balancer.topology import Topology
+from balancer.units import MB
 
 DOCUMENT: Any = {
     "name": "two",

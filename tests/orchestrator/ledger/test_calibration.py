@@ -15,12 +15,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from balancer.policy import MB
 from balancer.sim.cli import main as simulate
+from balancer.units import MB
 from orchestrator.ledger.calibration import replay_of
 from orchestrator.models import Run, Segment
 from orchestrator.pipeline.routes import tagged_target
-from tests.orchestrator.runs import pending_run
+from tests.orchestrator.runs import pending_run, segment_row
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -45,17 +45,15 @@ class Ledger:
     def segment(
         self, seg_id: str, chunk: int, node: str, upstream: str, size: int, **fields: Any
     ) -> None:
-        Segment.objects.create(
-            id=seg_id,
-            run=self.run,
-            chunk=chunk,
-            origin_file=0,
-            origin_offset=chunk * MB,
-            origin_length=MB,
+        segment_row(
+            self.run,
+            seg_id,
             node=node,
             upstream=upstream,
-            path=f"/nowhere/{seg_id}",
-            bytes=size,
+            size=size,
+            chunk=chunk,
+            origin_offset=chunk * MB,
+            origin_length=MB,
             available_at=self.start,
             state=Segment.State.DONE,
             **fields,

@@ -10,26 +10,13 @@ from django.utils import timezone
 
 from orchestrator.ledger import segments
 from orchestrator.models import Run, Segment
-from tests.orchestrator.runs import pending_run
+from tests.orchestrator.runs import pending_run, segment_row
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def output(run: Run, seg_id: str, upstream: str, size: int, *, marker: bool = False) -> None:
-    Segment.objects.create(
-        id=seg_id,
-        run=run,
-        chunk=0,
-        origin_file=0,
-        origin_offset=0,
-        origin_length=size,
-        node="output",
-        upstream=upstream,
-        path=f"/nowhere/{seg_id}",
-        bytes=size,
-        available_at=timezone.now(),
-        marker=marker,
-    )
+    segment_row(run, seg_id, node="output", upstream=upstream, size=size, marker=marker)
 
 
 def test_each_node_s_outputs_since_the_window_began_are_summed() -> None:
