@@ -24,6 +24,12 @@ Model (docs/simulation.md, "Model"):
   long as the tag's share allows; a ``StartMigration`` then diverts ``share`` of what
   would enter the heavy branch to the light branch(es), evenly spread (error diffusion
   and smooth weighted round robin: deterministic, no random draw).
+* **Batch mode** (a :class:`~balancer.sim.calibration.RuntimeModel`, for replaying a
+  live run: docs/simulation.md, "Replaying a live run"): operators process batches on a
+  pool of workers they share instead of one packet at a time, a batch taking every
+  packet waiting at its node when a worker starts it and costing a fixed time plus a
+  time per byte; a sink merges its own batches one at a time. A node sends on its
+  ``reduction`` of what it takes in, so packets shrink (or grow) on the way.
 * **Controllers** (:mod:`balancer.sim.control`) are called at their period with an
   :class:`~balancer.model.Observation` measured over their own interval, and the
   actions they return are applied at once, both through a
