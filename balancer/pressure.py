@@ -160,32 +160,29 @@ def branch_capacity(topology: Topology, branch: Branch) -> float:
     what it takes in (its measured ``reduction``), a link carries twenty times its
     bandwidth of the branch's input.
     """
-    share_in: dict[str, float] = {}
-    share_out: dict[str, float] = {}
-    share = 1.0
-    for node in branch.nodes:
-        share_in[node] = share
-        share *= topology.node(node).reduction
-        share_out[node] = share
+    shares_in, shares_out = topology.source_shares
+    entering = shares_in[branch.nodes[0]]
     last = branch.nodes[-1]
     exits = [lk for lk in branch.links if lk[0] == last]
     path_links = [lk for lk in branch.links if lk[0] != last]
     limits = [
-        _of_input(_bandwidth(topology, src, dst), share_out.get(src, 1.0))
+        _of_input(_bandwidth(topology, src, dst), shares_out[src], entering)
         for src, dst in path_links
     ]
     if exits:
         out = sum(_bandwidth(topology, src, dst) for src, dst in exits)
-        limits.append(_of_input(out, share_out[last]))
+        limits.append(_of_input(out, shares_out[last], entering))
     limits.extend(
-        _of_input(topology.node(n).max_rate_bps or math.inf, share_in[n]) for n in branch.nodes
+        _of_input(topology.node(n).max_rate_bps or math.inf, shares_in[n], entering)
+        for n in branch.nodes
     )
     return min(limits)
 
 
-def _of_input(capacity_bps: float, share: float) -> float:
-    """A capacity in bytes of the branch's input, where ``share`` of them reach it."""
-    return capacity_bps / share if share > 0 else math.inf
+def _of_input(capacity_bps: float, share: float, entering: float) -> float:
+    """A capacity in bytes of the branch's input, where ``share`` of the source's bytes
+    reach it and ``entering`` of them enter the branch."""
+    return capacity_bps * entering / share if share > 0 else math.inf
 
 
 def _bandwidth(topology: Topology, src: str, dst: str) -> float:

@@ -59,6 +59,13 @@ class NodeSpec:
         )
 
 
+def check_reductions(reductions: Mapping[str, float]) -> None:
+    """Raise ValueError naming every reduction that is not finite and >= 0."""
+    bad = {n: r for n, r in reductions.items() if not (r >= 0 and math.isfinite(r))}
+    if bad:
+        raise ValueError(f"reductions must be finite and >= 0: {bad}")
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """A directed link; bandwidth in bytes per second, 0 means unlimited."""
@@ -145,9 +152,7 @@ class Topology:
     def with_reductions(self, reductions: Mapping[str, float]) -> Topology:
         """The same graph with ``reductions[n]`` as node ``n``'s reduction (the others
         unchanged); raises ValueError for one that is not finite and >= 0."""
-        bad = {n: r for n, r in reductions.items() if not (r >= 0 and math.isfinite(r))}
-        if bad:
-            raise ValueError(f"reductions must be finite and >= 0: {bad}")
+        check_reductions(reductions)
         nodes = [
             replace(spec, reduction=float(reductions[spec.id])) if spec.id in reductions else spec
             for spec in self.nodes
@@ -168,6 +173,19 @@ class Topology:
 
     def link(self, src: str, dst: str) -> LinkSpec:
         return self._links[(src, dst)]
+
+    @cached_property
+    def source_shares(self) -> tuple[Mapping[str, float], Mapping[str, float]]:
+        """Per node, the bytes of its input and of its output per byte the sources
+        emitted, each node sending on its ``reduction`` of what it takes in. Where paths
+        into a node differ, the smallest is taken (a capacity counted in source bytes is
+        then overstated, never understated)."""
+        shares_in: dict[str, float] = {}
+        shares_out: dict[str, float] = {}
+        for node_id in self._order:
+            shares_in[node_id] = min((shares_out[u] for u in self._up[node_id]), default=1.0)
+            shares_out[node_id] = shares_in[node_id] * self._by_id[node_id].reduction
+        return shares_in, shares_out
 
     @cached_property
     def downstreams_by_stage(self) -> Mapping[str, Mapping[str, tuple[str, ...]]]:

@@ -29,7 +29,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from balancer.sim.calibration import source_gains
 from balancer.sim.workload import Workload
 from balancer.topology import Topology
 
@@ -107,7 +106,7 @@ def reduced_max_flow(topology: Topology, reductions: Mapping[str, float]) -> flo
     its input, ``max_rate / gain(input of n)``. Where paths into a node differ in gain
     the smallest is taken, which overstates the flow: the time bound stays a bound.
     """
-    gain_in, gain_out = source_gains(topology.with_reductions(reductions))
+    gain_in, gain_out = topology.with_reductions(reductions).source_shares
     nodes = [
         replace(spec, max_rate_bps=_in_source_bytes(spec.max_rate_bps, gain_in[spec.id]))
         for spec in topology.nodes

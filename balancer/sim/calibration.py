@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from balancer.topology import Topology
+from balancer.topology import check_reductions
 
 # Gaps between one batch's end and the next one's start shorter than this are the
 # runtime's own cost of starting a batch (task delivery, the claim); longer ones are a
@@ -58,9 +58,7 @@ class RuntimeModel:
             raise ValueError("a sink batch's fixed cost must be >= 0 and its rate positive")
         if not self.max_batch_bytes > 0:
             raise ValueError("a batch must be able to hold some bytes")
-        bad = {n: r for n, r in self.reductions.items() if not (r >= 0 and math.isfinite(r))}
-        if bad:
-            raise ValueError(f"reductions must be finite and >= 0: {bad}")
+        check_reductions(self.reductions)
 
     def batch_s(self, size_bytes: float) -> float:
         return self.batch_fixed_s + size_bytes / self.batch_bytes_per_s
@@ -171,16 +169,3 @@ def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float
     if slope <= 0:
         return float(seconds.mean()), math.inf
     return float(fixed), float(1 / slope)
-
-
-def source_gains(topology: Topology) -> tuple[dict[str, float], dict[str, float]]:
-    """Per node, the bytes of its input and of its output per byte the sources emitted,
-    each node sending on its ``reduction`` of what it takes in. Where paths into a node
-    differ in gain, the smallest is taken."""
-    gain_in: dict[str, float] = {}
-    gain_out: dict[str, float] = {}
-    for node_id in topology.order:
-        ups = topology.upstreams(node_id)
-        gain_in[node_id] = min((gain_out[u] for u in ups), default=1.0)
-        gain_out[node_id] = gain_in[node_id] * topology.node(node_id).reduction
-    return gain_in, gain_out

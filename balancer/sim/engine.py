@@ -67,7 +67,7 @@ from balancer.model import (
 )
 from balancer.policy import Policy
 from balancer.runtime import Measured, Measurement
-from balancer.sim.calibration import RuntimeModel, source_gains
+from balancer.sim.calibration import RuntimeModel
 from balancer.sim.runtime import SimRuntime
 from balancer.sim.workload import Workload
 from balancer.stepwise import TaskSpeed, apply_signal
@@ -234,7 +234,7 @@ class Simulator:
         self.index = {n: i for i, n in enumerate(ids)}
         # A packet's size in each node's queue and as it leaves the node (reduced by
         # the nodes it went through: topology.with_reductions).
-        gain_in, gain_out = source_gains(topology)
+        gain_in, gain_out = topology.source_shares
         self.in_size = [self.size * gain_in[n] for n in ids]
         self.out_size = [self.size * gain_out[n] for n in ids]
         self.nodes: list[_Node] = []
