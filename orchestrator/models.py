@@ -70,6 +70,13 @@ class Run(models.Model):
         ),
     )
     error = models.TextField(blank=True)
+    # A run started from the policy lab: its curve is drawn over the lab's prediction.
+    lab = models.ForeignKey(
+        "PolicyLab", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    lab_arm = models.CharField(
+        max_length=40, blank=True, help_text="The lab's policy this run was started with."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -81,6 +88,54 @@ class Run(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+
+class PolicyLab(models.Model):
+    """Every policy simulated on one workload of a pipeline (orchestrator/lab/): the
+    prediction an operator picks a policy from, and draws a live run's curve over."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    ACTIVE = (Status.PENDING, Status.RUNNING)
+
+    pipeline = models.ForeignKey(
+        "console.Pipeline", null=True, blank=True, on_delete=models.SET_NULL, related_name="labs"
+    )
+    pipeline_name = models.CharField(max_length=100)
+    topology = models.JSONField(help_text="The pipeline document simulated.")
+    policy = models.JSONField(help_text="The pipeline's own effective policy values.")
+    workload = models.JSONField(
+        help_text="{'kind': 'generator', 'generator': fields} or {'kind': 'run', 'run': id}."
+    )
+    calibrated_from = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The completed run whose batches and reductions the runtime was fitted to.",
+    )
+    runtime = models.JSONField(
+        null=True, blank=True, help_text="The fitted runtime model (None: links only)."
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True, help_text="balancer.sim.lab.LabJson")
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"lab {self.pk} of {self.pipeline_name} ({self.status})"
 
 
 class Segment(models.Model):

@@ -9,7 +9,7 @@ orchestrator but ``orchestrator.models`` (tests/orchestrator/test_boundaries.py)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from balancer.document import (
     DEFAULT_BANDWIDTH_MBPS,
@@ -28,6 +28,8 @@ from balancer.policy import (
 )
 from balancer.policy import validate as validate_policy
 from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
+from orchestrator.lab.labs import LabRefused, create_lab, lab_json
+from orchestrator.lab.simulation import arm_policy
 from orchestrator.ledger.results import summary as run_summary
 from orchestrator.pipeline.generator import GeneratorError
 from orchestrator.pipeline.graph import pipeline_windows, window_problems
@@ -50,7 +52,7 @@ from orchestrator.source.spec import (
     check_landing,
     check_stream,
 )
-from orchestrator.tasks import start_run
+from orchestrator.tasks import start_lab, start_run
 from orchestrator.worker.plain_job import BatchJobError, batch_summary
 from sparkjobs.catalog import (
     DEFAULT_OPERATOR,
@@ -63,7 +65,7 @@ from sparkjobs.catalog import (
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from orchestrator.models import Event, Run
+    from orchestrator.models import Event, PolicyLab, Run
     from orchestrator.run.generation import Preparing
     from orchestrator.run.snapshot import SourceView
 
@@ -92,6 +94,7 @@ __all__ = [
     "EdgeDocument",
     "GeneratorError",
     "InputError",
+    "LabRefused",
     "LandingSpec",
     "NodeDocument",
     "OperatorSpec",
@@ -103,11 +106,14 @@ __all__ = [
     "RunError",
     "StreamSpec",
     "UnboundedSpec",
+    "arm_policy",
     "batch_summary",
     "check_landing",
     "check_stream",
     "confined_files",
+    "create_lab",
     "create_run",
+    "lab_json",
     "live_workers",
     "operator_name",
     "request_adjustment",
@@ -116,6 +122,7 @@ __all__ = [
     "run_summary",
     "set_status",
     "snapshot",
+    "start_lab",
     "start_run",
     "validate_params",
     "validate_policy",
@@ -154,6 +161,64 @@ def get_run(run_id: int) -> Run:
 
 class RunNotFound(LookupError):
     """No run has that id."""
+
+
+def labs_of(pipeline_id: int, limit: int = 10) -> list[PolicyLab]:
+    """The pipeline's latest policy labs, newest first."""
+    from orchestrator.models import PolicyLab
+
+    return list(PolicyLab.objects.filter(pipeline_id=pipeline_id).order_by("-pk")[:limit])
+
+
+def get_lab(lab_id: int) -> PolicyLab:
+    """The lab ``lab_id``; raises :class:`LabNotFound` when there is none."""
+    from orchestrator.models import PolicyLab
+
+    try:
+        return PolicyLab.objects.get(pk=lab_id)
+    except PolicyLab.DoesNotExist:
+        raise LabNotFound(f"there is no lab {lab_id}") from None
+
+
+class LabNotFound(LookupError):
+    """No lab has that id."""
+
+
+def replayable_runs(pipeline_id: int, limit: int = 10) -> list[Run]:
+    """The pipeline's latest completed runs over files or the generator: a lab may
+    replay their recorded input."""
+    from orchestrator.lab.replays import is_replayable
+
+    done = runs_of(pipeline_id=pipeline_id, status="completed")[: limit * 3]
+    return [run for run in done if is_replayable(run)][:limit]
+
+
+class Prediction(TypedDict):
+    """What the lab predicted for a run started from it, drawn under its live curve."""
+
+    lab: int
+    arm: str
+    label: str
+    bound_s: float
+    completion_s: float | None
+    curve: list[tuple[float, float]]
+
+
+def prediction_of(run: Run) -> Prediction | None:
+    lab = run.lab
+    if lab is None or not lab.result:
+        return None
+    arm = next((a for a in lab.result["arms"] if a["name"] == run.lab_arm), None)
+    if arm is None:
+        return None
+    return {
+        "lab": lab.pk,
+        "arm": arm["name"],
+        "label": arm["label"],
+        "bound_s": lab.result["bound_s"],
+        "completion_s": arm["completion_s"],
+        "curve": arm["curve"],
+    }
 
 
 def latest_runs(pipeline_ids: list[int]) -> dict[int, Run]:

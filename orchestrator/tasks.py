@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 from celery import current_app, shared_task
@@ -17,7 +18,7 @@ from django.db.models import Q
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from orchestrator.ledger import segments
-from orchestrator.models import Run
+from orchestrator.models import PolicyLab, Run
 from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
 from orchestrator.zk.control_plane import ControlPlane
@@ -103,12 +104,27 @@ def process_batch_task(
         return {"node": node, "lease_lost": str(err)}
 
 
+@shared_task(name="orchestrator.simulate_lab", acks_late=True)
+def simulate_lab(*, lab_id: int) -> str:
+    """Simulate a policy lab (in a child process: see orchestrator/lab/simulation.py)."""
+    from orchestrator.lab.simulation import simulate
+
+    return simulate(lab_id)
+
+
+def start_lab(lab: PolicyLab) -> None:
+    """Hand a created lab to a control worker."""
+    simulate_lab.apply_async(kwargs={"lab_id": lab.pk}, queue="control")
+
+
 @shared_task(
     name="orchestrator.watchdog", autoretry_for=NETWORK_ERRORS, max_retries=3, retry_backoff=True
 )
 def watchdog() -> dict[str, Any]:
-    """Reclaim expired leases; give every active run without a live driver a new one."""
+    """Reclaim expired leases; give every active run without a live driver a new one;
+    fail labs whose worker stopped before they finished."""
     reclaimed = segments.reclaim_expired()
+    _fail_abandoned_labs()
     started = []
     # A pending run whose driver began writing its generated input (input_spec has
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.
@@ -132,6 +148,22 @@ def watchdog() -> dict[str, Any]:
                     drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
                     started.append(run_id)
     return {"reclaimed": reclaimed, "drivers_started": started}
+
+
+def _fail_abandoned_labs() -> None:
+    """A lab still waiting or running well past its time limit lost its worker (a
+    control worker killed mid-simulation): said so, so that the pipeline may have
+    another."""
+    from django.utils import timezone
+
+    grace = timedelta(seconds=2 * settings.BPCONSOLE_LAB_TIMEOUT_S + 60)
+    PolicyLab.objects.filter(
+        status__in=PolicyLab.ACTIVE, created_at__lt=timezone.now() - grace
+    ).update(
+        status=PolicyLab.Status.FAILED,
+        error="its worker stopped before it finished; start the lab again",
+        finished_at=timezone.now(),
+    )
 
 
 def died_here(holder: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from balancer.document import PipelineDocument
+from balancer.policy import Policy
 from balancer.sim.bound import reduced_max_flow, schedule_bound
 from balancer.sim.calibration import RuntimeModel
 from balancer.sim.control import BENCHMARK_POLICIES, controllers_for
@@ -44,13 +45,23 @@ class Replay:
 
     def live_bound_s(self) -> float:
         """No policy finishes before the input crossed the pipeline at its max flow in
-        source bytes, the operators' reductions counted."""
+        source bytes, the operators' reductions counted; nor before the Spark workers
+        read it: when the source feeds operators only, each of its bytes is in some batch
+        of theirs, and the workers read at most ``workers`` times the fitted batch rate
+        (their fixed costs left out, so it stays a bound)."""
         rate = reduced_max_flow(self.topology, self.runtime.reductions)
+        kinds = {n["name"]: n["kind"] for n in self.document["nodes"]}
+        (source,) = self.topology.sources()
+        if all(kinds[d] == "operator" for d in self.topology.downstreams(source)):
+            rate = min(rate, self.runtime.workers * self.runtime.batch_bytes_per_s)
         sizes = np.full(self.workload.packets, self.workload.packet_bytes)
         return schedule_bound(self.workload.arrivals, sizes, rate)
 
     def run(self, policy_name: str) -> SimResult:
-        policy = BENCHMARK_POLICIES[policy_name].policy()
+        return self.run_policy(BENCHMARK_POLICIES[policy_name].policy())
+
+    def run_policy(self, policy: Policy) -> SimResult:
+        """Raises RuntimeError when the policy has not finished after many bounds."""
         simulator = Simulator(
             self.topology, self.workload, policy, controllers_for(policy), self.runtime
         )

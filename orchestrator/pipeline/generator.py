@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from balancer.sim.workload import WorkloadSpec, generate
+from balancer.sim.workload import Workload, WorkloadSpec, generate
 from balancer.units import MB
 from orchestrator.pipeline.routes import tagged_target
 
@@ -205,6 +205,24 @@ def record_line(key: str, cents: int, user: int) -> str:
 Progress = Callable[[int, int], None]
 
 
+def generated_workload(spec: GeneratorSpec, branches: Sequence[str], segment_mb: float) -> Workload:
+    """The packets the input is written from, in order, each tagged with the branch its
+    records' keys route to: about one source segment each. The simulator's policy lab
+    takes them as the input's chunks."""
+    packet_bytes = max(1024.0, segment_mb * MB)
+    return generate(
+        WorkloadSpec(
+            volume_bytes=max(spec.volume_mb * MB, packet_bytes),
+            mean_rate_bps=10 * MB,
+            packet_bytes=packet_bytes,
+            dominance=spec.dominance,
+            skew_mean_s=spec.skew_mean_s,
+        ),
+        list(branches),
+        spec.seed,
+    )
+
+
 def write_input(
     path: Path,
     spec: GeneratorSpec,
@@ -217,18 +235,8 @@ def write_input(
     ``progress(written, total)`` is called after every packet (``total`` is the planned
     size, which the written size may pass by a little); it may raise to stop the writing.
     """
-    packet_bytes = max(1024.0, segment_mb * MB)
-    workload = generate(
-        WorkloadSpec(
-            volume_bytes=max(spec.volume_mb * MB, packet_bytes),
-            mean_rate_bps=10 * MB,
-            packet_bytes=packet_bytes,
-            dominance=spec.dominance,
-            skew_mean_s=spec.skew_mean_s,
-        ),
-        list(branches),
-        spec.seed,
-    )
+    workload = generated_workload(spec, branches, segment_mb)
+    packet_bytes = workload.packet_bytes
     keys = keys_for(branches, spec.keys_per_branch)
     rng = np.random.default_rng(spec.seed + 1)
     per_packet = max(1, int(packet_bytes // RECORD_BYTES))

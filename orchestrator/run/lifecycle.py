@@ -13,7 +13,7 @@ from django.utils import timezone
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
-from orchestrator.models import Run
+from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
 from orchestrator.pipeline.inputs import resolve_inputs
@@ -39,12 +39,15 @@ def create_run(
     generator: str | GeneratorFields | None = None,
     source: UnboundedSpec | None = None,
     user: Any = None,
+    lab: PolicyLab | None = None,
+    lab_arm: str = "",
 ) -> Run:
     """Validate the input and create the run (pending). Raises :class:`RunError`.
 
     The input is one of: files (a path or glob), the generator, or an unbounded
     ``source`` (a landing folder or a Redis stream, checked by orchestrator.source.spec),
-    which the run reads until an operator stops it.
+    which the run reads until an operator stops it. A run started from a policy lab
+    names it and the lab's policy it runs (``lab_arm``).
 
     Nothing here grows with the input: files are only checked and measured, and a
     generator spec is only checked against its bounds (``BPCONSOLE_GENERATOR_MAX_MB``);
@@ -114,6 +117,8 @@ def create_run(
             policy=dict(policy),
             input_spec=input_spec,
             created_by=user if getattr(user, "is_authenticated", False) else None,
+            lab=lab,
+            lab_arm=lab_arm,
         )
         # The id is new, so anything in its folder or under its znode is left from a
         # database that was reset: an old run's flags, routes or epoch must not leak in.

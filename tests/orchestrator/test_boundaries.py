@@ -18,7 +18,18 @@ ORCHESTRATOR = PROJECT / "orchestrator"
 WEBAPP = PROJECT / "webapp"
 
 # Sub-packages, named for their jobs; each docstring says what it may import.
-ROOMS = ("pipeline", "sink", "ledger", "zk", "rescale", "worker", "source", "run", "services")
+ROOMS = (
+    "pipeline",
+    "sink",
+    "ledger",
+    "zk",
+    "rescale",
+    "worker",
+    "source",
+    "run",
+    "services",
+    "lab",
+)
 # The Django app surface at the root: models, the Celery app, tasks, commands and the
 # console's door.
 EVERYTHING = frozenset({*ROOMS, "models", "celery", "tasks", "service", "management"})
@@ -33,6 +44,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "worker": frozenset({"models", "ledger", "pipeline", "rescale", "services"}),
     "source": frozenset({"models", "ledger", "pipeline"}),
     "run": frozenset({"models", *ROOMS} - {"run"}),
+    "lab": frozenset({"models", "ledger", "pipeline"}),
     "services": frozenset(),
     "models": frozenset(),
     "celery": frozenset(),

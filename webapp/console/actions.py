@@ -225,6 +225,12 @@ def start_run(request: RunRequest, user: User) -> Any:
         raise ActionError(str(exc)) from None
     except service.PolicyError as exc:
         raise ActionError(f"the policy does not validate: {exc}") from None
+    _hand_over(run, user)
+    log.info("%s started run %s of %s", user.get_username(), run.pk, pipeline.name)
+    return run
+
+
+def _hand_over(run: Any, user: User) -> None:
     try:
         service.start_run(run)
     except Exception as exc:  # the broker is unreachable: the run cannot start
@@ -237,8 +243,88 @@ def start_run(request: RunRequest, user: User) -> Any:
             "is the Celery broker (Redis) up?",
             status=503,
         ) from None
-    log.info("%s started run %s of %s", user.get_username(), run.pk, pipeline.name)
+
+
+def create_lab(
+    pipeline_name: str, user: User, *, generator: str | None = None, run_id: int | None = None
+) -> Any:
+    """Simulate every policy on a workload of the pipeline (a generator spec or one of
+    its completed runs), in a worker; returns the pending lab."""
+    pipeline = Pipeline.objects.filter(name=pipeline_name).first()
+    require(user, "operator", action="run_policy_lab", data={"pipeline": pipeline_name})
+    if pipeline is None:
+        raise ActionError(f"there is no pipeline {shown(pipeline_name)}", status=404)
+    try:
+        lab = service.create_lab(
+            pipeline_id=pipeline.pk,
+            topology=export_document(pipeline),
+            policy=pipeline.effective_policy_values(),
+            generator=generator,
+            run_id=run_id,
+            user=user,
+        )
+    except service.LabRefused as exc:
+        raise ActionError(f"the lab was not started: {exc}") from None
+    try:
+        service.start_lab(lab)
+    except Exception as exc:  # the broker is unreachable
+        log.exception("lab %s could not be handed to a worker", lab.pk)
+        lab.delete()
+        raise ActionError(
+            f"the lab could not be handed to a worker ({exc}); is the Celery broker (Redis) up?",
+            status=503,
+        ) from None
+    log.info("%s started lab %s of %s", user.get_username(), lab.pk, pipeline.name)
+    return lab
+
+
+def get_lab(lab_id: int) -> Any:
+    try:
+        return service.get_lab(lab_id)
+    except service.LabNotFound as exc:
+        raise ActionError(str(exc), status=404) from None
+
+
+def start_lab_run(lab_id: int, arm: str, user: User) -> Any:
+    """A live run of the lab's workload with the lab's policy ``arm``: its curve is drawn
+    over the prediction."""
+    require(user, "operator", action="start_run", data={"lab": lab_id, "policy": arm[:40]})
+    lab = get_lab(lab_id)
+    if lab.status != "done":
+        raise ActionError(f"lab {lab.pk} is {lab.status}; a run starts from a finished lab", 409)
+    if lab.pipeline_id is None:
+        raise ActionError(f"lab {lab.pk}'s pipeline was deleted", status=404)
+    values = service.arm_policy(lab, arm)
+    if values is None:
+        known = ", ".join(a["name"] for a in lab.result["arms"])
+        raise ActionError(f"lab {lab.pk} has no policy {shown(arm)}; it has {known}")
+    try:
+        run = service.create_run(
+            topology=lab.topology,
+            policy=values,
+            pipeline_id=lab.pipeline_id,
+            user=user,
+            lab=lab,
+            lab_arm=arm,
+            **_lab_inputs(lab),
+        )
+    except (service.InputError, service.GeneratorError, service.RunError) as exc:
+        raise ActionError(str(exc)) from None
+    _hand_over(run, user)
+    log.info("%s started run %s from lab %s (%s)", user.get_username(), run.pk, lab.pk, arm)
     return run
+
+
+def _lab_inputs(lab: Any) -> dict[str, Any]:
+    """The lab's workload as a run's input: the same generator fields, or the input of
+    the run it replayed (its files checked against the input folders again)."""
+    if lab.workload["kind"] == "generator":
+        return {"generator": lab.workload["generator"]}
+    replayed = get_run(lab.workload["run"])
+    spec = replayed.input_spec
+    if spec.get("generator"):
+        return {"generator": spec["generator"]}
+    return {"input_path": [f for path in spec["paths"] for f in checked_input_files(path)]}
 
 
 def control_run(run_id: int, verb: str, user: User) -> Any:

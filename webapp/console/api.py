@@ -35,6 +35,7 @@ from webapp.console.serializers import (
     CompletionSerializer,
     DetailSerializer,
     EventSerializer,
+    LabSerializer,
     NodeActionSerializer,
     PipelineDetailSerializer,
     PipelineDocumentSerializer,
@@ -42,6 +43,8 @@ from webapp.console.serializers import (
     ProblemsSerializer,
     ResultsSerializer,
     RunSerializer,
+    StartLabRunSerializer,
+    StartLabSerializer,
     StartRunSerializer,
     ValidationResultSerializer,
     WorkerSerializer,
@@ -691,3 +694,106 @@ class WorkerListView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(actions.live_workers())
+
+
+# -- policy lab -------------------------------------------------------------------------
+
+
+def _invalid(payload: Any) -> Response:
+    errors = _field_errors(payload.errors)
+    fields = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in errors.items())
+    return Response({"detail": f"invalid request ({fields})", "errors": errors}, status=400)
+
+
+class PipelineLabsView(APIView):
+    """A pipeline's policy labs: every policy simulated on one workload (docs/console.md)."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        responses={200: LabSerializer(many=True), **DENIED, **NOT_FOUND},
+        tags=["labs"],
+        summary="The pipeline's latest policy labs, newest first",
+    )
+    def get(self, request: Request, name: str) -> Response:
+        if not has_role(request.user, "viewer"):
+            return Response({"detail": IsViewer.message}, status=403)
+        pipeline = Pipeline.objects.filter(name=name).first()
+        if pipeline is None:
+            return Response({"detail": f"there is no pipeline {shown(name)}"}, status=404)
+        return Response([service.lab_json(lab) for lab in service.labs_of(pipeline.pk)])
+
+    @extend_schema(
+        request=StartLabSerializer,
+        examples=[
+            OpenApiExample(
+                "generated workload", value={"generator": "seed=7,volume_mb=64"}, request_only=True
+            ),
+            OpenApiExample("a completed run's input", value={"run": 12}, request_only=True),
+        ],
+        responses={
+            201: LabSerializer,
+            **BAD_BODY,
+            **DENIED,
+            **NOT_FOUND,
+            503: OpenApiResponse(DetailSerializer, description="the broker is down"),
+        },
+        tags=["labs"],
+        summary="Simulate every policy on a workload of the pipeline, in a worker (operator)",
+    )
+    def post(self, request: Request, name: str) -> Response:
+        payload = StartLabSerializer(data=request.data)
+        if not payload.is_valid():
+            return _invalid(payload)
+        data = payload.validated_data
+        try:
+            lab = actions.create_lab(
+                name, request.user, generator=data.get("generator") or None, run_id=data.get("run")
+            )
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(service.lab_json(lab), status=201)
+
+
+class LabDetailView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        responses={200: LabSerializer, **DENIED, **NOT_FOUND},
+        tags=["labs"],
+        summary="A policy lab: its status and, once done, each policy's predicted curve",
+    )
+    def get(self, request: Request, lab_id: int) -> Response:
+        try:
+            lab = actions.get_lab(lab_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(service.lab_json(lab))
+
+
+class LabRunsView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        request=StartLabRunSerializer,
+        examples=[OpenApiExample("ours", value={"policy": "ours"}, request_only=True)],
+        responses={
+            201: RunSerializer,
+            **BAD_BODY,
+            **DENIED,
+            **NOT_FOUND,
+            **CONFLICT,
+            503: OpenApiResponse(DetailSerializer, description="the broker is down"),
+        },
+        tags=["labs"],
+        summary="Start a live run of the lab's workload with one of its policies (operator)",
+    )
+    def post(self, request: Request, lab_id: int) -> Response:
+        payload = StartLabRunSerializer(data=request.data)
+        if not payload.is_valid():
+            return _invalid(payload)
+        try:
+            run = actions.start_lab_run(lab_id, payload.validated_data["policy"], request.user)
+        except actions.ActionError as exc:
+            return _error(exc)
+        return Response(run_json(run), status=201)

@@ -433,3 +433,64 @@ class CompletionSerializer(serializers.Serializer[JsonObject]):
         child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
         help_text="[seconds since start, completed fraction]",
     )
+
+
+class StartLabSerializer(serializers.Serializer[JsonObject]):
+    generator = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=512,
+        help_text="A generated workload, e.g. seed=7,volume_mb=64,dominance=0.8",
+    )
+    run = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="A completed run of the pipeline, over files or the generator: its "
+        "recorded input and runtime (instead of generator)",
+    )
+
+
+class LabArmSerializer(serializers.Serializer[JsonObject]):
+    name = serializers.CharField(help_text="pipeline (its own policy) or a benchmark policy")
+    # shadows ``Field.label``; the stubs cannot express that.
+    label = serializers.CharField()  # type: ignore[assignment]
+    completion_s = serializers.FloatField(allow_null=True, help_text="null: did not finish")
+    ratio_to_bound = serializers.FloatField(allow_null=True)
+    migrated_share = serializers.FloatField()
+    curve = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
+        help_text="[simulated seconds, completed fraction], about 120 points",
+    )
+    problem = serializers.CharField(allow_blank=True)
+
+
+class LabResultSerializer(serializers.Serializer[JsonObject]):
+    bound_s = serializers.FloatField(help_text="the live fluid bound of the workload")
+    arms = LabArmSerializer(many=True)
+
+
+class LabRunSerializer(serializers.Serializer[JsonObject]):
+    run = serializers.IntegerField()
+    arm = serializers.CharField()
+    status = serializers.CharField()
+
+
+class LabSerializer(serializers.Serializer[JsonObject]):
+    id = serializers.IntegerField()
+    pipeline = serializers.CharField()
+    status = serializers.ChoiceField(choices=["pending", "running", "done", "failed"])
+    workload = serializers.CharField(help_text="what was simulated, in words")
+    calibration = serializers.CharField(help_text="where the runtime model comes from")
+    runtime = serializers.DictField(allow_null=True, help_text="the fitted runtime model")
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField(allow_blank=True)
+    result = LabResultSerializer(allow_null=True)
+    runs = LabRunSerializer(many=True, help_text="live runs started from the lab")
+
+
+class StartLabRunSerializer(serializers.Serializer[JsonObject]):
+    policy = serializers.CharField(
+        max_length=40, help_text="an arm of the lab: pipeline, or a benchmark policy's name"
+    )

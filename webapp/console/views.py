@@ -60,6 +60,8 @@ def pipeline_detail(request: HttpRequest, name: str) -> HttpResponse:
             "default_generator": DEFAULT_GENERATOR,
             "input_roots": actions.input_roots(),
             "stream_urls": bool(settings.BPCONSOLE_STREAM_URLS),
+            "labs": [service.lab_json(lab) for lab in service.labs_of(pipeline.pk, limit=5)],
+            "replayable_runs": service.replayable_runs(pipeline.pk),
         },
     )
 
@@ -249,6 +251,66 @@ def run_start(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @role_required("viewer")
+@require_POST
+def lab_create(request: HttpRequest, name: str) -> HttpResponse:
+    """The pipeline page's policy lab form: a generator spec or one of its runs."""
+    kind = request.POST.get("workload", "generator")
+    raw_run = request.POST.get("lab_run", "")
+    try:
+        if kind == "run" and not (raw_run.isdigit() and len(raw_run) <= 18):
+            raise actions.ActionError("choose one of the pipeline's completed runs")
+        lab = actions.create_lab(
+            name,
+            request.user,
+            generator=request.POST.get("lab_generator", "") if kind != "run" else None,
+            run_id=int(raw_run) if kind == "run" else None,
+        )
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+    except actions.ActionError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
+        messages.error(request, exc.message)
+        return redirect("pipeline", name=name)
+    return redirect("lab", lab_id=lab.pk)
+
+
+@role_required("viewer")
+@ensure_csrf_cookie
+def lab_view(request: HttpRequest, lab_id: int) -> HttpResponse:
+    try:
+        lab = actions.get_lab(lab_id)
+    except actions.ActionError as exc:
+        raise Http404(exc.message) from None
+    config = {
+        "lab": lab.pk,
+        "api": reverse("api-lab", kwargs={"lab_id": lab.pk}),
+        "can_operate": has_role(request.user, "operator"),
+    }
+    return render(
+        request,
+        "console/lab.html",
+        {"lab": lab, "view": service.lab_json(lab), "lab_config": config},
+    )
+
+
+@role_required("viewer")
+@require_POST
+def lab_start(request: HttpRequest, lab_id: int) -> HttpResponse:
+    """Start a live run with the lab policy the operator chose."""
+    try:
+        run = actions.start_lab_run(lab_id, request.POST.get("policy", "")[:100], request.user)
+    except actions.Refused as exc:
+        raise PermissionDenied(exc.message) from None
+    except actions.ActionError as exc:
+        if exc.status == 404:
+            raise Http404(exc.message) from None
+        messages.error(request, f"The run was not started: {exc.message}")
+        return redirect("lab", lab_id=lab_id)
+    return redirect("run", run_id=run.pk)
+
+
+@role_required("viewer")
 @ensure_csrf_cookie
 def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
@@ -277,6 +339,7 @@ def run_view(request: HttpRequest, run_id: int) -> HttpResponse:
         "ws_path": f"/ws/runs/{run.pk}/",
         "api": f"/api/runs/{run.pk}/",
         "workers_api": reverse("api-workers"),
+        "prediction": service.prediction_of(run),
     }
     pipeline = (
         Pipeline.objects.filter(pk=run.pipeline_id).first() if run.pipeline_id is not None else None

@@ -62,6 +62,13 @@ BPCONSOLE_QUEUED_BATCH_S = float(env_str("BPCONSOLE_QUEUED_BATCH_S", "60"))
 # a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
 # goes in as few jobs as this allows.
 BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
+# Spark Celery worker processes (runconsole starts that many): the policy lab's
+# simulator shares them among the operators as the live runtime does.
+BPCONSOLE_SPARK_WORKERS = env_int("BPCONSOLE_SPARK_WORKERS", 1)
+# The policy lab simulates in a process of its own, niced: at most this long and this
+# much memory, whatever the workload (docs/console.md, "Policy lab").
+BPCONSOLE_LAB_TIMEOUT_S = float(env_str("BPCONSOLE_LAB_TIMEOUT_S", "120"))
+BPCONSOLE_LAB_MEMORY_MB = env_int("BPCONSOLE_LAB_MEMORY_MB", 2048)
 # The longest a worker may hold one batch: a hung worker's batch goes back to the pool.
 BPCONSOLE_BATCH_MAX_S = float(env_str("BPCONSOLE_BATCH_MAX_S", "1800"))
 # A continuous run's ledger keeps only recent history (segment files go as soon as every

@@ -119,6 +119,54 @@
     return `waiting: ${lag.entries} ${noun}, ${bytes(lag.bytes)}${oldest}`;
   }
 
+  function niceCeil(v) {
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  // A time chart: each series {points: [[t, v], ...], cls, dashed} on one axis that runs
+  // to the latest point of any (at least opts.minT, 10 s by default); marks are vertical
+  // lines {t, label, cls} (a bound). opts.width and opts.height size its drawing.
+  function lineChart(root, series, opts) {
+    const W = opts.width || 560, H = opts.height || 190, padL = 70, padR = 12, padT = 10, padB = 28;
+    while (root.firstChild) root.removeChild(root.firstChild);
+    root.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const x0 = padL, x1 = W - padR, y0 = H - padB, y1 = padT;
+    const ends = series.map((s) => (s.points.length ? s.points[s.points.length - 1][0] : 0));
+    const marks = opts.marks || [];
+    const tMax = Math.max(opts.minT === undefined ? 10 : opts.minT, ...ends, ...marks.map((m) => m.t * 1.05));
+    const X = (t) => x0 + t / tMax * (x1 - x0);
+    const Y = (v) => y0 - Math.min(1, v / opts.yMax) * (y0 - y1);
+    for (let i = 0; i <= 4; i++) {
+      const v = opts.yMax * i / 4;
+      root.appendChild(svg("line", { x1: x0, x2: x1, y1: Y(v), y2: Y(v), class: "grid" }));
+      root.appendChild(svg("text", { x: x0 - 6, y: Y(v) + 4, class: "axis", "text-anchor": "end" }, opts.yFormat(v)));
+    }
+    const stepT = niceCeil(tMax / 6);
+    for (let t = 0; t <= tMax + 1e-9; t += stepT) {
+      root.appendChild(svg("line", { x1: X(t), x2: X(t), y1: y0, y2: y0 + 4, class: "tick" }));
+      const label = tMax < 10 ? t.toFixed(1) + " s" : duration(t);  // seconds: a short simulation
+      root.appendChild(svg("text", { x: X(t), y: H - 8, class: "axis", "text-anchor": "middle" }, label));
+    }
+    root.appendChild(svg("line", { x1: x0, x2: x1, y1: y0, y2: y0, class: "axis-line" }));
+    for (const m of marks) {
+      root.appendChild(svg("line", { x1: X(m.t), x2: X(m.t), y1: y0, y2: y1, class: "mark " + (m.cls || "") }));
+      root.appendChild(svg("text", { x: X(m.t) + 3, y: y1 + 10, class: "axis mark-label" }, m.label));
+    }
+    if (!series.some((s) => s.points.length)) {
+      root.appendChild(svg("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, class: "axis", "text-anchor": "middle" }, "waiting for data"));
+      return;
+    }
+    for (const s of series) {
+      if (!s.points.length) continue;
+      const d = s.points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
+      const path = svg("path", { d, class: "series " + s.cls + (s.dashed ? " dashed" : "") });
+      if (s.title) path.appendChild(svg("title", {}, s.title));
+      root.appendChild(path);
+    }
+  }
+
   function readJson(id) {
     const node = document.getElementById(id);
     return node ? JSON.parse(node.textContent) : null;
@@ -126,6 +174,6 @@
 
   global.BP = Object.assign(global.BP || {}, {
     SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, levelBandText,
-    labelLevelBands, pct, bytes, rate, duration, clock, lagText, readJson,
+    labelLevelBands, pct, bytes, rate, duration, clock, lagText, readJson, niceCeil, lineChart,
   });
 })(window);

@@ -623,25 +623,39 @@
     setTimeout(() => { chartsPending = false; drawCharts(); }, 400);
   }
 
+  // A run started from the policy lab: its live curve over the lab's prediction for its
+  // policy, and the lab's bound (the fastest any policy could finish).
+  function completionSeries() {
+    const series = [];
+    const p = config.prediction;
+    if (p) series.push({ points: p.curve, cls: "series-predicted", dashed: true });
+    series.push({ points: state.completion, cls: "series-completion" });
+    return series;
+  }
+
+  function predictionMarks() {
+    const p = config.prediction;
+    return p ? [{ t: p.bound_s, label: "bound", cls: "mark-bound" }] : [];
+  }
+
   function drawCharts() {
     if (state.unbounded) {
       $("chart-completion-title").textContent = "Oldest data waiting outside the run";
       $("chart-throughput-title").textContent = "Taken in (bytes per second)";
       const oldest = Math.max(5, ...state.completion.map((p) => p[1]));
-      lineChart($("chart-completion"), state.completion, { yMax: niceCeil(oldest),
-        yFormat: (v) => v.toFixed(v % 1 ? 1 : 0) + " s", cls: "series-completion",
-        label: "age of the oldest waiting data" });
+      BP.lineChart($("chart-completion"), [{ points: state.completion, cls: "series-completion" }], {
+        yMax: BP.niceCeil(oldest), yFormat: (v) => v.toFixed(v % 1 ? 1 : 0) + " s" });
     } else {
-      lineChart($("chart-completion"), state.completion, { yMax: 1, yFormat: (v) => Math.round(v * 100) + "%",
-        cls: "series-completion", label: "completed fraction" });
+      BP.lineChart($("chart-completion"), completionSeries(), { yMax: 1,
+        yFormat: (v) => Math.round(v * 100) + "%", marks: predictionMarks() });
     }
     const tp = state.throughput;
     const peak = Math.max(256 * 1024, ...tp.map((p) => p[1]));
     const unit = peak >= 1024 * 1024 ? 1024 * 1024 : 1024;
     const unitName = unit === 1024 ? "KB/s" : "MB/s";
     const tick = (v) => { const x = v / unit; return (x % 1 ? x.toFixed(1) : x.toFixed(0)) + " " + unitName; };
-    lineChart($("chart-throughput"), tp, { yMax: niceCeil(peak / unit) * unit, yFormat: tick,
-      cls: "series-throughput", label: "merged bytes per second" });
+    BP.lineChart($("chart-throughput"), [{ points: tp, cls: "series-throughput" }], {
+      yMax: BP.niceCeil(peak / unit) * unit, yFormat: tick });
     const headline = state.unbounded
       ? rateOf(state.ingested, HEADLINE_WINDOW_S)
       : throughputOf(state.completion, HEADLINE_WINDOW_S);
@@ -650,39 +664,6 @@
     $("run-throughput").title = state.unbounded
       ? `taken in by the source, average of the last ${HEADLINE_WINDOW_S} s`
       : `merged at the sink, average of the last ${HEADLINE_WINDOW_S} s`;
-  }
-
-  function niceCeil(v) {
-    const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
-    return 10 * p;
-  }
-
-  function lineChart(svg, points, opts) {
-    const W = 560, H = 190, padL = 70, padR = 12, padT = 10, padB = 28;
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-    const x0 = padL, x1 = W - padR, y0 = H - padB, y1 = padT;
-    const tMax = Math.max(10, points.length ? points[points.length - 1][0] : 10);
-    const X = (t) => x0 + t / tMax * (x1 - x0);
-    const Y = (v) => y0 - Math.min(1, v / opts.yMax) * (y0 - y1);
-    for (let i = 0; i <= 4; i++) {
-      const v = opts.yMax * i / 4;
-      svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: Y(v), y2: Y(v), class: "grid" }));
-      svg.appendChild(BP.svg("text", { x: x0 - 6, y: Y(v) + 4, class: "axis", "text-anchor": "end" }, opts.yFormat(v)));
-    }
-    const stepT = niceCeil(tMax / 6);
-    for (let t = 0; t <= tMax + 1e-9; t += stepT) {
-      svg.appendChild(BP.svg("line", { x1: X(t), x2: X(t), y1: y0, y2: y0 + 4, class: "tick" }));
-      svg.appendChild(BP.svg("text", { x: X(t), y: H - 8, class: "axis", "text-anchor": "middle" }, BP.duration(t)));
-    }
-    svg.appendChild(BP.svg("line", { x1: x0, x2: x1, y1: y0, y2: y0, class: "axis-line" }));
-    if (!points.length) {
-      svg.appendChild(BP.svg("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, class: "axis", "text-anchor": "middle" }, "waiting for data"));
-      return;
-    }
-    const d = points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
-    svg.appendChild(BP.svg("path", { d, class: "series " + opts.cls }));
   }
 
   async function loadCompletion() {
