@@ -14,13 +14,14 @@ from typing import Any, TypedDict, cast
 from django.db import connection, transaction
 
 from balancer.document import PipelineDocument
-from balancer.sim.lab import LabJson
+from balancer.sim.lab import ArmJson, LabJson
 from orchestrator.lab.replays import calibration_of, is_replayable
 from orchestrator.ledger.calibration import CalibrationError, replay_of
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorError, GeneratorSpec
 
 ACTIVE_PER_PIPELINE = 3  # a lab holds a CPU for seconds: a queue of them is refused
+KEPT_PER_PIPELINE = 50
 _LOCK_CLASS = 0x1AB  # advisory locks' first key: this module's, the pipeline's id second
 
 
@@ -85,7 +86,7 @@ def create_lab(
                 f"this pipeline has {ACTIVE_PER_PIPELINE} labs waiting or running; "
                 "wait for one to finish"
             )
-        return PolicyLab.objects.create(
+        lab = PolicyLab.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
             topology=dict(topology),
@@ -95,6 +96,12 @@ def create_lab(
             runtime=runtime,
             created_by=user if getattr(user, "is_authenticated", False) else None,
         )
+        # The oldest finished labs go: however long the console runs, a pipeline's
+        # labs take a bounded room (a run started from a deleted lab loses its dashes).
+        kept = PolicyLab.objects.filter(pipeline_id=pipeline_id).order_by("-pk")
+        old = kept.values_list("pk", flat=True)[KEPT_PER_PIPELINE:]
+        PolicyLab.objects.filter(pk__in=list(old)).exclude(status__in=PolicyLab.ACTIVE).delete()
+        return lab
 
 
 class LabRun(TypedDict):
@@ -114,6 +121,7 @@ class LabView(TypedDict):
     finished_at: str | None
     error: str
     result: LabJson | None
+    best: ArmJson | None  # the arm predicted to finish first
     runs: list[LabRun]
 
 
@@ -143,6 +151,8 @@ def describe_calibration(lab: PolicyLab) -> str:
 
 
 def lab_json(lab: PolicyLab) -> LabView:
+    result = cast("LabJson | None", lab.result)
+    finished = [a for a in result["arms"] if a["completion_s"] is not None] if result else []
     return {
         "id": lab.pk,
         "pipeline": lab.pipeline_name,
@@ -153,7 +163,8 @@ def lab_json(lab: PolicyLab) -> LabView:
         "created_at": lab.created_at.isoformat(),
         "finished_at": lab.finished_at.isoformat() if lab.finished_at else None,
         "error": lab.error,
-        "result": cast("LabJson | None", lab.result),
+        "result": result,
+        "best": min(finished, key=lambda a: a["completion_s"] or 0.0) if finished else None,
         "runs": [
             {"run": pk, "arm": arm, "status": status}
             for pk, arm, status in lab.runs.order_by("pk").values_list("pk", "lab_arm", "status")

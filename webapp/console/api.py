@@ -398,11 +398,7 @@ class RunListView(APIView):
     def post(self, request: Request) -> Response:
         payload = StartRunSerializer(data=request.data)
         if not payload.is_valid():
-            errors = _field_errors(payload.errors)
-            fields = "; ".join(
-                f"{field}: {' '.join(messages)}" for field, messages in errors.items()
-            )
-            return Response({"detail": f"invalid request ({fields})", "errors": errors}, status=400)
+            return _invalid(payload)
         data = payload.validated_data
         try:
             run = actions.start_run(
@@ -418,6 +414,12 @@ class RunListView(APIView):
         except actions.ActionError as exc:
             return _error(exc)
         return Response(run_json(run), status=201)
+
+
+def _invalid(payload: Any) -> Response:
+    errors = _field_errors(payload.errors)
+    fields = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in errors.items())
+    return Response({"detail": f"invalid request ({fields})", "errors": errors}, status=400)
 
 
 def _field_errors(errors: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -697,12 +699,6 @@ class WorkerListView(APIView):
 
 
 # -- policy lab -------------------------------------------------------------------------
-
-
-def _invalid(payload: Any) -> Response:
-    errors = _field_errors(payload.errors)
-    fields = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in errors.items())
-    return Response({"detail": f"invalid request ({fields})", "errors": errors}, status=400)
 
 
 class PipelineLabsView(APIView):

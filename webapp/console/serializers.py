@@ -487,6 +487,7 @@ class LabSerializer(serializers.Serializer[JsonObject]):
     finished_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_blank=True)
     result = LabResultSerializer(allow_null=True)
+    best = LabArmSerializer(allow_null=True, help_text="the policy predicted to finish first")
     runs = LabRunSerializer(many=True, help_text="live runs started from the lab")
 
 

@@ -240,14 +240,20 @@ def run_start(request: HttpRequest, name: str) -> HttpResponse:
     )
     try:
         run = actions.start_run(run_request, request.user)
-    except actions.Refused as exc:
-        raise PermissionDenied(exc.message) from None
     except actions.ActionError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        messages.error(request, f"The run was not started: {exc.message}")
+        _tell(request, exc, "The run was not started: ")
         return redirect("pipeline", name=name)
     return redirect("run", run_id=run.pk)
+
+
+def _tell(request: HttpRequest, exc: actions.ActionError, prefix: str = "") -> None:
+    """A refusal is a 403 page and something missing a 404; anything else is said on
+    the page the form came from."""
+    if isinstance(exc, actions.Refused):
+        raise PermissionDenied(exc.message) from None
+    if exc.status == 404:
+        raise Http404(exc.message) from None
+    messages.error(request, prefix + exc.message)
 
 
 @role_required("viewer")
@@ -265,12 +271,8 @@ def lab_create(request: HttpRequest, name: str) -> HttpResponse:
             generator=request.POST.get("lab_generator", "") if kind != "run" else None,
             run_id=int(raw_run) if kind == "run" else None,
         )
-    except actions.Refused as exc:
-        raise PermissionDenied(exc.message) from None
     except actions.ActionError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        messages.error(request, exc.message)
+        _tell(request, exc)
         return redirect("pipeline", name=name)
     return redirect("lab", lab_id=lab.pk)
 
@@ -300,12 +302,8 @@ def lab_start(request: HttpRequest, lab_id: int) -> HttpResponse:
     """Start a live run with the lab policy the operator chose."""
     try:
         run = actions.start_lab_run(lab_id, request.POST.get("policy", "")[:100], request.user)
-    except actions.Refused as exc:
-        raise PermissionDenied(exc.message) from None
     except actions.ActionError as exc:
-        if exc.status == 404:
-            raise Http404(exc.message) from None
-        messages.error(request, f"The run was not started: {exc.message}")
+        _tell(request, exc, "The run was not started: ")
         return redirect("lab", lab_id=lab_id)
     return redirect("run", run_id=run.pk)
 

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from balancer.sim.control import BENCHMARK_POLICIES
+from orchestrator.lab import labs
 from orchestrator.lab.labs import ACTIVE_PER_PIPELINE, LabRefused, create_lab, lab_json
 from orchestrator.lab.simulation import PIPELINE_ARM, arm_policy, simulate
 from orchestrator.models import PolicyLab, Run
@@ -17,7 +18,7 @@ from tests.orchestrator.runs import finished_run
 from tests.webapp.console.factories import reference
 from webapp.console.topology_io import export_document
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 GENERATED = "seed=3,volume_mb=24,dominance=0.8"
 
@@ -92,6 +93,9 @@ def test_a_lab_simulates_every_policy_and_the_pipeline_s_own_against_the_bound()
         fractions = [f for _, f in arm["curve"]]
         assert fractions == sorted(fractions) and fractions[-1] == 1.0
         assert len(arm["curve"]) <= 130
+    best = lab_json(lab)["best"]
+    assert best is not None
+    assert best["completion_s"] == min(a["completion_s"] for a in lab.result["arms"])
     # A second delivery of the task changes nothing.
     assert simulate(lab.pk) == "done"
 
@@ -206,3 +210,19 @@ def test_the_watchdog_fails_a_lab_whose_worker_stopped_mid_simulation(services) 
     fresh.refresh_from_db()
     assert lab.status == "failed" and "start the lab again" in lab.error
     assert fresh.status == "pending"
+
+
+def test_only_a_pipeline_s_latest_labs_are_kept_and_none_still_running_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(labs, "KEPT_PER_PIPELINE", 2)
+    pipeline = reference()
+    first = lab_of(pipeline, generator=GENERATED)
+    PolicyLab.objects.filter(pk=first.pk).update(status="done")
+    second = lab_of(pipeline, generator=GENERATED)
+
+    third = lab_of(pipeline, generator=GENERATED)  # the first, done, is the third newest
+    fourth = lab_of(pipeline, generator=GENERATED)  # the second is pending: it stays
+
+    kept = set(PolicyLab.objects.values_list("pk", flat=True))
+    assert kept == {second.pk, third.pk, fourth.pk}

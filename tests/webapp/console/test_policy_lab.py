@@ -16,7 +16,7 @@ from orchestrator.models import Event, PolicyLab, Run
 from tests.orchestrator.runs import finished_run
 from tests.webapp.console.factories import client_for, reference
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 LABS = "/api/pipelines/reference/labs/"
 
