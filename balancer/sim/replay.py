@@ -45,15 +45,9 @@ class Replay:
 
     def live_bound_s(self) -> float:
         """No policy finishes before the input crossed the pipeline at its max flow in
-        source bytes, the operators' reductions counted; nor before the Spark workers
-        read it: when the source feeds operators only, each of its bytes is in some batch
-        of theirs, and the workers read at most ``workers`` times the fitted batch rate
-        (their fixed costs left out, so it stays a bound)."""
+        source bytes, the operators' reductions counted. Not the workers' speed: that is
+        a fitted model's, which a live run may beat, and a bound it must not."""
         rate = reduced_max_flow(self.topology, self.runtime.reductions)
-        kinds = {n["name"]: n["kind"] for n in self.document["nodes"]}
-        (source,) = self.topology.sources()
-        if all(kinds[d] == "operator" for d in self.topology.downstreams(source)):
-            rate = min(rate, self.runtime.workers * self.runtime.batch_bytes_per_s)
         sizes = np.full(self.workload.packets, self.workload.packet_bytes)
         return schedule_bound(self.workload.arrivals, sizes, rate)
 

@@ -49,24 +49,6 @@ def test_a_replay_reads_back_as_it_was_written() -> None:
     assert again.live_bound_s() == pytest.approx(replay().live_bound_s())
 
 
-def test_the_live_bound_is_never_below_what_the_spark_workers_can_read() -> None:
-    # a and b send on 5%: the links carry 16 Mb/s of the source's bytes, 8 MB in 4.2 s;
-    # but they read on one worker at 0.5 MB/s: 8 MB take 16 s.
-    shrink = {"a": 0.05, "b": 0.05}
-    slow = Replay(
-        DOCUMENT, RuntimeModel(batch_bytes_per_s=0.5 * MB, reductions=shrink), replay().workload
-    )
-    two = Replay(
-        DOCUMENT,
-        RuntimeModel(workers=2, batch_bytes_per_s=0.5 * MB, reductions=shrink),
-        slow.workload,
-    )
-
-    assert slow.live_bound_s() == pytest.approx(16.0)
-    assert two.live_bound_s() == pytest.approx(8.0)
-    assert slow.live_bound_s() <= min(slow.run(p).completion_s for p in ("credit", "ours"))
-
-
 def test_the_live_bound_counts_what_each_operator_sends_on() -> None:
     # a sends on 5%: its 1 Mb/s output carries 20 Mb/s of source data, so its 8 Mb/s
     # input binds; b sends on all of it: 1 Mb/s. 8 MB over 9 Mb/s of source bytes.

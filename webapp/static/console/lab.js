@@ -23,7 +23,7 @@
     if (chosen === null && arms.length) chosen = arms[0].name;
     $("lab-bound").textContent = "The bound: no policy can finish before "
       + lab.result.bound_s.toFixed(1) + " s (the input through the pipeline's max flow, "
-      + "operators' reductions counted, and no faster than the Spark workers read).";
+      + "operators' reductions counted).";
     renderTable(lab.result, arms);
     renderForm(arms);
     drawChart(lab.result);
