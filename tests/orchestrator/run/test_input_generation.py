@@ -6,7 +6,6 @@ crash (the watchdog starts it)."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import signal
 import subprocess
 import sys
@@ -93,10 +92,11 @@ def test_the_driver_writes_the_input_records_its_progress_and_then_the_input(
     assert writing[0][1] == {"written": 0, "total": 40 * MB}
     middle = [(t, g) for t, g in writing if 0 < g["written"] < size]
     assert middle, f"no progress was recorded: {seen}"
-    # (spaced by the interval, give or take the time of each report's own database
-    # write: a report per chunk would come milliseconds apart)
+    # (counted over the whole writing, not pair by pair: one report's database write,
+    # slow on a loaded machine, brings the next report's snapshot closer to it; a
+    # report per chunk would make one every few milliseconds)
     times = [t for t, _ in writing]
-    assert all(b - a >= every_s * 0.5 for a, b in itertools.pairwise(times)), times
+    assert len(times) - 1 <= (times[-1] - times[0]) / every_s + 1, times
     written = [g["written"] for _, g in writing]
     assert written == sorted(written)
     assert seen[-1][2], "the last snapshot shows the input ready"
