@@ -13,7 +13,7 @@ from orchestrator.models import MergedChunk, Run, Segment, SourceFile
 from orchestrator.run.snapshot import progress
 from sparkjobs.keygroups import KEY_SLOTS
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def _stream_run(chunks: int, per_chunk: int = 10) -> Run:

@@ -27,7 +27,7 @@ from orchestrator.worker.plain_job import batch_summary
 from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
 from tests.orchestrator.runs import pending_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 KEEP = 3600.0  # rows younger than this stay
 
@@ -276,6 +276,7 @@ def test_the_command_cleans_runs_that_ended_long_enough_ago() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.django_db(transaction=True)  # the workers see its rows
 def test_a_run_swept_all_along_equals_the_batch_job(workers: object) -> None:
     # Given a skewed run (migration, malformed records) swept every 0.2 s, keeping no
     # done row longer than needed

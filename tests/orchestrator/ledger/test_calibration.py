@@ -17,7 +17,7 @@ from balancer.units import MB
 from orchestrator.ledger.calibration import replay_of
 from tests.orchestrator.runs import BRANCHES, finished_run, pending_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def test_the_batches_cost_is_fitted_with_the_gap_between_them() -> None:

@@ -11,7 +11,7 @@ from orchestrator.ledger import keystate
 from orchestrator.ledger.keystate import StateKey, Totals
 from tests.orchestrator.runs import pending_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 MINUTE_US = 60_000_000
 

@@ -12,7 +12,7 @@ from orchestrator.ledger import segments
 from orchestrator.models import Run, Segment
 from tests.orchestrator.runs import pending_run, segment_row
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def output(run: Run, seg_id: str, upstream: str, size: int, *, marker: bool = False) -> None:

@@ -21,7 +21,7 @@ from orchestrator.rescale.start import begin
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
 from tests.orchestrator.runs import pending_run
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def _claim(run: Run, node: str) -> AlignedClaim:

@@ -17,7 +17,7 @@ from orchestrator.source.landing import LandingFolderSource
 from orchestrator.source.replay import ReplayError, write_ingested
 from orchestrator.source.spec import LandingSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 PARAMS = {"segment_mb": 64 / 1024 / 1024, "route_by": "key"}  # 64-byte chunks
 

@@ -82,7 +82,7 @@ def test_the_console_redis_is_not_stored_as_an_address() -> None:
     assert spec.url == ""
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_one_run_per_consumer_group_at_a_time(services) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = StreamSpec("orders-test", group="orders")
@@ -92,7 +92,7 @@ def test_one_run_per_consumer_group_at_a_time(services) -> None:
     assert Run.objects.count() == 1
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_one_run_per_landing_folder_and_checkpoint_at_a_time(services, tmp_path) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = LandingSpec(str(tmp_path), checkpoint="day-1")
@@ -105,7 +105,7 @@ def test_one_run_per_landing_folder_and_checkpoint_at_a_time(services, tmp_path)
     assert Run.objects.count() == 3
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_run_pipeline_refuses_a_missing_landing_folder(services, tmp_path) -> None:
     with pytest.raises(CommandError, match="does not exist or is not a folder"):
         call_command(
@@ -117,7 +117,7 @@ def test_run_pipeline_refuses_a_missing_landing_folder(services, tmp_path) -> No
     assert not Run.objects.exists()
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_a_stream_whose_redis_does_not_answer_is_refused_before_anything_exists(
     services, settings
 ) -> None:
