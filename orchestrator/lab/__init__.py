@@ -2,7 +2,7 @@
 that an operator picks one from predicted completion curves before a live run.
 
 Owns: the replay a lab simulates, from a generator spec or a completed run's recorded
-input, with the runtime fitted to the pipeline's latest completed run (``replays``); and
+input, with the runtime fitted to the pipeline's completed run closest to it in size (``replays``); and
 running the simulation in a bounded process of its own and keeping its outcome
 (``simulation``).
 

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 
 from balancer.document import PipelineDocument
 from balancer.sim.lab import ArmJson, LabJson
+from balancer.units import MB
 from orchestrator.lab.replays import calibration_of, is_replayable
 from orchestrator.ledger.calibration import CalibrationError, replay_of
 from orchestrator.models import PolicyLab, Run
@@ -56,7 +57,7 @@ def create_lab(
         except GeneratorError as exc:
             raise LabRefused(str(exc)) from None
         workload: Workload = {"kind": "generator", "generator": spec.to_json()}
-        found = calibration_of(pipeline_id)
+        found = calibration_of(pipeline_id, spec.volume_mb * MB)
         if found is not None:
             calibrated_from, fitted = found
             runtime = fitted.to_json()
@@ -143,8 +144,10 @@ def describe_calibration(lab: PolicyLab) -> str:
         )
     r = lab.runtime
     rate = r.get("batch_mb_per_s")
+    source = lab.calibrated_from
+    size = f" ({source.input_bytes / MB:.0f} MB)" if source and source.input_bytes else ""
     return (
-        f"calibrated from run {lab.calibrated_from_id}: {r['workers']} Spark worker(s), "
+        f"calibrated from run {lab.calibrated_from_id}{size}: {r['workers']} Spark worker(s), "
         f"a batch costs {r['batch_fixed_s']:.2f} s"
         + (f" + its MB at {rate:.3g} MB/s" if rate else "")
     )

@@ -1,15 +1,17 @@
 """What a lab simulates: the workload an operator chose, on the runtime the pipeline
-was last measured to have.
+was measured to have.
 
 A generator spec gives the packets the run's driver would write, each about one source
 segment tagged with the branch its keys route to, all there at the start (as a file's
 chunks are). A completed run gives its own input, chunk by chunk, and its own runtime.
-The runtime of a generated workload is fitted to the pipeline's latest completed run;
-with none, the lab simulates links only, and says so.
+The runtime of a generated workload is fitted to the one of the pipeline's latest
+completed runs closest to it in size; with none, the lab simulates links only, and
+says so.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import cast
 
@@ -25,9 +27,11 @@ from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorSpec, generated_workload
 from orchestrator.pipeline.graph import downstreams_of
 
-# How many of the pipeline's latest completed runs are tried for a calibration: one
-# stopped before its operators ran a batch has nothing to fit.
-CALIBRATION_CANDIDATES = 5
+# How many of the pipeline's latest completed runs a generated workload's calibration
+# is chosen from: the one closest to it in size (a small run's few batches, the first of
+# them on a cold worker, fit a slower runtime than a large one has: docs/benchmarks.md,
+# "The policy lab's predictions").
+CALIBRATION_CANDIDATES = 10
 
 
 def is_replayable(run: Run) -> bool:
@@ -38,17 +42,31 @@ def is_replayable(run: Run) -> bool:
     )
 
 
-def calibration_of(pipeline_id: int | None) -> tuple[Run, RuntimeModel] | None:
-    """The runtime fitted to the pipeline's latest completed run that ran batches."""
+def calibration_of(pipeline_id: int | None, volume_bytes: float) -> tuple[Run, RuntimeModel] | None:
+    """The runtime fitted to the one of the pipeline's latest completed runs whose input
+    is closest to ``volume_bytes`` in ratio (the latest among equals) and that ran
+    batches to fit."""
     if pipeline_id is None:
         return None
-    runs = Run.objects.filter(pipeline_id=pipeline_id, status=Run.Status.COMPLETED)
-    for run in runs.order_by("-finished_at")[:CALIBRATION_CANDIDATES]:
+    latest = list(
+        Run.objects.filter(pipeline_id=pipeline_id, status=Run.Status.COMPLETED).order_by(
+            "-finished_at"
+        )[:CALIBRATION_CANDIDATES]
+    )
+    by_size = sorted(latest, key=lambda run: _size_ratio(run.input_bytes, volume_bytes))
+    for run in by_size:
         try:
             return run, replay_of(run, workers=settings.BPCONSOLE_SPARK_WORKERS).runtime
         except CalibrationError:
             continue
     return None
+
+
+def _size_ratio(size: float, volume: float) -> float:
+    """How many times larger the larger of the two is (an empty input: infinitely)."""
+    if size <= 0 or volume <= 0:
+        return math.inf
+    return max(size, volume) / min(size, volume)
 
 
 def lab_replay(lab: PolicyLab) -> Replay:

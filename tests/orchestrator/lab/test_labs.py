@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from balancer.sim.control import BENCHMARK_POLICIES
+from balancer.units import MB
 from orchestrator.lab import labs
 from orchestrator.lab.labs import ACTIVE_PER_PIPELINE, LabRefused, create_lab, lab_json
 from orchestrator.lab.simulation import PIPELINE_ARM, arm_policy, simulate
@@ -32,9 +33,11 @@ def lab_of(pipeline, **workload):  # type: ignore[no-untyped-def]
     )
 
 
-def completed_run_of(pipeline) -> Run:  # type: ignore[no-untyped-def]
+def completed_run_of(pipeline, **fields) -> Run:  # type: ignore[no-untyped-def]
     return finished_run(
-        pipeline_id=pipeline.pk, input_spec={"format": "jsonl", "generator": {"seed": 3}}
+        pipeline_id=pipeline.pk,
+        input_spec={"format": "jsonl", "generator": {"seed": 3}},
+        **fields,
     )
 
 
@@ -70,6 +73,19 @@ def test_a_generated_workload_is_fitted_to_the_pipeline_s_latest_completed_run()
     assert lab.runtime is not None
     assert lab.runtime["batch_fixed_s"] == pytest.approx(0.6)
     assert lab_json(lab)["calibration"].startswith(f"calibrated from run {run.pk}")
+
+
+def test_a_generated_workload_is_fitted_to_the_run_closest_to_it_in_size() -> None:
+    pipeline = reference()
+    large = completed_run_of(pipeline, input_bytes=30 * MB)
+    small = completed_run_of(pipeline, input_bytes=6 * MB)  # the latest
+
+    near_large = lab_of(pipeline, generator="seed=3,volume_mb=24")
+    near_small = lab_of(pipeline, generator="seed=3,volume_mb=4")
+
+    assert near_large.calibrated_from == large
+    assert near_small.calibrated_from == small
+    assert lab_json(near_large)["calibration"].startswith(f"calibrated from run {large.pk} (30 MB)")
 
 
 def test_a_lab_simulates_every_policy_and_the_pipeline_s_own_against_the_bound() -> None:
