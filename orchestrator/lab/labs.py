@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from balancer.document import PipelineDocument
 from balancer.sim.lab import ArmJson, LabJson
 from balancer.units import MB
 from orchestrator.lab.replays import calibration_of, is_replayable
-from orchestrator.ledger.calibration import CalibrationError, replay_of
+from orchestrator.ledger.calibration import CalibrationError, runtime_of
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorError, GeneratorSpec
 
@@ -72,7 +73,7 @@ def create_lab(
                 "a lab replays a completed run over files or the generator"
             )
         try:
-            runtime = replay_of(run).runtime.to_json()
+            runtime = runtime_of(run, workers=settings.BPCONSOLE_SPARK_WORKERS).to_json()
         except CalibrationError as exc:
             raise LabRefused(str(exc)) from None
         workload = {"kind": "run", "run": run.pk}

@@ -22,7 +22,7 @@ from balancer.document import PipelineDocument
 from balancer.sim.calibration import RuntimeModel
 from balancer.sim.replay import Replay
 from balancer.sim.workload import Workload
-from orchestrator.ledger.calibration import CalibrationError, replay_of
+from orchestrator.ledger.calibration import CalibrationError, replay_of, runtime_of
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorSpec, generated_workload
 from orchestrator.pipeline.graph import downstreams_of
@@ -56,7 +56,7 @@ def calibration_of(pipeline_id: int | None, volume_bytes: float) -> tuple[Run, R
     by_size = sorted(latest, key=lambda run: _size_ratio(run.input_bytes, volume_bytes))
     for run in by_size:
         try:
-            return run, replay_of(run, workers=settings.BPCONSOLE_SPARK_WORKERS).runtime
+            return run, runtime_of(run, workers=settings.BPCONSOLE_SPARK_WORKERS)
         except CalibrationError:
             continue
     return None

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import F, Max, Min, Sum
 
 from balancer.document import PipelineDocument
-from balancer.sim.calibration import BatchSample, fit_runtime
+from balancer.sim.calibration import BatchSample, RuntimeModel, fit_runtime
 from balancer.sim.replay import Replay
 from balancer.sim.workload import Workload
 from balancer.units import MB
@@ -98,18 +98,24 @@ def recorded_workload(run: Run, entry_times: Sequence[float] = ()) -> Workload:
     return Workload(branches, mean_bytes, np.maximum.accumulate(arrivals), tags)
 
 
-def replay_of(run: Run, *, workers: int = 1) -> Replay:
-    """The run, replayable: ``workers`` Spark workers shared by its operators."""
+def runtime_of(run: Run, *, workers: int = 1) -> RuntimeModel:
+    """The runtime fitted to the run's batches: ``workers`` Spark workers shared by its
+    operators."""
     if run.status != Run.Status.COMPLETED:
         raise CalibrationError(f"run {run.pk} is {run.status}; only a completed run is measured")
     operated = batches(run)
     if not operated:
         raise CalibrationError(f"run {run.pk} has no operator batch to fit")
-    runtime = fit_runtime(
+    return fit_runtime(
         [operated],
         sink_runs=[batches(run, "sink")],
         workers=workers,
         max_batch_bytes=float(settings.BPCONSOLE_BATCH_MB) * MB,
         reductions=operator_reductions(run),
     )
+
+
+def replay_of(run: Run, *, workers: int = 1) -> Replay:
+    """The run, replayable: its input on its fitted runtime (:func:`runtime_of`)."""
+    runtime = runtime_of(run, workers=workers)
     return Replay(cast("PipelineDocument", run.topology), runtime, recorded_workload(run))
