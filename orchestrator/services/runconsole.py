@@ -26,8 +26,12 @@ from orchestrator.services.supervisor import Supervisor
 STOP_GRACE_S = 20.0
 
 
-class Stop(Exception):
-    """Raised from a signal handler to unwind into the clean-up path."""
+class Stop(BaseException):
+    """Raised from a signal handler to unwind into the clean-up path.
+
+    A BaseException, as KeyboardInterrupt is: a signal can arrive while the supervisor
+    is restarting a process, inside its ``except Exception`` for failed starts, which
+    must not take Ctrl-C or SIGTERM for a failed start (the console then ran on)."""
 
 
 @dataclass

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.services.runconsole import Stop
 from orchestrator.services.supervisor import Backoff, Restart, Supervisor
 
 POLICY = Backoff()
@@ -143,3 +145,21 @@ def test_a_failed_start_is_reported_and_tried_again_later() -> None:
     assert lines.said[-1] == "redis did not start again: port in use"
     supervisor.tick()
     assert lines.said[-1] == "redis exited with code -9; restarting in 2 s (restart 2)"
+
+
+def test_a_stop_signal_during_a_restart_stops_the_loop() -> None:
+    @dataclass
+    class Interrupted(ScriptedProcess):
+        def start(self) -> None:
+            raise Stop("SIGTERM")
+
+    clock, lines = FakeClock(), Lines()
+    postgresql = Interrupted("postgresql", exit_code=-9)
+    supervisor = Supervisor(clock=clock, say=lines)
+    supervisor.watch(postgresql)
+    supervisor.tick()
+    clock.now = 1.0
+    # SIGTERM while PostgreSQL starts again is not a failed start: it reaches the console
+    with pytest.raises(Stop):
+        supervisor.tick()
+    assert not any("did not start again" in line for line in lines.said)
