@@ -33,7 +33,8 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "100000")
         .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
     )
-    java_options = class_archive.driver_java_options()
+    extra = os.environ.get("SPARK_JAVA_OPTIONS", "").strip()
+    java_options = " ".join(o for o in (class_archive.driver_java_options(), extra) if o)
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):
@@ -42,6 +43,8 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
         )
     else:
         builder = _cluster_share(builder)
+        if extra:
+            builder = builder.config("spark.executor.extraJavaOptions", extra)
     return builder.getOrCreate()
 
 
