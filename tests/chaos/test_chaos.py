@@ -33,12 +33,12 @@ SHORT = [
     str(FAULTS),
     "--seed",
     "3",
-    # Mean gap 2 s, up to 4 faults recovering at once: the expensive kinds (a Spark JVM's
+    # Mean gap 1.2 s, up to 6 faults recovering at once: the expensive kinds (a Spark JVM's
     # first batch, a pause past the 10 s session) overlap the cheap ones.
     "--interval-s",
-    "2",
+    "1.2",
     "--max-open",
-    "4",
+    "6",
     "--stop-s",
     "11",
     "--recovery-timeout-s",
