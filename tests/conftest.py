@@ -29,12 +29,6 @@ from webapp.settings.env import database_from_url
 TEST_LEASE_S = 8
 TEST_VAR_DIR = Path(os.environ.get("BPCONSOLE_TEST_VAR_DIR", str(PROJECT_ROOT / "var" / "test")))
 
-# Every Spark driver the suite starts (in this process, in its workers, in the stacks the
-# chaos and supervision tests start) compiles with C1 only. The suite's batches are small
-# and its JVMs short-lived: C2's compiler threads took the two cores from the work they
-# compile for, and the integration tests ran 11% longer with them (docs/development.md).
-os.environ.setdefault("SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
-
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Endpoints]:
