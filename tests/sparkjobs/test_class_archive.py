@@ -1,5 +1,6 @@
 """A worker's new Spark JVM loads Spark's classes from the class-data-sharing archive
-(sparkjobs/class_archive.py), and one that does not fit is skipped, never an error."""
+(sparkjobs/class_archive.py), and one that does not fit is skipped, never an error; the
+options of ``SPARK_JAVA_OPTIONS`` come after the archive's."""
 
 from __future__ import annotations
 
@@ -26,20 +27,13 @@ print("keys", len(rows), flush=True)
 """
 
 
-def _batch_in_a_new_jvm(tmp_path: Path, archive: str) -> tuple[str, str]:
-    """Run one batch in a new process and JVM; its stdout and the JVM's class-load log."""
-    log = tmp_path / "classes.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        class_archive.SETTING: archive,
-        # Read by every JVM besides its command line: where each class was loaded from.
-        "JAVA_TOOL_OPTIONS": f"-Xlog:class+load=info:file={log}",
-    }
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
+def _in_a_new_jvm(code: str, **env: str) -> str:
+    """Run ``code`` in a new process and Spark JVM with ``env`` added; its stdout."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    environ.pop("PYSPARK_SUBMIT_ARGS", None)
     outcome = subprocess.run(
-        [sys.executable, "-c", ONE_BATCH],
-        env=env,
+        [sys.executable, "-c", code],
+        env=environ,
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -47,7 +41,21 @@ def _batch_in_a_new_jvm(tmp_path: Path, archive: str) -> tuple[str, str]:
         check=False,
     )
     assert outcome.returncode == 0, outcome.stderr[-3000:]
-    return outcome.stdout, log.read_text()
+    return outcome.stdout
+
+
+def _batch_in_a_new_jvm(tmp_path: Path, archive: str) -> tuple[str, str]:
+    """Run one batch in a new process and JVM; its stdout and the JVM's class-load log."""
+    log = tmp_path / "classes.log"
+    # Read by every JVM besides its command line: where each class was loaded from.
+    out = _in_a_new_jvm(
+        ONE_BATCH,
+        **{
+            class_archive.SETTING: archive,
+            "JAVA_TOOL_OPTIONS": f"-Xlog:class+load=info:file={log}",
+        },
+    )
+    return out, log.read_text()
 
 
 def _loaded_from(log: str, name: str) -> str:
@@ -93,3 +101,23 @@ def test_one_archive_per_jdk_and_spark_version_in_the_virtualenv(
     import pyspark
 
     assert path.name.startswith(f"spark-{pyspark.__version__}-")
+
+
+READ_BACK = """
+from sparkjobs.session import spark_session
+
+spark = spark_session(master="local[1]")
+system = spark.sparkContext._jvm.java.lang.System
+print(system.getProperty("bpconsole.probe"), spark.conf.get("spark.driver.extraJavaOptions"))
+"""
+
+
+def test_spark_java_options_follow_the_archive_s_in_the_driver_jvm() -> None:
+    out = _in_a_new_jvm(READ_BACK, SPARK_JAVA_OPTIONS=" -Dbpconsole.probe=yes ")
+    probe, options = out.split(maxsplit=1)
+    # The JVM has the property, and the class archive's options are still there
+    assert probe == "yes"
+    assert options.endswith("-Dbpconsole.probe=yes\n")
+    archive = class_archive.driver_java_options()
+    if archive is not None:
+        assert options.startswith(archive + " ")
