@@ -123,7 +123,7 @@ def emit_chunk(
     run_id: int,
     epoch: int,
     copies: Sequence[NewSegment],
-    position: Mapping[str, int | str],
+    position: Mapping[str, object],  # the run's source_position after the chunk
     input_bytes: int,
 ) -> None:
     """Queue a source chunk (one copy per key group of a keyed stage) and move the

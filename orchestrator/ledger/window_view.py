@@ -44,7 +44,10 @@ class WindowsView(TypedDict):
     window_s: float
     slide_s: float
     lateness_s: float
-    source_high: str | None  # the largest event time the source has read
+    # The source's watermark: the smallest of its partitions' largest event times (with
+    # one partition, the largest it has read); and each partition's, when it has several.
+    source_high: str | None
+    partitions: list[str | None]
     watermark: str | None  # windows ending by this are closed and final
     event_lag_s: float | None  # the source's largest event time minus the sink's
     late_records: int
@@ -74,6 +77,10 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
         slide_s=spec.slide_us / US,
         lateness_s=spec.lateness_us / US,
         source_high=None if source_high is None else iso(source_high),
+        partitions=[
+            None if h is None else iso(int(h))
+            for h in (run.source_position or {}).get("highs") or []
+        ],
         watermark=None if mark.closed_us is None else iso(mark.closed_us),
         event_lag_s=_lag(source_high, mark.high_us),
         late_records=late_records(run.pk),

@@ -72,6 +72,12 @@ class Chunk:
     mark: str = ""
     head: bytes = b""  # written before the copied bytes: a CSV file's header line
     kind: str = "jsonl"  # the segment's format, its file's suffix
+    # A partitioned source's chunk holds one partition's records: which one, the
+    # partitions that were idle when it was cut (both decide its watermark), and where
+    # every partition stands after it: (name, last entry id, entries taken).
+    partition: int = 0
+    idle: tuple[int, ...] = ()
+    marks: tuple[tuple[str, str, int], ...] = ()
 
 
 def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:

@@ -91,6 +91,12 @@ def create_run(
             f"run created over the landing folder {source.folder} ({source.pattern})"
             if not isinstance(source, StreamSpec)
             else f"run created over the Redis stream {source.stream}"
+            + (
+                f" in {source.partitions} partitions ({source.stream}:0 to "
+                f"{source.stream}:{source.partitions - 1})"
+                if source.partitions > 1
+                else ""
+            )
         )
     elif spec is not None:
         if fmt != "jsonl":

@@ -29,6 +29,7 @@ from orchestrator.pipeline.graph import (
 from orchestrator.pipeline.inputs import Chunk, write_chunk
 from orchestrator.pipeline.layout import segment_path
 from orchestrator.pipeline.routes import tagged_route
+from orchestrator.pipeline.watermark import Watermark
 from orchestrator.rescale.plan import copy_id, targets
 from orchestrator.run.controls import Controls
 from orchestrator.run.route_store import RouteStore
@@ -76,9 +77,8 @@ class SourcePacer:
         self.measured_rate = 0.0
         self.input: Source = open_source(run, epoch, source.get("params") or {})
         self.next_index = int((run.source_position or {}).get("chunk", 0))
-        high = (run.source_position or {}).get("high_us")
-        # The largest event time emitted so far: the next chunk's watermark (windowed).
-        self.high_us: int | None = None if high is None else int(high)
+        # The watermark after the chunks emitted so far: the next one's (windowed).
+        self.watermark = Watermark.resumed(self.input.partitions, run.source_position or {})
         self.emitted_bytes = int(run.input_bytes)
         self.done = run.chunks_total is not None
         self.last_lag = SourceLag()
@@ -164,12 +164,10 @@ class SourcePacer:
             return False
         path = segment_path(self.run_id, seg_id, chunk.kind)
         write_chunk(path, chunk)
-        high_before, high = self.high_us, self.high_us
         windows = pipeline_windows(graph.doc)
-        if windows is not None:
-            found = segment_high(path, chunk.kind, windows.field)
-            if found is not None:
-                high = found if high is None else max(high, found)
+        found = None if windows is None else segment_high(path, chunk.kind, windows.field)
+        watermark = self.watermark.copy()  # kept only once the ledger holds the chunk
+        high_before, high = watermark.advance(chunk.partition, found, chunk.idle)
         segments.emit_chunk(
             self.run_id,
             self.epoch,
@@ -199,8 +197,13 @@ class SourcePacer:
                 "chunk": chunk.index + 1,
                 "file": chunk.file_index,
                 "offset": chunk.offset + chunk.length,
-                **({"mark": chunk.mark} if chunk.mark else {}),
-                **({"high_us": high} if high is not None else {}),
+                **({"mark": chunk.mark} if chunk.mark and not chunk.marks else {}),
+                **(
+                    {"partitions": {n: {"mark": m, "entries": e} for n, m, e in chunk.marks}}
+                    if chunk.marks
+                    else {}
+                ),
+                **watermark.to_position(),
             },
             self.emitted_bytes + chunk.size,
         )
@@ -214,7 +217,7 @@ class SourcePacer:
         if credits is not None:
             credits[target] = credits.get(target, 0.0) - chunk.size
         self.next_index = chunk.index + 1
-        self.high_us = high
+        self.watermark = watermark
         self.ahead.popleft()
         tagged = tagged_route(chunk.tag, graph.downstreams, routes)
         self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size

@@ -252,6 +252,8 @@ def source_view(run: Run, lag: LagJson | None) -> SourceView:
         what = f"{spec.get('folder')}/{spec.get('pattern')}"
     elif kind == "stream":
         what = f"Redis stream {spec.get('stream')}"
+        if int(spec.get("partitions") or 1) > 1:
+            what += f" in {spec['partitions']} partitions"
     else:
         what = f"{len(spec.get('paths') or [])} file(s)"
     return SourceView(

@@ -43,6 +43,7 @@ class Source(Protocol):
     """
 
     unbounded: bool
+    partitions: int  # each chunk is one partition's (orchestrator.pipeline.watermark)
 
     def next_chunk(self) -> Chunk | None: ...
 

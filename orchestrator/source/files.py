@@ -12,6 +12,7 @@ from orchestrator.source.base import SourceLag
 
 class FileSource:
     unbounded = False
+    partitions = 1
 
     def __init__(
         self, input_spec: Mapping[str, Any], params: Mapping[str, Any], position: Mapping[str, Any]

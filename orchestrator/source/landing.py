@@ -54,6 +54,7 @@ HOUSEKEEPING_S = 2.0
 
 class LandingFolderSource:
     unbounded = True
+    partitions = 1  # files are read one after another
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from django.conf import settings
 from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.models import Run, SourceFile
 from orchestrator.source.spec import LandingSpec, StreamSpec, unbounded_spec
-from orchestrator.source.stream import Entries, entry_id, line_of
+from orchestrator.source.stream import Entries, entry_id, line_of, taken_marks
 
 PAGE = 10_000
 
@@ -72,32 +72,42 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> int:
 
 
 def _entries(run: Run, spec: StreamSpec, out: Path) -> int:
+    """Each partition's entries, one partition after another: the plain job's result
+    does not depend on the order of its records."""
     position = run.source_position or {}
-    count, mark = int(position.get("offset", 0)), str(position.get("mark") or "")
-    if not count:
-        out.write_bytes(b"")
-        return 0
+    taken = taken_marks(spec, position)
     client = redis.Redis.from_url(spec.url or settings.REDIS_URL, socket_timeout=30)
+    written = 0
     try:
-        # The run's entries are the last ``count`` up to its mark: read back from there.
-        lines: list[bytes] = []
-        high = mark
-        while len(lines) < count:
-            page = cast("Entries", client.xrevrange(spec.stream, max=high, count=min(PAGE, count)))
-            for _ident, fields in page:
-                if fields is not None and len(lines) < count:
-                    lines.append(line_of(cast("Any", fields)))
-            if len(page) < min(PAGE, count):
-                break
-            last = entry_id(page[-1][0].decode())
-            high = f"({last[0]}-{last[1]}"
+        with out.open("wb") as sink:
+            for stream in spec.streams:
+                mark, count = taken.get(stream, ("", 0))
+                body = _taken(client, run, stream, mark, count)
+                sink.write(body)
+                written += len(body)
     finally:
         client.close()
+    return written
+
+
+def _taken(client: redis.Redis, run: Run, stream: str, mark: str, count: int) -> bytes:
+    """The last ``count`` entries of ``stream`` up to ``mark``: what the run took of it."""
+    if not count:
+        return b""
+    lines: list[bytes] = []
+    high = mark
+    while len(lines) < count:
+        page = cast("Entries", client.xrevrange(stream, max=high, count=min(PAGE, count)))
+        for _ident, fields in page:
+            if fields is not None and len(lines) < count:
+                lines.append(line_of(cast("Any", fields)))
+        if len(page) < min(PAGE, count):
+            break
+        last = entry_id(page[-1][0].decode())
+        high = f"({last[0]}-{last[1]}"
     if len(lines) != count:
         raise ReplayError(
-            f"the stream holds {len(lines)} of the {count} entries run {run.pk} took in "
-            "(trimmed since?)"
+            f"the stream {stream} holds {len(lines)} of the {count} entries run {run.pk} "
+            "took in (trimmed since?)"
         )
-    body = b"".join(reversed(lines))
-    out.write_bytes(body)
-    return len(body)
+    return b"".join(reversed(lines))

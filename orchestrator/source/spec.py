@@ -26,6 +26,8 @@ START_AT: tuple[StartAt, ...] = ("earliest", "latest")
 
 STABLE_S = (0.0, 600.0)
 LINGER_S = (0.0, 10.0)
+PARTITIONS = (1, 16)  # each partition is read into a buffer of up to a segment
+IDLE_S = (0.0, 3600.0)
 MAX_PATTERN_CHARS = 200
 STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")
 
@@ -62,7 +64,12 @@ class LandingSpec:
 @dataclass(frozen=True)
 class StreamSpec:
     """A Redis stream read with a consumer group; ``url`` empty means the console's own
-    Redis (so no address, and no password in it, is stored with the run)."""
+    Redis (so no address, and no password in it, is stored with the run).
+
+    With ``partitions`` above 1 the source is the streams ``<stream>:0`` to
+    ``<stream>:<partitions - 1>``, read side by side as Kafka's partitions are, each with
+    its own watermark (orchestrator.pipeline.watermark); a partition that gives nothing
+    for ``idle_s`` seconds stops holding the watermark back (0: never)."""
 
     stream: str
     url: str = ""
@@ -70,6 +77,15 @@ class StreamSpec:
     start: StartAt = "earliest"
     linger_s: float = 0.5
     format: str = "jsonl"
+    partitions: int = 1
+    idle_s: float = 30.0
+
+    @property
+    def streams(self) -> list[str]:
+        """The Redis stream of each partition, in partition order."""
+        if self.partitions == 1:
+            return [self.stream]
+        return [f"{self.stream}:{i}" for i in range(self.partitions)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +96,8 @@ class StreamSpec:
             "start": self.start,
             "linger_s": self.linger_s,
             "format": self.format,
+            "partitions": self.partitions,
+            "idle_s": self.idle_s,
         }
 
 
@@ -106,6 +124,8 @@ def unbounded_spec(input_spec: Mapping[str, Any]) -> UnboundedSpec | None:
             group=str(input_spec.get("group", "")),
             start=_choice(input_spec.get("start", "earliest"), START_AT, "start"),
             linger_s=float(input_spec.get("linger_s", 0.5)),
+            partitions=int(input_spec.get("partitions", 1)),
+            idle_s=float(input_spec.get("idle_s", 30.0)),
         )
     return None
 
@@ -172,7 +192,15 @@ def check_stream(
         )
     start = _choice(raw.get("start", "earliest"), START_AT, "start")
     linger_s = _number(raw.get("linger_s", 0.5), "linger_s", LINGER_S)
-    return StreamSpec(stream, url, group, start, linger_s)
+    partitions = _number(raw.get("partitions", 1), "partitions", PARTITIONS)
+    if partitions != int(partitions):
+        raise InputError(f"partitions must be a whole number, not {partitions:g}")
+    idle_s = _number(raw.get("idle_s", 30.0), "idle_s", IDLE_S)
+    if partitions > 1 and len(f"{stream}:{int(partitions) - 1}") > 200:
+        raise InputError("a partitioned stream's name leaves room for ':<partition>' (200)")
+    return StreamSpec(
+        stream, url, group, start, linger_s, partitions=int(partitions), idle_s=idle_s
+    )
 
 
 def _folder(raw: object, what: str, roots: Sequence[Path] | None, *, must_exist: bool) -> str:

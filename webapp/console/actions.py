@@ -106,7 +106,15 @@ SOURCE_FIELDS: dict[str, dict[str, int]] = {
         "archive": 1000,
         "checkpoint": 200,
     },
-    "stream": {"stream": 200, "group": 200, "start": 16, "linger_s": 32, "url": 500},
+    "stream": {
+        "stream": 200,
+        "group": 200,
+        "start": 16,
+        "linger_s": 32,
+        "partitions": 8,
+        "idle_s": 32,
+        "url": 500,
+    },
 }
 
 

@@ -16,7 +16,7 @@ JsonObject = dict[str, Any]
 # What run_json shows of an unbounded source's spec (orchestrator/source/spec.py).
 SOURCE_SPEC_FIELDS = {
     "folder": ("folder", "pattern", "format", "stable_s", "clean", "archive", "checkpoint"),
-    "stream": ("stream", "url", "group", "start", "linger_s", "format"),
+    "stream": ("stream", "url", "group", "start", "linger_s", "partitions", "idle_s", "format"),
 }
 
 
@@ -194,6 +194,14 @@ class RunSourceSerializer(serializers.Serializer[JsonObject]):
     linger_s = serializers.FloatField(
         required=False, help_text="stream: seconds a partial chunk waits for more entries"
     )
+    partitions = serializers.IntegerField(
+        required=False, help_text="stream: its partitions, the streams <stream>:0 .. (1: itself)"
+    )
+    idle_s = serializers.FloatField(
+        required=False,
+        help_text="stream: seconds a partition gives nothing before the watermark goes on "
+        "without it",
+    )
     format = serializers.CharField(required=False)
 
 
@@ -273,6 +281,17 @@ class StartSourceSerializer(serializers.Serializer[JsonObject]):
         required=False,
         help_text="stream: seconds (0 to 10, default 0.5) a partial chunk waits for more "
         "entries before it is sent: lower is fresher, higher makes fewer, larger batches",
+    )
+    partitions = serializers.IntegerField(
+        required=False,
+        help_text="stream: 1 (default) reads the stream itself; 2 to 16 read the streams "
+        "<stream>:0 to <stream>:<partitions - 1> side by side, each with its own event-time "
+        "watermark (the run's is the smallest)",
+    )
+    idle_s = serializers.FloatField(
+        required=False,
+        help_text="stream: seconds (0 to 3600, default 30) a partition may give nothing "
+        "before the watermark goes on without it; 0: it always waits",
     )
     url = serializers.CharField(
         required=False,
@@ -393,7 +412,14 @@ class WindowsSerializer(serializers.Serializer[JsonObject]):
     slide_s = serializers.FloatField()
     lateness_s = serializers.FloatField()
     source_high = serializers.CharField(
-        allow_null=True, help_text="the largest event time the source has read"
+        allow_null=True,
+        help_text="the source's watermark: the smallest of its partitions' largest event "
+        "times (with one partition, the largest it has read)",
+    )
+    partitions = serializers.ListField(
+        child=serializers.CharField(allow_null=True),
+        help_text="a partitioned stream's: each partition's largest event time (null: none "
+        "yet); empty with one partition",
     )
     watermark = serializers.CharField(
         allow_null=True, help_text="windows ending by this are closed: final, written once"

@@ -15,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 from pyspark.sql import functions as F
 
 from orchestrator.ledger import keystate
 from orchestrator.ledger.results import summary
+from orchestrator.ledger.window_view import windows_view
 from orchestrator.models import Event, KeyState, Run, Segment, SourceFile, WindowKey
 from orchestrator.run.lifecycle import RunError, create_run
 from orchestrator.source.replay import write_ingested
-from orchestrator.source.spec import LandingSpec
+from orchestrator.source.spec import LandingSpec, StreamSpec
 from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.event_time import US, WindowSpec, iso, parse_us
@@ -427,6 +429,97 @@ def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
     manifest, rows = read_back(spark, settings.BPCONSOLE_SINK_ROOT / folder)
     assert rows == Oracle(kept, 0, 0, {}).rows(spark)
     assert {w["run"] for w in manifest} == {run.pk}
+
+
+def partition_events(count: int, seed: int, ahead_s: float) -> tuple[list[str], list[str]]:
+    """A partition's JSON lines at 2 records per event-time second from ``T0 + ahead_s``,
+    up to 1.5 s out of order (less than the lateness: never late), and after its first
+    500 s one record in 40 from 600 to 700 s back. Those are late, however the input is
+    cut into chunks (64 KB, about 350 event-time seconds here), when this partition holds
+    the watermark (every other one is ahead of it); otherwise none is. Returns the lines
+    and those far behind."""
+    rng = random.Random(seed)
+    lines, late = [], []
+    for i in range(count):
+        position = T0 + ahead_s + i / 2
+        behind = position > T0 + ahead_s + 500 and rng.random() < 0.025
+        t = position - (rng.uniform(600, 700) if behind else rng.uniform(0, 1.5))
+        record = {
+            "key": f"k{0 if rng.random() < 0.35 else rng.randrange(1, 15)}",
+            "value": rng.randrange(100_000) / 100,
+            "user": f"u{rng.randrange(40)}",
+            "ts": round(t, 3),
+        }
+        lines.append(json.dumps(record))
+        if behind:
+            late.append(lines[-1])
+    return lines, late
+
+
+def test_a_partitioned_stream_s_watermark_waits_for_its_slowest_partition(
+    workers, services, spark, tmp_path: Path
+) -> None:
+    # Given a stream of two partitions, one a day ahead of the other in event time (a
+    # producer catching up on a backlog), each in order within the lateness but for a
+    # few records far behind their own partition
+    stream = f"test-events-{uuid.uuid4().hex[:8]}"
+    ahead, ahead_late = partition_events(4_000, seed=21, ahead_s=86_400)
+    behind, behind_late = partition_events(4_000, seed=22, ahead_s=0)
+    client = redis.Redis.from_url(services.redis_url)
+    for partition, lines in enumerate((ahead, behind)):
+        with client.pipeline(transaction=False) as batch:
+            for line in lines:
+                batch.xadd(f"{stream}:{partition}", {"record": line})
+            batch.execute()
+    doc = windowed(skewed_reference())
+    spec = StreamSpec(stream, linger_s=0.2, partitions=2, idle_s=0)
+    run = start(doc, policy(), source=spec)
+    # When the run's driver is killed while it reads them, and a new one goes on
+    victim = kill_a_batch_and_the_driver(run, workers, services)
+    try:
+        done = threading.Thread(target=lambda: None)
+        done.start()
+        run = stop_once_caught_up(run, done)
+    finally:
+        workers.start(victim)
+        workers.wait_ready([victim])
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    # Then the partition behind is judged by its own clock: only its records far behind
+    # itself are late (against one watermark for the stream, nearly all of them would be);
+    # the partition ahead is held back by it, so none of its records are late, not even
+    # those as far behind their own partition
+    late = behind_late
+    assert len(late) > 50 and len(ahead_late) > 50
+    assert result["late_records"] == len(late)
+    late_folder = Path(workers.env["BPCONSOLE_DATA_DIR"]) / "runs" / str(run.pk) / "quarantine"
+    quarantined = sorted(
+        line
+        for part in (late_folder / "late").glob("*.jsonl")
+        for line in part.read_text().splitlines()
+    )
+    assert sorted(float(json.loads(line)["ts"]) for line in quarantined) == sorted(
+        json.loads(line)["ts"] for line in late
+    )
+    # ...every window (stopping closes them all) equals Spark's window() over the rest
+    kept = [
+        {**record, "t": parse_us(record["ts"])}
+        for record in (json.loads(line) for line in ahead + behind if line not in set(late))
+    ]
+    got = sorted(
+        (parse_us(w["window_start"]), w["key"], w["count"], w["distinct_users"])
+        for w in result["windows"]
+    )
+    want = [(r[0], r[1], r[2], r[6]) for r in Oracle(kept, 0, 0, {}).rows(spark)]
+    assert got == want
+    # ...and the run shows each partition's event time, the watermark the lower of them
+    view = windows_view(run, WindowSpec.from_params(WINDOW) or pytest.fail("no windows"))
+    first, second = (parse_us(h) for h in view["partitions"])
+    assert first is not None and second is not None and first > second
+    assert view["source_high"] is not None and parse_us(view["source_high"]) == second
+    client.delete(f"{stream}:0", f"{stream}:1")
+    client.close()
 
 
 def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(

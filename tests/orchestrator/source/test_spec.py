@@ -9,7 +9,13 @@ from django.core.management import CommandError, call_command
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.run.lifecycle import RunError, create_run
-from orchestrator.source.spec import LandingSpec, StreamSpec, check_landing, check_stream
+from orchestrator.source.spec import (
+    LandingSpec,
+    StreamSpec,
+    check_landing,
+    check_stream,
+    unbounded_spec,
+)
 from tests.orchestrator.runs import TOPOLOGIES
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -70,11 +76,28 @@ def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
         ({"stream": "ok", "group": "a b"}, "consumer group name"),
         ({"stream": "ok", "start": "yesterday"}, "start must be one of earliest, latest"),
         ({"stream": "ok", "linger_s": 60}, "linger_s must be from 0 to 10"),
+        ({"stream": "ok", "partitions": 0}, "partitions must be from 1 to 16, not 0"),
+        ({"stream": "ok", "partitions": 17}, "partitions must be from 1 to 16, not 17"),
+        ({"stream": "ok", "partitions": 2.5}, "partitions must be a whole number, not 2.5"),
+        ({"stream": "ok", "partitions": "many"}, "partitions must be a number from 1 to 16"),
+        ({"stream": "ok", "idle_s": -1}, "idle_s must be from 0 to 3600"),
+        ({"stream": "ok", "idle_s": "nan"}, "idle_s must be from 0 to 3600"),
+        ({"stream": "x" * 199, "partitions": 16}, "leaves room for ':<partition>'"),
     ],
 )
 def test_stream_parameters_are_bounded(raw, message) -> None:
     with pytest.raises(InputError, match=message):
         check_stream(raw, default_url=REDIS, allowed_urls=[])
+
+
+def test_a_partitioned_stream_reads_one_redis_stream_per_partition() -> None:
+    spec = check_stream(
+        {"stream": "orders", "partitions": "3", "idle_s": 5}, default_url=REDIS, allowed_urls=[]
+    )
+    assert spec.streams == ["orders:0", "orders:1", "orders:2"]
+    assert spec.idle_s == 5.0
+    assert StreamSpec("orders").streams == ["orders"], "one partition is the stream itself"
+    assert unbounded_spec(spec.to_json()) == spec
 
 
 def test_the_console_redis_is_not_stored_as_an_address() -> None:

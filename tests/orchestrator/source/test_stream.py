@@ -13,6 +13,7 @@ import redis
 
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import Chunk
+from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import StreamSpec
 from orchestrator.source.stream import RedisStreamSource
 
@@ -46,6 +47,14 @@ def _run(spec: StreamSpec) -> Run:
     )
 
 
+@pytest.fixture
+def partitioned(client: redis.Redis) -> Iterator[str]:
+    """A name for a stream of two partitions, ``<name>:0`` and ``<name>:1``."""
+    name = f"test-parts-{uuid.uuid4().hex[:8]}"
+    yield name
+    client.delete(f"{name}:0", f"{name}:1")
+
+
 def _add(client: redis.Redis, stream: str, count: int, start: int = 0) -> list[str]:
     return [
         client.xadd(
@@ -69,7 +78,7 @@ def _drain(source: RedisStreamSource, *, commit: bool = True) -> list[Chunk]:
     while time.monotonic() < deadline:
         chunk = source.next_chunk()
         if chunk is None:
-            if taken and not source.buffer:
+            if taken and not any(p.buffer for p in source.parts):
                 break
             time.sleep(0.05)
             continue
@@ -182,3 +191,95 @@ def test_a_named_group_goes_on_where_its_last_run_stopped(services, client, stre
     later = _run(spec)
     resumed = _drain(RedisStreamSource(later.pk, spec, SMALL, {}, url=services.redis_url))
     assert _values(resumed) == list(range(30, 35))
+
+
+def test_a_partitioned_stream_cuts_each_chunk_from_one_partition_taking_turns(
+    services, client, partitioned
+) -> None:
+    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
+    run = _run(spec)
+    ids0 = _add(client, f"{partitioned}:0", 100)
+    ids1 = _add(client, f"{partitioned}:1", 100, start=100)
+    source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
+    chunks = _drain(source)
+    # Each chunk holds one partition's entries, in that partition's order
+    by_partition = {p: [c for c in chunks if c.partition == p] for p in (0, 1)}
+    assert _values(by_partition[0]) == list(range(100))
+    assert _values(by_partition[1]) == list(range(100, 200))
+    # Both have a backlog, so they take turns; the run numbers entries across both
+    assert [c.partition for c in chunks[:6]] == [0, 1, 0, 1, 0, 1]
+    assert [c.offset for c in chunks] == [
+        sum(c.length for c in chunks[:i]) for i in range(len(chunks))
+    ]
+    # The last chunk says where each partition stands: what the run's position keeps
+    assert chunks[-1].marks == (
+        (f"{partitioned}:0", ids0[-1], 100),
+        (f"{partitioned}:1", ids1[-1], 100),
+    )
+    group = f"bpconsole.run.{run.pk}"
+    assert client.xpending(f"{partitioned}:0", group)["pending"] == 0
+    assert client.xpending(f"{partitioned}:1", group)["pending"] == 0
+    assert source.lag().entries == 0
+    source.close()
+
+
+def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it(
+    services, client, partitioned, tmp_path
+) -> None:
+    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
+    run = _run(spec)
+    _add(client, f"{partitioned}:0", 30)
+    _add(client, f"{partitioned}:1", 30, start=100)
+    first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
+    chunks = _drain(first, commit=False)
+    # The driver dies after the ledger took the first chunks, before acknowledging them
+    kept = chunks[: len(chunks) // 2]
+    last = kept[-1]
+    position = {
+        "chunk": last.index + 1,
+        "file": 0,
+        "offset": last.offset + last.length,
+        "partitions": {name: {"mark": m, "entries": n} for name, m, n in last.marks},
+    }
+    first.close()
+    _add(client, f"{partitioned}:1", 10, start=130)
+    second = RedisStreamSource(run.pk, spec, SMALL, position, url=services.redis_url)
+    resumed = _drain(second)
+    # Then nothing is read twice, nothing is lost, and the numbering goes on
+    assert sorted(_values(kept) + _values(resumed)) == [*range(30), *range(100, 140)]
+    assert resumed[0].offset == position["offset"]
+    assert resumed[0].index == position["chunk"]
+    # ...and what the run took in is read back, partition by partition, for the plain job
+    run.source_position = {
+        "chunk": resumed[-1].index + 1,
+        "offset": 70,
+        "partitions": {name: {"mark": m, "entries": n} for name, m, n in resumed[-1].marks},
+    }
+    run.save()
+    out = tmp_path / "ingested.jsonl"
+    write_ingested(run, out)
+    assert [json.loads(line)["value"] for line in out.read_text().splitlines()] == [
+        *range(30),
+        *range(100, 140),
+    ]
+    second.close()
+
+
+def test_a_partition_that_gives_nothing_for_the_idle_time_is_idle(
+    services, client, partitioned
+) -> None:
+    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2, idle_s=0.4)
+    run = _run(spec)
+    source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
+    _add(client, f"{partitioned}:0", 5)
+    first = _drain(source)
+    assert [c.idle for c in first] == [()], "found empty only now: not idle yet"
+    time.sleep(0.5)
+    _add(client, f"{partitioned}:0", 5, start=5)
+    (second,) = _drain(source)
+    assert second.idle == (1,)
+    # An entry in it makes it count again; the one that just gave a chunk is never idle
+    _add(client, f"{partitioned}:1", 5)
+    _add(client, f"{partitioned}:0", 5, start=10)
+    assert all(c.idle == () for c in _drain(source))
+    source.close()

@@ -85,6 +85,8 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
         "stream": "orders:eu",
         "start": "latest",
         "linger_s": 0.1,
+        "partitions": 4,
+        "idle_s": 5,
         "url": settings.REDIS_URL,
     }
     response = start(client, source)
@@ -95,6 +97,7 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
     assert spec["kind"] == "stream" and spec["stream"] == "orders:eu"
     assert spec["url"] == "" and spec["group"] == "" and spec["start"] == "latest"
     assert spec["linger_s"] == 0.1
+    assert spec["partitions"] == 4 and spec["idle_s"] == 5.0
     assert body["source"]["kind"] == "stream" and body["source"]["unbounded"] is True
     # And a run over the listed Redis never shows its password. (That Redis does not
     # exist, and a run is only created over a Redis that answers: the row is made here.)
@@ -166,6 +169,12 @@ LONG = "x" * 2000
         ({"kind": "stream", "stream": "s", "group": "a b"}, ["consumer group name"]),
         ({"kind": "stream", "stream": "s", "linger_s": 60}, ["linger_s must be from 0 to 10"]),
         ({"kind": "stream", "stream": "s", "linger_s": "x" * 40}, ["source.linger_s"]),
+        (
+            {"kind": "stream", "stream": "s", "partitions": 1000},
+            ["partitions must be from 1 to 16"],
+        ),
+        ({"kind": "stream", "stream": "s", "partitions": "x" * 40}, ["source.partitions"]),
+        ({"kind": "stream", "stream": "s", "idle_s": 1e9}, ["idle_s must be from 0 to 3600"]),
         (
             {"kind": "stream", "stream": "s", "url": "redis://attacker.example:6379/0"},
             ["not one the administrator allowed"],

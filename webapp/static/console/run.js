@@ -715,8 +715,11 @@
     $("windows-stamp").textContent =
       `${w.window_s} s windows on ${w.event_time}${slide}, lateness ${w.lateness_s} s`;
     const lag = typeof w.event_lag_s === "number" ? ` · sink ${w.event_lag_s.toFixed(1)} s behind the source in event time` : "";
+    const parts = (w.partitions || []).length
+      ? ` · partitions ${w.partitions.map((h, i) => `${i}: ${h || "–"}`).join(", ")}`
+      : "";
     $("windows-marks").textContent =
-      `watermark ${w.watermark || "–"} · ${w.closed} closed · ${w.late_records} late (quarantined)${lag}`;
+      `watermark ${w.watermark || "–"} · ${w.closed} closed · ${w.late_records} late (quarantined)${lag}${parts}`;
     card.setAttribute("data-late", w.late_records);
     card.setAttribute("data-closed", w.closed);
     const late = $("windows-late-list");

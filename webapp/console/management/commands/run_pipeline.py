@@ -68,6 +68,18 @@ class Command(BaseCommand):
             "--linger-s", type=float, default=0.5, help="seconds a partial chunk waits"
         )
         parser.add_argument(
+            "--partitions",
+            type=int,
+            default=1,
+            help="read the streams STREAM:0 .. STREAM:N-1 side by side (1: STREAM itself)",
+        )
+        parser.add_argument(
+            "--idle-s",
+            type=float,
+            default=30.0,
+            help="seconds a partition gives nothing before the watermark goes on without it",
+        )
+        parser.add_argument(
             "--follow", action="store_true", help="print the run's progress every second"
         )
         parser.add_argument(
@@ -157,6 +169,8 @@ class Command(BaseCommand):
                 "group": options["group"],
                 "start": options["start"],
                 "linger_s": options["linger_s"],
+                "partitions": options["partitions"],
+                "idle_s": options["idle_s"],
             }
             url = options["stream_url"] or ""
             return check_stream(
