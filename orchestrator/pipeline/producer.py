@@ -48,6 +48,7 @@ DEFAULT_BRANCHES = ("o1", "o2", "o3")
 STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")
 PART_NAME = re.compile(r"\.?part-(\d{8})\.jsonl(?:\.tmp)?")
 MAX_SEQ = 99_999_999  # part numbers have 8 digits
+MAX_PARTITIONS = 16  # as a stream source reads (orchestrator/source/spec.py)
 
 _RATE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:(B|KB|MB|GB)(?:/s)?)?", re.IGNORECASE)
 _RATE_UNITS = {"": 1, "b": 1, "kb": KB, "mb": MB, "gb": GB}
@@ -71,9 +72,14 @@ class FolderTarget:
 class StreamTarget:
     url: str
     stream: str
+    # Above 1: the records go to the streams STREAM:0 .. STREAM:<partitions - 1> in
+    # turn, record by record (a partitioned stream source reads them side by side).
+    partitions: int = 1
 
     def text(self) -> str:
-        return f"redis:{self.stream}"
+        return f"redis:{self.stream}" + (
+            f" in {self.partitions} partitions" if self.partitions > 1 else ""
+        )
 
 
 Target = FolderTarget | StreamTarget
@@ -313,11 +319,17 @@ class FolderSink:
 
 
 class StreamSink:
-    """``XADD STREAM * record LINE`` per record, one pipeline per slice; never trimmed."""
+    """``XADD STREAM * record LINE`` per record, one pipeline per slice; never trimmed.
+    With partitions, record n goes to ``STREAM:<n % partitions>``."""
 
-    def __init__(self, url: str, stream: str) -> None:
+    def __init__(self, url: str, stream: str, partitions: int = 1) -> None:
         _check_stream(stream)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ProducerError(f"partitions must be from 1 to {MAX_PARTITIONS}, not {partitions}")
         self._client = redis.Redis.from_url(url)
+        self._streams = (
+            [stream] if partitions == 1 else [f"{stream}:{i}" for i in range(partitions)]
+        )
         self._stream = stream
         self.published = 0
         try:
@@ -329,8 +341,8 @@ class StreamSink:
         if not lines:
             return
         pipe = self._client.pipeline(transaction=False)
-        for line in lines:
-            pipe.xadd(self._stream, {"record": line[:-1]})
+        for n, line in enumerate(lines, start=self.published):
+            pipe.xadd(self._streams[n % len(self._streams)], {"record": line[:-1]})
         pipe.execute()
         self.published += len(lines)
 
@@ -377,7 +389,7 @@ def produce(
     sink: FolderSink | StreamSink = (
         FolderSink(target.path, file_bytes)
         if isinstance(target, FolderTarget)
-        else StreamSink(target.url, target.stream)
+        else StreamSink(target.url, target.stream, target.partitions)
     )
     if stop is None:
         stop = threading.Event()

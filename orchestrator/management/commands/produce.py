@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -18,6 +19,7 @@ from orchestrator.pipeline.producer import (
     DEFAULT_BRANCHES,
     PATTERNS,
     ProducerError,
+    StreamTarget,
     parse_duration,
     parse_rate,
     parse_target,
@@ -53,6 +55,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--to", required=True, help="folder:PATH or redis:STREAM")
         parser.add_argument("--redis-url", default=None, help="default: settings.REDIS_URL")
+        parser.add_argument(
+            "--partitions",
+            type=int,
+            default=1,
+            help="redis: records in turn to STREAM:0 .. STREAM:N-1 (1: STREAM itself)",
+        )
         parser.add_argument("--rate", default="4MB/s", help="4MB/s, 500KB/s ... up to 1GB/s")
         parser.add_argument("--pattern", default="steady", choices=PATTERNS)
         parser.add_argument(
@@ -73,6 +81,10 @@ class Command(BaseCommand):
             target = parse_target(
                 options["to"], redis_url=options["redis_url"] or settings.REDIS_URL
             )
+            if options["partitions"] != 1:
+                if not isinstance(target, StreamTarget):
+                    raise ProducerError("--partitions is for a redis:STREAM target")
+                target = dataclasses.replace(target, partitions=options["partitions"])
             rate = parse_rate(options["rate"])
             duration = parse_duration(options["duration"])
             max_mb = options["max_mb"]

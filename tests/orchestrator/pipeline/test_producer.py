@@ -253,6 +253,7 @@ def test_bursty_bursts_at_four_times_the_rate_and_keeps_the_mean(
         (["--file-mb", "300"], r"file size 300 MB is out of range; it must lie in \(0, 256 MB\]"),
         (["--pattern", "wavy"], "invalid choice: 'wavy'"),
         (["--keys", "2"], "keys_per_branch 0"),
+        (["--partitions", "2"], "--partitions is for a redis:STREAM target"),
     ],
 )
 def test_bad_input_is_refused_naming_the_problem(
@@ -337,3 +338,24 @@ def test_sigterm_ends_a_run_without_duration_with_whole_files(tmp_path: Path) ->
     assert report["files"] == len(parts(folder)) >= 1
     assert sum(p.stat().st_size for p in parts(folder)) == report["bytes"]
     assert all(p.read_bytes().endswith(b"\n") for p in parts(folder))
+
+
+def test_a_partitioned_stream_gets_the_records_in_turn(
+    stream: tuple[redis.Redis, str], services: Endpoints
+) -> None:
+    client, name = stream
+    args = ["--rate", "1MB/s", "--max-mb", "0.05", "--seed", "3"]
+    call_command("produce", "--to", f"redis:{name}", *args, stdout=io.StringIO())
+    whole = [record for _, record in entries(client, name)]
+    try:
+        out = io.StringIO()
+        call_command("produce", "--to", f"redis:{name}", "--partitions", "3", *args, stdout=out)
+        parts = [[record for _, record in entries(client, f"{name}:{p}")] for p in range(3)]
+        # Record n in partition n % 3: the same records as one stream, dealt in turn
+        assert [parts[n % 3][n // 3] for n in range(len(whole))] == whole
+        assert sum(map(len, parts)) == len(whole)
+        assert "in 3 partitions" in out.getvalue()
+        with pytest.raises(CommandError, match="partitions must be from 1 to 16, not 17"):
+            call_command("produce", "--to", f"redis:{name}", "--partitions", "17", *args)
+    finally:
+        client.delete(*(f"{name}:{p}" for p in range(3)))
