@@ -17,12 +17,12 @@ from pyspark import SparkContext
 from sparkjobs.session import collect_all, spark_session
 
 spark = spark_session(master="local[1]")
-frame = spark.range(2_000_000).selectExpr("id", "cast(id as string) as s")
+frame = spark.range(1_000_000).selectExpr("id", "cast(id as string) as s")
 began = time.monotonic()
-assert len(collect_all(frame)) == 2_000_000
+assert len(collect_all(frame)) == 1_000_000
 whole = time.monotonic() - began
 # Most of a collect is the transfer and unpickling of its rows: 40% into it, the JVM is
-# still sending rows (pyspark alone then returned 1.2 of the 2 million rows).
+# still sending rows (pyspark alone then returned 1.2 of 2 million rows).
 jvm = SparkContext._gateway.proc
 threading.Timer(whole * 0.4, lambda: jvm.send_signal(signal.SIGKILL)).start()
 try:
