@@ -403,9 +403,10 @@ def lanes_for(args: argparse.Namespace, clock: Callable[[], float]) -> list[Any]
 def inject_all(
     chaos: Chaos, args: argparse.Namespace, faults: list[Fault], skipped: list[str]
 ) -> None:
-    """``--faults`` faults at random gaps; at most ``--max-open`` not yet recovered at a
-    time (1: each fault waits for the previous one's recovery, so each recovery time is
-    that fault's alone; more: faults overlap, which is harsher and quicker)."""
+    """``--faults`` faults at random gaps, or as many as strike within ``--max-minutes``
+    of the first; at most ``--max-open`` not yet recovered at a time (1: each fault waits
+    for the previous one's recovery, so each recovery time is that fault's alone; more:
+    faults overlap, which is harsher and quicker)."""
     kinds = bag_draws(chaos.rng, parse_kinds(args.kinds))
     open_: list[threading.Thread] = []
     lock = threading.Lock()
@@ -417,8 +418,9 @@ def inject_all(
         print(json.dumps(fault.to_json()), file=sys.stderr, flush=True)
 
     next_at = chaos.clock()
+    deadline = None if args.max_minutes is None else next_at + 60 * args.max_minutes
     struck = 0
-    while struck < args.faults:
+    while struck < args.faults and (deadline is None or chaos.clock() < deadline):
         next_at += chaos.rng.expovariate(1 / args.interval_s) if args.interval_s > 0 else 0.0
         time.sleep(max(0.0, next_at - chaos.clock()))
         while len(open_) >= args.max_open:
@@ -460,6 +462,7 @@ def report(
         "interval_s": args.interval_s,
         "stop_s": args.stop_s,
         "max_open": args.max_open,
+        "max_minutes": args.max_minutes,
         "workload": {
             "lanes": args.workload,
             "bounded_mb": args.bounded_mb,
@@ -562,6 +565,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--faults", type=int, default=1000)
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="strike no fault after this long (then the runs end and are checked as ever)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kinds", default="all", help="e.g. redis,spark-child=3 (default all)")
     parser.add_argument("--interval-s", type=float, default=5.0, help="mean gap between faults")
