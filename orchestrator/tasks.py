@@ -17,7 +17,7 @@ from django.db import InterfaceError, OperationalError
 from django.db.models import Q
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
-from orchestrator.ledger import segments
+from orchestrator.ledger import retention, segments
 from orchestrator.models import PolicyLab, Run
 from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
@@ -122,9 +122,11 @@ def start_lab(lab: PolicyLab) -> None:
 )
 def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one;
-    fail labs whose worker stopped before they finished."""
+    fail labs whose worker stopped before they finished; delete the segment files of
+    runs that ended (a cancelled run's queued segments would keep theirs for good)."""
     reclaimed = segments.reclaim_expired()
     _fail_abandoned_labs()
+    retention.drop_ended_folders()
     started = []
     # A pending run whose driver began writing its generated input (input_spec has
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.

@@ -30,7 +30,9 @@ and its lease keeper has none left to renew.
 
 A run that has ended keeps its results, merged chunks (coverage and the completion
 curve), events, and the rows counted above; its segment folder and other segment rows
-go (:func:`clean_finished`).
+go (:func:`clean_finished`). The folder goes first, a minute after the run ended
+(:func:`drop_ended_folders`, from the watchdog): a cancelled or failed run never
+finishes its queued segments, so nothing else would delete their files.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ from orchestrator.pipeline.layout import segments_dir
 # Work of one sweep, so a driver tick never waits long: a backlog goes over several.
 MAX_PATHS = 5000
 MAX_ROWS = 20000
+
+# An ended run's folder waits this long: a batch still running when the run ended (its
+# Spark job is being cancelled) may write its outputs meanwhile, refused afterwards.
+ENDED_GRACE_S = 60.0
+# ... and runs that ended longer ago than this are left to ``manage.py clean_runs``, so
+# the watchdog looks at a bounded number of folders.
+ENDED_WITHIN_S = 86_400.0
 
 # Rows the run's counts are made of (see the module docstring): never deleted.
 _COUNTED = ~Q(migrated_from="") | Q(malformed__gt=0) | Q(late__gt=0)
@@ -154,6 +163,28 @@ def clean_finished(run_id: int) -> Swept:
         rows, _ = Segment.objects.filter(run_id=run_id).exclude(_COUNTED).delete()
         Segment.objects.filter(run_id=run_id).exclude(path="").update(path="")
     return Swept(files, freed, rows)
+
+
+def drop_ended_folders(
+    *, grace_s: float = ENDED_GRACE_S, within_s: float = ENDED_WITHIN_S
+) -> Swept:
+    """Delete the segment folders of the runs that ended between ``within_s`` and
+    ``grace_s`` ago; their rows stay (the run's record, until ``clean_finished``), saying
+    "no file"."""
+    now = timezone.now()
+    ended = Run.objects.exclude(status__in=Run.ACTIVE).filter(
+        finished_at__gte=now - dt.timedelta(seconds=within_s),
+        finished_at__lte=now - dt.timedelta(seconds=grace_s),
+    )
+    files = freed = 0
+    for run_id in ended.values_list("pk", flat=True):
+        folder = segments_dir(run_id)
+        if not folder.exists():
+            continue
+        removed, size = _remove_folder(folder)
+        files, freed = files + removed, freed + size
+        Segment.objects.filter(run_id=run_id).exclude(path="").update(path="")
+    return Swept(files, freed)
 
 
 def _remove_folder(folder: Path) -> tuple[int, int]:

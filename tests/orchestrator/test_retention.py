@@ -261,6 +261,29 @@ def test_an_active_run_is_left_alone() -> None:
     assert Segment.objects.filter(run=run).count() == 3
 
 
+def test_a_minute_after_a_run_ends_its_segment_files_go_and_its_rows_stay() -> None:
+    # A cancelled run's queued segments are never done: only this deletes their files
+    cancelled = _ended_run_with_everything(Run.Status.CANCELLED)
+    Run.objects.filter(pk=cancelled.pk).update(finished_at=timezone.now() - dt.timedelta(minutes=2))
+    just_failed = _ended_run_with_everything(Run.Status.FAILED)
+    active = _ended_run_with_everything(Run.Status.RUNNING)
+    long_ago = _ended_run_with_everything(Run.Status.COMPLETED)
+    Run.objects.filter(pk=long_ago.pk).update(finished_at=timezone.now() - dt.timedelta(days=3))
+    rows = {run.pk: Segment.objects.filter(run=run).count() for run in (cancelled, just_failed)}
+
+    swept = retention.drop_ended_folders()
+
+    assert swept == retention.Swept(files_deleted=3, bytes_freed=150)
+    assert not segments_dir(cancelled.pk).exists()
+    assert Segment.objects.filter(run=cancelled).count() == rows[cancelled.pk]
+    assert not Segment.objects.filter(run=cancelled).exclude(path="").exists()
+    # A batch of the one that ended just now may still be writing; the running one works,
+    # and runs ended days ago are left to clean_runs
+    for kept in (just_failed, active, long_ago):
+        assert len(list(segments_dir(kept.pk).iterdir())) == 3
+    assert retention.drop_ended_folders() == retention.Swept()
+
+
 def test_the_command_cleans_runs_that_ended_long_enough_ago() -> None:
     old = _ended_run_with_everything(Run.Status.CANCELLED)
     Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - dt.timedelta(hours=2))
