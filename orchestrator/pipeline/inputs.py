@@ -79,6 +79,12 @@ class Chunk:
     idle: tuple[int, ...] = ()
     marks: tuple[tuple[str, str, int], ...] = ()
 
+    def stream_position(self) -> dict[str, object]:
+        """Where a stream stands after this chunk, as the run's position keeps it."""
+        if self.marks:
+            return {"partitions": {n: {"mark": m, "entries": e} for n, m, e in self.marks}}
+        return {"mark": self.mark} if self.mark else {}
+
 
 def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFile]:
     """Expand globs, check every file, and measure it. Fails before anything is written."""

@@ -197,12 +197,7 @@ class SourcePacer:
                 "chunk": chunk.index + 1,
                 "file": chunk.file_index,
                 "offset": chunk.offset + chunk.length,
-                **({"mark": chunk.mark} if chunk.mark and not chunk.marks else {}),
-                **(
-                    {"partitions": {n: {"mark": m, "entries": e} for n, m, e in chunk.marks}}
-                    if chunk.marks
-                    else {}
-                ),
+                **chunk.stream_position(),
                 **watermark.to_position(),
             },
             self.emitted_bytes + chunk.size,

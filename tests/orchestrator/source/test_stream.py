@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -72,6 +73,19 @@ def _values(chunks: list[Chunk]) -> list[int]:
     ]
 
 
+def _killed_halfway(chunks: list[Chunk]) -> tuple[list[Chunk], dict[str, Any]]:
+    """The first half of ``chunks`` and the run's position once the ledger holds them."""
+    kept = chunks[: len(chunks) // 2]
+    last = kept[-1]
+    position = {
+        "chunk": last.index + 1,
+        "file": 0,
+        "offset": last.offset + last.length,
+        **last.stream_position(),
+    }
+    return kept, position
+
+
 def _drain(source: RedisStreamSource, *, commit: bool = True) -> list[Chunk]:
     taken = []
     deadline = time.monotonic() + 5
@@ -127,16 +141,8 @@ def test_a_restarted_driver_skips_what_the_ledger_has_and_reads_the_rest(
     run = _run(spec)
     _add(client, stream, 60)
     first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
-    chunks = _drain(first, commit=False)
     # The driver dies after the ledger took the first chunks, before acknowledging them
-    kept = chunks[: len(chunks) // 2]
-    last = kept[-1]
-    position = {
-        "chunk": last.index + 1,
-        "file": 0,
-        "offset": last.offset + last.length,
-        "mark": last.mark,
-    }
+    kept, position = _killed_halfway(_drain(first, commit=False))
     first.close()
     _add(client, stream, 10, start=60)
     second = RedisStreamSource(run.pk, spec, SMALL, position, url=services.redis_url)
@@ -231,16 +237,8 @@ def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it
     _add(client, f"{partitioned}:0", 30)
     _add(client, f"{partitioned}:1", 30, start=100)
     first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
-    chunks = _drain(first, commit=False)
     # The driver dies after the ledger took the first chunks, before acknowledging them
-    kept = chunks[: len(chunks) // 2]
-    last = kept[-1]
-    position = {
-        "chunk": last.index + 1,
-        "file": 0,
-        "offset": last.offset + last.length,
-        "partitions": {name: {"mark": m, "entries": n} for name, m, n in last.marks},
-    }
+    kept, position = _killed_halfway(_drain(first, commit=False))
     first.close()
     _add(client, f"{partitioned}:1", 10, start=130)
     second = RedisStreamSource(run.pk, spec, SMALL, position, url=services.redis_url)
@@ -253,7 +251,7 @@ def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it
     run.source_position = {
         "chunk": resumed[-1].index + 1,
         "offset": 70,
-        "partitions": {name: {"mark": m, "entries": n} for name, m, n in resumed[-1].marks},
+        **resumed[-1].stream_position(),
     }
     run.save()
     out = tmp_path / "ingested.jsonl"
