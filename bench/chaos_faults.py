@@ -245,7 +245,8 @@ def control_answers(endpoints: Endpoints, pid: int) -> bool:
 
     if not alive(pid):
         return False
-    app = Celery(broker=endpoints.redis_url)
+    # Not the process's current app: tasks sent after this would go to this broker.
+    app = Celery(broker=endpoints.redis_url, set_as_current=False)
     try:
         replies = app.control.ping(timeout=1.0) or []
     except Exception:  # noqa: BLE001 - no answer (Redis away too) is the answer

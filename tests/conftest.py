@@ -30,6 +30,23 @@ TEST_LEASE_S = 8
 TEST_VAR_DIR = Path(os.environ.get("BPCONSOLE_TEST_VAR_DIR", str(PROJECT_ROOT / "var" / "test")))
 
 
+@pytest.fixture(autouse=True)
+def _celery_app_stays_the_consoles() -> Iterator[None]:
+    """A ``Celery(...)`` built in a test (a probe pinging another stack's workers) becomes
+    the process's current app unless built with ``set_as_current=False``, and every task
+    sent after it (``drive_run.apply_async``) would go to that stack's broker, long gone:
+    a later test, not this one, would fail. So each test must leave the console's app
+    current."""
+    yield
+    from celery import current_app
+
+    left = current_app._get_current_object()
+    celery_app.set_current()  # the next test starts right whatever this one did
+    assert left is celery_app, (
+        f"this test left {left} as Celery's current app: build it with set_as_current=False"
+    )
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Endpoints]:
     launcher = Launcher(TEST_VAR_DIR, environ=dict(os.environ))

@@ -145,7 +145,8 @@ def _postgres_answers(endpoints: Endpoints) -> bool:
 def _control_worker_answers(endpoints: Endpoints) -> bool:
     from celery import Celery
 
-    app = Celery(broker=endpoints.redis_url)
+    # Not the process's current app: tasks sent after this would go to this broker.
+    app = Celery(broker=endpoints.redis_url, set_as_current=False)
     try:
         replies = app.control.ping(timeout=1.0) or []
     except Exception:  # noqa: BLE001 - no answer yet is the answer
