@@ -126,15 +126,18 @@ class Tree:
         return [c.pid for c in self._children(main) if _is_spark_worker(_cmdline(c))]
 
     def spark_jvms(self) -> list[int]:
-        """The Spark JVMs, each a ``java`` child of a pool child."""
+        """The Spark JVMs, each a ``java`` child of a Spark worker's main process, which
+        keeps it for its pool (sparkjobs/shared_jvm.py)."""
+        main = self.spark_worker()
+        if main is None:
+            return []
         out = []
-        for child in self.spark_children():
-            for process in self._children(child):
-                try:
-                    if process.name() == "java":
-                        out.append(process.pid)
-                except psutil.NoSuchProcess:
-                    continue
+        for process in self._children(main):
+            try:
+                if process.name() == "java":
+                    out.append(process.pid)
+            except psutil.NoSuchProcess:
+                continue
         return out
 
     def pids(self, kind: Kind) -> list[int]:

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import current_app, shared_task
@@ -183,6 +184,24 @@ _worker: dict[str, Any] = {}
 @worker_init.connect
 def _keep_worker(sender: Any = None, **_: Any) -> None:
     _worker["controller"] = sender
+    queues = sender.app.amqp.queues.consume_from if sender is not None else None
+    if "spark" in (queues or {}):
+        _start_worker_jvm()
+
+
+def _start_worker_jvm() -> None:
+    """A Spark worker's JVM, started and kept up by this main process for its pool
+    processes, which attach to it: a pool process killed with its batch leaves the
+    JVM warm for its replacement (docs/adr/0007)."""
+    from sparkjobs import shared_jvm
+    from sparkjobs.session import spark_conf
+
+    path = Path(settings.VAR_DIR) / "run" / f"spark-jvm-{os.getpid()}.json"
+    # Set before the pool is forked, so every pool process inherits it.
+    os.environ[shared_jvm.INFO_ENV] = str(path)
+    jvm = shared_jvm.WorkerJvm(spark_conf(), path)
+    jvm.start()
+    _worker["jvm"] = jvm
 
 
 def _worker_running() -> bool:
@@ -237,6 +256,9 @@ def _unregister_worker(**_: Any) -> None:
     control = _registration.pop("control", None)
     if control is not None:
         control.close()
+    jvm = _worker.pop("jvm", None)
+    if jvm is not None:
+        jvm.stop()
 
 
 @worker_process_init.connect

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from functools import cache
 
 from py4j.protocol import Py4JError
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from sparkjobs import class_archive
+from sparkjobs import class_archive, shared_jvm
 
 # Spark binds its driver to the machine's hostname by default; on a single machine
 # that may not resolve, and a console must not listen beyond loopback unasked.
@@ -20,35 +21,48 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 @cache
 def spark_session(master: str | None = None, app_name: str = "bpconsole") -> SparkSession:
+    conf = spark_conf(master, app_name)
+    path = shared_jvm.info_path()
+    if path is not None:
+        # A pool process of a Spark worker: the worker's JVM, not one of its own.
+        info = shared_jvm.wait_for_live(path, unlike=_use.dead_jvm)
+        context = shared_jvm.attach(info, conf)
+        _use.shared_jvm = info.pid
+        _use.collected = int(_warm(context))
+    return SparkSession.builder.config(conf=conf).getOrCreate()
+
+
+def spark_conf(master: str | None = None, app_name: str = "bpconsole") -> SparkConf:
+    """Every setting of this project's Spark driver, for a JVM started by this process
+    or by a Spark worker's main process for its pool (``sparkjobs/shared_jvm.py``)."""
     master = master or os.environ.get("SPARK_MASTER", "local[*]")
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "4"))
-        .config("spark.sql.session.timeZone", "UTC")
+    conf = (
+        SparkConf()
+        .setMaster(master)
+        .setAppName(app_name)
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+        .set("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "4"))
+        .set("spark.sql.session.timeZone", "UTC")
         # Partial aggregates collect sets per (segment, key): keep them in the hash
         # aggregate instead of falling back to sorting every row past 128 groups.
-        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "100000")
-        .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
+        .set("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "100000")
+        .set("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
     )
     extra = os.environ.get("SPARK_JAVA_OPTIONS", "").strip()
     java_options = " ".join(o for o in (class_archive.driver_java_options(), extra) if o)
     if java_options:
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+        conf.set("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-            "spark.driver.host", "127.0.0.1"
-        )
+        conf.set("spark.driver.bindAddress", "127.0.0.1").set("spark.driver.host", "127.0.0.1")
     else:
-        builder = _cluster_share(builder)
+        _cluster_share(conf)
         if extra:
-            builder = builder.config("spark.executor.extraJavaOptions", extra)
-    return builder.getOrCreate()
+            conf.set("spark.executor.extraJavaOptions", extra)
+    return conf
 
 
-def _cluster_share(builder: SparkSession.Builder) -> SparkSession.Builder:
+def _cluster_share(conf: SparkConf) -> None:
     """Each Spark worker process is one application on the cluster: cap its cores.
 
     A standalone master gives an application every free core unless told otherwise, so
@@ -60,11 +74,10 @@ def _cluster_share(builder: SparkSession.Builder) -> SparkSession.Builder:
     """
     cores = os.environ.get("SPARK_CORES_MAX")
     if cores:
-        builder = builder.config("spark.cores.max", cores)
+        conf.set("spark.cores.max", cores)
     memory = os.environ.get("SPARK_EXECUTOR_MEMORY")
     if memory:
-        builder = builder.config("spark.executor.memory", memory)
-    return builder
+        conf.set("spark.executor.memory", memory)
 
 
 def operator_session(largest_file_bytes: int = 0) -> SparkSession:
@@ -95,12 +108,22 @@ def _operator_session() -> SparkSession:
 @dataclass
 class _JvmUse:
     """Results collected on the current JVM: none yet means a new JVM, whose code
-    Spark's first jobs still run interpreted (the class archive spares only loading)."""
+    Spark's first jobs still run interpreted (the class archive spares only loading).
+    In a Spark worker's pool process, also the worker's JVM it attached to, and the one
+    it saw die (not to be attached to again)."""
 
     collected: int = 0
+    shared_jvm: int | None = None
+    dead_jvm: int | None = None
 
 
 _use = _JvmUse()
+
+
+def _warm(context: SparkContext) -> bool:
+    """Has the JVM returned a result already (to another of the worker's processes)?"""
+    system = context._jvm.java.lang.System  # type: ignore[union-attr]
+    return system.getProperty(shared_jvm.WARM_PROPERTY) is not None
 
 
 def has_collected() -> bool:
@@ -109,16 +132,36 @@ def has_collected() -> bool:
 
 
 def jvm_started() -> bool:
-    """Has this process started its Spark JVM (a worker starts it at its first batch)?"""
+    """Has this process started its Spark JVM (a worker starts it at its first batch),
+    or attached to its worker's?"""
+    if _use.shared_jvm is not None:
+        return True
     return getattr(SparkContext._gateway, "proc", None) is not None
 
 
 def jvm_exit_code() -> int | None:
     """The exit code of this process's Spark JVM once it has died; None while it runs
     (or before the first session started it)."""
+    if _use.shared_jvm is not None:
+        return _shared_exit_code(_use.shared_jvm)
     gateway = SparkContext._gateway
     process = getattr(gateway, "proc", None)
     return None if process is None else process.poll()
+
+
+def _shared_exit_code(pid: int) -> int | None:
+    """The worker's main process reaps its JVM and records how it ended (it looks every
+    0.2 s); a JVM gone whose end is not recorded within a second reads as -1, unknown."""
+    if shared_jvm.alive(pid):
+        return None
+    path = shared_jvm.info_path()
+    deadline = time.monotonic() + 1.0
+    while path is not None and time.monotonic() < deadline:
+        info = shared_jvm.read_info(path)
+        if info is not None and info.previous_pid == pid and info.previous_code is not None:
+            return info.previous_code
+        time.sleep(0.05)
+    return -1
 
 
 def restart_if_dead() -> int | None:
@@ -149,7 +192,14 @@ def restart_if_dead() -> int | None:
     spark_session.cache_clear()
     _operator_session.cache_clear()
     _use.collected = 0
+    _use.dead_jvm, _use.shared_jvm = _use.shared_jvm, None
     return code
+
+
+def tag_jobs(spark: SparkSession) -> None:
+    """Tag this thread's next Spark jobs with this process: if it dies, the next pool
+    process on the worker's JVM cancels them (``shared_jvm.attach``)."""
+    spark.sparkContext.addJobTag(shared_jvm.job_tag(os.getpid()))
 
 
 def collect_all(frame: DataFrame) -> list[Row]:
@@ -160,8 +210,10 @@ def collect_all(frame: DataFrame) -> list[Row]:
     the rows sent so far as if they were all (2,621,439 rows of 3,000,000, silently; the
     chaos suite lost a batch's records that way with the run's coverage still exact).
     A dead JVM has closed its gateway as well, so one more call through it fails, and
-    the caller sees Spark's failure instead of a short result."""
+    the caller sees Spark's failure instead of a short result. That call marks the JVM
+    warm, for the pool processes of a worker that attach to it later."""
     rows = frame.collect()
-    frame.sparkSession.sparkContext._jvm.java.lang.System.nanoTime()  # type: ignore[union-attr]
+    system = frame.sparkSession.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
+    system.setProperty(shared_jvm.WARM_PROPERTY, "true")
     _use.collected += 1
     return rows

@@ -231,7 +231,7 @@ def _operate(
     claim: alignment.AlignedClaim,
     routes: Routes,
 ) -> int:
-    from sparkjobs.session import operator_session
+    from sparkjobs.session import operator_session, tag_jobs
 
     name = node["name"]
     batch = claim.segments
@@ -246,6 +246,7 @@ def _operate(
     stateful = operator_of(node).stateful
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
+    tag_jobs(spark)
     with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
         produced = _run_operator(
             spark,

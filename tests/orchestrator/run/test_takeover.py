@@ -45,9 +45,20 @@ def _claimed_with(held: Segment) -> tuple[int, int]:
 
 
 def _pool_child(workers) -> psutil.Process:
-    children = psutil.Process(workers.processes["spark1"].pid).children()
+    children = [p for p in _worker(workers).children() if p.name() != "java"]
     assert len(children) == 1, children
     return children[0]
+
+
+def _worker(workers) -> psutil.Process:
+    return psutil.Process(workers.processes["spark1"].pid)
+
+
+def _jvm(workers) -> psutil.Process:
+    """The Spark worker's JVM: its main process's, shared by its pool (ADR 0007)."""
+    jvms = [p for p in _worker(workers).children() if p.name() == "java"]
+    assert len(jvms) == 1, jvms
+    return jvms[0]
 
 
 def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(workers) -> None:
@@ -56,6 +67,7 @@ def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(work
     held = _operator_batch(run)
     owner, lease_end = held.lease_owner, held.lease_expires
     assert ":task=" in owner, owner
+    jvm = _jvm(workers)
     # When the process running a batch is killed
     _pool_child(workers).send_signal(signal.SIGKILL)
     # Then its segments are free for another attempt before its lease would have run out
@@ -63,15 +75,16 @@ def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(work
     while Segment.objects.filter(pk=held.pk, lease_owner=owner).exists():
         assert timezone.now() < lease_end, "the batch waited for its lease to run out"
         time.sleep(0.05)
-    # And the new process's first batch is a small one (its JVM is new)
+    # And the new process runs it on the same JVM, which lived on; as that JVM has not
+    # returned a result yet, the batch is still a new JVM's small one
+    assert _jvm(workers).pid == jvm.pid
     claimed, queued = _claimed_with(_operator_batch(run))
     assert claimed <= NEW_JVM_BATCH_SEGMENTS < claimed + queued, (claimed, queued)
-    # When the Spark JVM under a later batch is killed (its process lives on)
+    # When the Spark JVM under a later batch is killed (the worker's processes live on)
     _operator_batch(run)
-    jvms = [p for p in _pool_child(workers).children() if p.name() == "java"]
-    assert len(jvms) == 1, jvms
-    jvms[0].send_signal(signal.SIGKILL)
-    # Then the batch goes back to its pool uncounted, the worker starts a new session,
-    # and the run completes, equal to the batch job
+    jvm.send_signal(signal.SIGKILL)
+    # Then the batch goes back to its pool uncounted, the worker starts a new JVM, its
+    # process a new session on it, and the run completes, equal to the batch job
     completes_like_the_batch_job(run)
     assert not Segment.objects.filter(run=run, failures__gt=0).exists()
+    assert _jvm(workers).pid != jvm.pid

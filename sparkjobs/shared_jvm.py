@@ -1,0 +1,250 @@
+"""One Spark JVM per Spark worker, started by the worker's main process and shared by
+its pool processes (docs/adr/0007-the-spark-jvm-outlives-its-pool-process.md).
+
+pyspark starts a JVM from the process that first builds a session and the JVM exits
+when that process does. In a Celery pool that process is a pool child, so a killed
+child took its JVM with it and its replacement paid a new JVM's start and cold first
+batch: 11 to 20 s before a run moved again. The worker's main process, which lives on,
+starts the JVM instead and relaunches it if it dies; a pool child attaches to it
+through py4j's gateway (the way pyspark's own shells hand a JVM to Python) and finds
+it warm.
+
+The main process writes where the JVM listens to a small file only its user can read
+(the gateway's secret is in it); children know the file by ``BPCONSOLE_SPARK_JVM_INFO``,
+which the main process sets before it forks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark import SparkConf, SparkContext
+
+log = logging.getLogger(__name__)
+
+INFO_ENV = "BPCONSOLE_SPARK_JVM_INFO"
+# Set on the JVM by its first collected result: a process attaching later knows the
+# JVM has compiled Spark's hot paths already (its first batch need not be a small one).
+WARM_PROPERTY = "bpconsole.collected"
+# How long a pool child waits for its worker's JVM (a start takes 4 to 8 s here).
+ATTACH_TIMEOUT_S = 120.0
+_BACKOFF_MAX_S = 30.0
+_UP_RESETS_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True)
+class JvmInfo:
+    """Where a worker's JVM listens, and how its previous one ended."""
+
+    pid: int
+    port: int
+    secret: str
+    previous_pid: int | None = None
+    previous_code: int | None = None
+
+
+def info_path() -> Path | None:
+    """This process's worker JVM file, when it runs in a worker that shares one."""
+    value = os.environ.get(INFO_ENV)
+    return Path(value) if value else None
+
+
+def read_info(path: Path) -> JvmInfo | None:
+    try:
+        return JvmInfo(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """A running process (a zombie, exited but not reaped yet, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def job_tag(pid: int) -> str:
+    """The tag of every Spark job a pool process starts: its jobs can be cancelled once
+    it is dead, by the next process attaching."""
+    return f"bpconsole-pid-{pid}"
+
+
+def _write(path: Path, info: JvmInfo) -> None:
+    """Atomically, readable by this user only: it holds the gateway's secret."""
+    partial = path.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(asdict(info), out)
+    partial.replace(path)
+
+
+class WorkerJvm:
+    """The JVM of one Spark worker, kept running by a thread of its main process."""
+
+    def __init__(self, conf: SparkConf, path: Path) -> None:
+        self._conf = conf
+        self.path = path
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._keep_running, name="spark-jvm", daemon=True)
+
+    def start(self) -> None:
+        """Start the JVM in the background: the worker takes tasks meanwhile, and a batch
+        that comes first waits for it in ``attach``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.path.unlink(missing_ok=True)
+        if process is not None:
+            shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
+
+    def _launch(self, previous: tuple[int, int] | None) -> subprocess.Popen[bytes]:
+        from pyspark.java_gateway import launch_gateway
+
+        gateway = launch_gateway(self._conf)  # type: ignore[no-untyped-call]
+        process: subprocess.Popen[bytes] = gateway.proc
+        try:
+            parameters = gateway.java_parameters
+        except AttributeError:  # PYSPARK_PIN_THREAD=false: a plain JavaGateway
+            parameters = gateway.gateway_parameters
+        self._process = process
+        _write(
+            self.path,
+            JvmInfo(
+                pid=process.pid,
+                port=parameters.port,
+                secret=parameters.auth_token,
+                previous_pid=previous[0] if previous else None,
+                previous_code=previous[1] if previous else None,
+            ),
+        )
+        # Create Spark's context now, not in the first batch: a pool process attaching
+        # later gets it at once (building it on a new JVM takes seconds).
+        jconf = gateway.jvm.org.apache.spark.SparkConf()
+        for key, value in self._conf.getAll():
+            jconf.set(key, value)
+        gateway.jvm.org.apache.spark.SparkContext.getOrCreate(jconf)
+        # This process only starts the JVM; its own connection would be copied into
+        # every pool process it forks.
+        gateway.close()
+        return process
+
+    def _keep_running(self) -> None:
+        backoff = 1.0
+        previous: tuple[int, int] | None = None
+        while not self._stopping.is_set():
+            began = time.monotonic()
+            self._process = None
+            try:
+                process = self._launch(previous)
+                log.info("Spark JVM %s started for this worker's pool", process.pid)
+                while process.poll() is None and not self._stopping.wait(0.2):
+                    pass
+            except Exception:
+                log.exception("could not start this worker's Spark JVM")
+            if self._stopping.is_set():
+                return
+            previous = self._ended()
+            if time.monotonic() - began > _UP_RESETS_BACKOFF_S:
+                backoff = 1.0
+            log.warning(
+                "this worker's Spark JVM exited (%s); starting another in %.0f s",
+                "never started" if previous is None else f"pid {previous[0]}, code {previous[1]}",
+                backoff,
+            )
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, _BACKOFF_MAX_S)
+
+    def _ended(self) -> tuple[int, int] | None:
+        """The JVM that just ended and its exit code, recorded for the pool processes
+        attached to it (they report it)."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:  # launched, but its context could not be made
+            process.kill()
+        code = process.wait()
+        info = read_info(self.path)
+        if info is not None and info.pid == process.pid:
+            _write(self.path, replace(info, previous_pid=process.pid, previous_code=code))
+        shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
+        return process.pid, code
+
+
+def wait_for_live(path: Path, *, unlike: int | None = None) -> JvmInfo:
+    """The worker's JVM once it listens (a JVM other than ``unlike``, the dead one)."""
+    deadline = time.monotonic() + ATTACH_TIMEOUT_S
+    while True:
+        info = read_info(path)
+        if info is not None and info.pid != unlike and alive(info.pid):
+            return info
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"this worker's Spark JVM did not start within {ATTACH_TIMEOUT_S:.0f} s "
+                "(its main process logs why)"
+            )
+        time.sleep(0.1)
+
+
+def attach(info: JvmInfo, conf: SparkConf) -> SparkContext:
+    """A SparkContext on the worker's JVM, after cancelling the jobs of the pool
+    processes that died attached to it (a killed batch would hold the cores)."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    os.environ["PYSPARK_GATEWAY_PORT"] = str(info.port)
+    os.environ["PYSPARK_GATEWAY_SECRET"] = info.secret
+    gateway = launch_gateway()  # type: ignore[no-untyped-call]
+    jvm = gateway.jvm
+    jconf = jvm.org.apache.spark.SparkConf()
+    for key, value in conf.getAll():
+        jconf.set(key, value)
+    jsc = jvm.org.apache.spark.api.java.JavaSparkContext.fromSparkContext(
+        jvm.org.apache.spark.SparkContext.getOrCreate(jconf)
+    )
+    context = SparkContext(conf=conf, gateway=gateway, jsc=jsc)
+    _cancel_the_dead(info, context)
+    return context
+
+
+def pids_folder(path: Path, jvm_pid: int) -> Path:
+    """The pool processes that attached to one JVM, a file each, named by pid."""
+    return path.with_name(f"{path.name}.{jvm_pid}.pids")
+
+
+def _cancel_the_dead(info: JvmInfo, context: SparkContext) -> None:
+    path = info_path()
+    if path is None:
+        return
+    folder = pids_folder(path, info.pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.name.isdigit() and not alive(int(entry.name)):
+            context.cancelJobsWithTag(job_tag(int(entry.name)))
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+    (folder / str(os.getpid())).touch()
