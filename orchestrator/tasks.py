@@ -269,4 +269,8 @@ def _beat_from_a_spark_worker(**_: Any) -> None:
     if "spark" in (current_app.amqp.queues.consume_from or {}):
         from orchestrator.services import heartbeat
 
+        jvm = _worker.get("jvm")
+        if jvm is not None:
+            jvm.in_pool_process()
+
         heartbeat.start()

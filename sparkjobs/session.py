@@ -26,9 +26,8 @@ def spark_session(master: str | None = None, app_name: str = "bpconsole") -> Spa
     if path is not None:
         # A pool process of a Spark worker: the worker's JVM, not one of its own.
         info = shared_jvm.wait_for_live(path, unlike=_use.dead_jvm)
-        context = shared_jvm.attach(info, conf)
+        shared_jvm.attach(info, conf)
         _use.shared_jvm = info.pid
-        _use.collected = int(_warm(context))
     return SparkSession.builder.config(conf=conf).getOrCreate()
 
 
@@ -107,10 +106,11 @@ def _operator_session() -> SparkSession:
 
 @dataclass
 class _JvmUse:
-    """Results collected on the current JVM: none yet means a new JVM, whose code
-    Spark's first jobs still run interpreted (the class archive spares only loading).
-    In a Spark worker's pool process, also the worker's JVM it attached to, and the one
-    it saw die (not to be attached to again)."""
+    """Results this process has collected on its current JVM: none yet means a new JVM,
+    whose code Spark's first jobs still run interpreted (the class archive spares only
+    loading), or a new pool process, whose first batch may be a killed one's re-run. In
+    a Spark worker's pool process, also the worker's JVM it attached to, and the one it
+    saw die (not to be attached to again)."""
 
     collected: int = 0
     shared_jvm: int | None = None
@@ -120,14 +120,8 @@ class _JvmUse:
 _use = _JvmUse()
 
 
-def _warm(context: SparkContext) -> bool:
-    """Has the JVM returned a result already (to another of the worker's processes)?"""
-    system = context._jvm.java.lang.System  # type: ignore[union-attr]
-    return system.getProperty(shared_jvm.WARM_PROPERTY) is not None
-
-
 def has_collected() -> bool:
-    """Has a job of this process's current Spark JVM returned its result yet?"""
+    """Has a job of this process on its current Spark JVM returned its result yet?"""
     return _use.collected > 0
 
 
@@ -210,10 +204,8 @@ def collect_all(frame: DataFrame) -> list[Row]:
     the rows sent so far as if they were all (2,621,439 rows of 3,000,000, silently; the
     chaos suite lost a batch's records that way with the run's coverage still exact).
     A dead JVM has closed its gateway as well, so one more call through it fails, and
-    the caller sees Spark's failure instead of a short result. That call marks the JVM
-    warm, for the pool processes of a worker that attach to it later."""
+    the caller sees Spark's failure instead of a short result."""
     rows = frame.collect()
-    system = frame.sparkSession.sparkContext._jvm.java.lang.System  # type: ignore[union-attr]
-    system.setProperty(shared_jvm.WARM_PROPERTY, "true")
+    frame.sparkSession.sparkContext._jvm.java.lang.System.nanoTime()  # type: ignore[union-attr]
     _use.collected += 1
     return rows

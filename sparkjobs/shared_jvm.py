@@ -34,13 +34,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INFO_ENV = "BPCONSOLE_SPARK_JVM_INFO"
-# Set on the JVM by its first collected result: a process attaching later knows the
-# JVM has compiled Spark's hot paths already (its first batch need not be a small one).
-WARM_PROPERTY = "bpconsole.collected"
 # How long a pool child waits for its worker's JVM (a start takes 4 to 8 s here).
 ATTACH_TIMEOUT_S = 120.0
 _BACKOFF_MAX_S = 30.0
-_UP_RESETS_BACKOFF_S = 60.0
+# A JVM that ran this long is started again at once when it dies (killed, out of
+# memory); one that keeps dying sooner waits 1, 2, 4 ... s, as make run's supervisor.
+_UP_RESETS_BACKOFF_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,15 @@ class WorkerJvm:
         if process is not None:
             shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
 
+    def in_pool_process(self) -> None:
+        """In a forked pool process: drop its copy of the JVM's stdin, so that the JVM
+        still exits when the main process does (it reads that pipe until it closes)."""
+        process = self._process
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        self._process = None
+
     def _launch(self, previous: tuple[int, int] | None) -> subprocess.Popen[bytes]:
         from pyspark.java_gateway import launch_gateway
 
@@ -153,7 +161,7 @@ class WorkerJvm:
         return process
 
     def _keep_running(self) -> None:
-        backoff = 1.0
+        backoff = 0.0
         previous: tuple[int, int] | None = None
         while not self._stopping.is_set():
             began = time.monotonic()
@@ -169,7 +177,7 @@ class WorkerJvm:
                 return
             previous = self._ended()
             if time.monotonic() - began > _UP_RESETS_BACKOFF_S:
-                backoff = 1.0
+                backoff = 0.0
             log.warning(
                 "this worker's Spark JVM exited (%s); starting another in %.0f s",
                 "never started" if previous is None else f"pid {previous[0]}, code {previous[1]}",
@@ -177,7 +185,7 @@ class WorkerJvm:
             )
             if self._stopping.wait(backoff):
                 return
-            backoff = min(backoff * 2, _BACKOFF_MAX_S)
+            backoff = min(max(backoff * 2, 1.0), _BACKOFF_MAX_S)
 
     def _ended(self) -> tuple[int, int] | None:
         """The JVM that just ended and its exit code, recorded for the pool processes

@@ -41,10 +41,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BATCH_SEGMENTS = 64
-# A new Spark JVM's first batch: its jobs run interpreted code until the JIT has compiled
-# it, so a large batch there is slow (in the chaos suite a 64-segment batch took 20 s on
-# a new JVM, 7 s on a warm one, and 4 segments 14 s); a small one puts out results
-# sooner after a worker's restart, and the next batches are full size.
+# A new Spark JVM's or a new pool process's first batch: a new JVM runs interpreted code
+# until the JIT has compiled it, so a large batch there is slow (in the chaos suite a
+# 64-segment batch took 20 s on a new JVM, 7 s on a warm one, and 4 segments 14 s); a new
+# process on the worker's warm JVM (ADR 0007) often re-runs a killed batch, 9 to 10 s at
+# 64 segments. A small one puts out results sooner after a restart, and the next batches
+# are full size.
 NEW_JVM_BATCH_SEGMENTS = 4
 
 

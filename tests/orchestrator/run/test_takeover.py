@@ -75,8 +75,8 @@ def test_a_batch_whose_process_or_jvm_died_runs_again_at_once_and_uncounted(work
     while Segment.objects.filter(pk=held.pk, lease_owner=owner).exists():
         assert timezone.now() < lease_end, "the batch waited for its lease to run out"
         time.sleep(0.05)
-    # And the new process runs it on the same JVM, which lived on; as that JVM has not
-    # returned a result yet, the batch is still a new JVM's small one
+    # And the new process runs it on the same JVM, which lived on; its first batch is a
+    # small one (it may be the killed one's re-run)
     assert _jvm(workers).pid == jvm.pid
     claimed, queued = _claimed_with(_operator_batch(run))
     assert claimed <= NEW_JVM_BATCH_SEGMENTS < claimed + queued, (claimed, queued)
