@@ -196,7 +196,7 @@ def _start_worker_jvm() -> None:
     from sparkjobs import shared_jvm
     from sparkjobs.session import spark_conf
 
-    path = Path(settings.VAR_DIR) / "run" / f"spark-jvm-{os.getpid()}.json"
+    path = Path(settings.VAR_DIR) / "run" / f"{shared_jvm.FILE_PREFIX}{os.getpid()}.json"
     # Set before the pool is forked, so every pool process inherits it.
     os.environ[shared_jvm.INFO_ENV] = str(path)
     jvm = shared_jvm.WorkerJvm(spark_conf(), path)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INFO_ENV = "BPCONSOLE_SPARK_JVM_INFO"
+# ``<var>/run/spark-jvm-<worker pid>.json``, and a ``.<jvm pid>.pids`` folder beside it.
+FILE_PREFIX = "spark-jvm-"
 # How long a pool child waits for its worker's JVM (a start takes 4 to 8 s here).
 ATTACH_TIMEOUT_S = 120.0
 _BACKOFF_MAX_S = 30.0
@@ -105,6 +107,7 @@ class WorkerJvm:
         that comes first waits for it in ``attach``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
+        remove_left_behind(self.path.parent)
         self._thread.start()
 
     def stop(self) -> None:
@@ -201,6 +204,18 @@ class WorkerJvm:
             _write(self.path, replace(info, previous_pid=process.pid, previous_code=code))
         shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
         return process.pid, code
+
+
+def remove_left_behind(folder: Path) -> None:
+    """The files of workers killed before they could remove them (a SIGKILL): their
+    JVM ended with them, and a file per killed worker would pile up over days."""
+    for entry in folder.glob(f"{FILE_PREFIX}*"):
+        worker = entry.name.removeprefix(FILE_PREFIX).split(".")[0]
+        if worker.isdigit() and not alive(int(worker)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def wait_for_live(path: Path, *, unlike: int | None = None) -> JvmInfo:

@@ -1,0 +1,79 @@
+"""The file through which a Spark worker's pool processes find its JVM (ADR 0007): it
+holds the gateway's secret, so only its user may read it, and a half-written or foreign
+file is never taken for a live JVM."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sparkjobs.shared_jvm import (
+    JvmInfo,
+    _write,
+    alive,
+    job_tag,
+    pids_folder,
+    read_info,
+    remove_left_behind,
+)
+
+
+def test_the_file_is_the_owners_alone_and_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "spark-jvm-1.json"
+    info = JvmInfo(pid=os.getpid(), port=40001, secret="s3cret", previous_pid=7, previous_code=-9)
+    _write(path, info)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_info(path) == info
+    # Written next to it, then renamed: a reader never sees half of it
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_missing_broken_or_foreign_file_is_no_jvm(tmp_path: Path) -> None:
+    path = tmp_path / "spark-jvm-1.json"
+    assert read_info(path) is None
+    path.write_text('{"pid": 1, "port": 2')
+    assert read_info(path) is None
+    path.write_text('{"pid": 1, "port": 2, "secret": "x", "command": "rm -rf /"}')
+    assert read_info(path) is None
+    path.write_text("[1, 2, 3]")
+    assert read_info(path) is None
+
+
+def test_a_dead_or_unreaped_process_is_not_alive() -> None:
+    assert alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while True:  # exited but not reaped: a zombie
+        state = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.01)
+    assert not alive(child.pid)
+    child.wait()
+    assert not alive(child.pid)
+
+
+def test_each_pool_process_has_its_own_tag_and_each_jvm_its_own_folder(tmp_path: Path) -> None:
+    assert job_tag(12) != job_tag(123)
+    path = tmp_path / "spark-jvm-5.json"
+    assert pids_folder(path, 10) != pids_folder(path, 11)
+    assert pids_folder(path, 10).parent == tmp_path
+
+
+def test_a_new_worker_removes_what_killed_workers_left_and_nothing_else(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine = tmp_path / f"spark-jvm-{os.getpid()}.json"
+    left = tmp_path / f"spark-jvm-{dead.pid}.json"
+    for path in (mine, left):
+        _write(path, JvmInfo(pid=1, port=2, secret="x"))
+        pids_folder(path, 1).mkdir()
+    other = tmp_path / "services.json"
+    other.write_text("{}")
+    remove_left_behind(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [mine.name, pids_folder(mine, 1).name, other.name]
+    )
