@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark import SparkConf, SparkContext
@@ -154,10 +154,7 @@ class WorkerJvm:
         )
         # Create Spark's context now, not in the first batch: a pool process attaching
         # later gets it at once (building it on a new JVM takes seconds).
-        jconf = gateway.jvm.org.apache.spark.SparkConf()
-        for key, value in self._conf.getAll():
-            jconf.set(key, value)
-        gateway.jvm.org.apache.spark.SparkContext.getOrCreate(jconf)
+        _jvm_context(gateway.jvm, self._conf)
         # This process only starts the JVM; its own connection would be copied into
         # every pool process it forks.
         gateway.close()
@@ -243,12 +240,7 @@ def attach(info: JvmInfo, conf: SparkConf) -> SparkContext:
     os.environ["PYSPARK_GATEWAY_SECRET"] = info.secret
     gateway = launch_gateway()  # type: ignore[no-untyped-call]
     jvm = gateway.jvm
-    jconf = jvm.org.apache.spark.SparkConf()
-    for key, value in conf.getAll():
-        jconf.set(key, value)
-    jsc = jvm.org.apache.spark.api.java.JavaSparkContext.fromSparkContext(
-        jvm.org.apache.spark.SparkContext.getOrCreate(jconf)
-    )
+    jsc = jvm.org.apache.spark.api.java.JavaSparkContext.fromSparkContext(_jvm_context(jvm, conf))
     context = SparkContext(conf=conf, gateway=gateway, jsc=jsc)
     _cancel_the_dead(info, context)
     return context
@@ -257,6 +249,15 @@ def attach(info: JvmInfo, conf: SparkConf) -> SparkContext:
 def pids_folder(path: Path, jvm_pid: int) -> Path:
     """The pool processes that attached to one JVM, a file each, named by pid."""
     return path.with_name(f"{path.name}.{jvm_pid}.pids")
+
+
+def _jvm_context(jvm: Any, conf: SparkConf) -> Any:
+    """The JVM's one SparkContext, made with ``conf`` by whoever comes first (the main
+    process at the JVM's start; Spark's constructor lock makes a pool process wait)."""
+    jconf = jvm.org.apache.spark.SparkConf()
+    for key, value in conf.getAll():
+        jconf.set(key, value)
+    return jvm.org.apache.spark.SparkContext.getOrCreate(jconf)
 
 
 def _cancel_the_dead(info: JvmInfo, context: SparkContext) -> None:
