@@ -19,6 +19,19 @@ from sparkjobs import class_archive, shared_jvm
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+# The JIT's top tier (C2) compiles a method once it has run 10 times as often as the
+# JDK's default asks. A new JVM's first minute is mostly code that runs a few thousand
+# times (Spark's planning, its generated code's first batches), and on 2 cores C2's
+# compiles of it took the CPU the batch needed. Measured (docs/benchmarks.md, "Chaos",
+# 2026-11-27): a new JVM's session and first batch 2.5 s sooner, large batches as fast
+# (loops that run millions of times still reach C2 within the first batch).
+# ``SPARK_JAVA_OPTIONS`` comes after, so a cluster can set its own.
+LATER_C2 = (
+    "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=150000"
+    " -XX:Tier4BackEdgeThreshold=400000"
+)
+
+
 @cache
 def spark_session(master: str | None = None, app_name: str = "bpconsole") -> SparkSession:
     conf = spark_conf(master, app_name)
@@ -49,7 +62,7 @@ def spark_conf(master: str | None = None, app_name: str = "bpconsole") -> SparkC
         .set("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "1g"))
     )
     extra = os.environ.get("SPARK_JAVA_OPTIONS", "").strip()
-    java_options = " ".join(o for o in (class_archive.driver_java_options(), extra) if o)
+    java_options = " ".join(o for o in (class_archive.driver_java_options(), LATER_C2, extra) if o)
     if java_options:
         conf.set("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkjobs import class_archive
+from sparkjobs.session import LATER_C2
 
 pytestmark = [pytest.mark.spark]
 
@@ -107,17 +108,29 @@ READ_BACK = """
 from sparkjobs.session import spark_session
 
 spark = spark_session(master="local[1]")
-system = spark.sparkContext._jvm.java.lang.System
-print(system.getProperty("bpconsole.probe"), spark.conf.get("spark.driver.extraJavaOptions"))
+jvm = spark.sparkContext._jvm
+system = jvm.java.lang.System
+hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+    jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+)
+print(
+    system.getProperty("bpconsole.probe"),
+    hotspot.getVMOption("Tier4InvocationThreshold").getValue(),
+    spark.conf.get("spark.driver.extraJavaOptions"),
+)
 """
 
 
 def test_spark_java_options_follow_the_archive_s_in_the_driver_jvm() -> None:
-    out = _in_a_new_jvm(READ_BACK, SPARK_JAVA_OPTIONS=" -Dbpconsole.probe=yes ")
-    probe, options = out.split(maxsplit=1)
+    mine = "-Dbpconsole.probe=yes -XX:Tier4InvocationThreshold=7000"
+    out = _in_a_new_jvm(READ_BACK, SPARK_JAVA_OPTIONS=f" {mine} ")
+    probe, tier4, options = out.split(maxsplit=2)
     # The JVM has the property, and the class archive's options are still there
     assert probe == "yes"
-    assert options.endswith("-Dbpconsole.probe=yes\n")
+    assert options.endswith(f"{mine}\n")
+    # The later top-tier compiles are there too, and the user's own setting wins
+    assert LATER_C2 in options
+    assert tier4 == "7000"
     archive = class_archive.driver_java_options()
     if archive is not None:
         assert options.startswith(archive + " ")
