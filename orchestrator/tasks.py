@@ -15,10 +15,12 @@ from celery.bootsteps import RUN  # type: ignore[attr-defined]  # missing from t
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
-from django.db.models import Q
+from django.db.models import Count, Max, Q
+from django.utils import timezone
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from orchestrator.ledger import retention, segments
+from orchestrator.ledger.events import record_event
 from orchestrator.models import PolicyLab, Run
 from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
@@ -122,8 +124,8 @@ def start_lab(lab: PolicyLab) -> None:
     name="orchestrator.watchdog", autoretry_for=NETWORK_ERRORS, max_retries=3, retry_backoff=True
 )
 def watchdog() -> dict[str, Any]:
-    """Reclaim expired leases; give every active run without a live driver a new one;
-    fail labs whose worker stopped before they finished; delete the segment files of
+    """Reclaim expired leases; give every active run without a live driver a new one,
+    and a pending run whose start was lost another; fail labs whose worker stopped before they finished; delete the segment files of
     runs that ended (a cancelled run's queued segments would keep theirs for good)."""
     reclaimed = segments.reclaim_expired()
     _fail_abandoned_labs()
@@ -131,15 +133,17 @@ def watchdog() -> dict[str, Any]:
     started = []
     # A pending run whose driver began writing its generated input (input_spec has
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.
+    # One that never had a driver may have lost the message asking for it.
+    unstarted = set(_unstarted_runs())
     active = list(
         Run.objects.filter(
             Q(status__in=[Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.STOPPING])
             | Q(status=Run.Status.PENDING, input_spec__has_key="generating")
         ).values_list("pk", flat=True)
     )
-    if active:
+    if active or unstarted:
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
-            for run_id in active:
+            for run_id in sorted({*active, *unstarted}):
                 holder = control.driver_holder(str(run_id))
                 if holder is not None and died_here(holder):
                     # Its process is gone (a control worker killed): its lock would
@@ -147,18 +151,51 @@ def watchdog() -> dict[str, Any]:
                     control.break_driver_lock(str(run_id), holder)
                     log.warning("run %s: driver %s is dead; its lock was broken", run_id, holder)
                     holder = None
+                if holder is None and run_id in unstarted:
+                    record_event(
+                        run_id,
+                        "driver_resent",
+                        "no driver took this run since it was created: the message asking "
+                        "for one was lost (with a control worker or Redis) or is still "
+                        "queued; another was sent",
+                    )
                 if holder is None:
                     drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
                     started.append(run_id)
     return {"reclaimed": reclaimed, "drivers_started": started}
 
 
+def _unstarted_runs() -> list[int]:
+    """Pending runs that no driver has begun and whose driver is overdue: first
+    ``BPCONSOLE_DRIVER_START_S`` after the run was created, then twice as long after
+    each message the watchdog sent for it (at most an hour apart). A duplicate driver
+    is harmless (it waits for the run's lock, then finds the run taken or ended), but a
+    run queued behind busy control workers should not collect one every 2 s."""
+    start_s = settings.BPCONSOLE_DRIVER_START_S
+    now = timezone.now()
+    candidates = (
+        Run.objects.filter(
+            status=Run.Status.PENDING, created_at__lt=now - timedelta(seconds=start_s)
+        )
+        .exclude(input_spec__has_key="generating")
+        .annotate(
+            resent=Count("events", filter=Q(events__kind="driver_resent")),
+            last_resent=Max("events__time", filter=Q(events__kind="driver_resent")),
+        )
+        .values_list("pk", "resent", "last_resent")
+    )
+    due = []
+    for run_id, resent, last_resent in candidates:
+        wait_s = min(start_s * 2**resent, 3600.0)
+        if last_resent is None or last_resent < now - timedelta(seconds=wait_s):
+            due.append(run_id)
+    return due
+
+
 def _fail_abandoned_labs() -> None:
     """A lab still waiting or running well past its time limit lost its worker (a
     control worker killed mid-simulation): said so, so that the pipeline may have
     another."""
-    from django.utils import timezone
-
     grace = timedelta(seconds=2 * settings.BPCONSOLE_LAB_TIMEOUT_S + 60)
     PolicyLab.objects.filter(
         status__in=PolicyLab.ACTIVE, created_at__lt=timezone.now() - grace

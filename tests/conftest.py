@@ -88,6 +88,10 @@ def child_env(services: Endpoints) -> dict[str, str]:
         "BPCONSOLE_LEASE_S": str(TEST_LEASE_S),
         # A batch prefetched by a worker a test killed is sent again after a lease too.
         "BPCONSOLE_QUEUED_BATCH_S": str(TEST_LEASE_S),
+        # The ledger's tests keep bare pending runs that no driver may take: the session's
+        # watchdog starts a run whose start was lost after an hour, not 30 s (the rule
+        # is tested by calling the watchdog in the test's own process).
+        "BPCONSOLE_DRIVER_START_S": "3600",
         # A continuous run's old rows go within seconds, so the tests that kill its
         # processes also cover coalesced merged chunks and deleted segment rows.
         "BPCONSOLE_MERGED_KEEP_S": "1",

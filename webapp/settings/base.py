@@ -58,6 +58,11 @@ BPCONSOLE_LEASE_S = float(env_str("BPCONSOLE_LEASE_S", "10"))
 # its message lost (prefetched by a worker that died) and sends another. A batch waits
 # behind other nodes' batches on a busy worker, so this is longer than the lease.
 BPCONSOLE_QUEUED_BATCH_S = float(env_str("BPCONSOLE_QUEUED_BATCH_S", "60"))
+# How long a created run may wait for its driver before the watchdog presumes the
+# message asking for it lost (taken by a control worker that died, or with Redis) and
+# sends another; then again after twice as long each time, so that runs queued behind
+# busy control workers are not sent a message every few seconds.
+BPCONSOLE_DRIVER_START_S = float(env_str("BPCONSOLE_DRIVER_START_S", "30"))
 # Most input one operator batch takes from its node's pool. Every Spark job costs about
 # a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
 # goes in as few jobs as this allows.

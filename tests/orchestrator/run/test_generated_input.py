@@ -1,6 +1,7 @@
 """Live runs over the generator: the input is written by the run's driver on a control
 worker (never by the request), the result equals the batch job's over the same spec,
-and a driver killed while writing it is replaced by one that writes it whole."""
+a driver killed while writing it is replaced by one that writes it whole, and a run
+whose start message was lost gets its driver from the watchdog."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import copy
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import yaml
+from django.utils import timezone
 
+from orchestrator import tasks
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run
 from orchestrator.pipeline.generator import partial_paths
 from orchestrator.run.generation import input_path
+from orchestrator.run.lifecycle import create_run
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.run.scenarios import (
@@ -95,3 +100,23 @@ def test_a_control_worker_killed_while_writing_the_input_is_replaced_and_the_run
         # The killed control worker comes back for the tests that follow.
         workers.start(victim)
         workers.wait_ready([victim])
+
+
+def test_a_run_whose_start_was_lost_is_started_by_the_watchdog_and_is_exact(workers) -> None:
+    # Given a run created over a minute ago whose driver never came (the message asking
+    # for it was lost with a control worker or Redis: nothing was sent here)
+    doc = skewed_reference()
+    generator = "seed=32,volume_mb=2,dominance=0.7"
+    run = create_run(topology=doc, policy=policy(), generator=generator)
+    Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=61))
+    # When the watchdog runs (here, with the product's 30 s: the session's own waits an
+    # hour, for the ledger tests' bare pending runs)
+    assert tasks.watchdog()["drivers_started"] == [run.pk]
+    # Then a control worker drives it to the end, and the result equals the batch job's
+    run = wait_until_done(run)
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    expected = batch_summary(topology=doc, input_path=None, generator=generator)
+    assert result["rows"] == expected["rows"]
+    assert Event.objects.filter(run=run, kind="driver_resent").count() == 1

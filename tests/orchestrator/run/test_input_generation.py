@@ -5,6 +5,7 @@ crash (the watchdog starts it)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from orchestrator import tasks
 from orchestrator.ledger import segments
@@ -242,7 +244,52 @@ def test_the_watchdog_gives_a_pending_run_whose_generation_began_a_new_driver(
     monkeypatch.setattr(tasks.drive_run, "apply_async", lambda **kw: sent.append(kw))
     # When the watchdog runs
     report = tasks.watchdog()
-    # Then only the first gets a driver, on the control queue
+    # Then only the first gets a driver, on the control queue: the second was created
+    # just now, and its driver may still be on its way
     assert report["drivers_started"] == [begun.pk]
     assert sent == [{"kwargs": {"run_id": begun.pk}, "queue": "control"}]
     assert never.pk not in report["drivers_started"]
+
+
+def test_the_watchdog_sends_a_driver_again_for_a_run_whose_start_was_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a run created longer ago than a driver takes to start (its message was lost
+    # with a control worker or Redis), and one created just now
+    start_s = settings.BPCONSOLE_DRIVER_START_S
+    lost = pending("seed=3,volume_mb=8")
+    Run.objects.filter(pk=lost.pk).update(created_at=ago(start_s + 1))
+    fresh = pending("seed=3,volume_mb=8")
+    sent: list[int] = []
+    monkeypatch.setattr(
+        tasks.drive_run, "apply_async", lambda **kw: sent.append(kw["kwargs"]["run_id"])
+    )
+    # When the watchdog runs
+    report = tasks.watchdog()
+    # Then the late one gets a driver, and its timeline says why
+    assert report["drivers_started"] == [lost.pk] and sent == [lost.pk]
+    (event,) = Event.objects.filter(run=lost, kind="driver_resent")
+    assert "was lost" in event.reason
+    assert not Event.objects.filter(run=fresh, kind="driver_resent").exists()
+    # ...and not another at each pass (every 2 s) while that one may be queued, but
+    # after twice the wait, then four times
+    assert tasks.watchdog()["drivers_started"] == []
+    for waited, resent in [(start_s * 2 - 1, 0), (start_s * 2 + 1, 1)]:
+        Event.objects.filter(run=lost, kind="driver_resent").update(time=ago(waited))
+        assert len(tasks.watchdog()["drivers_started"]) == resent
+    Event.objects.filter(run=lost, kind="driver_resent").update(time=ago(start_s * 3))
+    assert tasks.watchdog()["drivers_started"] == []
+    assert sent == [lost.pk, lost.pk]
+    # ...and none once a driver holds it
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        lock = control.driver_lock(str(lost.pk), "test: the driver")
+        assert lock.acquire(timeout=10)
+        try:
+            Event.objects.filter(run=lost, kind="driver_resent").update(time=ago(3600))
+            assert tasks.watchdog()["drivers_started"] == []
+        finally:
+            lock.release()
+
+
+def ago(seconds: float) -> dt.datetime:
+    return timezone.now() - dt.timedelta(seconds=seconds)

@@ -503,7 +503,7 @@
 
   function category(kind) {
     if (CATEGORIES[kind]) return CATEGORIES[kind];
-    if (kind.startsWith("run_") || kind === "driver" || kind === "source_done" || kind === "input_generated") return "run";
+    if (kind.startsWith("run_") || kind === "driver" || kind === "driver_resent" || kind === "source_done" || kind === "input_generated") return "run";
     if (kind.startsWith("adjust_")) return "adjustment";
     return "other";
   }
