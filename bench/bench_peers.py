@@ -232,22 +232,11 @@ def live_run(data: Input, doc: Any, policy: dict[str, Any]) -> Outcome:
 
 def ledger_outcome(run: Any) -> Outcome:
     """A finished run's result as the ledger holds it, and how the run ended."""
-    from django.db.models import Count
-
-    from orchestrator.ledger.results import summary
-    from orchestrator.models import ResultDistinct, ResultKey
+    from orchestrator.ledger.results import result_values, summary
+    from orchestrator.models import ResultKey
 
     # The ledger's own values (Decimal), not the summary's floats.
-    distinct = dict(
-        ResultDistinct.objects.filter(run=run)
-        .values("key")
-        .annotate(n=Count("value"))
-        .values_list("key", "n")
-    )
-    rows = {
-        r.key: (r.count, r.sum, r.min, r.max, distinct.get(r.key, 0))
-        for r in ResultKey.objects.filter(run=run)
-    }
+    rows = {row[0]: row[1:] for row in result_values(ResultKey.objects.filter(run=run))}
     done = summary(run)
     return Outcome(
         rows,

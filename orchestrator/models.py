@@ -246,6 +246,12 @@ class ResultKey(models.Model):
     sum = models.DecimalField(max_digits=38, decimal_places=10)
     min = models.DecimalField(max_digits=38, decimal_places=10)
     max = models.DecimalField(max_digits=38, decimal_places=10)
+    # The distinct count, kept once the run completed and its exact set (ResultDistinct
+    # rows) dropped: nothing merges into a completed run, and its sets were most of the
+    # database (docs/benchmarks.md, "1,000 faults").
+    distinct = models.BigIntegerField(
+        null=True, blank=True, help_text="The distinct count, kept once the run completed."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "key"], name="one_row_per_key")]
@@ -255,7 +261,8 @@ class ResultKey(models.Model):
 
 
 class ResultDistinct(models.Model):
-    """The exact set behind the distinct count: one row per (key, value)."""
+    """The exact set behind the distinct count: one row per (key, value), until the run
+    completes (its count then kept on the key's row)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_distinct")
     key = models.CharField(max_length=500)

@@ -125,11 +125,14 @@ def start_lab(lab: PolicyLab) -> None:
 )
 def watchdog() -> dict[str, Any]:
     """Reclaim expired leases; give every active run without a live driver a new one,
-    and a pending run whose start was lost another; fail labs whose worker stopped before they finished; delete the segment files of
-    runs that ended (a cancelled run's queued segments would keep theirs for good)."""
+    and a pending run whose start was lost another; fail labs whose worker stopped
+    before they finished; delete the segment files of runs that ended (a cancelled
+    run's queued segments would keep theirs for good) and the distinct sets of runs
+    that completed, their counts kept."""
     reclaimed = segments.reclaim_expired()
     _fail_abandoned_labs()
     retention.drop_ended_folders()
+    retention.freeze_results()
     started = []
     # A pending run whose driver began writing its generated input (input_spec has
     # "generating") lost that driver if nobody holds its lock: the next one resumes it.

@@ -11,7 +11,8 @@ from decimal import Decimal
 from typing import Any, TypedDict
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import BigIntegerField, Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from orchestrator.ledger.windows import distinct_of
 from orchestrator.models import ResultDistinct, ResultKey, Run, WindowKey
@@ -47,33 +48,36 @@ def top_rows(run: Run, limit: int) -> tuple[int, list[ResultRow]]:
     """The number of keys and the ``limit`` keys with the most records (then by key):
     what the run page shows while results merge, at a cost bounded by ``limit``."""
     keys = ResultKey.objects.filter(run=run)
-    top = list(keys.order_by("-count", "key")[: max(0, limit)])
-    distinct = dict(
-        ResultDistinct.objects.filter(run=run, key__in=[r.key for r in top])
-        .values("key")
-        .annotate(n=Count("value"))
-        .values_list("key", "n")
-    )
-    rows = [
-        format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
-        for r in top
-    ]
-    return keys.count(), rows
+    top = result_values(keys.order_by("-count", "key")[: max(0, limit)])
+    return keys.count(), [format_row(*row[:5], distinct=row[5]) for row in top]
 
 
 def run_rows(run: Run) -> list[ResultRow]:
-    distinct = dict(
-        ResultDistinct.objects.filter(run=run)
-        .values("key")
-        .annotate(n=Count("value"))
-        .values_list("key", "n")
-    )
+    rows = result_values(ResultKey.objects.filter(run=run))
     return sorted(
-        (
-            format_row(r.key, r.count, r.sum, r.min, r.max, distinct=distinct.get(r.key, 0))
-            for r in ResultKey.objects.filter(run=run)
-        ),
-        key=lambda row: row["key"],
+        (format_row(*row[:5], distinct=row[5]) for row in rows), key=lambda row: row["key"]
+    )
+
+
+def result_values(
+    keys: QuerySet[ResultKey],
+) -> list[tuple[str, int, Decimal, Decimal, Decimal, int]]:
+    """(key, count, sum, min, max, distinct count) of each of ``keys``, the ledger's own
+    values. The distinct count is kept on the key's row once the run completed (its set
+    dropped: :func:`orchestrator.ledger.retention.freeze_results`), else counted from
+    its set, in the same statement: two reads could see the set dropped in between."""
+    counted = (
+        ResultDistinct.objects.filter(run_id=OuterRef("run_id"), key=OuterRef("key"))
+        .order_by()
+        .values("key")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    distinct = Coalesce("distinct", Subquery(counted), 0, output_field=BigIntegerField())
+    return list(
+        keys.annotate(n_distinct=distinct).values_list(
+            "key", "count", "sum", "min", "max", "n_distinct"
+        )
     )
 
 

@@ -1,7 +1,8 @@
 """Retention on the real PostgreSQL: a segment file goes once every row naming it is done,
 done rows go once old and fileless unless a reader still needs them, a late worker
 whose rows are gone is refused as one that lost its lease, and an ended run keeps its
-results, merged chunks, events and counts without its segment folder."""
+results, merged chunks, events and counts without its segment folder (a completed run
+its distinct counts without the sets behind them)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,16 @@ from django.utils import timezone
 
 from orchestrator.ledger import retention, segments
 from orchestrator.ledger.events import record_event
-from orchestrator.ledger.results import summary
-from orchestrator.models import Adjustment, Event, MergedChunk, ResultKey, Run, Segment
+from orchestrator.ledger.results import run_rows, summary, top_rows
+from orchestrator.models import (
+    Adjustment,
+    Event,
+    MergedChunk,
+    ResultDistinct,
+    ResultKey,
+    Run,
+    Segment,
+)
 from orchestrator.pipeline.layout import run_dir, segment_path, segments_dir
 from orchestrator.rescale.alignment import send_marker
 from orchestrator.run.snapshot import progress
@@ -284,6 +293,46 @@ def test_a_minute_after_a_run_ends_its_segment_files_go_and_its_rows_stay() -> N
     assert retention.drop_ended_folders() == retention.Swept()
 
 
+def _with_distinct_sets(status: str, ended_s_ago: float) -> Run:
+    run = _ended_run_with_everything(status)
+    ResultKey.objects.create(run=run, key="j", count=4, sum=4, min=1, max=1)
+    ResultDistinct.objects.bulk_create(
+        ResultDistinct(run=run, key=key, value=value)
+        for key, value in [("j", "u1"), ("j", "u2"), ("j", "u3"), ("k", "u1")]
+    )
+    ended = timezone.now() - dt.timedelta(seconds=ended_s_ago)
+    Run.objects.filter(pk=run.pk).update(finished_at=ended)
+    return run
+
+
+def test_a_minute_after_a_run_completes_its_distinct_sets_go_and_their_counts_stay() -> None:
+    # Given a run that completed two minutes ago, one that completed just now, and one
+    # cancelled two minutes ago, each with distinct sets (key "k" of one value, "j" of 3)
+    completed = _with_distinct_sets(Run.Status.COMPLETED, 120)
+    ResultKey.objects.create(run=completed, key="none", count=1, sum=1, min=1, max=1)
+    just_now = _with_distinct_sets(Run.Status.COMPLETED, 1)
+    cancelled = _with_distinct_sets(Run.Status.CANCELLED, 120)
+    before = {run.pk: run_rows(run) for run in (completed, just_now, cancelled)}
+    assert [r["distinct_users"] for r in before[completed.pk]] == [3, 1, 0]
+    # When the watchdog's retention runs (once a run per pass)
+    assert retention.freeze_results() == [completed.pk]
+    # Then the completed run's sets are gone and its rows say the same, counts kept
+    assert not ResultDistinct.objects.filter(run=completed).exists()
+    assert dict(ResultKey.objects.filter(run=completed).values_list("key", "distinct")) == {
+        "j": 3,
+        "k": 1,
+        "none": 0,
+    }
+    assert run_rows(completed) == before[completed.pk]
+    assert top_rows(completed, 1) == (3, before[completed.pk][:1])
+    # ...and the others keep theirs: the one just completed for now, the cancelled one
+    # for good (a batch in flight when it ended may still merge)
+    assert retention.freeze_results() == []
+    for kept in (just_now, cancelled):
+        assert ResultDistinct.objects.filter(run=kept).count() == 4
+        assert run_rows(kept) == before[kept.pk]
+
+
 def test_the_command_cleans_runs_that_ended_long_enough_ago() -> None:
     old = _ended_run_with_everything(Run.Status.CANCELLED)
     Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - dt.timedelta(hours=2))
@@ -330,3 +379,8 @@ def test_a_run_swept_all_along_equals_the_batch_job(workers: object) -> None:
     assert result["rows"] == expected["rows"]
     assert result["malformed_records"] == expected["malformed_records"] > 0
     assert sum(s.files_deleted for s in swept) > 0 and sum(s.rows_deleted for s in swept) > 0
+    # ...and once its distinct sets are dropped, their counts kept, it still is
+    Run.objects.filter(pk=run.pk).update(finished_at=timezone.now() - dt.timedelta(minutes=2))
+    retention.freeze_results()
+    assert not ResultDistinct.objects.filter(run=run).exists()
+    assert summary(run)["rows"] == expected["rows"]
