@@ -271,9 +271,11 @@ def test_the_watchdog_sends_a_driver_again_for_a_run_whose_start_was_lost(
     (event,) = Event.objects.filter(run=lost, kind="driver_resent")
     assert "was lost" in event.reason
     assert not Event.objects.filter(run=fresh, kind="driver_resent").exists()
-    # ...and not another at each pass (every 2 s) while that one may be queued, but
-    # after twice the wait, then four times
+    # ...and not another at each pass (every 2 s) while that one may be queued, nor by
+    # a second watchdog running at the same time, but after twice the wait, then four
+    # times
     assert tasks.watchdog()["drivers_started"] == []
+    assert tasks.claim_resend(lost.pk) is False
     for waited, resent in [(start_s * 2 - 1, 0), (start_s * 2 + 1, 1)]:
         Event.objects.filter(run=lost, kind="driver_resent").update(time=ago(waited))
         assert len(tasks.watchdog()["drivers_started"]) == resent
