@@ -66,6 +66,17 @@ def result_values(
     values. The distinct count is kept on the key's row once the run completed (its set
     dropped: :func:`orchestrator.ledger.retention.freeze_results`), else counted from
     its set, in the same statement: two reads could see the set dropped in between."""
+    distinct = Coalesce("distinct", counted_distinct(), output_field=BigIntegerField())
+    return list(
+        keys.annotate(n_distinct=distinct).values_list(
+            "key", "count", "sum", "min", "max", "n_distinct"
+        )
+    )
+
+
+def counted_distinct() -> Coalesce:
+    """A result row's distinct count counted from its set (0 without one): an
+    expression over ``ResultKey`` rows, for reading and for keeping the count."""
     counted = (
         ResultDistinct.objects.filter(run_id=OuterRef("run_id"), key=OuterRef("key"))
         .order_by()
@@ -73,12 +84,7 @@ def result_values(
         .annotate(n=Count("*"))
         .values("n")
     )
-    distinct = Coalesce("distinct", Subquery(counted), 0, output_field=BigIntegerField())
-    return list(
-        keys.annotate(n_distinct=distinct).values_list(
-            "key", "count", "sum", "min", "max", "n_distinct"
-        )
-    )
+    return Coalesce(Subquery(counted), 0, output_field=BigIntegerField())
 
 
 class WindowRow(ResultRow):

@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Count, Exists, Min, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
+from orchestrator.ledger.results import counted_distinct
 from orchestrator.models import Adjustment, ResultDistinct, ResultKey, Run, Segment
 from orchestrator.pipeline.layout import segments_dir
 
@@ -208,16 +208,9 @@ def freeze_results(*, grace_s: float = ENDED_GRACE_S, max_runs: int = 1) -> list
         .values_list("pk", flat=True)[:max_runs]
     )
     for run_id in runs:
-        counted = (
-            ResultDistinct.objects.filter(run_id=run_id, key=OuterRef("key"))
-            .order_by()
-            .values("key")
-            .annotate(n=Count("*"))
-            .values("n")
-        )
         with transaction.atomic():
             ResultKey.objects.filter(run_id=run_id, distinct__isnull=True).update(
-                distinct=Coalesce(Subquery(counted), 0, output_field=BigIntegerField())
+                distinct=counted_distinct()
             )
             ResultDistinct.objects.filter(run_id=run_id).delete()
     return runs

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from orchestrator.services.launcher import PROJECT_ROOT
 from webapp.console.checks import RUNNING_AS_ROOT, check_not_root
-from webapp.settings.env import full_origins
+from webapp.settings.env import env_seconds, full_origins
 
 
 def _check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -106,3 +106,17 @@ def test_production_refuses_to_start_without_a_secret_key() -> None:
     result = _check(env)
     assert result.returncode != 0
     assert "SECRET_KEY must be set" in result.stderr
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "nan", "inf", "", "1e999"])
+def test_a_duration_that_is_not_a_number_of_seconds_is_refused(monkeypatch, raw: str) -> None:
+    monkeypatch.setenv("BPCONSOLE_DRIVER_START_S", raw)
+    with pytest.raises(ImproperlyConfigured, match=r"BPCONSOLE_DRIVER_START_S=.* seconds"):
+        env_seconds("BPCONSOLE_DRIVER_START_S", 30.0)
+
+
+def test_a_duration_is_read_in_seconds_or_defaults(monkeypatch) -> None:
+    monkeypatch.setenv("BPCONSOLE_DRIVER_START_S", "12.5")
+    assert env_seconds("BPCONSOLE_DRIVER_START_S", 30.0) == 12.5
+    monkeypatch.delenv("BPCONSOLE_DRIVER_START_S")
+    assert env_seconds("BPCONSOLE_DRIVER_START_S", 30.0) == 30.0

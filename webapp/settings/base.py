@@ -14,6 +14,7 @@ from webapp.settings.env import (
     env_bool,
     env_int,
     env_list,
+    env_seconds,
     env_str,
     full_origins,
     sink_databases,
@@ -62,7 +63,7 @@ BPCONSOLE_QUEUED_BATCH_S = float(env_str("BPCONSOLE_QUEUED_BATCH_S", "60"))
 # message asking for it lost (taken by a control worker that died, or with Redis) and
 # sends another; then again after twice as long each time, so that runs queued behind
 # busy control workers are not sent a message every few seconds.
-BPCONSOLE_DRIVER_START_S = float(env_str("BPCONSOLE_DRIVER_START_S", "30"))
+BPCONSOLE_DRIVER_START_S = env_seconds("BPCONSOLE_DRIVER_START_S", 30.0)
 # Most input one operator batch takes from its node's pool. Every Spark job costs about
 # a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
 # goes in as few jobs as this allows.

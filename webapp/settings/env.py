@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -42,6 +43,20 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds: a finite number, not negative."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ImproperlyConfigured(f"{name}={raw[:40]!r} is not a number of seconds (0 or more)")
+    return value
 
 
 def _origin_problem(origin: str) -> str:
