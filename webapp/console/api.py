@@ -501,7 +501,9 @@ class RunResultsView(APIView):
         except actions.ActionError as exc:
             return _error(exc)
         raw = request.query_params.get("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        # ASCII and short first: "²" is a digit to isdigit() but not to int(), and int()
+        # refuses a string of more than 4,300 digits with a ValueError (a 500).
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= 1000:
             return Response({"detail": "limit must be a whole number from 1 to 1000"}, status=400)
         return Response(service.run_results(run_id, limit=int(raw)))
 

@@ -263,7 +263,7 @@ def lab_create(request: HttpRequest, name: str) -> HttpResponse:
     kind = request.POST.get("workload", "generator")
     raw_run = request.POST.get("lab_run", "")
     try:
-        if kind == "run" and not (raw_run.isdigit() and len(raw_run) <= 18):
+        if kind == "run" and not (raw_run.isascii() and raw_run.isdigit() and len(raw_run) <= 18):
             raise actions.ActionError("choose one of the pipeline's completed runs")
         lab = actions.create_lab(
             name,

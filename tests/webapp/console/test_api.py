@@ -300,7 +300,7 @@ def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
         ("b", 7, 1),
         ("c", 5, 0),
     ]
-    for bad in ("0", "1001", "ten", "-1"):
+    for bad in ("0", "1001", "ten", "-1", "\u00b2", "9" * 5000):
         answer = client.get(f"/api/runs/{run.pk}/results/?limit={bad}")
         assert answer.status_code == 400, bad
         assert "limit must be a whole number from 1 to 1000" in answer.json()["detail"]

@@ -187,6 +187,10 @@ def test_the_pipeline_page_offers_the_lab_to_operators_and_lists_labs_to_everyon
         "/pipelines/reference/lab/", {"workload": "run", "lab_run": str(run.pk)}
     )
     hostile = operator.post("/pipelines/reference/lab/", {"workload": "run", "lab_run": "1 OR 1"})
+    # "²" is a digit to isdigit(), not to int()
+    superscript = operator.post(
+        "/pipelines/reference/lab/", {"workload": "run", "lab_run": "\u00b2"}
+    )
     shown = viewer.get("/pipelines/reference/")
     page = viewer.get(created["Location"])
 
@@ -194,6 +198,7 @@ def test_the_pipeline_page_offers_the_lab_to_operators_and_lists_labs_to_everyon
     lab = PolicyLab.objects.get()
     assert created.status_code == 302 and created["Location"] == f"/labs/{lab.pk}/"
     assert hostile.status_code == 302 and PolicyLab.objects.count() == 1
+    assert superscript.status_code == 302
     assert b'id="lab-form"' not in shown.content and f"lab {lab.pk}".encode() in shown.content
     assert page.status_code == 200 and b'id="lab-view"' in page.content
     assert b'id="lab-start-form"' not in page.content  # a viewer cannot start runs
