@@ -114,30 +114,30 @@ class Tree:
     def _direct(self, matches: Callable[[list[str]], bool]) -> list[int]:
         return [c.pid for c in self._children(self.console_pid) if matches(_cmdline(c))]
 
-    def spark_worker(self) -> int | None:
-        found = self._direct(_is_spark_worker)
-        return found[0] if found else None
+    def spark_workers(self) -> list[int]:
+        """The Spark workers' main processes (``BPCONSOLE_SPARK_WORKERS`` of them)."""
+        return self._direct(_is_spark_worker)
 
     def spark_children(self) -> list[int]:
-        """The Spark worker's prefork pool children (same command line as their parent)."""
-        main = self.spark_worker()
-        if main is None:
-            return []
-        return [c.pid for c in self._children(main) if _is_spark_worker(_cmdline(c))]
+        """The Spark workers' prefork pool children (same command line as their parent)."""
+        return [
+            c.pid
+            for main in self.spark_workers()
+            for c in self._children(main)
+            if _is_spark_worker(_cmdline(c))
+        ]
 
     def spark_jvms(self) -> list[int]:
         """The Spark JVMs, each a ``java`` child of a Spark worker's main process, which
         keeps it for its pool (sparkjobs/shared_jvm.py)."""
-        main = self.spark_worker()
-        if main is None:
-            return []
         out = []
-        for process in self._children(main):
-            try:
-                if process.name() == "java":
-                    out.append(process.pid)
-            except psutil.NoSuchProcess:
-                continue
+        for main in self.spark_workers():
+            for process in self._children(main):
+                try:
+                    if process.name() == "java":
+                        out.append(process.pid)
+                except psutil.NoSuchProcess:
+                    continue
         return out
 
     def pids(self, kind: Kind) -> list[int]:

@@ -24,6 +24,8 @@ from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_
 from orchestrator.services.supervisor import Supervisor
 
 STOP_GRACE_S = 20.0
+# Each Spark worker holds a JVM of SPARK_DRIVER_MEMORY: a typo of 100 must not start 100.
+MAX_SPARK_WORKERS = 16
 
 
 class Stop(BaseException):
@@ -94,6 +96,50 @@ def _stop_children(children: list[Child]) -> None:
             process.wait()
 
 
+def spark_worker_count(environ: Mapping[str, str]) -> int:
+    """``BPCONSOLE_SPARK_WORKERS``, the number of Spark workers ``make run`` starts."""
+    raw = environ.get("BPCONSOLE_SPARK_WORKERS", "1")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_SPARK_WORKERS:
+        raise ServiceError(
+            f"BPCONSOLE_SPARK_WORKERS={raw!r}: a whole number from 1 to {MAX_SPARK_WORKERS}"
+        )
+    return int(raw)
+
+
+def spark_workers(count: int, python: str, env: Mapping[str, str], logs: Path) -> list[Child]:
+    """The Spark workers (not started), each a Celery worker of one pool process with a
+    Spark JVM of its own (docs/adr/0007): a JVM that dies stops only its worker's
+    batches, and the others go on while it comes back cold, as separate workers do on a
+    cluster."""
+    workers = []
+    for number in range(1, count + 1):
+        suffix = "" if number == 1 else f"-{number}"
+        workers.append(
+            Child(
+                f"spark worker{suffix}",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "orchestrator.celery",
+                    "worker",
+                    "-Q",
+                    "spark",
+                    "--concurrency",
+                    "1",
+                    "-n",
+                    f"spark{suffix}@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                env,
+                logs / f"celery-spark{suffix}.log",
+            )
+        )
+    return workers
+
+
 def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
     """The continuous demo: a run of the landing-demo pipeline (started unless one is
     going on) and a producer writing bursty, skewed records into its landing folder, so
@@ -134,6 +180,7 @@ def main() -> int:
     launcher = Launcher(var_dir)
     children: list[Child] = []
     try:
+        spark_worker_total = spark_worker_count(os.environ)  # refused before anything starts
         began = time.monotonic()
         endpoints = launcher.start()
         print(f"services up in {time.monotonic() - began:.1f} s: {endpoints.as_env()}", flush=True)
@@ -174,29 +221,9 @@ def main() -> int:
                 logs / "celery-control.log",
             )
         )
-        children.append(
-            _spawn(
-                "spark worker",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "orchestrator.celery",
-                    "worker",
-                    "-Q",
-                    "spark",
-                    "--concurrency",
-                    os.environ.get("BPCONSOLE_SPARK_WORKERS", "1"),
-                    "-n",
-                    "spark@%h",
-                    "--loglevel",
-                    "INFO",
-                ],
-                env,
-                logs / "celery-spark.log",
-            )
-        )
+        for worker in spark_workers(spark_worker_total, python, env, logs):
+            worker.start()
+            children.append(worker)
         children.append(
             _spawn(
                 "celery beat",
