@@ -258,13 +258,13 @@ Part = tuple[int, bool, bool | None]
 def machine_parts(stack: Stack) -> dict[str, Part]:
     import os
 
-    control, spark, beat = stack.children
+    (spark,) = stack.spark  # one Spark worker, as the memory target says
     parts: dict[str, Part] = {
         "bench Python": (os.getpid(), False, None),
-        "control worker": (control.pid, True, None),
+        "control worker": (stack.control.pid, True, None),
         "spark worker Python": (spark.pid, True, False),
         "spark worker JVM": (spark.pid, True, True),
-        "beat": (beat.pid, True, None),
+        "beat": (stack.beat.pid, True, None),
     }
     services = {s.name: s.process.pid for s in stack.launcher.started if s.process}
     for name, pid in services.items():

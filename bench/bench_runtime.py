@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 from balancer.document import EdgeDocument, NodeDocument, PipelineDocument  # noqa: E402
 from orchestrator.services.embedded import die_with_parent  # noqa: E402
 from orchestrator.services.launcher import Launcher  # noqa: E402
+from orchestrator.services.runconsole import spark_workers  # noqa: E402
 
 NO_SERVICES = {"DATABASE_URL": "", "REDIS_URL": "", "ZK_HOSTS": ""}
 
@@ -74,8 +75,9 @@ class Stack:
             [sys.executable, "manage.py", "migrate", "-v", "0"], env=self.env, cwd=ROOT, check=True
         )
         celery = [sys.executable, "-m", "celery", "-A", "orchestrator.celery"]
-        for args in (
+        self.control = self._start(
             [
+                *celery,
                 "worker",
                 "-Q",
                 "control",
@@ -88,40 +90,38 @@ class Stack:
                 "--loglevel",
                 "INFO",
             ],
-            [
-                "worker",
-                "-Q",
-                "spark",
-                "--concurrency",
-                str(self.spark_workers),
-                "-n",
-                "s@b",
-                "--loglevel",
-                "INFO",
-            ],
-            ["beat", "--schedule", str(self.var / "beat")],
-        ):
-            log = (self.var / f"{args[0]}-{len(self.children)}.log").open("ab")
-            self.children.append(
-                subprocess.Popen(
-                    [*celery, *args],
-                    env=self.env,
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-                )
-            )
+            "control",
+        )
+        # As make run starts them: each a pool of one with a JVM of its own.
+        workers = spark_workers(self.spark_workers, sys.executable, self.env, self.var)
+        for worker in workers:
+            worker.start()
+        self.spark = [w.process for w in workers if w.process is not None]
+        self.children += self.spark
+        self.beat = self._start([*celery, "beat", "--schedule", str(self.var / "beat")], "beat")
         import django
 
         django.setup()
         from orchestrator.celery import app
 
         deadline = time.monotonic() + 120
-        while len(app.control.ping(timeout=1.0) or []) < 2:
+        while len(app.control.ping(timeout=1.0) or []) < 1 + self.spark_workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; logs in {self.var}")
         return self
+
+    def _start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        with (self.var / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                args,
+                env=self.env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
+            )
+        self.children.append(process)
+        return process
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         for child in self.children:
@@ -258,12 +258,11 @@ def tree_cpu_s(pid: int, *, children: bool = True, jvm: bool | None = None) -> f
 
 def cpu_by_part(stack: Stack) -> dict[str, float]:
     """Where the machine's CPU goes: each worker, each service and this process."""
-    control, spark, beat = stack.children
     parts = {
-        "control worker": tree_cpu_s(control.pid),
-        "spark worker's Python": tree_cpu_s(spark.pid, jvm=False),
-        "spark worker's JVM": tree_cpu_s(spark.pid, jvm=True),
-        "beat": tree_cpu_s(beat.pid),
+        "control worker": tree_cpu_s(stack.control.pid),
+        "spark worker's Python": sum(tree_cpu_s(s.pid, jvm=False) for s in stack.spark),
+        "spark worker's JVM": sum(tree_cpu_s(s.pid, jvm=True) for s in stack.spark),
+        "beat": tree_cpu_s(stack.beat.pid),
     }
     for service in stack.launcher.started:
         if service.process:
