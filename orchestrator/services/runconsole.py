@@ -96,12 +96,36 @@ def _stop_children(children: list[Child]) -> None:
             process.wait()
 
 
+def _celery_worker(python: str, queue: str, node: str, *pool: str) -> list[str]:
+    """A Celery worker of the console's app taking ``queue`` as ``node``."""
+    return [
+        python,
+        "-m",
+        "celery",
+        "-A",
+        "orchestrator.celery",
+        "worker",
+        "-Q",
+        queue,
+        *pool,
+        "-n",
+        node,
+        "--loglevel",
+        "INFO",
+    ]
+
+
 def spark_worker_count(environ: Mapping[str, str]) -> int:
     """``BPCONSOLE_SPARK_WORKERS``, the number of Spark workers ``make run`` starts."""
     raw = environ.get("BPCONSOLE_SPARK_WORKERS", "1")
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_SPARK_WORKERS:
+    # Length first: int() refuses more than 4,300 digits with an error of its own.
+    if (
+        not (raw.isascii() and raw.isdigit() and len(raw) <= 2)
+        or not 1 <= int(raw) <= MAX_SPARK_WORKERS
+    ):
         raise ServiceError(
-            f"BPCONSOLE_SPARK_WORKERS={raw!r}: a whole number from 1 to {MAX_SPARK_WORKERS}"
+            f"BPCONSOLE_SPARK_WORKERS={raw[:20]!r}{'...' if len(raw) > 20 else ''}: "
+            f"a whole number from 1 to {MAX_SPARK_WORKERS}"
         )
     return int(raw)
 
@@ -117,22 +141,7 @@ def spark_workers(count: int, python: str, env: Mapping[str, str], logs: Path) -
         workers.append(
             Child(
                 f"spark worker{suffix}",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "orchestrator.celery",
-                    "worker",
-                    "-Q",
-                    "spark",
-                    "--concurrency",
-                    "1",
-                    "-n",
-                    f"spark{suffix}@%h",
-                    "--loglevel",
-                    "INFO",
-                ],
+                _celery_worker(python, "spark", f"spark{suffix}@%h", "--concurrency", "1"),
                 env,
                 logs / f"celery-spark{suffix}.log",
             )
@@ -199,24 +208,9 @@ def main() -> int:
         children.append(
             _spawn(
                 "control worker",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "orchestrator.celery",
-                    "worker",
-                    "-Q",
-                    "control",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    "8",
-                    "-n",
-                    "control@%h",
-                    "--loglevel",
-                    "INFO",
-                ],
+                _celery_worker(
+                    python, "control", "control@%h", "--pool", "threads", "--concurrency", "8"
+                ),
                 env,
                 logs / "celery-control.log",
             )

@@ -22,7 +22,9 @@ def test_one_spark_worker_unless_told_otherwise() -> None:
     assert spark_worker_count({"BPCONSOLE_SPARK_WORKERS": str(MAX_SPARK_WORKERS)}) == 16
 
 
-@pytest.mark.parametrize("raw", ["0", "17", "100000", "-1", "two", "", " 2", "2.0", "²", "\uff11"])
+@pytest.mark.parametrize(
+    "raw", ["0", "17", "100000", "9" * 5000, "-1", "two", "", " 2", "2.0", "²", "\uff11"]
+)
 def test_a_count_that_is_not_one_to_sixteen_is_refused_and_says_so(raw: str) -> None:
     with pytest.raises(ServiceError, match=r"BPCONSOLE_SPARK_WORKERS=.*from 1 to 16"):
         spark_worker_count({"BPCONSOLE_SPARK_WORKERS": raw})
