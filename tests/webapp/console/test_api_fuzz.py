@@ -19,14 +19,15 @@ The world the calls meet: the reference pipeline and one pending run of it. Half
 generated run ids and pipeline names are pointed at these (the other half stay as
 generated, mostly unknown ids: 404s), so that the operations reach the code behind the
 lookups, not only the 404. Runs the fuzzer starts are created but never handed to a
-worker (``no_start``): the session's real workers may be up for other tests, and a driver
-of a fuzzed run would hold rows of the database this test flushes when it ends.
+worker (``no_start``): the session's real workers may be up for other tests, and they
+could not see the fuzzed run's rows, which are never committed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -87,17 +88,29 @@ def _basic(role: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def world(transactional_db: None, no_start: list[int]) -> dict[str, Any]:
+def world(db: None, no_start: list[int]) -> Iterator[dict[str, Any]]:
     """The reference pipeline, one pending run, an operator and a viewer.
 
-    ``transactional_db``: the calls go through the WSGI application, whose request
-    signals close the database connection (Django's test client disconnects them, a
-    WSGI call does not), so each call must see committed rows."""
+    The calls go through the WSGI application, inside the test's transaction, rolled back
+    at its end (a flush per operation and role had been a third of this test's time). So
+    the connection must outlive each request: Django closes it on the request signals
+    unless it is in autocommit mode, which a transaction is not, and Django's own test
+    client takes the same handler off them while it calls the application."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
     from webapp.wsgi import application
 
     for role, name in USERS.items():
         make_user(name, role)
-    return {"run": make_run(reference()).pk, "pipeline": "reference", "app": application}
+    world = {"run": make_run(reference()).pk, "pipeline": "reference", "app": application}
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield world
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
 
 
 def _aim(case: Any, world: dict[str, Any]) -> None:
