@@ -246,9 +246,9 @@ class ResultKey(models.Model):
     sum = models.DecimalField(max_digits=38, decimal_places=10)
     min = models.DecimalField(max_digits=38, decimal_places=10)
     max = models.DecimalField(max_digits=38, decimal_places=10)
-    # The distinct count, kept once the run completed and its exact set (ResultDistinct
-    # rows) dropped: nothing merges into a completed run, and its sets were most of the
-    # database (docs/benchmarks.md, "1,000 faults").
+    # The distinct count, kept once the run ended and its exact set (ResultDistinct
+    # rows) dropped: nothing merges into a run that has ended, and its sets were most of
+    # the database (docs/benchmarks.md, "1,000 faults").
     distinct = models.BigIntegerField(
         null=True, blank=True, help_text="The distinct count, kept once the run completed."
     )

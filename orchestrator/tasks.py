@@ -128,7 +128,7 @@ def watchdog() -> dict[str, Any]:
     and a pending run whose start was lost another; fail labs whose worker stopped
     before they finished; delete the segment files of runs that ended (a cancelled
     run's queued segments would keep theirs for good) and the distinct sets of runs
-    that completed, their counts kept."""
+    that ended, their counts kept."""
     reclaimed = segments.reclaim_expired()
     _fail_abandoned_labs()
     retention.drop_ended_folders()

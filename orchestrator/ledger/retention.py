@@ -33,7 +33,8 @@ curve), events, and the rows counted above; its segment folder and other segment
 go (:func:`clean_finished`). The folder goes first, a minute after the run ended
 (:func:`drop_ended_folders`, from the watchdog): a cancelled or failed run never
 finishes its queued segments, so nothing else would delete their files. A completed
-run's distinct sets go then too, their counts kept (:func:`freeze_results`).
+run's distinct sets go then too, their counts kept (:func:`freeze_results`): nothing
+merges into a run once it has ended (``segments.complete_sink_batch`` refuses it).
 """
 
 from __future__ import annotations
@@ -191,18 +192,16 @@ def drop_ended_folders(
 
 def freeze_results(*, grace_s: float = ENDED_GRACE_S, max_runs: int = 1) -> list[int]:
     """Keep each key's distinct count on its result row and drop the exact sets behind
-    them, for up to ``max_runs`` runs that completed more than ``grace_s`` ago; which
-    runs. Nothing merges into a completed run any more: it merged every chunk it took
-    in, and a late batch of one is refused by its merged chunks before it touches the
-    result. Its sets were most of the database (1.6 million rows after 51 short runs
-    under chaos). Cancelled and failed runs keep theirs: a batch in flight when they
-    ended may still merge into their partial result."""
+    them, for up to ``max_runs`` runs that ended (completed, cancelled or failed) more
+    than ``grace_s`` ago; which runs. Nothing merges into a run that has ended: a late
+    batch is refused before it touches the result (``segments.complete_sink_batch``).
+    The sets were most of the database (1.6 million rows after 51 short runs under
+    chaos), and a cancelled or failed run's partial result keeps them no longer than a
+    completed one's."""
     now = timezone.now()
     runs = list(
-        Run.objects.filter(
-            status=Run.Status.COMPLETED,
-            finished_at__lte=now - dt.timedelta(seconds=grace_s),
-        )
+        Run.objects.exclude(status__in=Run.ACTIVE)
+        .filter(finished_at__lte=now - dt.timedelta(seconds=grace_s))
         .filter(Exists(ResultDistinct.objects.filter(run_id=OuterRef("pk"))))
         .order_by("finished_at")
         .values_list("pk", flat=True)[:max_runs]

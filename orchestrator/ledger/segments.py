@@ -244,6 +244,28 @@ def claim_batch(
     return Claim(batch, config)
 
 
+def _refuse_ended(run_id: int) -> None:
+    """A run that has ended takes no more merges: its result stays what it was when the
+    run ended, and retention may keep its distinct counts and drop the sets behind them
+    (``retention.freeze_results``).
+
+    A key-share lock on the run's row (the lock the foreign keys of the rows a merge
+    inserts take at its commit anyway, Django's constraints being deferred), taken first:
+    every end of a run locks the row for update first (``lifecycle.set_status``,
+    ``failures.record_failure`` and ``fail_run``, ``completion.settle``), so it waits for
+    the merges in flight, and a merge after it sees the run ended. Merges do not wait
+    for each other, nor for the source and the driver updating the row."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT status FROM {Run._meta.db_table} WHERE id = %s FOR KEY SHARE",  # noqa: S608 - the model's own table
+            [run_id],
+        )
+        row = cursor.fetchone()
+    status = row[0] if row else "gone"
+    if status not in Run.ACTIVE:
+        raise LeaseLostError(f"run {run_id} is {status}; its late batch is refused")
+
+
 def _fence_retired(run_id: int, node: str) -> None:
     """A retired instance that wakes up late cannot write (hot-rescale.md)."""
     retired = Instance.objects.filter(
@@ -309,6 +331,7 @@ def complete_sink_batch(
     """Merge a batch into the result (a windowed pipeline's: into its open windows) and
     record its chunks (or chunk parts), once, in one transaction."""
     with transaction.atomic():
+        _refuse_ended(run_id)
         _fence_retired(run_id, sink)
         _finish_inputs(owner, inputs, {})
         rows = [

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from django.db import transaction
 from django.utils import timezone
 
 from orchestrator.ledger import segments
@@ -61,13 +62,17 @@ class TickStats:
 def settle(run: Run, epoch: int, stats: TickStats) -> None:
     """Complete or fail ``run`` by its coverage of what it took in; only the owner of
     ``epoch`` may."""
-    run.refresh_from_db()
-    result = segments.coverage(run, ingested_extent(run))
-    status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
-    error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
-    Run.objects.filter(pk=run.pk, epoch=epoch).update(
-        status=status, finished_at=timezone.now(), error=error
-    )
+    with transaction.atomic():
+        # The run's row first, as every end of a run: a merge in flight commits before
+        # the coverage is counted, and one after it is refused (segments._refuse_ended).
+        list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk", flat=True))
+        run.refresh_from_db()
+        result = segments.coverage(run, ingested_extent(run))
+        status = Run.Status.COMPLETED if result.exact else Run.Status.FAILED
+        error = "" if result.exact else f"coverage incomplete: {result.to_json()}"
+        Run.objects.filter(pk=run.pk, epoch=epoch).update(
+            status=status, finished_at=timezone.now(), error=error
+        )
     summary = result.to_json()
     record_event(
         run.pk, "run_" + status, f"run {status}: coverage {summary['status']}", data=summary

@@ -1,23 +1,26 @@
 """Retention on the real PostgreSQL: a segment file goes once every row naming it is done,
 done rows go once old and fileless unless a reader still needs them, a late worker
 whose rows are gone is refused as one that lost its lease, and an ended run keeps its
-results, merged chunks, events and counts without its segment folder (a completed run
-its distinct counts without the sets behind them)."""
+results, merged chunks, events and counts without its segment folder, and its distinct
+counts without the sets behind them: nothing merges into a run that has ended."""
 
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import threading
+from decimal import Decimal
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from orchestrator.ledger import retention, segments
 from orchestrator.ledger.events import record_event
+from orchestrator.ledger.failures import fail_run
 from orchestrator.ledger.results import run_rows, summary, top_rows
 from orchestrator.models import (
     Adjustment,
@@ -30,9 +33,11 @@ from orchestrator.models import (
 )
 from orchestrator.pipeline.layout import run_dir, segment_path, segments_dir
 from orchestrator.rescale.alignment import send_marker
+from orchestrator.run.lifecycle import set_status
 from orchestrator.run.snapshot import progress
 from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.plain_job import batch_summary
+from sparkjobs.merge import MergedKey
 from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
 from tests.orchestrator.runs import pending_run
 
@@ -305,32 +310,112 @@ def _with_distinct_sets(status: str, ended_s_ago: float) -> Run:
     return run
 
 
-def test_a_minute_after_a_run_completes_its_distinct_sets_go_and_their_counts_stay() -> None:
-    # Given a run that completed two minutes ago, one that completed just now, and one
-    # cancelled two minutes ago, each with distinct sets (key "k" of one value, "j" of 3)
+def test_a_minute_after_a_run_ends_its_distinct_sets_go_and_their_counts_stay() -> None:
+    # Given runs that completed, were cancelled and failed two minutes ago, one that
+    # completed just now, and one still running, each with distinct sets (key "k" of one
+    # value, "j" of 3)
     completed = _with_distinct_sets(Run.Status.COMPLETED, 120)
     ResultKey.objects.create(run=completed, key="none", count=1, sum=1, min=1, max=1)
+    cancelled = _with_distinct_sets(Run.Status.CANCELLED, 110)
+    failed = _with_distinct_sets(Run.Status.FAILED, 100)
     just_now = _with_distinct_sets(Run.Status.COMPLETED, 1)
-    cancelled = _with_distinct_sets(Run.Status.CANCELLED, 120)
-    before = {run.pk: run_rows(run) for run in (completed, just_now, cancelled)}
+    running = _with_distinct_sets(Run.Status.RUNNING, 120)
+    ended = (completed, cancelled, failed, just_now, running)
+    before = {run.pk: run_rows(run) for run in ended}
     assert [r["distinct_users"] for r in before[completed.pk]] == [3, 1, 0]
-    # When the watchdog's retention runs (once a run per pass)
+    # When the watchdog's retention runs (once a run per pass, the longest ended first)
     assert retention.freeze_results() == [completed.pk]
-    # Then the completed run's sets are gone and its rows say the same, counts kept
-    assert not ResultDistinct.objects.filter(run=completed).exists()
+    assert retention.freeze_results(max_runs=5) == [cancelled.pk, failed.pk]
+    # Then the sets of the runs that ended a minute ago are gone and their rows say the
+    # same, counts kept
+    for frozen in (completed, cancelled, failed):
+        assert not ResultDistinct.objects.filter(run=frozen).exists()
+        assert run_rows(frozen) == before[frozen.pk]
     assert dict(ResultKey.objects.filter(run=completed).values_list("key", "distinct")) == {
         "j": 3,
         "k": 1,
         "none": 0,
     }
-    assert run_rows(completed) == before[completed.pk]
     assert top_rows(completed, 1) == (3, before[completed.pk][:1])
-    # ...and the others keep theirs: the one just completed for now, the cancelled one
-    # for good (a batch in flight when it ended may still merge)
+    # ...and the others keep theirs: the one just completed for now, the running one
+    # (its sets are its exactness state) as long as it runs
     assert retention.freeze_results() == []
-    for kept in (just_now, cancelled):
+    for kept in (just_now, running):
         assert ResultDistinct.objects.filter(run=kept).count() == 4
         assert run_rows(kept) == before[kept.pk]
+
+
+@pytest.mark.parametrize("end", ["stopped", "failed"])
+def test_a_sink_batch_after_its_run_ended_is_refused_and_changes_nothing(end: str) -> None:
+    # Given a run whose sink holds a batch, merged once already for another chunk
+    run = pending_run("reference")
+    _queue(run, [(f"o{n}", "output", _file(run, f"o{n}")) for n in range(2)])
+    first, second = _claim(run, "output", "w1")
+    delta = MergedKey("k", 1, Decimal(2), Decimal(2), Decimal(2), ("u1",))
+    segments.complete_sink_batch(run.pk, "output", "w1", [first], [delta])
+    before = run_rows(run)
+    # When the run is stopped (or fails) before the batch holding the other chunk merges
+    if end == "stopped":
+        set_status(run.pk, Run.Status.CANCELLED)
+    else:
+        fail_run(run.pk, "a test's failure")
+    # Then that late merge is refused, as a batch whose lease was lost, and the partial
+    # result stays what it was when the run ended
+    later = MergedKey("k", 5, Decimal(9), Decimal(1), Decimal(9), ("u2", "u3"))
+    with pytest.raises(segments.LeaseLostError, match=r"is (cancelled|failed); its late batch"):
+        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later])
+    assert run_rows(run) == before
+    assert list(MergedChunk.objects.filter(run=run).values_list("segment", flat=True)) == ["o0"]
+    assert Segment.objects.get(pk="o1").state == Segment.State.CLAIMED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_waits_for_the_merge_in_flight_and_refuses_every_later_one(
+    request: pytest.FixtureRequest,
+) -> None:
+    # Given a run whose sink is merging a batch: its transaction is still open
+    run = pending_run("reference")
+    _queue(run, [(f"o{n}", "output", _file(run, f"o{n}")) for n in range(2)])
+    first, second = _claim(run, "output", "w1")
+    merging, commit = threading.Event(), threading.Event()
+
+    def merge() -> None:
+        try:
+            with transaction.atomic():
+                delta = MergedKey("k", 1, Decimal(2), Decimal(2), Decimal(2), ("u1",))
+                segments.complete_sink_batch(run.pk, "output", "w1", [first], [delta])
+                merging.set()
+                commit.wait(30)
+        finally:
+            connection.close()
+
+    def stop() -> None:
+        try:
+            set_status(run.pk, Run.Status.CANCELLED)
+        finally:
+            connection.close()
+
+    merger = threading.Thread(target=merge)
+    merger.start()
+    assert merging.wait(30)
+    # (Its files go with it: run ids start again with the next test's database.)
+    request.addfinalizer(lambda: shutil.rmtree(run_dir(run.pk), ignore_errors=True))
+    # When an operator stops the run meanwhile
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    stopper.join(1.0)
+    # Then the stop waits for that merge to commit...
+    assert stopper.is_alive()
+    assert Run.objects.get(pk=run.pk).status == Run.Status.PENDING
+    commit.set()
+    merger.join(30)
+    stopper.join(30)
+    assert Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED
+    # ...which is in the partial result, and the batch merging after the stop is refused
+    later = MergedKey("k", 5, Decimal(9), Decimal(1), Decimal(9), ("u2",))
+    with pytest.raises(segments.LeaseLostError):
+        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later])
+    assert [(r["key"], r["count"], r["distinct_users"]) for r in run_rows(run)] == [("k", 1, 1)]
 
 
 def test_the_command_cleans_runs_that_ended_long_enough_ago() -> None:
