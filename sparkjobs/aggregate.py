@@ -31,7 +31,7 @@ from sparkjobs.records import (
     segment_of,
 )
 from sparkjobs.segments import write_atomic
-from sparkjobs.session import collect_all
+from sparkjobs.session import collect_all, in_one_task
 from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, late, window_starts, with_event_us
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,10 @@ def partial_aggregate(
     """
     strings = params.strings
     paths = {seg: str(path) for seg, path in inputs.items()}
-    parsed = read_records(spark, list(paths.values()), strings=strings, numbers=[params.value])
+    parsed = in_one_task(
+        read_records(spark, list(paths.values()), strings=strings, numbers=[params.value]),
+        sum(path.stat().st_size for path in inputs.values()),
+    )
     spec = params.windows
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal

@@ -102,10 +102,28 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
     nearly empty task. So a task reads one whole segment, or at least
     ``BPCONSOLE_SPARK_TASK_MB`` of small ones.
     """
-    floor = int(float(os.environ.get("BPCONSOLE_SPARK_TASK_MB", "8")) * 1024 * 1024)
     spark = _operator_session()
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(max(floor, largest_file_bytes)))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(max(_task_bytes(), largest_file_bytes)))
     return spark
+
+
+def in_one_task(frame: DataFrame, batch_bytes: int) -> DataFrame:
+    """``frame`` as one partition when its batch is under half a task's input.
+
+    One partition satisfies any grouping's distribution, so Spark plans an aggregation
+    over it with no exchange: the aggregate's three stages of a few tasks each (read,
+    group the distinct values, group the keys) become one task. On a warm JVM, 7
+    segments of 64 KB took 0.24 s against 0.32 to 0.39 s, 8 of 512 KB 0.37 against
+    0.41 to 0.45 s; at 8 MB the two were even, and 64 MB took 2.6 s against 2.2 s in
+    one task, so larger batches keep their parallel plan. A record operator's small
+    batch (no exchange) is read in one task instead of one per core: 0.17 to 0.21 s
+    against 0.19 to 0.26 s for the 7 segments of 64 KB.
+    """
+    return frame.coalesce(1) if batch_bytes <= _task_bytes() // 2 else frame
+
+
+def _task_bytes() -> int:
+    return int(float(os.environ.get("BPCONSOLE_SPARK_TASK_MB", "8")) * 1024 * 1024)
 
 
 @cache

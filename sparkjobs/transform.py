@@ -19,7 +19,7 @@ from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.records import CORRUPT, SEGMENT_COL, column, read_rows, segment_of
 from sparkjobs.segments import write_atomic
-from sparkjobs.session import collect_all
+from sparkjobs.session import collect_all, in_one_task
 
 
 def record_batch(
@@ -35,7 +35,10 @@ def record_batch(
     """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
     not grouped by key, so a key group changes nothing here; nor are they windowed, so
     neither do ``highs`` (their outputs carry their inputs' event-time marks)."""
-    frame = read_rows(spark, [str(p) for p in inputs.values()]).cache()
+    frame = in_one_task(
+        read_rows(spark, [str(p) for p in inputs.values()]),
+        sum(p.stat().st_size for p in inputs.values()),
+    ).cache()
     try:
         has_corrupt = CORRUPT in frame.columns
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame

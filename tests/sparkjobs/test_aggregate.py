@@ -60,10 +60,28 @@ def write_segments(folder: Path) -> dict[str, Path]:
     return segments
 
 
-def test_partials_merged_equal_the_oracle(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("task_mb", "stages"),
+    [pytest.param("8", 1, id="small batch, one task"), pytest.param("0", 3, id="in parallel")],
+)
+def test_partials_merged_equal_the_oracle(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task_mb: str, stages: int
+) -> None:
+    # A batch under half a task's input is aggregated in one task, with no exchange
+    # (each job one stage); a larger one reads, groups the distinct values and groups
+    # the keys in three. Both give the oracle's result.
+    monkeypatch.setenv("BPCONSOLE_SPARK_TASK_MB", task_mb)
     inputs = write_segments(tmp_path)
     outputs = {seg: tmp_path / "out" / f"{seg}.p.jsonl" for seg in inputs}
-    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
+    group = f"partials-{task_mb}"
+    spark.sparkContext.setJobGroup(group, "partials")
+    try:
+        produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+    assert max(len(job.stageIds) for job in jobs) == stages
     assert sum(p.malformed for p in produced.values()) == len(BAD)
     assert sum(p.records for p in produced.values()) == len(GOOD)
     # Each malformed line is quarantined with the segment it came from.
