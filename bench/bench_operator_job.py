@@ -1,9 +1,17 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
-    .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8]
+    .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3]
+    .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
 batch of segments (what a worker runs) against the plain batch job over the same input.
+
+With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
+after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
+one partition, no exchange) and in parallel (a task per core or segment, two exchanges).
+``BPCONSOLE_SPARK_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
+plans' outputs must be byte for byte the same. Medians per plan; where one task is
+faster is where the console's threshold belongs.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,23 +40,75 @@ def jvm_cpu_s() -> float:
     return tree_cpu_s(os.getpid(), jvm=True)
 
 
+def generated_batch(folder: Path, mb: float, count: int) -> tuple[Path, dict[str, Path]]:
+    """``mb`` of generated input in ``folder``, as one file and cut at line ends into
+    ``count`` segments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "input.jsonl"
+    write_input(source, GeneratorSpec(volume_mb=mb, dominance=0), ["a", "b", "c"], 8.0)
+    data = source.read_bytes()
+    # The generator writes whole 8 MB packets: a smaller batch is its first mb.
+    if len(data) > mb * 2**20:
+        data = data[: data.index(b"\n", int(mb * 2**20) - 1) + 1]
+        source.write_bytes(data)
+    step, position, segments = len(data) // count, 0, {}
+    for index in range(count):
+        end = len(data) if index == count - 1 else data.index(b"\n", position + step) + 1
+        path = folder / f"seg{index}.jsonl"
+        path.write_bytes(data[position:end])
+        segments[f"seg{index}"] = path
+        position = end
+    return source, segments
+
+
+# BPCONSOLE_SPARK_TASK_MB for each plan: a batch goes in one task below half of it.
+PLANS = {"one task": "1048576", "in parallel": "0"}
+
+
+def compare_plans(sizes_mb: list[float], count: int, repeat: int) -> None:
+    """The operator job in each plan at each batch size (see the module's docstring)."""
+    for mb in sizes_mb:
+        folder = Path(tempfile.mkdtemp(prefix="bpconsole-plans-"))
+        _, segments = generated_batch(folder, mb, count)
+        largest = max(path.stat().st_size for path in segments.values())
+        times: dict[str, list[float]] = {plan: [] for plan in PLANS}
+        written: dict[str, dict[str, bytes]] = {}
+        # Warm-up rounds: the first size's warm the new JVM's code as well.
+        warm = 10 if mb == sizes_mb[0] else 2
+        for round_ in range(repeat + warm):
+            for plan, task_mb in PLANS.items():
+                os.environ["BPCONSOLE_SPARK_TASK_MB"] = task_mb
+                outputs = {name: folder / plan / f"{name}.jsonl" for name in segments}
+                began = time.monotonic()
+                partial_aggregate(operator_session(largest), segments, outputs, AggregateParams())
+                if round_ >= warm:
+                    times[plan].append(time.monotonic() - began)
+                written[plan] = {name: path.read_bytes() for name, path in outputs.items()}
+        if written["one task"] != written["in parallel"]:
+            raise SystemExit(f"{mb:g} MB: the two plans' outputs differ")
+        medians = {plan: statistics.median(t) for plan, t in times.items()}
+        print(
+            f"{mb:g} MB in {count} segments: "
+            + ", ".join(f"{plan} {median:.3f} s" for plan, median in medians.items())
+            + f" (one task / parallel {medians['one task'] / medians['in parallel']:.2f})",
+            flush=True,
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=float, default=64)
     parser.add_argument("--segments", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--plans", help="compare the two plans at these batch sizes, MB")
     args = parser.parse_args()
+    if args.plans:
+        compare_plans([float(mb) for mb in args.plans.split(",")], args.segments, args.repeat)
+        return 0
     folder = Path(tempfile.mkdtemp(prefix="bpconsole-opjob-"))
-    source = folder / "input.jsonl"
-    write_input(source, GeneratorSpec(volume_mb=args.mb, dominance=0), ["a", "b", "c"], 8.0)
+    source, segments = generated_batch(folder, args.mb, args.segments)
     data = source.read_bytes()
-    step, position, segments = len(data) // args.segments, 0, {}
-    for index in range(args.segments):
-        end = len(data) if index == args.segments - 1 else data.index(b"\n", position + step) + 1
-        path = folder / f"seg{index}.jsonl"
-        path.write_bytes(data[position:end])
-        segments[f"seg{index}"] = path
-        position = end
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()
     batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session

@@ -112,12 +112,12 @@ def in_one_task(frame: DataFrame, batch_bytes: int) -> DataFrame:
 
     One partition satisfies any grouping's distribution, so Spark plans an aggregation
     over it with no exchange: the aggregate's three stages of a few tasks each (read,
-    group the distinct values, group the keys) become one task. On a warm JVM, 7
-    segments of 64 KB took 0.24 s against 0.32 to 0.39 s, 8 of 512 KB 0.37 against
-    0.41 to 0.45 s; at 8 MB the two were even, and 64 MB took 2.6 s against 2.2 s in
-    one task, so larger batches keep their parallel plan. A record operator's small
-    batch (no exchange) is read in one task instead of one per core: 0.17 to 0.21 s
-    against 0.19 to 0.26 s for the 7 segments of 64 KB.
+    group the distinct values, group the keys) become one task. The aggregate's batch of
+    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``), one task against
+    in parallel: 0.31 against 0.44 s at 0.5 MB, 0.40 against 0.48 s at 2 MB, 0.47
+    against 0.50 s at 4 MB; but 0.60 against 0.50 s at 8 MB and 2.8 against 1.5 s at
+    64 MB, so larger batches keep their parallel plan. A record operator's small batch
+    (no exchange) is read in one task too, instead of one per core.
     """
     return frame.coalesce(1) if batch_bytes <= _task_bytes() // 2 else frame
 

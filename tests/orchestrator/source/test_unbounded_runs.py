@@ -112,6 +112,21 @@ def _driver_gone(run: Run, services: Any, timeout_s: float = 30) -> Run:
     return run
 
 
+def _takes_every_file(
+    run: Run, producer: Producer, folders: list[Path], before: int = 0, timeout_s: float = 120
+) -> list[str]:
+    """Wait for the producer to finish and the run to take in each of its files (but the
+    ``before`` an earlier run took): a landing folder's lag counts only the files it has
+    listed, so a file written after its last listing is not in it yet. The files' names."""
+    producer.join(timeout=timeout_s)
+    produced = sorted(p.name for folder in folders for p in folder.glob("part-*"))
+    deadline = time.monotonic() + timeout_s
+    while SourceFile.objects.filter(run=run).count() < len(produced) - before:
+        assert time.monotonic() < deadline, "the run did not take every produced file in"
+        time.sleep(0.2)
+    return produced
+
+
 def _assert_equals_the_plain_job(run: Run, doc: Any, tmp_path: Path) -> dict[str, Any]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     result = summary(run)
@@ -140,11 +155,11 @@ def test_a_landing_folder_run_survives_kills_and_equals_the_plain_job(
     # When a Spark worker process and the driver's worker are killed mid-run
     _kill_a_spark_child_and_the_driver(run, workers, services, victims)
     # ...and the run is stopped once the producer is done and the folder is read
+    produced = _takes_every_file(run, producer, [landing, archive])
     run = stop_once_caught_up(run, producer)
     # Then it took every file in once, in arrival order, and equals the plain job
     _assert_equals_the_plain_job(run, doc, tmp_path)
     files = list(SourceFile.objects.filter(run=run).order_by("index"))
-    produced = sorted(p.name for p in [*landing.glob("part-*"), *archive.glob("part-*")])
     assert sorted(Path(f.path).name for f in files) == produced
     assert [Path(f.path).name for f in files] == sorted(Path(f.path).name for f in files)
     assert Event.objects.filter(run=run, kind="driver").count() >= 2, "a new driver took over"
@@ -207,6 +222,8 @@ def test_a_stopped_landing_run_and_the_next_one_take_every_file_once(
     set_status(first.pk, "stopping", reason="test: stop mid-stream")
     first = _driver_gone(wait_until_done(first), services)
     second = start(doc, policy(), source=spec)
+    before = SourceFile.objects.filter(run=first).count()
+    _takes_every_file(second, producer, [landing, archive], before)
     second = stop_once_caught_up(second, producer, needs_takeover=False)
     second = _driver_gone(second, services)
     # Then each equals the plain job over what it took in, and together they took every
