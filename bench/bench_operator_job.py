@@ -9,7 +9,7 @@ batch of segments (what a worker runs) against the plain batch job over the same
 With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
 after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
 one partition, no exchange) and in parallel (a task per core or segment, two exchanges).
-``BPCONSOLE_SPARK_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
+``BPCONSOLE_SPARK_ONE_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
 plans' outputs must be byte for byte the same. Medians per plan; where one task is
 faster is where the console's threshold belongs.
 """
@@ -61,8 +61,8 @@ def generated_batch(folder: Path, mb: float, count: int) -> tuple[Path, dict[str
     return source, segments
 
 
-# BPCONSOLE_SPARK_TASK_MB for each plan: a batch goes in one task below half of it.
-PLANS = {"one task": "1048576", "in parallel": "0"}
+# BPCONSOLE_SPARK_ONE_TASK_MB for each plan: a batch of at most that goes in one task.
+PLANS = {"one task": "1024", "in parallel": "0"}
 
 
 def compare_plans(sizes_mb: list[float], count: int, repeat: int) -> None:
@@ -76,8 +76,8 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int) -> None:
         # Warm-up rounds: the first size's warm the new JVM's code as well.
         warm = 10 if mb == sizes_mb[0] else 2
         for round_ in range(repeat + warm):
-            for plan, task_mb in PLANS.items():
-                os.environ["BPCONSOLE_SPARK_TASK_MB"] = task_mb
+            for plan, one_task_mb in PLANS.items():
+                os.environ["BPCONSOLE_SPARK_ONE_TASK_MB"] = one_task_mb
                 outputs = {name: folder / plan / f"{name}.jsonl" for name in segments}
                 began = time.monotonic()
                 partial_aggregate(operator_session(largest), segments, outputs, AggregateParams())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ LATER_C2 = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=150000"
     " -XX:Tier4BackEdgeThreshold=400000"
 )
+# The most MB a setting of an operator batch's task sizes may give.
+MAX_SETTING_MB = 1024
 
 
 @cache
@@ -108,22 +111,39 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
 
 
 def in_one_task(frame: DataFrame, batch_bytes: int) -> DataFrame:
-    """``frame`` as one partition when its batch is under half a task's input.
+    """``frame`` as one partition when its batch is at most
+    ``BPCONSOLE_SPARK_ONE_TASK_MB`` (4 MB; 0 never).
 
     One partition satisfies any grouping's distribution, so Spark plans an aggregation
     over it with no exchange: the aggregate's three stages of a few tasks each (read,
     group the distinct values, group the keys) become one task. The aggregate's batch of
-    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``), one task against
-    in parallel: 0.31 against 0.44 s at 0.5 MB, 0.40 against 0.48 s at 2 MB, 0.47
-    against 0.50 s at 4 MB; but 0.60 against 0.50 s at 8 MB and 2.8 against 1.5 s at
-    64 MB, so larger batches keep their parallel plan. A record operator's small batch
-    (no exchange) is read in one task too, instead of one per core.
+    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``) is faster so up to
+    4 MB and slower from 8 MB, so larger batches keep their parallel plan (a cluster's
+    executors may put the line elsewhere). A record operator's small batch (no exchange)
+    is read in one task too, instead of one per core.
     """
-    return frame.coalesce(1) if batch_bytes <= _task_bytes() // 2 else frame
+    one_task = mb_setting("BPCONSOLE_SPARK_ONE_TASK_MB", 4)
+    return frame.coalesce(1) if batch_bytes <= one_task else frame
 
 
 def _task_bytes() -> int:
-    return int(float(os.environ.get("BPCONSOLE_SPARK_TASK_MB", "8")) * 1024 * 1024)
+    return mb_setting("BPCONSOLE_SPARK_TASK_MB", 8)
+
+
+def mb_setting(name: str, default: float) -> int:
+    """The setting ``name``, a number of MB from 0 to 1024 (``default`` when unset), in
+    bytes. Anything else is refused with the setting's name, not a float()'s message."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return int(default * 2**20)
+    try:
+        mb = float(raw) if len(raw) <= 20 else math.nan
+    except ValueError:
+        mb = math.nan
+    if not 0 <= mb <= MAX_SETTING_MB:  # nan compares false
+        shown = f"{raw[:20]!r}{'...' if len(raw) > 20 else ''}"
+        raise ValueError(f"{name}={shown}: a number of MB from 0 to {MAX_SETTING_MB}")
+    return int(mb * 2**20)
 
 
 @cache

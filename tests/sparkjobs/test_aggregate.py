@@ -61,19 +61,26 @@ def write_segments(folder: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize(
-    ("task_mb", "stages"),
-    [pytest.param("8", 1, id="small batch, one task"), pytest.param("0", 3, id="in parallel")],
+    ("one_task_mb", "stages"),
+    [pytest.param(None, 1, id="small batch, one task"), pytest.param("0", 3, id="in parallel")],
 )
 def test_partials_merged_equal_the_oracle(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task_mb: str, stages: int
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    one_task_mb: str | None,
+    stages: int,
 ) -> None:
-    # A batch under half a task's input is aggregated in one task, with no exchange
-    # (each job one stage); a larger one reads, groups the distinct values and groups
-    # the keys in three. Both give the oracle's result.
-    monkeypatch.setenv("BPCONSOLE_SPARK_TASK_MB", task_mb)
+    # A batch of at most BPCONSOLE_SPARK_ONE_TASK_MB (4 MB by default) is aggregated in
+    # one task, with no exchange (each job one stage); a larger one reads, groups the
+    # distinct values and groups the keys in three. Both give the oracle's result.
+    if one_task_mb is None:
+        monkeypatch.delenv("BPCONSOLE_SPARK_ONE_TASK_MB", raising=False)
+    else:
+        monkeypatch.setenv("BPCONSOLE_SPARK_ONE_TASK_MB", one_task_mb)
     inputs = write_segments(tmp_path)
     outputs = {seg: tmp_path / "out" / f"{seg}.p.jsonl" for seg in inputs}
-    group = f"partials-{task_mb}"
+    group = f"partials-{one_task_mb}"
     spark.sparkContext.setJobGroup(group, "partials")
     try:
         produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
