@@ -101,7 +101,7 @@ def partial_aggregate(
     paths = {seg: str(path) for seg, path in inputs.items()}
     parsed = in_one_task(
         read_records(spark, list(paths.values()), strings=strings, numbers=[params.value]),
-        sum(path.stat().st_size for path in inputs.values()),
+        inputs.values(),
     )
     spec = params.windows
     window = F.lit(None).cast("BIGINT")

@@ -6,8 +6,10 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from py4j.protocol import Py4JError
 from pyspark import SparkConf, SparkContext
@@ -110,20 +112,20 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
     return spark
 
 
-def in_one_task(frame: DataFrame, batch_bytes: int) -> DataFrame:
-    """``frame`` as one partition when its batch is at most
+def in_one_task(frame: DataFrame, files: Iterable[Path]) -> DataFrame:
+    """``frame``, read from ``files``, as one partition when they hold at most
     ``BPCONSOLE_SPARK_ONE_TASK_MB`` (4 MB; 0 never).
 
     One partition satisfies any grouping's distribution, so Spark plans an aggregation
     over it with no exchange: the aggregate's three stages of a few tasks each (read,
     group the distinct values, group the keys) become one task. The aggregate's batch of
-    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``) is faster so up to
-    4 MB and slower from 8 MB, so larger batches keep their parallel plan (a cluster's
-    executors may put the line elsewhere). A record operator's small batch (no exchange)
-    is read in one task too, instead of one per core.
+    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``) is faster in one
+    task up to 4 MB and slower from 8 MB, so larger batches keep their parallel plan (a
+    cluster's executors may put the line elsewhere). A record operator's small batch (no
+    exchange) is read in one task too, instead of one per core.
     """
     one_task = mb_setting("BPCONSOLE_SPARK_ONE_TASK_MB", 4)
-    return frame.coalesce(1) if batch_bytes <= one_task else frame
+    return frame.coalesce(1) if sum(f.stat().st_size for f in files) <= one_task else frame
 
 
 def _task_bytes() -> int:

@@ -36,8 +36,7 @@ def record_batch(
     not grouped by key, so a key group changes nothing here; nor are they windowed, so
     neither do ``highs`` (their outputs carry their inputs' event-time marks)."""
     frame = in_one_task(
-        read_rows(spark, [str(p) for p in inputs.values()]),
-        sum(p.stat().st_size for p in inputs.values()),
+        read_rows(spark, [str(p) for p in inputs.values()]), inputs.values()
     ).cache()
     try:
         has_corrupt = CORRUPT in frame.columns
