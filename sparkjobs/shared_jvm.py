@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,13 @@ _BACKOFF_MAX_S = 30.0
 # A JVM that ran this long is started again at once when it dies (killed, out of
 # memory); one that keeps dying sooner waits 1, 2, 4 ... s, as make run's supervisor.
 _UP_RESETS_BACKOFF_S = 15.0
+
+# Held while the JVM's launcher starts its process, and by every fork of this process.
+# ``subprocess.Popen`` waits until the exec closes the write end of a pipe it opened; a
+# pool process Celery forked in between (a JVM and a pool process killed together) keeps
+# a copy of that end open for its whole life, and the launch waited for it forever, with
+# the pool process waiting for the JVM (a run stood still for minutes).
+_LAUNCHING = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class WorkerJvm:
     def start(self) -> None:
         """Start the JVM in the background: the worker takes tasks meanwhile, and a batch
         that comes first waits for it in ``attach``."""
+        hold_forks_during_launches()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.unlink(missing_ok=True)
         remove_left_behind(self.path.parent)
@@ -135,7 +144,8 @@ class WorkerJvm:
     def _launch(self, previous: tuple[int, int] | None) -> subprocess.Popen[bytes]:
         from pyspark.java_gateway import launch_gateway
 
-        gateway = launch_gateway(self._conf)  # type: ignore[no-untyped-call]
+        with _LAUNCHING:  # until the gateway answers: its process has long exec'd then
+            gateway = launch_gateway(self._conf)  # type: ignore[no-untyped-call]
         process: subprocess.Popen[bytes] = gateway.proc
         try:
             parameters = gateway.java_parameters
@@ -201,6 +211,17 @@ class WorkerJvm:
             _write(self.path, replace(info, previous_pid=process.pid, previous_code=code))
         shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
         return process.pid, code
+
+
+@cache  # once per process: the hooks cannot be removed
+def hold_forks_during_launches() -> None:
+    """Make every later fork of this process wait for a JVM launch under way (a second
+    or two); a fork with no launch under way does not wait."""
+    os.register_at_fork(
+        before=_LAUNCHING.acquire,
+        after_in_parent=_LAUNCHING.release,
+        after_in_child=_LAUNCHING.release,
+    )
 
 
 def remove_left_behind(folder: Path) -> None:

@@ -77,3 +77,56 @@ def test_a_new_worker_removes_what_killed_workers_left_and_nothing_else(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [mine.name, pids_folder(mine, 1).name, other.name]
     )
+
+
+LAUNCH_RACE = """
+import os, subprocess, sys, threading, time
+from sparkjobs.shared_jvm import _LAUNCHING, hold_forks_during_launches
+if sys.argv[1] == "held":
+    hold_forks_during_launches()
+# Widens the moment the launcher's exec pipe is open in this process and no exec has
+# closed it yet: Popen with a preexec_fn (as pyspark's launch_gateway) runs the fork
+# hooks then.
+os.register_at_fork(
+    before=lambda: time.sleep(0.5) if threading.current_thread().name == "spark-jvm" else None
+)
+took = []
+
+def launch():
+    began = time.monotonic()
+    with _LAUNCHING:
+        subprocess.Popen(["true"], preexec_fn=lambda: None).wait()
+    took.append(time.monotonic() - began)
+
+launcher = threading.Thread(target=launch, name="spark-jvm")
+launcher.start()
+time.sleep(0.2)
+pid = os.fork()  # as Celery forks a pool process, which lives on
+if pid == 0:
+    time.sleep(4)
+    os._exit(0)
+launcher.join()
+os.waitpid(pid, 0)
+print(took[0])
+"""
+
+
+def _launch_seconds(mode: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCH_RACE, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    )
+    return float(out.stdout)
+
+
+def test_a_pool_process_forked_during_a_jvm_launch_does_not_hold_the_launch_up() -> None:
+    # Without the hold, the process forked between the launcher's fork and exec keeps the
+    # launcher's exec pipe open, and the launch waits until it exits (4 s here; for good
+    # in a worker, whose pool process waits for the JVM)
+    assert _launch_seconds("free") >= 3.5
+    # With it, the fork waits for the launch instead, which ends as its exec does
+    assert _launch_seconds("held") < 2.0
