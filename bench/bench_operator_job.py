@@ -1,14 +1,17 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
-    .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3]
-    .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8]
+    .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
+    .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
 batch of segments (what a worker runs) against the plain batch job over the same input.
+The input is the console's generator's (400 users), or with ``--peers`` bench_peers.py's
+(1,000 users over 243 keys, 35% of the records on one, padded to 150 bytes), cut into
+``--segments`` segments.
 
 With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
 after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
-one partition, no exchange) and in parallel (a task per core or segment, two exchanges).
+one partition, no exchange) and in parallel (a task per core or segment, an exchange).
 ``BPCONSOLE_SPARK_ONE_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
 plans' outputs must be byte for byte the same. Medians per plan; where one task is
 faster is where the console's threshold belongs.
@@ -27,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_peers import Shape
+from bench_peers import write_input as peers_input
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
@@ -34,18 +39,27 @@ from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.plain_job import batch_aggregate
 from sparkjobs.session import operator_session, spark_session
 
+# bench_peers.py's default input.
+PEERS_SHAPE = Shape(keys=243, hot_share=0.35, record_bytes=150, users=1000)
+
 
 def jvm_cpu_s() -> float:
     """CPU seconds of the session's JVM, a child of this process."""
     return tree_cpu_s(os.getpid(), jvm=True)
 
 
-def generated_batch(folder: Path, mb: float, count: int) -> tuple[Path, dict[str, Path]]:
-    """``mb`` of generated input in ``folder``, as one file and cut at line ends into
-    ``count`` segments."""
+def generated_batch(
+    folder: Path, mb: float, count: int, *, peers: bool = False
+) -> tuple[Path, dict[str, Path]]:
+    """``mb`` of generated input in ``folder`` (the generator's, or bench_peers.py's
+    with ``peers``), as one file and cut at line ends into ``count`` segments."""
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / "input.jsonl"
-    write_input(source, GeneratorSpec(volume_mb=mb, dominance=0), ["a", "b", "c"], 8.0)
+    if peers:
+        written = peers_input(folder / "peers", mb, PEERS_SHAPE, seed=1, file_mb=mb)
+        written.whole.rename(source)
+    else:
+        write_input(source, GeneratorSpec(volume_mb=mb, dominance=0), ["a", "b", "c"], 8.0)
     data = source.read_bytes()
     # The generator writes whole 8 MB packets: a smaller batch is its first mb.
     if len(data) > mb * 2**20:
@@ -65,11 +79,11 @@ def generated_batch(folder: Path, mb: float, count: int) -> tuple[Path, dict[str
 PLANS = {"one task": "1024", "in parallel": "0"}
 
 
-def compare_plans(sizes_mb: list[float], count: int, repeat: int) -> None:
+def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool) -> None:
     """The operator job in each plan at each batch size (see the module's docstring)."""
     for mb in sizes_mb:
         folder = Path(tempfile.mkdtemp(prefix="bpconsole-plans-"))
-        _, segments = generated_batch(folder, mb, count)
+        _, segments = generated_batch(folder, mb, count, peers=peers)
         largest = max(path.stat().st_size for path in segments.values())
         times: dict[str, list[float]] = {plan: [] for plan in PLANS}
         written: dict[str, dict[str, bytes]] = {}
@@ -101,13 +115,15 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=64)
     parser.add_argument("--segments", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--peers", action="store_true", help="bench_peers.py's input")
     parser.add_argument("--plans", help="compare the two plans at these batch sizes, MB")
     args = parser.parse_args()
     if args.plans:
-        compare_plans([float(mb) for mb in args.plans.split(",")], args.segments, args.repeat)
+        sizes = [float(mb) for mb in args.plans.split(",")]
+        compare_plans(sizes, args.segments, args.repeat, peers=args.peers)
         return 0
     folder = Path(tempfile.mkdtemp(prefix="bpconsole-opjob-"))
-    source, segments = generated_batch(folder, args.mb, args.segments)
+    source, segments = generated_batch(folder, args.mb, args.segments, peers=args.peers)
     data = source.read_bytes()
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()

@@ -58,7 +58,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # This script's own folder is first on sys.path.
-from bench_runtime import Stack, run_to_end, throughput_pipeline, tree_cpu_s  # noqa: E402
+from bench_runtime import (  # noqa: E402
+    Stack,
+    emitted_all_s,
+    operator_batches,
+    run_to_end,
+    throughput_pipeline,
+    tree_cpu_s,
+)
 
 MB = 2**20
 SCHEMA = "key STRING, value DECIMAL(38,10), user STRING"
@@ -231,7 +238,8 @@ def live_run(data: Input, doc: Any, policy: dict[str, Any]) -> Outcome:
 
 
 def ledger_outcome(run: Any) -> Outcome:
-    """A finished run's result as the ledger holds it, and how the run ended."""
+    """A finished run's result as the ledger holds it, how the run ended, and its
+    operator batches (bench_runtime.operator_batches)."""
     from orchestrator.ledger.results import result_values, summary
     from orchestrator.models import ResultKey
 
@@ -246,6 +254,8 @@ def ledger_outcome(run: Any) -> Outcome:
             "coverage": done["coverage"],
             "malformed": done["malformed_records"],
             "ledger_s": done["seconds"],
+            "source_emitted_all_s": emitted_all_s(run),
+            "operator_batches": operator_batches(run),
         },
     )
 

@@ -236,6 +236,15 @@ def operator_batches(run: Any) -> list[dict[str, Any]]:
     return out
 
 
+def emitted_all_s(run: Any) -> float:
+    """Seconds from the run's start until its source had emitted its last segment."""
+    from orchestrator.models import Segment
+
+    emitted = Segment.objects.filter(run=run, upstream="source").latest("created_at")
+    seconds: float = (emitted.created_at - run.started_at).total_seconds()
+    return round(seconds, 1)
+
+
 def tree_cpu_s(pid: int, *, children: bool = True, jvm: bool | None = None) -> float:
     """User plus system CPU seconds of a process and its live descendants (only the
     JVMs among them, or only the others, when ``jvm`` says so)."""
@@ -347,7 +356,6 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             batch = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
             cpu_batch = cpu_by_part(stack)
             stream_s = (run.finished_at - run.started_at).total_seconds()
-            emitted = Segment.objects.filter(run=run, upstream="source").latest("created_at")
             rounds.append(
                 {
                     "stream_s": round(stream_s, 1),
@@ -357,9 +365,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                     "segments_claimed_more_than_once": Segment.objects.filter(
                         run=run, attempts__gt=1
                     ).count(),
-                    "source_emitted_all_s": round(
-                        (emitted.created_at - run.started_at).total_seconds(), 1
-                    ),
+                    "source_emitted_all_s": emitted_all_s(run),
                     "operator_batches": operator_batches(run),
                     "cpu_s_during_run": {
                         k: round(v - cpu_before.get(k, 0.0), 1) for k, v in cpu_after.items()

@@ -26,6 +26,7 @@ from sparkjobs.records import (
     MALFORMED_COL,
     RAW_COL,
     SEGMENT_COL,
+    column,
     lines_missing_fields,
     read_records,
     segment_of,
@@ -141,10 +142,13 @@ def partial_aggregate(
     # with its count). Collecting the raw lines instead had cost a quarter of the job.
     # Records missing a field have no raw line from the reader: they group under null,
     # and their lines are read again below, from their segments only.
-    # The distinct values are collected as DISTINCT, which Spark plans like the batch
-    # job's count(DISTINCT): hash-aggregated per (group, value) first, so the set is
-    # built from distinct values only. collect_set over every record cost about a tenth
-    # of the job more.
+    # The distinct values are collected with collect_set, kept in the hash aggregate
+    # (session.py raises its fallback to sorting): each task builds its sets, one
+    # exchange unites them. collect_list(DISTINCT) is planned like count(DISTINCT), every
+    # (group, value) pair aggregated and exchanged before the sets are built; when most
+    # values are new within a segment's key, that carried nearly every record, and
+    # collect_set made the job 22 to 37% faster (docs/benchmarks.md, "distinct sets
+    # built per task").
     # A late record is quarantined as the fields read, as JSON: the reader kept no line
     # of a readable record, and late ones are few.
     as_read = F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]]))
@@ -163,7 +167,7 @@ def partial_aggregate(
             & F.col(f"`{spec.field}`").isNotNull()
         )
         group = F.when(time_alone_wrong, as_read).otherwise(group)
-    distinct = F.expr(f"collect_list(DISTINCT `{params.distinct}`)")  # a validated name
+    distinct = F.collect_set(column(params.distinct))
     grouped = collect_all(
         parsed.groupBy(
             SEGMENT_COL,

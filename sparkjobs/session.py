@@ -114,17 +114,18 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
 
 def in_one_task(frame: DataFrame, files: Iterable[Path]) -> DataFrame:
     """``frame``, read from ``files``, as one partition when they hold at most
-    ``BPCONSOLE_SPARK_ONE_TASK_MB`` (4 MB; 0 never).
+    ``BPCONSOLE_SPARK_ONE_TASK_MB`` (2 MB; 0 never).
 
     One partition satisfies any grouping's distribution, so Spark plans an aggregation
-    over it with no exchange: the aggregate's three stages of a few tasks each (read,
-    group the distinct values, group the keys) become one task. The aggregate's batch of
-    8 segments on a warm JVM (``bench/bench_operator_job.py --plans``) is faster in one
-    task up to 4 MB and slower from 8 MB, so larger batches keep their parallel plan (a
-    cluster's executors may put the line elsewhere). A record operator's small batch (no
-    exchange) is read in one task too, instead of one per core.
+    over it with no exchange: the aggregate's two stages of a few tasks each (read and
+    build each task's sets; unite them) become one task. The aggregate's batch of 8
+    segments on a warm JVM (``bench/bench_operator_job.py --plans``, on the generator's
+    input and on bench_peers.py's) is faster in one task up to 2 MB and slower from
+    4 MB, so larger batches keep their parallel plan (a cluster's executors may put the
+    line elsewhere). A record operator's small batch (no exchange) is read in one task
+    too, instead of one per core.
     """
-    one_task = mb_setting("BPCONSOLE_SPARK_ONE_TASK_MB", 4)
+    one_task = mb_setting("BPCONSOLE_SPARK_ONE_TASK_MB", 2)
     return frame.coalesce(1) if sum(f.stat().st_size for f in files) <= one_task else frame
 
 

@@ -62,7 +62,7 @@ def write_segments(folder: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize(
     ("one_task_mb", "stages"),
-    [pytest.param(None, 1, id="small batch, one task"), pytest.param("0", 3, id="in parallel")],
+    [pytest.param(None, 1, id="small batch, one task"), pytest.param("0", 2, id="in parallel")],
 )
 def test_partials_merged_equal_the_oracle(
     spark: Any,
@@ -71,9 +71,10 @@ def test_partials_merged_equal_the_oracle(
     one_task_mb: str | None,
     stages: int,
 ) -> None:
-    # A batch of at most BPCONSOLE_SPARK_ONE_TASK_MB (4 MB by default) is aggregated in
-    # one task, with no exchange (each job one stage); a larger one reads, groups the
-    # distinct values and groups the keys in three. Both give the oracle's result.
+    # A batch of at most BPCONSOLE_SPARK_ONE_TASK_MB (2 MB by default) is aggregated in
+    # one task, with no exchange (each job one stage); a larger one reads and groups in
+    # two, the sets built per task and united after one exchange. Both give the
+    # oracle's result.
     if one_task_mb is None:
         monkeypatch.delenv("BPCONSOLE_SPARK_ONE_TASK_MB", raising=False)
     else:
