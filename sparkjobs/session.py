@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections.abc import Iterable
@@ -16,6 +15,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from sparkjobs import class_archive, shared_jvm
+from sparkjobs.task_settings import one_task_bytes, task_bytes
 
 # Spark binds its driver to the machine's hostname by default; on a single machine
 # that may not resolve, and a console must not listen beyond loopback unasked.
@@ -33,8 +33,6 @@ LATER_C2 = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=150000"
     " -XX:Tier4BackEdgeThreshold=400000"
 )
-# The most MB a setting of an operator batch's task sizes may give.
-MAX_SETTING_MB = 1024
 
 
 @cache
@@ -108,7 +106,7 @@ def operator_session(largest_file_bytes: int = 0) -> SparkSession:
     ``BPCONSOLE_SPARK_TASK_MB`` of small ones.
     """
     spark = _operator_session()
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(max(_task_bytes(), largest_file_bytes)))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(max(task_bytes(), largest_file_bytes)))
     return spark
 
 
@@ -125,28 +123,7 @@ def in_one_task(frame: DataFrame, files: Iterable[Path]) -> DataFrame:
     line elsewhere). A record operator's small batch (no exchange) is read in one task
     too, instead of one per core.
     """
-    one_task = mb_setting("BPCONSOLE_SPARK_ONE_TASK_MB", 2)
-    return frame.coalesce(1) if sum(f.stat().st_size for f in files) <= one_task else frame
-
-
-def _task_bytes() -> int:
-    return mb_setting("BPCONSOLE_SPARK_TASK_MB", 8)
-
-
-def mb_setting(name: str, default: float) -> int:
-    """The setting ``name``, a number of MB from 0 to 1024 (``default`` when unset), in
-    bytes. Anything else is refused with the setting's name, not a float()'s message."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return int(default * 2**20)
-    try:
-        mb = float(raw) if len(raw) <= 20 else math.nan
-    except ValueError:
-        mb = math.nan
-    if not 0 <= mb <= MAX_SETTING_MB:  # nan compares false
-        shown = f"{raw[:20]!r}{'...' if len(raw) > 20 else ''}"
-        raise ValueError(f"{name}={shown}: a number of MB from 0 to {MAX_SETTING_MB}")
-    return int(mb * 2**20)
+    return frame.coalesce(1) if sum(f.stat().st_size for f in files) <= one_task_bytes() else frame
 
 
 @cache

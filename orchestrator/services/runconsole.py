@@ -22,6 +22,7 @@ from types import FrameType
 from orchestrator.services.embedded import ServiceError, die_with_parent
 from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_env
 from orchestrator.services.supervisor import Supervisor
+from sparkjobs import task_settings
 
 STOP_GRACE_S = 20.0
 # Each Spark worker holds a JVM of SPARK_DRIVER_MEMORY: a typo of 100 must not start 100.
@@ -130,6 +131,15 @@ def spark_worker_count(environ: Mapping[str, str]) -> int:
     return int(raw)
 
 
+def check_spark_settings(environ: Mapping[str, str]) -> None:
+    """The Spark task sizes a batch will read (``sparkjobs/task_settings.py``), refused
+    before anything starts rather than by the first batch."""
+    try:
+        task_settings.check(environ)
+    except ValueError as error:
+        raise ServiceError(str(error)) from None
+
+
 def spark_workers(count: int, python: str, env: Mapping[str, str], logs: Path) -> list[Child]:
     """The Spark workers (not started), each a Celery worker of one pool process with a
     Spark JVM of its own (docs/adr/0007): a JVM that dies stops only its worker's
@@ -189,7 +199,9 @@ def main() -> int:
     launcher = Launcher(var_dir)
     children: list[Child] = []
     try:
-        spark_worker_total = spark_worker_count(os.environ)  # refused before anything starts
+        # Settings a worker reads are refused before anything starts.
+        spark_worker_total = spark_worker_count(os.environ)
+        check_spark_settings(os.environ)
         began = time.monotonic()
         endpoints = launcher.start()
         print(f"services up in {time.monotonic() - began:.1f} s: {endpoints.as_env()}", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkjobs.session import mb_setting
+from sparkjobs.task_settings import mb_setting
 
 NAME = "BPCONSOLE_SPARK_ONE_TASK_MB"
 

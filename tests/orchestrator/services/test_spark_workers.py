@@ -1,15 +1,25 @@
 """``make run``'s Spark workers: ``BPCONSOLE_SPARK_WORKERS`` of them, each a Celery worker
 with one pool process (and so a Spark JVM of its own, docs/adr/0007), refused before
-anything starts when the setting is not a count."""
+anything starts when the setting is not a count; and the Spark task sizes a batch reads,
+refused at the same moment."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.services.embedded import ServiceError
-from orchestrator.services.runconsole import MAX_SPARK_WORKERS, spark_worker_count, spark_workers
+from orchestrator.services.launcher import PROJECT_ROOT
+from orchestrator.services.runconsole import (
+    MAX_SPARK_WORKERS,
+    check_spark_settings,
+    spark_worker_count,
+    spark_workers,
+)
 
 
 def _option(args: list[str], name: str) -> str:
@@ -48,3 +58,38 @@ def test_each_spark_worker_is_a_pool_of_one_with_its_own_name_and_log(tmp_path: 
         "celery-spark-3.log",
     ]
     assert len({w.name for w in workers}) == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("BPCONSOLE_SPARK_TASK_MB", "8 MB"), ("BPCONSOLE_SPARK_ONE_TASK_MB", "-1")],
+)
+def test_a_wrong_spark_task_size_stops_make_run_before_anything_starts(
+    tmp_path: Path, name: str, raw: str
+) -> None:
+    # Given make run's console with one Spark task size that is not a number of MB
+    env = {
+        **os.environ,
+        "BPCONSOLE_VAR_DIR": str(tmp_path / "var"),
+        "BPCONSOLE_DEMO": "0",
+        name: raw,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.services.runconsole"],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Then it says which setting and what it must be, and starts nothing
+    assert done.returncode == 1
+    assert f"error: {name}={raw!r}: a number of MB from 0 to 1024" in done.stderr
+    assert "services up" not in done.stdout
+    assert not (tmp_path / "var" / "postgresql").exists()
+
+
+def test_the_spark_task_sizes_unset_or_in_range_are_accepted() -> None:
+    check_spark_settings({})
+    check_spark_settings({"BPCONSOLE_SPARK_TASK_MB": "16", "BPCONSOLE_SPARK_ONE_TASK_MB": "0"})
