@@ -1,4 +1,5 @@
-"""Per-key partial aggregates that merge exactly, one partial per input segment.
+"""Per-key partial aggregates that merge exactly: one partial per input segment, or one
+for several segments that go to the same place (``together``).
 
 A partial holds, per key: count, sum, min and max of the value, and the set of distinct
 values of the distinct field. Partials of any grouping of the input merge into the exact
@@ -17,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.event_time import WindowSpec
@@ -88,6 +89,7 @@ def partial_aggregate(
     *,
     key_group: KeyGroup | None = None,
     highs: Mapping[str, int | None] | None = None,
+    together: Mapping[str, str] | None = None,
 ) -> dict[str, PartialOutput]:
     """Aggregate each input segment (id -> file) into its output file (id -> file).
 
@@ -97,9 +99,15 @@ def partial_aggregate(
     Windowed, partials are per (window, key), and a record's window that the watermark
     of its segment's chunk had closed (``highs``: segment id -> the largest event time
     before its chunk) is late: counted and quarantined, not aggregated.
+
+    ``together`` (segment id -> segment id) names, for a segment, the one whose output
+    holds its partial: the partials of the segments named together are aggregated as
+    one, into that output, and theirs are left empty. Malformed and late records are
+    still counted and quarantined per segment.
     """
     strings = params.strings
     paths = {seg: str(path) for seg, path in inputs.items()}
+    holder = _holders(paths, together or {})
     parsed = in_one_task(
         read_records(spark, list(paths.values()), strings=strings, numbers=[params.value]),
         inputs.values(),
@@ -168,9 +176,16 @@ def partial_aggregate(
         )
         group = F.when(time_alone_wrong, as_read).otherwise(group)
     distinct = F.collect_set(column(params.distinct))
+    # A good record is aggregated under the segment whose output holds its partial; a
+    # malformed or late one stays under its own, where it is counted and quarantined.
+    segment = (
+        F.col(SEGMENT_COL)
+        if holder is None
+        else F.when(F.col(MALFORMED_COL) | is_late, F.col(SEGMENT_COL)).otherwise(holder)
+    )
     grouped = collect_all(
         parsed.groupBy(
-            SEGMENT_COL,
+            segment.alias(SEGMENT_COL),
             MALFORMED_COL,
             is_late.alias(LATE_COL),
             window.alias(WINDOW_COL),
@@ -239,6 +254,24 @@ def partial_aggregate(
     return results
 
 
+def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> Column | None:
+    """The file name of the segment whose output holds a record's partial, from the
+    record's own (``SEGMENT_COL``): a literal when one segment holds the whole batch's,
+    a lookup when several do; None when each segment holds its own."""
+    names = {
+        Path(path).name: Path(paths[together.get(seg, seg)]).name for seg, path in paths.items()
+    }
+    held = set(names.values())
+    if all(own == holds for own, holds in names.items()):
+        return None
+    if len(held) == 1:
+        return F.lit(held.pop())
+    return F.element_at(
+        F.create_map(*[F.lit(name) for pair in sorted(names.items()) for name in pair]),
+        F.col(SEGMENT_COL),
+    )
+
+
 def _missing_field_lines(
     spark: SparkSession,
     paths: Mapping[str, str],
@@ -274,9 +307,11 @@ def aggregate_batch(
     *,
     key_group: KeyGroup | None,
     highs: Mapping[str, int | None] | None = None,
+    together: Mapping[str, str] | None = None,
 ) -> dict[str, PartialOutput]:
     """The batch job of ``aggregate`` and ``running`` (sparkjobs/catalog.py): per-key
-    partials of each segment, only of ``key_group``'s keys when it is a part."""
+    partials of each segment, or of the segments named ``together``, only of
+    ``key_group``'s keys when it is a part."""
     return partial_aggregate(
         spark,
         inputs,
@@ -284,6 +319,7 @@ def aggregate_batch(
         AggregateParams.from_params(params),
         key_group=key_group,
         highs=highs,
+        together=together,
     )
 
 

@@ -171,7 +171,12 @@ class ParamSpec:
 
 class BatchJob(Protocol):
     """What an operator runs on Spark for one batch: each input segment (file stem ->
-    file) into its output file, with what it produced and what it refused."""
+    file) into its output file, with what it produced and what it refused.
+
+    ``together`` (file stem -> file stem) names segments whose outputs go to the same
+    place, and the one whose output may hold them all: a job whose outputs are partials
+    (``OperatorSpec.partials``) aggregates them as one there; a record job keeps each
+    segment's records in its own output."""
 
     def __call__(
         self,
@@ -183,6 +188,7 @@ class BatchJob(Protocol):
         *,
         key_group: KeyGroup | None,
         highs: Mapping[str, int | None] | None = None,
+        together: Mapping[str, str] | None = None,
     ) -> Mapping[str, PartialOutput]: ...
 
 

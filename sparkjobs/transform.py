@@ -31,10 +31,13 @@ def record_batch(
     *,
     key_group: KeyGroup | None = None,
     highs: Mapping[str, int | None] | None = None,
+    together: Mapping[str, str] | None = None,
 ) -> dict[str, PartialOutput]:
     """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
     not grouped by key, so a key group changes nothing here; nor are they windowed, so
-    neither do ``highs`` (their outputs carry their inputs' event-time marks)."""
+    neither do ``highs`` (their outputs carry their inputs' event-time marks). Nor are
+    they combined (``together``): each segment's records stay in its own output, which
+    the balancer moves and the downstream reads as a segment of its own."""
     frame = in_one_task(
         read_rows(spark, [str(p) for p in inputs.values()]), inputs.values()
     ).cache()

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from balancer.units import MEGABIT
 from orchestrator.ledger import windows as window_ledger
+from orchestrator.ledger.known_values import KNOWN
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS
@@ -404,17 +405,18 @@ def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
                 [d.max for d in deltas],
             ],
         )
-        keys = [d.key for d in deltas for _ in d.distinct]
-        values = [value for d in deltas for value in d.distinct]
-        if values:
+        # Only the pairs not known to be in the result already (known_values.py).
+        pairs = KNOWN.unknown(run_id, ((d.key, value) for d in deltas for value in d.distinct))
+        if pairs:
             cursor.execute(
                 """
                 INSERT INTO orchestrator_resultdistinct (run_id, key, value)
                 SELECT %s, d.key, d.value FROM unnest(%s::text[], %s::text[]) AS d(key, value)
                 ON CONFLICT DO NOTHING
                 """,
-                [run_id, keys, values],
+                [run_id, [key for key, _ in pairs], [value for _, value in pairs]],
             )
+            transaction.on_commit(lambda: KNOWN.remember(run_id, pairs))
 
 
 def release(owner: str, segments: Sequence[Segment]) -> int:

@@ -7,6 +7,7 @@ and inserts no new rows; the completion is refused when the lease was lost meanw
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -242,10 +243,17 @@ def _operate(
     # copies for the other key groups, and operators name their results by file.
     by_file = {Path(s.path).stem: s for s in batch}
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
-    outputs = {stem: segment_path(run.pk, output_id(s.pk, name)) for stem, s in by_file.items()}
     params = node.get("params") or {}
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
-    stateful = operator_of(node).stateful
+    spec = operator_of(node)
+    copies = {
+        stem: plan.targets(
+            graph.document, name, output_id(s.pk, name), tag=s.tag, routes=routes, slots=slots
+        )
+        for stem, s in by_file.items()
+    }
+    together = _together(copies) if spec.partials and pipeline_windows(run.topology) is None else {}
+    outputs = _output_paths(run.pk, name, by_file, together)
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     tag_jobs(spark)
@@ -258,6 +266,7 @@ def _operate(
             outputs=outputs,
             slots=slots,
             highs={stem: s.high_before_us for stem, s in by_file.items()},
+            together=together,
         )
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
@@ -269,11 +278,10 @@ def _operate(
     for stem, seg in by_file.items():
         out = produced[stem]
         new_id = output_id(seg.pk, name)
-        copies = plan.targets(graph.document, name, new_id, tag=seg.tag, routes=routes, slots=slots)
-        for target, migrated_from, part in copies:
+        for target, migrated_from, part in copies[stem]:
             new.append(
                 segments.NewSegment(
-                    id=plan.copy_id(new_id, target, part, len(copies)),
+                    id=plan.copy_id(new_id, target, part, len(copies[stem])),
                     chunk=seg.chunk,
                     origin_file=seg.origin_file,
                     origin_offset=seg.origin_offset,
@@ -295,7 +303,7 @@ def _operate(
     malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
     late = {by_file[stem].pk: out.late for stem, out in produced.items()}
     fold = None
-    if stateful:
+    if spec.stateful:
         deltas = [
             (keystate.StateKey(m.key, m.window), keystate.Totals(m.count, m.sum, m.min, m.max))
             for out in produced.values()
@@ -319,6 +327,7 @@ def _run_operator(
     outputs: dict[str, Path],
     slots: KeyGroup,
     highs: Mapping[str, int | None],
+    together: Mapping[str, str],
 ) -> Mapping[str, PartialOutput]:
     """The node's operator on this batch: the job the catalog names for it."""
     spec = operator_of(node)
@@ -331,7 +340,55 @@ def _run_operator(
         outputs,
         key_group=None if slots.whole else slots,
         highs=highs,
+        together=together,
     )
+
+
+Copies = list[tuple[str, str, KeyGroup]]
+
+
+def _together(copies: Mapping[str, Copies]) -> dict[str, str]:
+    """Segments (file stems) whose outputs go to the same places, each to the first of
+    them, whose output holds all their partials.
+
+    The sink (or a keyed stage) folds partials per key whichever segment's output holds
+    them, so a batch sent to one place needs one partial per key, not one per segment
+    and key: the job builds a fraction of the groups (a 160 MB batch of 20 segments
+    made 20 times its keys' sets), and the sink reads and folds one file instead of
+    twenty (docs/benchmarks.md, "one partial per batch"). The others' outputs are empty
+    and still go, so every chunk is merged once and the run's coverage stays exact.
+    Not for event-time windows: a chunk's output carries its own watermark marks.
+    """
+    first: dict[tuple[tuple[str, str, int, int], ...], str] = {}
+    together = {}
+    for stem in sorted(copies):
+        places = tuple((node, origin, part.low, part.high) for node, origin, part in copies[stem])
+        together[stem] = first.setdefault(places, stem)
+    return together
+
+
+def _output_paths(
+    run_id: int, node: str, by_file: Mapping[str, Segment], together: Mapping[str, str]
+) -> dict[str, Path]:
+    """Where each segment's output goes. A segment's own output is a function of its
+    input alone, so a batch run again after a crash writes the same bytes. An output
+    shared by segments (``_together``) depends on which ones a batch claimed, and a
+    later batch may claim them differently (a worker whose lease expired, still running,
+    beside the one that took its segments over): such outputs, the holder's and the
+    empty ones, are named for the segments they share, so two claims never write one
+    file."""
+    members: dict[str, list[str]] = {}
+    for stem, holder in together.items():
+        members.setdefault(holder, []).append(by_file[stem].pk)
+    paths = {}
+    for stem, seg in by_file.items():
+        own = output_id(seg.pk, node)
+        shared = sorted(members.get(together.get(stem, stem), []))
+        if len(shared) > 1:
+            digest = hashlib.blake2b("\n".join(shared).encode(), digest_size=8).hexdigest()
+            own = f"{own}.{digest}"
+        paths[stem] = segment_path(run_id, own)
+    return paths
 
 
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:

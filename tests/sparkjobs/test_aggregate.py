@@ -112,6 +112,53 @@ def test_partials_merged_equal_the_oracle(
         )
 
 
+@pytest.mark.parametrize(
+    "together",
+    [
+        pytest.param({"seg0": "seg0", "seg1": "seg0", "seg2": "seg0"}, id="all in one"),
+        pytest.param({"seg0": "seg0", "seg1": "seg1", "seg2": "seg0"}, id="two holders"),
+    ],
+)
+def test_segments_named_together_leave_one_partial_in_their_holder(
+    spark: Any, tmp_path: Path, together: dict[str, str]
+) -> None:
+    # Segments going to the same place are aggregated as one: their holder's output has
+    # one line per key, equal to the oracle over their records, and theirs are empty.
+    # Malformed lines are still counted and quarantined where they came from.
+    inputs = write_segments(tmp_path)
+    outputs = {seg: tmp_path / "out" / f"{seg}.p.jsonl" for seg in inputs}
+    produced = partial_aggregate(spark, inputs, outputs, AggregateParams(), together=together)
+    good_lines = {json.dumps(r) for r in GOOD}
+    good_of = {
+        seg: [json.loads(line) for line in path.read_text().splitlines() if line in good_lines]
+        for seg, path in inputs.items()
+    }
+    for holder in set(together.values()):
+        records = [r for seg, held in together.items() if held == holder for r in good_of[seg]]
+        lines = [json.loads(line) for line in outputs[holder].read_text().splitlines()]
+        assert sorted(line["key"] for line in lines) == sorted({r["key"] for r in records})
+        merged = {m.key: m for m in combine_partials([outputs[holder]])}
+        for key, (count, total, low, high, distinct) in oracle(records).items():
+            got = merged[key]
+            assert (got.count, got.sum, got.min, got.max, len(got.distinct)) == (
+                count,
+                total,
+                low,
+                high,
+                distinct,
+            )
+        assert produced[holder].records == len(records)
+    for seg in set(inputs) - set(together.values()):
+        assert outputs[seg].read_bytes() == b""
+        assert (produced[seg].records, produced[seg].bytes) == (0, 0)
+    assert {seg: sorted(p.quarantined) for seg, p in produced.items()} == {
+        "seg0": sorted(BAD[0:2]),
+        "seg1": [BAD[2]],
+        "seg2": sorted(BAD[3:5]),
+    }
+    assert {seg: p.malformed for seg, p in produced.items()} == {"seg0": 2, "seg1": 1, "seg2": 2}
+
+
 def test_batch_job_equals_the_oracle(spark: Any, tmp_path: Path) -> None:
     path = tmp_path / "input.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in GOOD) + "".join(b + "\n" for b in BAD))
