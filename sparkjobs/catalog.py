@@ -36,9 +36,18 @@ IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 Check = Callable[[Any], str | None]
 
 
+# A record field's name as a pipeline names it. Spark would take longer ones; a bound
+# keeps a hostile document's names (and the messages that quote them) short.
+MAX_FIELD_NAME = 128
+
+
 def _field_name(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) > MAX_FIELD_NAME:
+        return f"must be a field name of at most {MAX_FIELD_NAME} characters, got {len(value)}"
     if not isinstance(value, str) or not value or not set(value) <= IDENTIFIER_CHARS:
-        return f"must be a field name (letters, digits, _), got {value!r}"
+        shown = repr(value)
+        cut = shown if len(shown) <= 80 else shown[:77] + "..."
+        return f"must be a field name (letters, digits, _), got {cut}"
     return None
 
 

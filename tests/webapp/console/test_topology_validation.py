@@ -189,3 +189,29 @@ def test_a_stateful_running_stage_windows_like_the_aggregates() -> None:
     assert len(found) == 1 and "totals2: no window" in found[0]
     assert "totals1: window_s 10, slide_s 10, event_time event_time, lateness_s 0" in found[0]
     assert messages(windowed(doc, window_s=10, event_time="ts")) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param(
+            "k" * 129, "must be a field name of at most 128 characters, got 129", id="long"
+        ),
+        pytest.param("k" * 128, None, id="at the bound"),
+        pytest.param(
+            "user`) , evil" * 9,
+            "must be a field name (letters, digits, _), got 'user`) , evil",
+            id="hostile, quoted short",
+        ),
+    ],
+)
+def test_a_field_name_is_bounded_and_quoted_short(
+    reference: dict[str, Any], name: str, expected: str | None
+) -> None:
+    reference["nodes"][1]["params"] = {**(reference["nodes"][1].get("params") or {}), "key": name}
+    found = [m for m in messages(reference) if m.startswith("nodes[1] (task1).params")]
+    if expected is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and expected in found[0], found
+        assert len(found[0]) < 200
