@@ -339,9 +339,7 @@ def balanced_queues(drain_s: float) -> dict[str, float]:
 def test_only_the_excess_over_capacity_moves_and_it_goes_where_there_is_room() -> None:
     # Equal tags on 25/25/75 Mb/s branches: each narrow branch gets 41.7 but takes 25,
     # so 16.7/41.7 = 40% of it moves; the wide branch has 33.3 of room and takes it all.
-    plan = proportional_plan(
-        EVEN_DEMAND, CAPACITIES, queued=balanced_queues(2.0), horizon_s=3.0, band_s=0.0
-    )
+    plan = proportional_plan(EVEN_DEMAND, CAPACITIES, queued=balanced_queues(2.0), horizon_s=3.0)
 
     assert plan == [
         BranchPlan("1", pytest.approx(0.4), {"3": 1.0}),
@@ -352,9 +350,7 @@ def test_only_the_excess_over_capacity_moves_and_it_goes_where_there_is_room() -
 def test_excess_is_spread_over_several_light_branches_by_their_room() -> None:
     demand = {"1": 100 * MBIT, "2": 5 * MBIT, "3": 20 * MBIT}
 
-    (plan,) = proportional_plan(
-        demand, CAPACITIES, queued=balanced_queues(1.0), horizon_s=3.0, band_s=0.0
-    )
+    (plan,) = proportional_plan(demand, CAPACITIES, queued=balanced_queues(1.0), horizon_s=3.0)
 
     # Room: branch 2 has 25 - 5 = 20, branch 3 has 75 - 20 = 55; branch 1 moves 75 of 100.
     assert plan.child == "1"
@@ -369,7 +365,7 @@ def test_a_queue_ahead_of_the_common_drain_time_is_offered_less() -> None:
     queued = {"1": 0.0, "2": 0.0, "3": 300 * MBIT}
     demand = {"1": 25 * MBIT, "2": 25 * MBIT, "3": 75 * MBIT}
 
-    plan = proportional_plan(demand, CAPACITIES, queued=queued, horizon_s=3.0, band_s=0.0)
+    plan = proportional_plan(demand, CAPACITIES, queued=queued, horizon_s=3.0)
 
     (heavy,) = plan
     assert heavy.child == "3"
@@ -377,23 +373,10 @@ def test_a_queue_ahead_of_the_common_drain_time_is_offered_less() -> None:
     assert heavy.targets == pytest.approx({"1": 0.5, "2": 0.5})
 
 
-def test_a_branch_keeps_its_own_surplus_while_within_the_band() -> None:
-    # With a 1.5 s band over a 3 s horizon a narrow branch may take 25 * 1.5 / 3 = 12.5
-    # Mb/s more of its own data: 37.5 of its 41.7, so only 4.2/41.7 = 10% moves.
-    plan = proportional_plan(
-        EVEN_DEMAND, CAPACITIES, queued=balanced_queues(2.0), horizon_s=3.0, band_s=1.5
-    )
-
-    assert [(p.child, round(p.share, 3)) for p in plan] == [("1", 0.1), ("2", 0.1)]
-
-
 def test_when_tags_match_capacities_nothing_moves() -> None:
     demand = {"1": 25 * MBIT, "2": 25 * MBIT, "3": 75 * MBIT}
 
-    assert (
-        proportional_plan(demand, CAPACITIES, queued=balanced_queues(1.0), horizon_s=3, band_s=0)
-        == []
-    )
+    assert proportional_plan(demand, CAPACITIES, queued=balanced_queues(1.0), horizon_s=3) == []
 
 
 def source_with_coming(mix: dict[str, float]) -> Observation:
