@@ -29,7 +29,8 @@ Model (docs/simulation.md, "Model"):
   pool of workers they share instead of one packet at a time, a batch taking every
   packet waiting at its node when a worker starts it and costing a fixed time plus a
   time per byte; a sink merges its own batches one at a time. A node sends on its
-  ``reduction`` of what it takes in, so packets shrink (or grow) on the way.
+  ``reduction`` of what it takes in, so packets shrink (or grow) on the way. A link
+  queues as much as its receiver has room for, as a live run's emulated link does.
 * **Controllers** (:mod:`balancer.sim.control`) are called at their period with an
   :class:`~balancer.model.Observation` measured over their own interval, and the
   actions they return are applied at once, both through a
@@ -76,7 +77,11 @@ from balancer.topology import Topology
 _ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE, _BATCH_DONE = range(6)
 _EPS = 1e-9
 # Packets a link holds at once (one on the wire, one waiting): the sender's socket
-# buffer. More waiting data stays in the sender's queue, where its level shows it.
+# buffer. More waiting data stays in the sender's queue, where its level shows it. Not
+# in batch mode: a live run's emulated link takes whatever the receiver's pool has room
+# for, its segments in that pool from the moment they are sent and arriving after the
+# link's delay, so the receiver's level shows them (orchestrator/ledger/segments.py
+# ``node_flows``).
 _LINK_BUFFER = 2
 # Batch mode's pool of Spark workers, which every operator shares (a sink's pool is its
 # node index).
@@ -473,7 +478,7 @@ class Simulator:
     def _admits(self, node: _Node, target: int) -> bool:
         free_from, tx, _ = self.links[(node.index, target)]
         opens = free_from - (_LINK_BUFFER - 1) * tx
-        if opens > self.now + _EPS:
+        if self.model is None and opens > self.now + _EPS:  # batch mode: see _LINK_BUFFER
             self._wake(node, opens)  # the link's send buffer is full until then
             return False
         receiver = self.nodes[target]
