@@ -4,6 +4,7 @@ and segment rows written as the runtime would have left them."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from django.utils import timezone
 
 from balancer.units import MB
+from orchestrator.ledger import segments
 from orchestrator.models import Run, Segment
 from orchestrator.pipeline.routes import tagged_target
 from orchestrator.rescale.start import ensure_instances
@@ -124,3 +126,25 @@ def finished_run(**fields: Any) -> Run:
     )
     run.refresh_from_db()
     return run
+
+
+def queue_segments(run: Run, paths: Sequence[Path | str], node: str = "task1") -> list[str]:
+    """Segments of these files queued at ``node`` as the source would have sent them,
+    one chunk each; their ids."""
+    items = [
+        segments.NewSegment(
+            id=f"s{n}",
+            chunk=n,
+            origin_file=0,
+            origin_offset=n,
+            origin_length=1,
+            node=node,
+            upstream="source",
+            tag="",
+            path=str(path),
+            bytes=Path(path).stat().st_size if Path(path).is_file() else 1,
+        )
+        for n, path in enumerate(paths)
+    ]
+    segments.complete_batch(run.pk, "nobody", [], items, {})
+    return [item.id for item in items]

@@ -12,33 +12,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.ledger import segments
-from orchestrator.models import Run, Segment
+from orchestrator.models import Segment
 from orchestrator.worker.batch import process_batch
 from sparkjobs.merge import combine_partials
-from tests.orchestrator.runs import pending_run
+from tests.orchestrator.runs import pending_run, queue_segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def _queue(run: Run, paths: list[Path], node: str = "task1") -> list[str]:
-    items = [
-        segments.NewSegment(
-            id=f"s{n}",
-            chunk=n,
-            origin_file=0,
-            origin_offset=n,
-            origin_length=1,
-            node=node,
-            upstream="source",
-            tag="",
-            path=str(path),
-            bytes=path.stat().st_size,
-        )
-        for n, path in enumerate(paths)
-    ]
-    segments.complete_batch(run.pk, "nobody", [], items, {})
-    return [item.id for item in items]
 
 
 def _records(path: Path, keys: range) -> Path:
@@ -53,7 +32,7 @@ def test_an_aggregator_batch_sent_to_one_place_leaves_one_partial(
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
     paths = [_records(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in range(4)]
-    ids = _queue(run, paths)
+    ids = queue_segments(run, paths)
 
     report = process_batch(run.pk, "task1", None)
 

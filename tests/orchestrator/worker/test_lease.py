@@ -18,29 +18,9 @@ from orchestrator.models import Run, Segment
 from orchestrator.run.dispatch import Dispatch
 from orchestrator.worker.batch import process_batch
 from orchestrator.worker.lease import LeaseKeeper
-from tests.orchestrator.runs import pending_run
+from tests.orchestrator.runs import pending_run, queue_segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def _queue(run: Run, paths: list[Path | str], node: str = "task1") -> list[str]:
-    items = [
-        segments.NewSegment(
-            id=f"s{n}",
-            chunk=n,
-            origin_file=0,
-            origin_offset=n,
-            origin_length=1,
-            node=node,
-            upstream="source",
-            tag="",
-            path=str(path),
-            bytes=Path(path).stat().st_size if Path(path).is_file() else 1,
-        )
-        for n, path in enumerate(paths)
-    ]
-    segments.complete_batch(run.pk, "nobody", [], items, {})
-    return [item.id for item in items]
 
 
 def _claim(run: Run, owner: str, lease_s: float) -> list[str]:
@@ -65,7 +45,7 @@ def _holders(ids: list[str]) -> set[tuple[str, str]]:
 
 def test_a_batch_running_longer_than_its_lease_keeps_it() -> None:
     run = pending_run("reference")
-    _queue(run, ["/dev/null"] * 3)
+    queue_segments(run, ["/dev/null"] * 3)
     ids = _claim(run, "w1", lease_s=0.6)
     with LeaseKeeper(ids, "w1", lease_s=0.6, max_hold_s=60) as keeper:
         _reclaim_for(2.0)
@@ -78,7 +58,7 @@ def test_a_batch_running_longer_than_its_lease_keeps_it() -> None:
 
 def test_a_hung_batch_goes_back_to_the_pool_after_the_longest_hold() -> None:
     run = pending_run("reference")
-    _queue(run, ["/dev/null"] * 3)
+    queue_segments(run, ["/dev/null"] * 3)
     ids = _claim(run, "w1", lease_s=0.6)
     with LeaseKeeper(ids, "w1", lease_s=0.6, max_hold_s=0.5):
         _reclaim_for(2.0)
@@ -88,7 +68,7 @@ def test_a_hung_batch_goes_back_to_the_pool_after_the_longest_hold() -> None:
 
 def test_the_keeper_stops_once_another_worker_has_the_batch() -> None:
     run = pending_run("reference")
-    _queue(run, ["/dev/null"] * 2)
+    queue_segments(run, ["/dev/null"] * 2)
     ids = _claim(run, "w1", lease_s=60)
     with LeaseKeeper(ids, "w1", lease_s=0.3, max_hold_s=60) as keeper:
         Segment.objects.filter(pk__in=ids).update(lease_expires="2000-01-01T00:00:00Z")
@@ -140,7 +120,7 @@ def test_an_operator_batch_longer_than_its_lease_completes_once(
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
     paths = [_records(tmp_path / f"in{n}.jsonl", 100_000, n * 100_000) for n in range(4)]
-    ids = _queue(run, paths)
+    ids = queue_segments(run, paths)
     started = time.monotonic()
     report = process_batch(run.pk, "task1", None)
     elapsed = time.monotonic() - started
