@@ -84,7 +84,7 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool
     for mb in sizes_mb:
         folder = Path(tempfile.mkdtemp(prefix="bpconsole-plans-"))
         _, segments = generated_batch(folder, mb, count, peers=peers)
-        largest = max(path.stat().st_size for path in segments.values())
+        sizes = [path.stat().st_size for path in segments.values()]
         times: dict[str, list[float]] = {plan: [] for plan in PLANS}
         written: dict[str, dict[str, bytes]] = {}
         # Warm-up rounds: the first size's warm the new JVM's code as well.
@@ -94,7 +94,7 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool
                 os.environ["BPCONSOLE_SPARK_ONE_TASK_MB"] = one_task_mb
                 outputs = {name: folder / plan / f"{name}.jsonl" for name in segments}
                 began = time.monotonic()
-                partial_aggregate(operator_session(largest), segments, outputs, AggregateParams())
+                partial_aggregate(operator_session(sizes), segments, outputs, AggregateParams())
                 if round_ >= warm:
                     times[plan].append(time.monotonic() - began)
                 written[plan] = {name: path.read_bytes() for name, path in outputs.items()}
@@ -128,10 +128,10 @@ def main() -> int:
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()
     batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session
-    largest = max(path.stat().st_size for path in segments.values())
+    file_sizes = [path.stat().st_size for path in segments.values()]
     for _ in range(args.repeat):
         began, cpu = time.monotonic(), jvm_cpu_s()
-        partial_aggregate(operator_session(largest), segments, outputs, AggregateParams())
+        partial_aggregate(operator_session(file_sizes), segments, outputs, AggregateParams())
         operator_s, operator_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
         began, cpu = time.monotonic(), jvm_cpu_s()
         batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())

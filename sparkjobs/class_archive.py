@@ -77,7 +77,7 @@ def _warm_up(folder: Path) -> None:
     ]
     source.write_text("\n".join([*lines, "not json", '{"key": 1}']) + "\n")
     inputs = {"seg-000001": source}
-    spark = operator_session(source.stat().st_size)
+    spark = operator_session([source.stat().st_size])
     aggregate_batch(
         spark, "aggregate", {}, inputs, {"seg-000001": folder / "a.out"}, key_group=None
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -15,7 +15,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from sparkjobs import class_archive, shared_jvm
-from sparkjobs.task_settings import one_task_bytes, task_bytes
+from sparkjobs.task_settings import even_split_bytes, one_task_bytes, task_bytes
 
 # Spark binds its driver to the machine's hostname by default; on a single machine
 # that may not resolve, and a console must not listen beyond loopback unasked.
@@ -95,18 +95,27 @@ def _cluster_share(conf: SparkConf) -> None:
         conf.set("spark.executor.memory", memory)
 
 
-def operator_session(largest_file_bytes: int = 0) -> SparkSession:
+def operator_session(file_sizes: Sequence[int] = ()) -> SparkSession:
     """The session operator batches run in: the worker's SparkContext with its own SQL
-    settings (the batch job keeps Spark's defaults, which suit one large file best).
+    settings (the batch job keeps Spark's defaults, which suit one large file best),
+    its task size set for a batch of files of ``file_sizes``.
 
-    A batch is many segment files of a few MB. At Spark's default of 128 MB per task a
-    360 MB batch made three tasks for two cores, one core idle for a third of the job;
-    at a fixed 8 MB, a segment of 8 MB plus the end of its last line made a second,
-    nearly empty task. So a task reads one whole segment, or at least
-    ``BPCONSOLE_SPARK_TASK_MB`` of small ones.
+    A batch is many segment files of a few MB, cut into tasks of equal input, as many
+    as the cores or a multiple of them, none over ``BPCONSOLE_SPARK_TASK_MB`` (128 MB,
+    Spark's own bound). At Spark's default a 360 MB batch made three tasks for two
+    cores, one core idle for a third of the job; at a task per 8 MB segment the batch's
+    64 tasks each built the partial sets of their own records, and the exchange
+    carried them all: the aggregate's batch of 512 MB took 5.9 s in 64 tasks against
+    5.2 s in 2 or 8 (docs/benchmarks.md, "tasks of equal input").
     """
     spark = _operator_session()
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(max(task_bytes(), largest_file_bytes)))
+    bound = even_split_bytes(
+        file_sizes,
+        cores=spark.sparkContext.defaultParallelism,
+        most=task_bytes(),
+        open_cost=OPEN_COST_BYTES,
+    )
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(bound))
     return spark
 
 
@@ -126,12 +135,20 @@ def in_one_task(frame: DataFrame, files: Iterable[Path]) -> DataFrame:
     return frame.coalesce(1) if sum(f.stat().st_size for f in files) <= one_task_bytes() else frame
 
 
+# What Spark counts for opening a file when it packs files into tasks (its default),
+# set here so that operator_session's split counts the same.
+OPEN_COST_BYTES = 4 * 2**20
+
+
 @cache
 def _operator_session() -> SparkSession:
     session = spark_session().newSession()
     # Past 32 paths Spark lists a batch's files in a Spark job of its own, which costs
     # as much as a small batch; a batch's paths are files, listed in a few milliseconds.
     session.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
+    # operator_session's bound alone decides the tasks, not also Spark's share per core.
+    session.conf.set("spark.sql.files.openCostInBytes", str(OPEN_COST_BYTES))
+    session.conf.set("spark.sql.files.minPartitionNum", "1")
     return session
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 # The most MB a setting of an operator batch's task sizes may give.
 MAX_SETTING_MB = 1024
@@ -24,8 +24,27 @@ def one_task_bytes(environ: Mapping[str, str] = os.environ) -> int:
 
 
 def task_bytes(environ: Mapping[str, str] = os.environ) -> int:
-    """The least a task of a larger batch reads (session.py ``operator_session``)."""
-    return mb_setting(TASK, 8, environ)
+    """The most a task of a larger batch reads, 0 for no bound (session.py
+    ``operator_session``): Spark's own default bound."""
+    return mb_setting(TASK, 128, environ)
+
+
+def even_split_bytes(sizes: Sequence[int], cores: int, most: int, open_cost: int) -> int:
+    """``spark.sql.files.maxPartitionBytes`` that cuts a batch of files of ``sizes``
+    into at most ``cores`` tasks, or a multiple of the cores so that a task reads at
+    most about ``most`` bytes (0: no bound), each closed past an equal share.
+
+    Spark (with ``spark.sql.files.minPartitionNum`` 1) splits a file larger than the
+    bound into pieces of the bound, then packs files and pieces, largest first, into
+    tasks, counting ``open_cost`` (``spark.sql.files.openCostInBytes``) for each, and
+    closes a task when the next would take it past the bound. A bound of the share plus
+    the largest file closes each task past the share, so there are at most as many
+    tasks as shares; a file larger than the share is cut at the share instead."""
+    total = sum(sizes)
+    tasks = cores * (max(1, math.ceil(total / (cores * most))) if most else 1)
+    share = max(1, math.ceil((total + open_cost * len(sizes)) / tasks))
+    largest = max(sizes, default=0) + open_cost
+    return share + largest if largest <= share else share
 
 
 def check(environ: Mapping[str, str]) -> None:

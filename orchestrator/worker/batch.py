@@ -238,10 +238,10 @@ def _operate(
 
     name = node["name"]
     batch = claim.segments
-    spark = operator_session(max(s.bytes for s in batch))
     # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
     # copies for the other key groups, and operators name their results by file.
     by_file = {Path(s.path).stem: s for s in batch}
+    spark = operator_session([s.bytes for s in by_file.values()])
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
     params = node.get("params") or {}
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
