@@ -115,3 +115,35 @@ def test_spark_makes_the_tasks_the_split_was_planned_for(
         sizes, cores=session.sparkContext.defaultParallelism, most=4 * MB, open_cost=OPEN_COST_BYTES
     )
     assert frame.rdd.getNumPartitions() == len(spark_tasks(sizes, planned, OPEN_COST_BYTES))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_segment_split_across_tasks_gives_each_record_once(
+    spark: Any, tmp_path: Path, suffix: str
+) -> None:
+    from sparkjobs.records import MALFORMED_COL, read_records
+    from sparkjobs.session import operator_session
+
+    # One segment of 6 MB: larger than a core's share of it and its opening, so Spark
+    # reads it in two pieces; a CSV segment's header line is its first piece's only.
+    records = 60_000
+    path = tmp_path / f"seg0{suffix}"
+    if suffix == ".csv":
+        lines = [
+            "key,value,user,pad",
+            *(f"k{i % 7},{i},u{i % 13},{'x' * 90}" for i in range(records)),
+        ]
+    else:
+        lines = [
+            f'{{"key":"k{i % 7}","value":{i},"user":"u{i % 13}","pad":"{"x" * 70}"}}'
+            for i in range(records)
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    session = operator_session([path.stat().st_size])
+    frame = read_records(session, [str(path)], strings=["key", "user"], numbers=["value"])
+    assert frame.rdd.getNumPartitions() == 2
+    counts = {
+        row[MALFORMED_COL]: row["count"] for row in frame.groupBy(MALFORMED_COL).count().collect()
+    }
+    assert counts == {False: records}
+    assert frame.agg({"value": "sum"}).collect()[0][0] == sum(range(records))
