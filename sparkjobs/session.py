@@ -101,12 +101,12 @@ def operator_session(file_sizes: Sequence[int] = ()) -> SparkSession:
     its task size set for a batch of files of ``file_sizes``.
 
     A batch is many segment files of a few MB, cut into tasks of equal input, as many
-    as the cores or a multiple of them, none over ``BPCONSOLE_SPARK_TASK_MB`` (128 MB,
-    Spark's own bound). At Spark's default a 360 MB batch made three tasks for two
+    as the cores or a multiple of them, none much over ``BPCONSOLE_SPARK_TASK_MB`` (128
+    MB, Spark's own bound). At Spark's default a 360 MB batch made three tasks for two
     cores, one core idle for a third of the job; at a task per 8 MB segment the batch's
     64 tasks each built the partial sets of their own records, and the exchange
     carried them all: the aggregate's batch of 512 MB took 5.9 s in 64 tasks against
-    5.2 s in 2 or 8 (docs/benchmarks.md, "tasks of equal input").
+    5.2 s in 2 or 6 (docs/benchmarks.md, "tasks of equal input").
     """
     spark = _operator_session()
     bound = even_split_bytes(
