@@ -264,7 +264,18 @@ class ResultDistinct(models.Model):
     """The exact set behind the distinct count: one row per (key, value), until the run
     completes (its count then kept on the key's row)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_distinct")
+    # No foreign key constraint and no index of its own (ADR 0008): a run's first sink
+    # batches insert hundreds of thousands of rows, and PostgreSQL checked each against
+    # the run at commit, a third of the insert's time. Only the sink writes here, for
+    # a run it is merging; a run deleted takes its rows with it through Django's
+    # cascade; the unique index below leads with the run.
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.CASCADE,
+        related_name="result_distinct",
+        db_constraint=False,
+        db_index=False,
+    )
     key = models.CharField(max_length=500)
     value = models.CharField(max_length=500)
 

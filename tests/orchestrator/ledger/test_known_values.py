@@ -59,3 +59,14 @@ def test_a_value_of_a_batch_rolled_back_is_sent_again_and_kept() -> None:
         "u1",
         "u2",
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_run_takes_its_distinct_values_with_it() -> None:
+    # The table has no foreign key in PostgreSQL (ADR 0008): Django's cascade is what
+    # removes a run's rows.
+    run, other = pending_run("reference"), pending_run("reference")
+    _sink_batch(run, 0, ["u1", "u2"])
+    _sink_batch(other, 0, ["u1"])
+    Run.objects.filter(pk=run.pk).delete()
+    assert list(ResultDistinct.objects.values_list("run_id", "value")) == [(other.pk, "u1")]
