@@ -248,6 +248,7 @@ class RunDriver:
         self.interval_s = max(self.policy.tick_ms / 1000, 0.1)
         tick_s, next_tick = self.policy.tick_ms / 1000, time.monotonic()
         next_sweep = time.monotonic() + RETENTION_S
+        early_settle_after = 0.0
         while True:
             if self.lost:
                 log.warning("run %s: ZooKeeper session lost; giving up the run", self.run_id)
@@ -285,6 +286,12 @@ class RunDriver:
                 self.batches.dispatch_ready(now, self.flows, self.topology, self.rescale)
                 if self.rescale is not None and self.rescale.poll():
                     self._reload_topology()
+                if now >= early_settle_after and self._all_merged(now):
+                    # The last merge is in: the run settles now rather than at its next
+                    # tick, up to a tick later (0.5 s of a 10 s run, measured). Once
+                    # per tick at most, in case something else holds it open.
+                    next_tick = min(next_tick, now)
+                    early_settle_after = now + tick_s
             if now >= next_tick:
                 began = time.perf_counter()
                 self._tick()
@@ -398,6 +405,19 @@ class RunDriver:
             run, node_states=self.node_states, routes=self.table.routes.tables(), final=final
         )
         self.publish(self.run_id, snapshot)
+
+    def _all_merged(self, now: float) -> bool:
+        """A cheap sign that the run may be over, from what this loop read anyway: the
+        input is all sent, no node holds or has queued anything, no batch is running.
+        ``_finished`` decides."""
+        return (
+            self.pacer.done
+            and all(
+                f.queued_bytes == 0 and f.arrived_waiting == 0 and f.held == 0
+                for f in self.flows.values()
+            )
+            and not self.batches.running(now)
+        )
 
     def _finished(self, run: Run) -> bool:
         if not self.pacer.done or self.batches.running(time.monotonic()):
