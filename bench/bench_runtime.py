@@ -214,24 +214,30 @@ def elapsed_s(start: datetime | None, end: datetime | None) -> float:
 def operator_batches(run: Any) -> list[dict[str, Any]]:
     """The run's operator batches in completion order: node, MB, and when each was done
     (seconds from the run's start). With one Spark worker the batches run one after the
-    other, so the gaps between completions are the batch times."""
+    other, so the gaps between completions are the batch times. A batch that took its
+    siblings' data with its own names them all."""
     from django.db.models import Max, Sum
 
     from orchestrator.models import Segment
 
-    batches = (
+    parts = (
         Segment.objects.filter(run=run, upstream="source", state=Segment.State.DONE)
-        .values("node", "lease_owner")
+        .values("lease_owner", "node")
         .annotate(size=Sum("bytes"), done=Max("done_at"))
-        .order_by("done")
     )
+    batches: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        batch = batches.setdefault(part["lease_owner"], {"nodes": [], "size": 0})
+        batch["nodes"].append(part["node"])
+        batch["size"] += part["size"]
+        batch["done"] = max(batch.get("done", part["done"]), part["done"])
     out, previous = [], 0.0
-    for batch in batches:
+    for batch in sorted(batches.values(), key=lambda b: b["done"]):
         done = (batch["done"] - run.started_at).total_seconds()
         mb = batch["size"] / 2**20
         out.append(
             {
-                "node": batch["node"],
+                "node": "+".join(sorted(batch["nodes"])),
                 "mb": round(mb, 1),
                 "done_s": round(done, 1),
                 "mb_s": round(mb / max(done - previous, 1e-3), 1),

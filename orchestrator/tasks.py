@@ -32,14 +32,21 @@ NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpir
 DRIVER_TIME_LIMIT_S = 7 * 24 * 3600  # a run may stream for days; the lock guards it
 
 
-def _dispatch(run_id: int, node: str, routes: dict[str, Any], queue: Any = None) -> Any:
-    """A batch for ``node``: on its placed worker's own queue, or on any Spark worker.
+def _dispatch(
+    run_id: int,
+    node: str,
+    routes: dict[str, Any],
+    queue: Any = None,
+    siblings: dict[str, dict[str, Any]] | None = None,
+) -> Any:
+    """A batch for ``node``: on its placed worker's own queue, or on any Spark worker;
+    ``siblings`` the routing tables of stage members whose data it may take with its own.
 
     Not added to the parent: Celery would append every batch's result to the driver
     task's ``request.children``, and a driver runs for days (it grew by each batch's
     result, 0.6 MB a minute, found with tracemalloc over a soak)."""
     return process_batch_task.apply_async(
-        kwargs={"run_id": run_id, "node": node, "routes": routes},
+        kwargs={"run_id": run_id, "node": node, "routes": routes, "siblings": siblings},
         queue=queue or "spark",
         add_to_parent=False,
     )
@@ -94,10 +101,17 @@ def start_run(run: Run) -> None:
     retry_jitter=True,
 )
 def process_batch_task(
-    self: Any, *, run_id: int, node: str, routes: dict[str, Any] | None
+    self: Any,
+    *,
+    run_id: int,
+    node: str,
+    routes: dict[str, Any] | None,
+    siblings: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     try:
-        report = process_batch(run_id, node, routes, task_id=self.request.id or "")
+        report = process_batch(
+            run_id, node, routes, task_id=self.request.id or "", siblings=siblings
+        )
         if report.aligned is not None and report.aligned.tail:
             _report_tail(run_id, report)
         return report.to_json()

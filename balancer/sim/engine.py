@@ -274,6 +274,8 @@ class Simulator:
             p: (runtime.workers if p == _SPARK and runtime is not None else 1)
             for p in self.pool_of.values()
         }
+        self.siblings = self._siblings()
+        self.fused: dict[int, tuple[int, ...]] = {}  # a running batch's lead -> its nodes
         self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
         self.done_times = np.full(workload.packets, math.nan)
         self.left_source = np.full(workload.packets, math.nan)
@@ -311,6 +313,29 @@ class Simulator:
             elif kind == "sink" and runtime.batches_sinks:
                 pools[i] = i
         return pools
+
+    def _siblings(self) -> dict[int, tuple[int, ...]]:
+        """Per operator on the Spark workers, the other instances of its stage whose
+        waiting input its batch takes too, as the live worker does (orchestrator/worker/
+        batch.py, siblings in one job): stateless, with no emulated rate of their own
+        (the live rule also asks for one operator with the same parameters, which a
+        stage's instances have, and no event-time windows, which the simulator does
+        not model)."""
+
+        def fusable(i: int) -> bool:
+            spec = self.topology.node(self.nodes[i].id)
+            return self.pool_of.get(i) == _SPARK and spec.mergeable and not spec.max_rate_bps
+
+        siblings = {}
+        for i in self.pool_of:
+            if fusable(i):
+                stage = self.topology.node(self.nodes[i].id).stage_name
+                siblings[i] = tuple(
+                    self.index[m]
+                    for m in self.topology.stage_members(stage)
+                    if self.index[m] != i and fusable(self.index[m])
+                )
+        return siblings
 
     # --- the event loop -------------------------------------------------------------------
 
@@ -403,24 +428,44 @@ class Simulator:
         waiting = self.waiting_batches[pool]
         while self.free_workers[pool] and waiting:
             node = self.nodes[waiting.popleft()]
-            # The batch claims what has arrived when its worker starts it.
-            size = self.in_size[node.index]
-            count = len(node.queue) - node.ready
-            if math.isfinite(model.max_batch_bytes):
-                count = min(count, max(1, int(model.max_batch_bytes // size)))
-            node.batched = count
+            if node.batched > 0:
+                continue  # in a sibling's batch: it asks again when that one ends
+            if len(node.queue) == node.ready:
+                node.batched = -1  # a sibling's batch took all it had
+                continue
+            # The batch claims what has arrived when its worker starts it, its own
+            # first, then its siblings' while it has room.
+            room = model.max_batch_bytes
+            members: list[int] = []
+            for member in (node.index, *self.siblings.get(node.index, ())):
+                other = self.nodes[member]
+                size = self.in_size[member]
+                count = len(other.queue) - other.ready
+                if other.batched > 0 or count == 0 or (members and room < size):
+                    continue
+                if math.isfinite(room):
+                    count = min(count, max(1, int(room // size)))
+                other.batched = count
+                room -= count * size
+                members.append(member)
             self.free_workers[pool] -= 1
             cost = model.batch_s if pool == _SPARK else model.sink_batch_s
-            self._push(self.now + cost(count * size), _BATCH_DONE, node.index)
+            taken = sum(self.nodes[m].batched * self.in_size[m] for m in members)
+            self.fused[node.index] = tuple(members)
+            self._push(self.now + cost(taken), _BATCH_DONE, node.index)
 
-    def _batch_done(self, node: _Node) -> None:
-        node.ready += node.batched
-        node.batched = -1
-        pool = self.pool_of[node.index]
+    def _batch_done(self, lead: _Node) -> None:
+        members = [self.nodes[m] for m in self.fused.pop(lead.index)]
+        for node in members:
+            node.ready += node.batched
+            node.batched = -1
+        pool = self.pool_of[lead.index]
         self.free_workers[pool] += 1
-        self._ask_batch(node)
+        for node in members:
+            self._ask_batch(node)
         self._start_batches(pool)
-        self._forward(node)
+        for node in members:
+            self._forward(node)
 
     # --- forwarding -----------------------------------------------------------------------
 

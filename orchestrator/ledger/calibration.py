@@ -30,13 +30,14 @@ class CalibrationError(ValueError):
 def batches(run: Run, kind: str = "operator") -> list[BatchSample]:
     """Each batch of the run's nodes of ``kind`` (operators: on the Spark workers; the
     sink: on the control worker): when it was claimed and completed, and its bytes. A
-    batch is the segments one lease owner completed at one node."""
+    batch is the segments one lease owner completed: at one node, or at several siblings
+    whose data one job ran (``orchestrator/worker/batch.py``)."""
     graph = RunGraph.of(cast("PipelineDocument", run.topology))
     nodes = [n for n in graph.nodes if graph.node(n)["kind"] == kind]
     found = (
         Segment.objects.filter(run=run, node__in=nodes, state=Segment.State.DONE)
         .exclude(claimed_at=None)
-        .values("node", "lease_owner")
+        .values("lease_owner")
         .annotate(size=Sum("bytes"), began=Min("claimed_at"), done=Max("done_at"))
     )
     start = run.started_at

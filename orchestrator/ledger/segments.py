@@ -308,11 +308,13 @@ def complete_batch(
     late: Mapping[str, int] | None = None,
 ) -> None:
     """Outputs in, inputs done (and a stateful operator's state folded), in one
-    transaction; refused if the lease was lost or the instance was retired meanwhile."""
+    transaction; refused if the lease was lost or an instance whose inputs these are
+    (a batch may hold its stage siblings', ``orchestrator/worker/batch.py``) was retired
+    meanwhile."""
     now = timezone.now()
     with transaction.atomic():
-        if inputs:
-            _fence_retired(run_id, inputs[0].node)
+        for node in sorted({s.node for s in inputs}):
+            _fence_retired(run_id, node)
         _finish_inputs(owner, inputs, malformed, late)
         if fold is not None:
             fold()

@@ -137,6 +137,39 @@ class RunGraph:
         """Each member's key group: even slot ranges in the stage's declaration order."""
         return self._key_groups.get(stage, {})
 
+    def fusable_with(self, name: str) -> tuple[str, ...]:
+        """The other members of ``name``'s stage whose batches one Spark job may run
+        with its own (docs/architecture.md, "siblings in one job"): the same operator
+        with the same parameters, stateless, at no emulated rate of its own, in a
+        pipeline without event-time windows. Nothing for a source or a sink."""
+        return self._fusable.get(name, ())
+
+    @cached_property
+    def _fusable(self) -> Mapping[str, tuple[str, ...]]:
+        if pipeline_windows(self.document) is not None:
+            return {}
+
+        def signature(node: NodeDocument) -> str | None:
+            spec = OPERATORS.get(operator_name(node))
+            if (
+                node["kind"] != "operator"
+                or spec is None
+                or spec.stateful
+                or float(node.get("max_rate_mbps") or 0.0) > 0
+            ):
+                return None
+            return json.dumps([spec.name, node.get("params") or {}], sort_keys=True)
+
+        fusable: dict[str, tuple[str, ...]] = {}
+        for members in self.stages.values():
+            for name in members:
+                own = signature(self.nodes[name])
+                if own is not None:
+                    fusable[name] = tuple(
+                        m for m in members if m != name and signature(self.nodes[m]) == own
+                    )
+        return fusable
+
     @cached_property
     def _key_groups(self) -> Mapping[str, Mapping[str, KeyGroup]]:
         return {

@@ -128,6 +128,39 @@ def claim_batch(
     return AlignedClaim(claim.segments, claim.config, aligned)
 
 
+def claim_sibling(
+    run_id: int,
+    node: str,
+    owner: str,
+    *,
+    config: int,
+    max_segments: int,
+    max_bytes: int,
+    lease_s: float,
+) -> segments.Claim:
+    """A claim of ``node``'s arrived data for a batch of its stage sibling at
+    configuration ``config`` (``orchestrator/worker/batch.py``, siblings in one job):
+    nothing while ``node`` takes part in a rescale, is being removed, or stands at
+    another configuration, so a batch routes all it holds with one graph and no
+    alignment waits on a batch that is not its instance's own."""
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().filter(run_id=run_id, name=node).first()
+        if instance is not None and (
+            instance.aligning
+            or instance.status != Instance.Status.ACTIVE
+            or instance.config != config
+        ):
+            return segments.Claim([], config)
+        return segments.claim_batch(
+            run_id,
+            node,
+            owner,
+            max_segments=max_segments,
+            max_bytes=max_bytes,
+            lease_s=lease_s,
+        )
+
+
 def align_waiting(run_id: int, version: int) -> list[Aligned]:
     """Align every instance of adjustment ``version`` that can align now and is not
     being claimed: the control side's poll, so an idle instance (or one whose next batch

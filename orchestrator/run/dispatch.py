@@ -26,8 +26,9 @@ from orchestrator.run.route_store import RouteStore
 
 log = logging.getLogger(__name__)
 
-# (run id, node, its routing table, the queue or None for any Spark worker) -> a handle
-Dispatcher = Callable[[int, str, dict[str, Any], Any], Any]
+# (run id, node, its routing table, the queue or None for any Spark worker, the routing
+# tables of the stage siblings whose data the batch may take with its own) -> a handle
+Dispatcher = Callable[[int, str, dict[str, Any], Any, dict[str, dict[str, Any]]], Any]
 
 # Redis (the broker and the result backend) restarting: a batch's state is unknown and
 # none can be sent until it is back; the run waits, it does not fail.
@@ -108,20 +109,39 @@ class BatchDispatch:
                 self._retire(current)
                 del self.in_flight[node]
             placed = rescale.queue_for(node) if rescale is not None else None
+            siblings: dict[str, dict[str, Any]] = {}
             if placed is not None:
                 queue: Any = placed
             elif topology.has_node(node) and topology.node(node).kind == "sink":
                 queue = "control"
             else:
                 queue = None
+                siblings = self._unplaced_siblings(node, topology, rescale)
             try:
-                handle = self.send(self.run_id, node, self.routes.get(node).to_json(), queue)
+                handle = self.send(
+                    self.run_id, node, self.routes.get(node).to_json(), queue, siblings
+                )
             except BROKER_ERRORS as err:
                 log.warning(
                     "run %s: batch of %s not sent (broker down?): %s", self.run_id, node, err
                 )
                 return  # tried again next loop
             self.in_flight[node] = Dispatch(now, handle)
+
+    def _unplaced_siblings(
+        self, node: str, topology: Topology, rescale: RescaleControl | None
+    ) -> dict[str, dict[str, Any]]:
+        """The routing tables of ``node``'s stage members that any Spark worker may
+        run: those a batch of ``node`` may take data from (the worker decides which of
+        them the graph lets one job run). Not an instance a hot rescale placed on a
+        worker of its own: its data stays there."""
+        if not topology.has_node(node):
+            return {}
+        return {
+            member: self.routes.get(member).to_json()
+            for member in topology.stage_members(topology.node(node).stage_name)
+            if member != node and (rescale is None or rescale.queue_for(member) is None)
+        }
 
     def take_over_failed(self, now: float) -> None:
         """A batch whose task failed goes back to its node's pool at once: a Spark

@@ -59,6 +59,7 @@ class BatchReport:
     malformed: int = 0
     aligned: alignment.Aligned | None = None
     failure: str = ""
+    fused: tuple[str, ...] = ()  # siblings whose data the batch took with its own
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,7 @@ class BatchReport:
             "bytes": self.bytes,
             "malformed": self.malformed,
             "failure": self.failure,
+            "fused": list(self.fused),
             "aligned": None if self.aligned is None else self.aligned.version,
         }
 
@@ -85,8 +87,15 @@ def worker_identity(task_id: str = "") -> str:
 
 
 def process_batch(
-    run_id: int, node_name: str, routes_json: Mapping[str, object] | None, task_id: str = ""
+    run_id: int,
+    node_name: str,
+    routes_json: Mapping[str, object] | None,
+    task_id: str = "",
+    siblings: Mapping[str, Mapping[str, object]] | None = None,
 ) -> BatchReport:
+    """A batch of ``node_name``'s arrived data; with it, up to the batch's bounds, what
+    has arrived at ``siblings`` (stage members the driver placed on any Spark worker,
+    each with its routing table) that the graph lets one job run with it."""
     run = Run.objects.get(pk=run_id)
     if not run.is_active:
         return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
@@ -120,9 +129,23 @@ def process_batch(
     # The run's graph now, or the one before an adjustment this node has not aligned
     # with yet (the graph of the claim's configuration): made once per configuration.
     graph = RunGraph.at(run.pk, run.config_version if doc is run.topology else claim.config, doc)
-    size = sum(s.bytes for s in claim)
+    routes = {node_name: Routes.from_json(routes_json)}
+    batch = list(claim.segments)
+    if node["kind"] != "sink" and aligned is None and siblings:
+        batch += _claim_siblings(
+            run_id,
+            graph,
+            node_name,
+            owner=owner,
+            claim=claim,
+            siblings=siblings,
+            routes=routes,
+            max_segments=max_segments - len(batch),
+            max_bytes=int(settings.BPCONSOLE_BATCH_MB * MB) - sum(s.bytes for s in batch),
+        )
+    size = sum(s.bytes for s in batch)
     keeper = LeaseKeeper(
-        [s.pk for s in claim],
+        [s.pk for s in batch],
         owner,
         lease_s=settings.BPCONSOLE_LEASE_S,
         max_hold_s=settings.BPCONSOLE_BATCH_MAX_S,
@@ -137,8 +160,9 @@ def process_batch(
                 graph=graph,
                 node=node,
                 owner=owner,
-                claim=claim,
-                routes=Routes.from_json(routes_json),
+                batch=batch,
+                config=claim.config,
+                routes=routes,
             )
         except (segments.LeaseLostError, DatabaseError):
             raise  # not the operator's failure: the task's retry policy and the lease
@@ -146,14 +170,74 @@ def process_batch(
             if _spark_died(error):
                 # The engine failed, not the operator: the batch goes back to its pool
                 # unprocessed and uncounted; the next one starts a new session.
-                segments.release(owner, claim.segments)
+                segments.release(owner, batch)
                 log.warning(
                     "run %s node %s: Spark died under the batch: %s", run.pk, node_name, error
                 )
                 return BatchReport(node_name, 0, 0, aligned=aligned, failure="spark died")
-            failure = _failed(run, node_name, owner, claim.segments, error)
-            return BatchReport(node_name, len(claim), size, aligned=aligned, failure=failure)
-    return BatchReport(node_name, len(claim), size, malformed, aligned=aligned)
+            failure = _failed(run, node_name, owner, batch, error)
+            return BatchReport(node_name, len(batch), size, aligned=aligned, failure=failure)
+    return BatchReport(
+        node_name, len(batch), size, malformed, aligned=aligned, fused=_fused(node_name, batch)
+    )
+
+
+def _claim_siblings(
+    run_id: int,
+    graph: RunGraph,
+    node: str,
+    *,
+    owner: str,
+    claim: alignment.AlignedClaim,
+    siblings: Mapping[str, Mapping[str, object]],
+    routes: dict[str, Routes],
+    max_segments: int,
+    max_bytes: int,
+) -> list[Segment]:
+    """What has arrived at ``node``'s fusable siblings, claimed under the batch's owner
+    and lease while the batch has room: one Spark job instead of one per sibling (the
+    fixed cost of a job, and every job's own partial sets of a key's values; docs/
+    benchmarks.md, "siblings in one job"). Each sibling's routing table goes into
+    ``routes``. A claim the batch cannot take with its own (another configuration,
+    another key-group part, a file already in the batch) goes back at once."""
+    taken: list[Segment] = []
+    files = {Path(s.path).stem for s in claim.segments}
+    first = claim.segments[0]
+    for sibling in graph.fusable_with(node):
+        if sibling not in siblings or max_segments <= 0 or max_bytes <= 0:
+            continue
+        # At most one segment over the batch's bytes, as a batch's first segment may be.
+        got = alignment.claim_sibling(
+            run_id,
+            sibling,
+            owner,
+            config=claim.config,
+            max_segments=max_segments,
+            max_bytes=max_bytes,
+            lease_s=settings.BPCONSOLE_LEASE_S,
+        )
+        if not got:
+            continue
+        stems = {Path(s.path).stem for s in got.segments}
+        if (
+            got.config != claim.config
+            or (got.segments[0].slots_from, got.segments[0].slots_to)
+            != (first.slots_from, first.slots_to)
+            or stems & files
+        ):
+            segments.release(owner, got.segments)
+            continue
+        routes[sibling] = Routes.from_json(siblings[sibling])
+        taken += got.segments
+        files |= stems
+        max_segments -= len(got.segments)
+        max_bytes -= sum(s.bytes for s in got.segments)
+    return taken
+
+
+def _fused(node: str, batch: list[Segment]) -> tuple[str, ...]:
+    """The siblings whose data a batch of ``node`` took."""
+    return tuple(sorted({s.node for s in batch} - {node}))
 
 
 def _spark_ready() -> bool:
@@ -231,13 +315,16 @@ def _operate(
     graph: RunGraph,
     node: NodeDocument,
     owner: str,
-    claim: alignment.AlignedClaim,
-    routes: Routes,
+    batch: list[Segment],
+    config: int,
+    routes: Mapping[str, Routes],
 ) -> int:
+    """``node``'s operator over ``batch``: its own segments and any its siblings' (each
+    routed, named and accounted as its own node's), in one job, completed in one
+    transaction."""
     from sparkjobs.session import operator_session, tag_jobs
 
     name = node["name"]
-    batch = claim.segments
     # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
     # copies for the other key groups, and operators name their results by file.
     by_file = {Path(s.path).stem: s for s in batch}
@@ -248,12 +335,17 @@ def _operate(
     spec = operator_of(node)
     copies = {
         stem: plan.targets(
-            graph.document, name, output_id(s.pk, name), tag=s.tag, routes=routes, slots=slots
+            graph.document,
+            s.node,
+            output_id(s.pk, s.node),
+            tag=s.tag,
+            routes=routes[s.node],
+            slots=slots,
         )
         for stem, s in by_file.items()
     }
     together = _together(copies) if spec.partials and pipeline_windows(run.topology) is None else {}
-    outputs = _output_paths(run.pk, name, by_file, together)
+    outputs = _output_paths(run.pk, by_file, together)
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     tag_jobs(spark)
@@ -277,7 +369,7 @@ def _operate(
     new = []
     for stem, seg in by_file.items():
         out = produced[stem]
-        new_id = output_id(seg.pk, name)
+        new_id = output_id(seg.pk, seg.node)
         for target, migrated_from, part in copies[stem]:
             new.append(
                 segments.NewSegment(
@@ -287,13 +379,13 @@ def _operate(
                     origin_offset=seg.origin_offset,
                     origin_length=seg.origin_length,
                     node=target,
-                    upstream=name,
+                    upstream=seg.node,
                     tag=seg.tag,
                     path=str(out.path),
                     bytes=out.bytes,
                     migrated_from=migrated_from,
-                    link_mbps=graph.bandwidth(name, target),
-                    config=claim.config,
+                    link_mbps=graph.bandwidth(seg.node, target),
+                    config=config,
                     slots_from=part.low,
                     slots_to=part.high,
                     high_before_us=seg.high_before_us,
@@ -368,7 +460,7 @@ def _together(copies: Mapping[str, Copies]) -> dict[str, str]:
 
 
 def _output_paths(
-    run_id: int, node: str, by_file: Mapping[str, Segment], together: Mapping[str, str]
+    run_id: int, by_file: Mapping[str, Segment], together: Mapping[str, str]
 ) -> dict[str, Path]:
     """Where each segment's output goes. A segment's own output is a function of its
     input alone, so a batch run again after a crash writes the same bytes. An output
@@ -382,7 +474,7 @@ def _output_paths(
         members.setdefault(holder, []).append(by_file[stem].pk)
     paths = {}
     for stem, seg in by_file.items():
-        own = output_id(seg.pk, node)
+        own = output_id(seg.pk, seg.node)
         shared = sorted(members.get(together.get(stem, stem), []))
         if len(shared) > 1:
             digest = hashlib.blake2b("\n".join(shared).encode(), digest_size=8).hexdigest()

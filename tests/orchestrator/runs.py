@@ -128,9 +128,11 @@ def finished_run(**fields: Any) -> Run:
     return run
 
 
-def queue_segments(run: Run, paths: Sequence[Path | str], node: str = "task1") -> list[str]:
+def queue_segments(
+    run: Run, paths: Sequence[Path | str], node: str = "task1", *, first: int = 0
+) -> list[str]:
     """Segments of these files queued at ``node`` as the source would have sent them,
-    one chunk each; their ids."""
+    one chunk each from chunk ``first`` on; their ids."""
     items = [
         segments.NewSegment(
             id=f"s{n}",
@@ -144,7 +146,7 @@ def queue_segments(run: Run, paths: Sequence[Path | str], node: str = "task1") -
             path=str(path),
             bytes=Path(path).stat().st_size if Path(path).is_file() else 1,
         )
-        for n, path in enumerate(paths)
+        for n, path in enumerate(paths, start=first)
     ]
     segments.complete_batch(run.pk, "nobody", [], items, {})
     return [item.id for item in items]

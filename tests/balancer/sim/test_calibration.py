@@ -3,6 +3,7 @@ that run as batches on shared workers, and data that shrinks as it is processed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -110,6 +111,25 @@ def test_operators_share_the_workers_one_batch_at_a_time() -> None:
 
     assert one == pytest.approx(2.0)
     assert two == pytest.approx(1.0)
+
+
+def test_a_batch_takes_what_has_arrived_at_its_stage_siblings_too() -> None:
+    # The first packet starts op0's batch alone (1 s); one more for each branch arrives
+    # meanwhile, and the next batch takes all three, as the live worker does: 2 s, where
+    # a batch per branch took 4. A keyed stage's instances keep their own batches.
+    three = chain(branches=3)
+    keyed = Topology.build(
+        [
+            node if node.kind != "operator" else dataclasses.replace(node, mergeable=False)
+            for node in three.nodes
+        ],
+        three.links,
+    )
+    workload = at_start(4, tags=[0, 0, 1, 2], branches=3)
+    model = RuntimeModel(batch_fixed_s=1.0)
+
+    assert completion(three, workload, model) == pytest.approx(2.0)
+    assert completion(keyed, workload, model) == pytest.approx(4.0)
 
 
 def test_a_batch_holds_at_most_the_largest_batch() -> None:

@@ -14,7 +14,8 @@ from django.core.management.base import CommandError
 
 from balancer.sim.cli import main as simulate
 from balancer.units import MB
-from orchestrator.ledger.calibration import replay_of
+from orchestrator.ledger.calibration import batches, replay_of
+from orchestrator.models import Segment
 from tests.orchestrator.runs import BRANCHES, finished_run, pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -26,6 +27,16 @@ def test_the_batches_cost_is_fitted_with_the_gap_between_them() -> None:
     assert runtime.batch_fixed_s == pytest.approx(0.5 + 0.1)
     assert runtime.batch_bytes_per_s == pytest.approx(10 * MB)
     assert runtime.sink_batch_fixed_s == pytest.approx(0.05)
+
+
+def test_a_batch_that_took_its_siblings_data_is_one_batch() -> None:
+    # task2's batch took task3's three chunks with its own (one owner, one job).
+    run = finished_run()
+    Segment.objects.filter(run=run, node__in=["task2", "task3"], upstream="source").update(
+        lease_owner="w:fused", claimed_at=run.started_at, done_at=run.finished_at
+    )
+
+    assert sorted(sample.bytes for sample in batches(run)) == [2 * MB, 4 * MB]
 
 
 def test_each_operator_s_reduction_is_its_bytes_out_per_byte_in() -> None:

@@ -65,14 +65,14 @@ def test_a_shared_output_is_named_for_the_segments_that_share_it(settings: Any) 
     # alone keeps the output named for it alone, the same bytes on every attempt.
     from orchestrator.worker.batch import _output_paths
 
-    rows = {f"f{n}": Segment(id=f"s{n}") for n in range(3)}
-    alone = _output_paths(7, "task1", rows, {})
-    first = _output_paths(7, "task1", rows, {"f0": "f0", "f1": "f0", "f2": "f0"})
-    second = _output_paths(7, "task1", {k: rows[k] for k in ("f0", "f1")}, {"f0": "f0", "f1": "f0"})
+    rows = {f"f{n}": Segment(id=f"s{n}", node="task1") for n in range(3)}
+    alone = _output_paths(7, rows, {})
+    first = _output_paths(7, rows, {"f0": "f0", "f1": "f0", "f2": "f0"})
+    second = _output_paths(7, {k: rows[k] for k in ("f0", "f1")}, {"f0": "f0", "f1": "f0"})
     assert [p.name for p in alone.values()] == [
         "s0.task1.jsonl",
         "s1.task1.jsonl",
         "s2.task1.jsonl",
     ]
     assert len(set(first.values()) | set(second.values()) | set(alone.values())) == 8
-    assert first == _output_paths(7, "task1", rows, {"f0": "f0", "f1": "f0", "f2": "f0"})
+    assert first == _output_paths(7, rows, {"f0": "f0", "f1": "f0", "f2": "f0"})
