@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.models import Instance, Segment
+from orchestrator.models import Instance, Run, Segment
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.worker.batch import process_batch
 from sparkjobs.merge import combine_partials
@@ -27,8 +27,11 @@ def _records(path: Path, keys: range) -> Path:
     return path
 
 
-def _inputs(tmp_path: Path, chunks: range) -> list[Path]:
-    return [_records(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in chunks]
+def _queue(run: Run, tmp_path: Path, chunks: dict[str, range]) -> None:
+    """Each node's chunks queued at it, a file of ten records and a bad line each."""
+    for node, numbers in chunks.items():
+        paths = [_records(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in numbers]
+        queue_segments(run, paths, node, first=numbers.start)
 
 
 def test_a_batch_takes_its_siblings_data_into_one_job_and_each_chunk_goes_on_once(
@@ -36,13 +39,12 @@ def test_a_batch_takes_its_siblings_data_into_one_job_and_each_chunk_goes_on_onc
 ) -> None:
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
-    queue_segments(run, _inputs(tmp_path, range(2)), "task1")
-    queue_segments(run, _inputs(tmp_path, range(2, 3)), "task2", first=2)
-    queue_segments(run, _inputs(tmp_path, range(3, 5)), "task3", first=3)
+    # Four chunks: the most a batch takes on a new JVM (NEW_JVM_BATCH_SEGMENTS).
+    _queue(run, tmp_path, {"task1": range(2), "task2": range(2, 3), "task3": range(3, 4)})
 
     report = process_batch(run.pk, "task1", None, siblings={"task2": {}, "task3": {}})
 
-    assert (report.segments, report.malformed, report.fused) == (5, 5, ("task2", "task3"))
+    assert (report.segments, report.malformed, report.fused) == (4, 4, ("task2", "task3"))
     inputs = Segment.objects.filter(run=run, upstream="source")
     # One claim, one completion: every input done under the batch's one owner...
     assert {(s.state, s.lease_owner) for s in inputs} == {
@@ -55,15 +57,14 @@ def test_a_batch_takes_its_siblings_data_into_one_job_and_each_chunk_goes_on_onc
         (1, "task1"),
         (2, "task2"),
         (3, "task3"),
-        (4, "task3"),
     ]
     # One partial per key for the whole job, whichever node's output holds it.
-    assert sorted(Path(s.path).stat().st_size > 0 for s in outputs) == [False] * 4 + [True]
+    assert sorted(Path(s.path).stat().st_size > 0 for s in outputs) == [False] * 3 + [True]
     merged = {
         m.key: (m.count, int(m.sum), m.distinct)
         for m in combine_partials([Path(s.path) for s in outputs])
     }
-    records = Counter(k for n in range(5) for k in range(n * 5, n * 5 + 10))
+    records = Counter(k for n in range(4) for k in range(n * 5, n * 5 + 10))
     assert merged == {
         f"k{k}": (count, k * count, (f"u{k % 3}",)) for k, count in sorted(records.items())
     }
@@ -74,13 +75,11 @@ def test_a_sibling_the_driver_did_not_name_or_that_is_aligning_keeps_its_data(
 ) -> None:
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
-    queue_segments(run, _inputs(tmp_path, range(1)), "task1")
-    queue_segments(run, _inputs(tmp_path, range(1, 2)), "task2", first=1)
-    queue_segments(run, _inputs(tmp_path, range(2, 3)), "task3", first=2)
+    _queue(run, tmp_path, {"task1": range(1), "task2": range(1, 2), "task3": range(2, 3)})
     # task2 takes part in a hot rescale: its data waits for its own alignment.
     Instance.objects.filter(run=run, name="task2").update(target=2)
 
-    queue_segments(run, _inputs(tmp_path, range(3, 4)), "output", first=3)
+    _queue(run, tmp_path, {"output": range(3, 4)})
     # task3 is not named: the driver placed it on a worker of its own. A name that is
     # no sibling (the sink, a node the run does not have) gives a batch nothing.
     report = process_batch(
