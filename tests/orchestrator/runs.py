@@ -4,6 +4,7 @@ and segment rows written as the runtime would have left them."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from orchestrator.ledger import segments
 from orchestrator.models import Run, Segment
 from orchestrator.pipeline.routes import tagged_target
 from orchestrator.rescale.start import ensure_instances
+from sparkjobs.merge import combine_partials
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 
@@ -150,3 +152,19 @@ def queue_segments(
     ]
     segments.complete_batch(run.pk, "nobody", [], items, {})
     return [item.id for item in items]
+
+
+def records_file(path: Path, keys: range) -> Path:
+    """A segment file of one record per key (value the key's number, user one of three)
+    and a malformed line."""
+    lines = [json.dumps({"key": f"k{k}", "value": k, "user": f"u{k % 3}"}) for k in keys]
+    path.write_text("\n".join([*lines, "not json"]) + "\n")
+    return path
+
+
+def merged_partials(outputs: Sequence[Segment]) -> dict[str, tuple[int, int, tuple[str, ...]]]:
+    """Per key, the (count, sum, distinct values) the sink would merge from ``outputs``."""
+    return {
+        m.key: (m.count, int(m.sum), m.distinct)
+        for m in combine_partials([Path(s.path) for s in outputs])
+    }

@@ -5,7 +5,6 @@ the sink once."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,9 @@ import pytest
 
 from orchestrator.models import Segment
 from orchestrator.worker.batch import process_batch
-from sparkjobs.merge import combine_partials
-from tests.orchestrator.runs import pending_run, queue_segments
+from tests.orchestrator.runs import merged_partials, pending_run, queue_segments, records_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def _records(path: Path, keys: range) -> Path:
-    lines = [json.dumps({"key": f"k{k}", "value": k, "user": f"u{k % 3}"}) for k in keys]
-    path.write_text("\n".join([*lines, "not json"]) + "\n")
-    return path
 
 
 def test_an_aggregator_batch_sent_to_one_place_leaves_one_partial(
@@ -31,7 +23,7 @@ def test_an_aggregator_batch_sent_to_one_place_leaves_one_partial(
 ) -> None:
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
-    paths = [_records(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in range(4)]
+    paths = [records_file(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in range(4)]
     ids = queue_segments(run, paths)
 
     report = process_batch(run.pk, "task1", None)
@@ -44,10 +36,7 @@ def test_an_aggregator_batch_sent_to_one_place_leaves_one_partial(
     sizes = [Path(s.path).stat().st_size for s in outputs]
     assert sorted(size > 0 for size in sizes) == [False, False, False, True]
     assert [s.bytes for s in outputs] == sizes
-    merged = {
-        m.key: (m.count, int(m.sum), m.distinct)
-        for m in combine_partials([Path(s.path) for s in outputs])
-    }
+    merged = merged_partials(outputs)
     records = Counter(k for n in range(4) for k in range(n * 5, n * 5 + 10))
     assert merged == {
         f"k{k}": (count, k * count, (f"u{k % 3}",)) for k, count in sorted(records.items())

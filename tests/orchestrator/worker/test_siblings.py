@@ -5,7 +5,6 @@ sink once, as its own node's output. On the real PostgreSQL and Spark."""
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,22 +14,21 @@ import pytest
 from orchestrator.models import Instance, Run, Segment
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.worker.batch import process_batch
-from sparkjobs.merge import combine_partials
-from tests.orchestrator.runs import TOPOLOGIES, pending_run, queue_segments
+from tests.orchestrator.runs import (
+    TOPOLOGIES,
+    merged_partials,
+    pending_run,
+    queue_segments,
+    records_file,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def _records(path: Path, keys: range) -> Path:
-    lines = [json.dumps({"key": f"k{k}", "value": k, "user": f"u{k % 3}"}) for k in keys]
-    path.write_text("\n".join([*lines, "not json"]) + "\n")
-    return path
 
 
 def _queue(run: Run, tmp_path: Path, chunks: dict[str, range]) -> None:
     """Each node's chunks queued at it, a file of ten records and a bad line each."""
     for node, numbers in chunks.items():
-        paths = [_records(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in numbers]
+        paths = [records_file(tmp_path / f"in{n}.jsonl", range(n * 5, n * 5 + 10)) for n in numbers]
         queue_segments(run, paths, node, first=numbers.start)
 
 
@@ -60,10 +58,7 @@ def test_a_batch_takes_its_siblings_data_into_one_job_and_each_chunk_goes_on_onc
     ]
     # One partial per key for the whole job, whichever node's output holds it.
     assert sorted(Path(s.path).stat().st_size > 0 for s in outputs) == [False] * 3 + [True]
-    merged = {
-        m.key: (m.count, int(m.sum), m.distinct)
-        for m in combine_partials([Path(s.path) for s in outputs])
-    }
+    merged = merged_partials(outputs)
     records = Counter(k for n in range(4) for k in range(n * 5, n * 5 + 10))
     assert merged == {
         f"k{k}": (count, k * count, (f"u{k % 3}",)) for k, count in sorted(records.items())
