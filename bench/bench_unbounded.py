@@ -766,7 +766,7 @@ def disk_bytes(path: Path | None) -> int:
 
 SOAK_TABLES = tuple(
     f"orchestrator_{name}"
-    for name in ("segment", "mergedchunk", "resultkey", "resultdistinct", "sourcefile", "event")
+    for name in ("segment", "mergedchunk", "resultkey", "sourcefile", "event")
 )
 
 

@@ -246,9 +246,13 @@ class ResultKey(models.Model):
     sum = models.DecimalField(max_digits=38, decimal_places=10)
     min = models.DecimalField(max_digits=38, decimal_places=10)
     max = models.DecimalField(max_digits=38, decimal_places=10)
-    # The distinct count, kept once the run ended and its exact set (ResultDistinct
-    # rows) dropped: nothing merges into a run that has ended, and its sets were most of
-    # the database (docs/benchmarks.md, "1,000 faults").
+    # The exact set behind the distinct count while the run is active, one array on the
+    # key's row (ADR 0010): a sink batch rewrites a row per key it brings new values,
+    # not a row per value.
+    values = ArrayField(models.TextField(), null=True, blank=True)
+    # The distinct count, kept once the run ended and its set dropped: nothing merges
+    # into a run that has ended, and its sets were most of the database
+    # (docs/benchmarks.md, "1,000 faults").
     distinct = models.BigIntegerField(
         null=True, blank=True, help_text="The distinct count, kept once the run completed."
     )
@@ -258,34 +262,6 @@ class ResultKey(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} key {self.key}"
-
-
-class ResultDistinct(models.Model):
-    """The exact set behind the distinct count: one row per (key, value), until the run
-    completes (its count then kept on the key's row)."""
-
-    # No foreign key constraint and no index of its own (ADR 0008): a run's first sink
-    # batches insert hundreds of thousands of rows, and PostgreSQL checked each against
-    # the run at commit, a third of the insert's time. Only the sink writes here, for
-    # a run it is merging; a run deleted takes its rows with it through Django's
-    # cascade; the unique index below leads with the run.
-    run = models.ForeignKey(
-        Run,
-        on_delete=models.CASCADE,
-        related_name="result_distinct",
-        db_constraint=False,
-        db_index=False,
-    )
-    key = models.CharField(max_length=500)
-    value = models.CharField(max_length=500)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "key", "value"], name="distinct_value_once")
-        ]
-
-    def __str__(self) -> str:
-        return f"run {self.run_id} {self.key}={self.value}"
 
 
 class WindowKey(models.Model):
@@ -304,7 +280,7 @@ class WindowKey(models.Model):
     # The exact set behind the distinct count while the window is open, one array per
     # row (a batch updates a row per key, not a row per value); on closing, its size is
     # kept and the set dropped.
-    values = ArrayField(models.CharField(max_length=500), null=True, blank=True)
+    values = ArrayField(models.TextField(), null=True, blank=True)
     distinct = models.BigIntegerField(
         null=True, blank=True, help_text="The distinct count, kept when the window closes."
     )

@@ -3,14 +3,15 @@ batch sends PostgreSQL only the (key, value) pairs that may be new.
 
 A sink batch's partials carry each key's whole set of distinct values in the batch
 (about 200,000 pairs in a 160 MB batch of bench_peers.py's input), nearly all of them in
-the result already after the first batches; each was an index probe of ``ON CONFLICT DO
-NOTHING``, a second of the database's CPU per batch, taken from the Spark worker beside
-it on a small machine (docs/benchmarks.md, "one partial per batch").
+the result already after the first batches; sending them all cost a second of the
+database's CPU per batch, taken from the Spark worker beside it on a small machine
+(docs/benchmarks.md, "one partial per batch"), and a key that gets nothing new keeps
+its stored set unwritten (ADR 0010).
 
 Skipping a pair is safe only when it is in the result: a pair is remembered once the
 transaction that inserted it has committed (``transaction.on_commit``), never before.
 Another process's inserts are not known here and are simply sent again, which the
-unique constraint keeps once. Memory is bounded: at most ``MAX_PAIRS`` pairs over all
+statement's union keeps once. Memory is bounded: at most ``MAX_PAIRS`` pairs over all
 runs, the least recently merged runs forgotten first; a run with more than that
 remembers what fits, and what it remembers still spares its probes.
 """

@@ -11,11 +11,11 @@ from decimal import Decimal
 from typing import Any, TypedDict
 
 from django.db import transaction
-from django.db.models import BigIntegerField, Count, OuterRef, QuerySet, Subquery
+from django.db.models import BigIntegerField, QuerySet
 from django.db.models.functions import Coalesce
 
-from orchestrator.ledger.windows import distinct_of
-from orchestrator.models import ResultDistinct, ResultKey, Run, WindowKey
+from orchestrator.ledger.windows import Cardinality, distinct_of
+from orchestrator.models import ResultKey, Run, WindowKey
 from orchestrator.pipeline.graph import pipeline_windows
 from sparkjobs.event_time import iso
 
@@ -77,14 +77,7 @@ def result_values(
 def counted_distinct() -> Coalesce:
     """A result row's distinct count counted from its set (0 without one): an
     expression over ``ResultKey`` rows, for reading and for keeping the count."""
-    counted = (
-        ResultDistinct.objects.filter(run_id=OuterRef("run_id"), key=OuterRef("key"))
-        .order_by()
-        .values("key")
-        .annotate(n=Count("*"))
-        .values("n")
-    )
-    return Coalesce(Subquery(counted), 0, output_field=BigIntegerField())
+    return Coalesce(Cardinality("values"), 0, output_field=BigIntegerField())
 
 
 class WindowRow(ResultRow):

@@ -49,7 +49,7 @@ from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from orchestrator.ledger.results import counted_distinct
-from orchestrator.models import Adjustment, ResultDistinct, ResultKey, Run, Segment
+from orchestrator.models import Adjustment, ResultKey, Run, Segment
 from orchestrator.pipeline.layout import segments_dir
 
 # Work of one sweep, so a driver tick never waits long: a backlog goes over several.
@@ -202,16 +202,15 @@ def freeze_results(*, grace_s: float = ENDED_GRACE_S, max_runs: int = 1) -> list
     runs = list(
         Run.objects.exclude(status__in=Run.ACTIVE)
         .filter(finished_at__lte=now - dt.timedelta(seconds=grace_s))
-        .filter(Exists(ResultDistinct.objects.filter(run_id=OuterRef("pk"))))
+        .filter(Exists(ResultKey.objects.filter(run_id=OuterRef("pk"), distinct__isnull=True)))
         .order_by("finished_at")
         .values_list("pk", flat=True)[:max_runs]
     )
     for run_id in runs:
         with transaction.atomic():
             ResultKey.objects.filter(run_id=run_id, distinct__isnull=True).update(
-                distinct=counted_distinct()
+                distinct=counted_distinct(), values=None
             )
-            ResultDistinct.objects.filter(run_id=run_id).delete()
     return runs
 
 

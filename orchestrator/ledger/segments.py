@@ -25,6 +25,7 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from balancer.units import MEGABIT
+from orchestrator.ledger import value_sets
 from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.known_values import KNOWN
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
@@ -380,45 +381,54 @@ def complete_sink_batch(
 
 
 def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
-    """Fold a batch's per-key deltas into the result: one set-based statement per table
-    (arrays unnested server-side), not one statement per row; a sink batch carries tens
-    of thousands of distinct values, mostly already there."""
+    """Fold a batch's per-key deltas into the result in one set-based statement (arrays
+    unnested server-side): counts and sums add, and each key's distinct set, one array
+    on its row, unites with the values the batch brought it (ADR 0010)."""
     if not deltas:
         return
+    # Only the values not known to be in the result already (known_values.py): a key
+    # that brings none keeps its array as it is.
+    fresh = KNOWN.unknown(run_id, ((d.key, value) for d in deltas for value in d.distinct))
+    new_values: dict[str, list[str]] = {}
+    for key, value in fresh:
+        new_values.setdefault(key, []).append(value)
+    sets = value_sets.pack([new_values.get(d.key, []) for d in deltas])
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max)
-            SELECT %s, d.key, d.count, d.sum, d.min, d.max
-            FROM unnest(%s::text[], %s::bigint[], %s::numeric[], %s::numeric[], %s::numeric[])
-              AS d(key, count, sum, min, max)
+            WITH odd AS (
+              SELECT i, array_agg(v) AS vals
+              FROM unnest(%s::int[], %s::text[]) AS x(i, v) GROUP BY i)
+            INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max, "values")
+            SELECT %s, d.key, d.count, d.sum, d.min, d.max,
+                   string_to_array(d.vals, chr(31)) || odd.vals
+            FROM unnest(%s::text[], %s::bigint[], %s::numeric[], %s::numeric[], %s::numeric[],
+                        %s::text[]) WITH ORDINALITY AS d(key, count, sum, min, max, vals, n)
+            LEFT JOIN odd ON odd.i = d.n
             ON CONFLICT (run_id, key) DO UPDATE SET
               count = orchestrator_resultkey.count + EXCLUDED.count,
               sum = orchestrator_resultkey.sum + EXCLUDED.sum,
               min = LEAST(orchestrator_resultkey.min, EXCLUDED.min),
-              max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max)
+              max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max),
+              "values" = CASE WHEN EXCLUDED."values" IS NULL THEN orchestrator_resultkey."values"
+                ELSE ARRAY(SELECT DISTINCT v
+                           FROM unnest(orchestrator_resultkey."values" || EXCLUDED."values") AS v)
+                END
             """,
             [
+                sets.odd_sets,
+                sets.odd_values,
                 run_id,
                 [d.key for d in deltas],
                 [d.count for d in deltas],
                 [d.sum for d in deltas],
                 [d.min for d in deltas],
                 [d.max for d in deltas],
+                sets.texts,
             ],
         )
-        # Only the pairs not known to be in the result already (known_values.py).
-        pairs = KNOWN.unknown(run_id, ((d.key, value) for d in deltas for value in d.distinct))
-        if pairs:
-            cursor.execute(
-                """
-                INSERT INTO orchestrator_resultdistinct (run_id, key, value)
-                SELECT %s, d.key, d.value FROM unnest(%s::text[], %s::text[]) AS d(key, value)
-                ON CONFLICT DO NOTHING
-                """,
-                [run_id, [key for key, _ in pairs], [value for _, value in pairs]],
-            )
-            transaction.on_commit(lambda: KNOWN.remember(run_id, pairs))
+    if fresh:
+        transaction.on_commit(lambda: KNOWN.remember(run_id, fresh))
 
 
 def release(owner: str, segments: Sequence[Segment]) -> int:

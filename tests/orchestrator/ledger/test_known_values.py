@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.ledger import segments
 from orchestrator.ledger.known_values import KNOWN, KnownValues
-from orchestrator.models import ResultDistinct, Run, Segment
+from orchestrator.models import ResultKey, Run, Segment
 from sparkjobs.merge import MergedKey
 from tests.orchestrator.runs import pending_run, segment_row
 
@@ -55,18 +55,4 @@ def test_a_value_of_a_batch_rolled_back_is_sent_again_and_kept() -> None:
         _sink_batch(run, 0, ["u1", "u2"])
     assert KNOWN.unknown(run.pk, [("k", "u1"), ("k", "u2")]) == [("k", "u2")]
     _sink_batch(run, 1, ["u1", "u2"])
-    assert set(ResultDistinct.objects.filter(run=run).values_list("value", flat=True)) == {
-        "u1",
-        "u2",
-    }
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_deleted_run_takes_its_distinct_values_with_it() -> None:
-    # The table has no foreign key in PostgreSQL (ADR 0008): Django's cascade is what
-    # removes a run's rows.
-    run, other = pending_run("reference"), pending_run("reference")
-    _sink_batch(run, 0, ["u1", "u2"])
-    _sink_batch(other, 0, ["u1"])
-    Run.objects.filter(pk=run.pk).delete()
-    assert list(ResultDistinct.objects.values_list("run_id", "value")) == [(other.pk, "u1")]
+    assert sorted(ResultKey.objects.get(run=run, key="k").values or []) == ["u1", "u2"]

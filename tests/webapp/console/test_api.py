@@ -271,7 +271,7 @@ def test_a_snapshot_and_the_completion_curve_of_a_run() -> None:
 def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
     from decimal import Decimal
 
-    from orchestrator.models import MergedChunk, ResultDistinct, ResultKey
+    from orchestrator.models import MergedChunk, ResultKey
 
     run = make_run()
     run.input_spec = {**run.input_spec, "paths": ["/data/in.jsonl"]}
@@ -291,7 +291,7 @@ def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
         ResultKey.objects.create(
             run=run, key=key, count=count, sum=Decimal(count), min=Decimal(1), max=Decimal(1)
         )
-    ResultDistinct.objects.create(run=run, key="b", value="u1")
+    ResultKey.objects.filter(run=run, key="b").update(values=["u1"])
     client, _ = client_for("vera", "viewer")
     body = client.get(f"/api/runs/{run.pk}/results/?limit=2").json()
     assert body["exact_up_to"] == "in.jsonl byte 200"
