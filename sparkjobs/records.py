@@ -8,7 +8,8 @@ objects holds those records, a blank line or an empty array none, and of a field
 twice the last counts; in CSV a record is a line, its fields by the header's columns.
 A record is *malformed* when its line is not valid JSON or not an object (the reader's
 corrupt record), a field does not convert to its type (a value that is not a number),
-or a field the operator needs is missing or null. Malformed records are counted and
+or a field the operator needs is missing or null, or a text field it needs could not be
+kept (``MAX_TEXT_CHARS``). Malformed records are counted and
 quarantined with their raw line, never fatal. Numbers are read as DECIMAL(38,10):
 sums of decimals are exact whatever the order of addition, which is what lets data be
 regrouped across branches and still match the batch job to the last digit.
@@ -35,6 +36,12 @@ MALFORMED_COL = "_malformed"
 SUFFIXES = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 # The reader's corrupt-record column when a record operator reads every field.
 CORRUPT = "_corrupt_record"
+# The text fields an aggregate reads become keys and distinct values kept in
+# PostgreSQL: its text holds no NUL character, and its unique index on a result's key
+# takes a few thousand bytes at most. A record whose such field holds a NUL or is longer
+# is malformed, on the live path and in the batch job alike, rather than a sink batch
+# that can never commit.
+MAX_TEXT_CHARS = 500
 
 
 def segment_of(file_name: str) -> str:
@@ -71,6 +78,8 @@ def read_records(
     bad = F.col(RAW_COL).isNotNull()
     for name in wanted:
         bad = bad | F.col(f"`{name}`").isNull()
+    for name in strings:
+        bad = bad | unkeepable(F.col(f"`{name}`"))
     kept = [F.col(f"`{name}`") for name in wanted]
     if segments:
         kept.insert(0, F.col(SEGMENT_COL))
@@ -265,11 +274,20 @@ def _parquet_bad_rows(
     return _bad_of(rows, strings, numbers)
 
 
+def unkeepable(text: Column) -> Column:
+    """A text field that could not be kept as a key or a distinct value."""
+    return (F.length(text) > MAX_TEXT_CHARS) | text.contains("\x00")
+
+
 def _bad_of(rows: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
-    """The rows whose needed fields do not all convert, one record each."""
+    """The rows whose needed fields do not all convert, or hold text that could not be
+    kept, one record each."""
     bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
-    for column in _converted(rows.columns, strings, numbers):
+    converted = _converted(rows.columns, strings, numbers)
+    for name, column in zip([*strings, *numbers], converted, strict=True):
         bad = bad | column.isNull()
+        if name in strings:
+            bad = bad | unkeepable(column)
     return rows.where(bad).select(SEGMENT_COL, RAW_COL, F.lit(1).alias("n"))
 
 
@@ -278,7 +296,8 @@ def _json_lines_missing(
 ) -> DataFrame:
     """A JSON line holds records the reader could read but that miss a field when it is
     an object, or an array of objects, whose every present field converts (else the
-    reader had kept the whole line as corrupt), and a needed field is missing or null."""
+    reader had kept the whole line as corrupt), and a needed field is missing or null,
+    or a needed text field could not be kept."""
     numeric = list(numbers)
     as_text = f"struct<{_ddl([(n, 'STRING') for n in [*strings, *numeric]], ':')}>"
     typed = f"struct<{_ddl(_fields(strings, numbers), ':')}>"
@@ -288,6 +307,8 @@ def _json_lines_missing(
         out = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
         for name in [*strings, *numeric]:
             out = out | text[name].isNull()
+        for name in strings:
+            out = out | unkeepable(text[name])
         return out
 
     def converts(text: Column, value: Column) -> Column:
@@ -325,6 +346,8 @@ def parse_fields(lines: DataFrame, strings: Sequence[str], numbers: Sequence[str
     bad = F.col("_r").isNull()
     for name in wanted:
         bad = bad | F.col(f"_r.`{name}`").isNull()
+    for name in strings:
+        bad = bad | unkeepable(F.col(f"_r.`{name}`"))
     return parsed.select(
         *[c for c in lines.columns],
         *[F.col(f"_r.`{name}`").alias(name) for name in wanted],
