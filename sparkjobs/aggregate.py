@@ -109,7 +109,9 @@ def partial_aggregate(
     paths = {seg: str(path) for seg, path in inputs.items()}
     holder = _holders(paths, together or {})
     parsed = in_one_task(
-        read_records(spark, list(paths.values()), strings=strings, numbers=[params.value]),
+        read_records(
+            spark, list(paths.values()), strings=strings, numbers=[params.value], keys=[params.key]
+        ),
         inputs.values(),
     )
     spec = params.windows
@@ -217,7 +219,7 @@ def partial_aggregate(
         if row[MALFORMED_COL] and row[GROUP_COL] is None
     }
     if missing:
-        bad_rows += _missing_field_lines(spark, paths, missing, strings, [params.value])
+        bad_rows += _missing_field_lines(spark, paths, missing, params)
 
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
@@ -276,14 +278,19 @@ def _missing_field_lines(
     spark: SparkSession,
     paths: Mapping[str, str],
     missing: Mapping[str, int],
-    strings: list[str],
-    numbers: list[str],
+    params: AggregateParams,
 ) -> list[tuple[str, str]]:
     """(segment, raw line) of each record that was malformed for a missing field, from a
     second read of the segments that had them (in a keyed stage, only by the part that
     counts malformed records)."""
     rows = collect_all(
-        lines_missing_fields(spark, [paths[seg] for seg in missing], strings, numbers)
+        lines_missing_fields(
+            spark,
+            [paths[seg] for seg in missing],
+            params.strings,
+            [params.value],
+            keys=[params.key],
+        )
     )
     found = [(segment_of(row[SEGMENT_COL]), row[RAW_COL]) for row in rows for _ in range(row["n"])]
     per_segment = Counter(seg for seg, _ in found)

@@ -60,7 +60,9 @@ def read_input(
     spark: SparkSession, paths: Sequence[str], fmt: str, params: AggregateParams
 ) -> DataFrame:
     """Typed input with a ``_malformed`` flag, for JSON lines, CSV (header) or Parquet."""
-    return read_records(spark, paths, params.strings, [params.value], fmt=fmt, segments=False)
+    return read_records(
+        spark, paths, params.strings, [params.value], fmt=fmt, segments=False, keys=[params.key]
+    )
 
 
 def _after_record_steps(
@@ -85,7 +87,9 @@ def batch_aggregate(
     """The aggregate over the whole input, after the record operators ``steps``."""
     if steps:
         lines = _after_record_steps(spark, paths, fmt, steps)
-        frame = parse_fields(lines, strings=params.strings, numbers=[params.value])
+        frame = parse_fields(
+            lines, strings=params.strings, numbers=[params.value], keys=[params.key]
+        )
     else:
         frame = read_input(spark, paths, fmt, params)
     if params.windows is not None:

@@ -9,7 +9,7 @@ twice the last counts; in CSV a record is a line, its fields by the header's col
 A record is *malformed* when its line is not valid JSON or not an object (the reader's
 corrupt record), a field does not convert to its type (a value that is not a number),
 or a field the operator needs is missing or null, or a text field it needs could not be
-kept (``MAX_TEXT_CHARS``). Malformed records are counted and
+kept (``unkeepable``). Malformed records are counted and
 quarantined with their raw line, never fatal. Numbers are read as DECIMAL(38,10):
 sums of decimals are exact whatever the order of addition, which is what lets data be
 regrouped across branches and still match the batch job to the last digit.
@@ -38,10 +38,10 @@ SUFFIXES = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 CORRUPT = "_corrupt_record"
 # The text fields an aggregate reads become keys and distinct values kept in
 # PostgreSQL: its text holds no NUL character, and its unique index on a result's key
-# takes a few thousand bytes at most. A record whose such field holds a NUL or is longer
-# is malformed, on the live path and in the batch job alike, rather than a sink batch
-# that can never commit.
-MAX_TEXT_CHARS = 500
+# takes a few thousand bytes at most. A record whose such field holds a NUL, or whose
+# key is longer, is malformed, on the live path and in the batch job alike, rather than
+# a sink batch that can never commit.
+MAX_KEY_CHARS = 500
 
 
 def segment_of(file_name: str) -> str:
@@ -61,12 +61,14 @@ def read_records(
     *,
     fmt: str | None = None,
     segments: bool = True,
+    keys: Sequence[str] = (),
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
     also one that is malformed for a missing field: see ``lines_missing_fields``). With
     ``segments``, the file each record came from. Files are read in ``fmt``, or each in
-    the format its suffix names (segments)."""
+    the format its suffix names (segments). ``keys``: the fields of ``strings`` that
+    become result keys (``unkeepable``)."""
     frame = _each_format(
         paths,
         fmt,
@@ -79,7 +81,7 @@ def read_records(
     for name in wanted:
         bad = bad | F.col(f"`{name}`").isNull()
     for name in strings:
-        bad = bad | unkeepable(F.col(f"`{name}`"))
+        bad = bad | unkeepable(F.col(f"`{name}`"), key=name in keys)
     kept = [F.col(f"`{name}`") for name in wanted]
     if segments:
         kept.insert(0, F.col(SEGMENT_COL))
@@ -223,7 +225,11 @@ def _by_header(files: Sequence[str]) -> dict[str, list[str]]:
 
 
 def lines_missing_fields(
-    spark: SparkSession, paths: Sequence[str], strings: Sequence[str], numbers: Sequence[str]
+    spark: SparkSession,
+    paths: Sequence[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    keys: Sequence[str] = (),
 ) -> DataFrame:
     """The raw lines of the records ``read_records`` found malformed but kept no line of
     (a missing or null field; in CSV and Parquet every malformed record), with their
@@ -235,9 +241,9 @@ def lines_missing_fields(
     return _each_format(
         paths,
         None,
-        jsonl=lambda files: _json_lines_missing(spark, files, strings, numbers),
-        csv=lambda files, header: _csv_bad_lines(spark, files, header, strings, numbers),
-        parquet=lambda files: _parquet_bad_rows(spark, files, strings, numbers),
+        jsonl=lambda files: _json_lines_missing(spark, files, strings, numbers, keys),
+        csv=lambda files, header: _csv_bad_lines(spark, files, header, strings, numbers, keys=keys),
+        parquet=lambda files: _parquet_bad_rows(spark, files, strings, numbers, keys),
     )
 
 
@@ -247,6 +253,8 @@ def _csv_bad_lines(
     header: str,
     strings: Sequence[str],
     numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
 ) -> DataFrame:
     """Each line parsed as the reader parses it (``from_csv`` keeps the fields of a line
     with too few or too many, as the reader does); header and blank lines skipped as the
@@ -260,26 +268,34 @@ def _csv_bad_lines(
         F.col("_metadata.file_name").alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
     )
     lines = lines.where((F.col(RAW_COL) != "") & (F.col(RAW_COL) != header))
-    return _bad_of(lines, strings, numbers)
+    return _bad_of(lines, strings, numbers, keys)
 
 
 def _parquet_bad_rows(
-    spark: SparkSession, files: list[str], strings: Sequence[str], numbers: Sequence[str]
+    spark: SparkSession,
+    files: list[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    keys: Sequence[str],
 ) -> DataFrame:
     frame = spark.read.parquet(*files)
     payload = F.to_json(F.struct(*[column(c) for c in frame.columns]))
     rows = frame.select(
         F.col("_metadata.file_name").alias(SEGMENT_COL), payload.alias(RAW_COL), "*"
     )
-    return _bad_of(rows, strings, numbers)
+    return _bad_of(rows, strings, numbers, keys)
 
 
-def unkeepable(text: Column) -> Column:
-    """A text field that could not be kept as a key or a distinct value."""
-    return (F.length(text) > MAX_TEXT_CHARS) | text.contains("\x00")
+def unkeepable(text: Column, *, key: bool) -> Column:
+    """A text field PostgreSQL could not keep: one holding a NUL, or a ``key`` longer
+    than ``MAX_KEY_CHARS`` (a distinct value is kept in an array, of any length)."""
+    nul = text.contains("\x00")
+    return nul | (F.length(text) > MAX_KEY_CHARS) if key else nul
 
 
-def _bad_of(rows: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
+def _bad_of(
+    rows: DataFrame, strings: Sequence[str], numbers: Sequence[str], keys: Sequence[str]
+) -> DataFrame:
     """The rows whose needed fields do not all convert, or hold text that could not be
     kept, one record each."""
     bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
@@ -287,12 +303,16 @@ def _bad_of(rows: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> 
     for name, column in zip([*strings, *numbers], converted, strict=True):
         bad = bad | column.isNull()
         if name in strings:
-            bad = bad | unkeepable(column)
+            bad = bad | unkeepable(column, key=name in keys)
     return rows.where(bad).select(SEGMENT_COL, RAW_COL, F.lit(1).alias("n"))
 
 
 def _json_lines_missing(
-    spark: SparkSession, paths: Sequence[str], strings: Sequence[str], numbers: Sequence[str]
+    spark: SparkSession,
+    paths: Sequence[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    keys: Sequence[str],
 ) -> DataFrame:
     """A JSON line holds records the reader could read but that miss a field when it is
     an object, or an array of objects, whose every present field converts (else the
@@ -308,7 +328,7 @@ def _json_lines_missing(
         for name in [*strings, *numeric]:
             out = out | text[name].isNull()
         for name in strings:
-            out = out | unkeepable(text[name])
+            out = out | unkeepable(text[name], key=name in keys)
         return out
 
     def converts(text: Column, value: Column) -> Column:
@@ -338,7 +358,9 @@ def _json_lines_missing(
     return lines.where(F.col("n") > 0)
 
 
-def parse_fields(lines: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> DataFrame:
+def parse_fields(
+    lines: DataFrame, strings: Sequence[str], numbers: Sequence[str], keys: Sequence[str] = ()
+) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
     objects in the ``_raw`` column (records a record operator wrote, in the batch job)."""
     parsed = lines.withColumn("_r", F.from_json(F.col(RAW_COL), _ddl(_fields(strings, numbers))))
@@ -347,7 +369,7 @@ def parse_fields(lines: DataFrame, strings: Sequence[str], numbers: Sequence[str
     for name in wanted:
         bad = bad | F.col(f"_r.`{name}`").isNull()
     for name in strings:
-        bad = bad | unkeepable(F.col(f"_r.`{name}`"))
+        bad = bad | unkeepable(F.col(f"_r.`{name}`"), key=name in keys)
     return parsed.select(
         *[c for c in lines.columns],
         *[F.col(f"_r.`{name}`").alias(name) for name in wanted],

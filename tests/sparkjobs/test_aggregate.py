@@ -197,12 +197,17 @@ LINES: list[tuple[str, list[dict[str, Any]], int]] = [
     # Hostile: nesting past the parser's limit, a number of 2,000 digits
     ('{"key": "j", "value": 1, "user": "u", "pad": ' + "[" * 3000 + "]" * 3000 + "}", [], 1),
     ('{"key": "k", "value": ' + "9" * 2000 + ', "user": "u"}', [], 1),
-    # Text the result could not keep (PostgreSQL's text holds no NUL; a key is indexed):
-    # malformed, not a sink batch that never commits. The separator and "" are values.
+    # Text the result could not keep (PostgreSQL's text holds no NUL; a key is indexed,
+    # at most 500 characters): malformed, not a sink batch that never commits. The
+    # separator and "" are values.
     ('{"key": "l", "value": 1, "user": "a\\u0000b"}', [], 1),
     ('{"key": "m\\u0000", "value": 1, "user": "u"}', [], 1),
     (json.dumps({"key": "n" * 501, "value": 1, "user": "u"}), [], 1),
-    (json.dumps({"key": "o", "value": 1, "user": "u" * 501}), [], 1),
+    (
+        json.dumps({"key": "o", "value": 1, "user": "u" * 3000}),
+        [{"key": "o", "value": 1, "user": "u" * 3000}],
+        0,
+    ),  # a distinct value of any length is kept: only a key is indexed
     (
         json.dumps([{"key": "p" * 500, "value": 1, "user": "\x1f"}, {"key": "p", "user": ""}]),
         [{"key": "p" * 500, "value": 1, "user": "\x1f"}],
@@ -273,6 +278,7 @@ CSV_LINES: list[tuple[str, list[dict[str, Any]], int]] = [
     ("u8,d," + "9" * 2000 + ",x", [], 1),  # beyond DECIMAL(38,10)
     ('"u9,d,1,x', [], 1),  # an unclosed quote runs to the end of the line: one field
     ("u10," + "e" * 501 + ",1,x", [], 1),  # a key the result could not keep
+    ("v" * 600 + ",e,1,x", [{"key": "e", "value": "1", "user": "v" * 600}], 0),
     ("u\x0011,e,1,x", [], 1),
 ]
 
