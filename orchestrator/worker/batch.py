@@ -105,7 +105,7 @@ def process_batch(
         # what that attempt still held is free at once, not after its lease.
         segments.release_task(run_id, task_id)
     node = _node_at(run, node_name)
-    max_segments = MAX_BATCH_SEGMENTS
+    max_segments, max_bytes = MAX_BATCH_SEGMENTS, int(settings.BPCONSOLE_BATCH_MB * MB)
     # Spark first, then the batch: a new worker's JVM takes seconds to start, and while a
     # batch is claimed its node cannot align for an adjustment.
     if node["kind"] != "sink" and not _spark_ready():
@@ -115,7 +115,7 @@ def process_batch(
         node_name,
         owner,
         max_segments=max_segments,
-        max_bytes=int(settings.BPCONSOLE_BATCH_MB * MB),
+        max_bytes=max_bytes,
         lease_s=settings.BPCONSOLE_LEASE_S,
         rate_mbps=float(node.get("max_rate_mbps", DEFAULT_MAX_RATE_MBPS)),
     )
@@ -141,7 +141,7 @@ def process_batch(
             siblings=siblings,
             routes=routes,
             max_segments=max_segments - len(batch),
-            max_bytes=int(settings.BPCONSOLE_BATCH_MB * MB) - sum(s.bytes for s in batch),
+            max_bytes=max_bytes - sum(s.bytes for s in batch),
         )
     size = sum(s.bytes for s in batch)
     keeper = LeaseKeeper(
