@@ -61,6 +61,8 @@ from balancer.document import PipelineDocument  # noqa: E402
 from balancer.sim.bound import reduced_max_flow  # noqa: E402
 from balancer.sim.calibration import BatchSample, fit_runtime  # noqa: E402
 from balancer.sim.control import BENCHMARK_POLICIES  # noqa: E402
+from balancer.sim.engine import SimResult  # noqa: E402
+from balancer.sim.ranking import check_ranking  # noqa: E402
 from balancer.sim.replay import Replay  # noqa: E402
 from balancer.sim.workload import Workload  # noqa: E402
 from balancer.units import MB  # noqa: E402
@@ -333,14 +335,29 @@ def run_policies(args: argparse.Namespace) -> dict[str, Any]:
         "max_flow_source_mbps": round(rate * 8 / 1e6, 2),
         "live_bound_s": round(bound, 2),
         "runtime_model": model.to_json(),
-        "same_ranking": sorted(names, key=lambda n: per_policy[n]["completion_s"])
-        == sorted(names, key=lambda n: predicted[n].completion_s),
+        "ranking": ranking_report(per_policy, predicted),
         "policies": per_policy,
         "runs": runs,
     }
     if args.plot:
         plot(runs, names, Path(args.plot), f"Live, reference topology / {args.scale:g}", bound)
     return report
+
+
+def ranking_report(
+    per_policy: dict[str, dict[str, Any]], predicted: dict[str, SimResult]
+) -> dict[str, Any]:
+    check = check_ranking(
+        {name: row["rounds_s"] for name, row in per_policy.items()},
+        {name: result.completion_s for name, result in predicted.items()},
+    )
+    return {
+        "same_ranking": check.same_ranking,
+        "separated": [list(p) for p in check.separated],
+        "overlapping": [list(p) for p in check.overlapping],
+        "misordered": [list(p) for p in check.misordered],
+        "medians_in_order": check.medians_in_order,
+    }
 
 
 def plot(
@@ -376,7 +393,18 @@ def print_table(report: dict[str, Any]) -> None:
             f"{'yes' if row['all_exact'] else 'NO'} | {row['simulated_s']:.1f} s "
             f"({row['simulated_error']:+.0%}) |"
         )
-    print(f"same ranking live and simulated: {report['same_ranking']}")
+    ranking = report["ranking"]
+    print(
+        f"same ranking live and simulated: {ranking['same_ranking']} (pairs that every round "
+        f"sets apart: {pairs_text(ranking['separated'], ' before ')}; overlapping, not "
+        f"ranked live: {pairs_text(ranking['overlapping'], ' ~ ')}; misordered: "
+        f"{pairs_text(ranking['misordered'], ' before ')}); medians in the simulated "
+        f"order: {ranking['medians_in_order']}"
+    )
+
+
+def pairs_text(pairs: list[list[str]], joint: str) -> str:
+    return ", ".join(joint.join(pair) for pair in pairs) or "none"
 
 
 def main() -> None:
