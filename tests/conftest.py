@@ -9,6 +9,7 @@ stops them at the end.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,10 @@ def services() -> Iterator[Endpoints]:
     settings.CELERY_BROKER_URL = endpoints.redis_url
     settings.CELERY_RESULT_BACKEND = endpoints.redis_url
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [endpoints.redis_url]
+    # The test database is new each session: a run's files left by the last session
+    # would be taken for those of the run that gets its number now.
+    for stale in ("data", "sinks"):
+        shutil.rmtree(TEST_VAR_DIR / stale, ignore_errors=True)
     settings.DATA_DIR = TEST_VAR_DIR / "data"
     settings.BPCONSOLE_SINK_ROOT = TEST_VAR_DIR / "sinks"
     celery_app.conf.broker_url = endpoints.redis_url

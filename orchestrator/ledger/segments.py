@@ -388,11 +388,8 @@ def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
         return
     # Only the values not known to be in the result already (known_values.py): a key
     # that brings none keeps its array as it is.
-    fresh = KNOWN.unknown(run_id, ((d.key, value) for d in deltas for value in d.distinct))
-    new_values: dict[str, list[str]] = {}
-    for key, value in fresh:
-        new_values.setdefault(key, []).append(value)
-    sets = value_sets.pack([new_values.get(d.key, []) for d in deltas])
+    fresh = KNOWN.unknown(run_id, ((d.key, d.distinct) for d in deltas))
+    sets = value_sets.pack([fresh.get(d.key, ()) for d in deltas])
     with connection.cursor() as cursor:
         cursor.execute(
             """

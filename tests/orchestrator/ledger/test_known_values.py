@@ -16,24 +16,37 @@ from tests.orchestrator.runs import pending_run, segment_row
 
 def test_a_run_s_pairs_once_remembered_are_not_sent_again() -> None:
     known = KnownValues()
-    assert known.unknown(1, [("a", "u1"), ("a", "u2")]) == [("a", "u1"), ("a", "u2")]
-    known.remember(1, [("a", "u1")])
-    assert known.unknown(1, [("a", "u1"), ("a", "u2"), ("b", "u1")]) == [("a", "u2"), ("b", "u1")]
-    assert known.unknown(2, [("a", "u1")]) == [("a", "u1")]  # another run's result
+    assert known.unknown(1, [("a", ("u1", "u2")), ("b", ())]) == {"a": ("u1", "u2")}
+    known.remember(1, {"a": ["u1"]})
+    assert known.unknown(1, [("a", ("u1", "u2")), ("b", ("u1",))]) == {"a": ["u2"], "b": ("u1",)}
+    assert known.unknown(1, [("a", ("u1",))]) == {}  # nothing new: the key is left out
+    assert known.unknown(2, [("a", ("u1",))]) == {"a": ("u1",)}  # another run's result
 
 
 def test_the_least_recently_merged_run_is_forgotten_first_past_the_bound() -> None:
     known = KnownValues(max_pairs=4)
-    known.remember(1, [("a", "u1"), ("a", "u2")])
-    known.remember(2, [("a", "u1"), ("a", "u2")])
+    known.remember(1, {"a": ["u1", "u2"]})
+    known.remember(2, {"a": ["u1", "u2"]})
     known.unknown(1, [])  # run 1 merged again: run 2 is now the older
-    known.remember(3, [("k", "v1"), ("k", "v2"), ("k", "v3")])
+    known.remember(3, {"k": ["v1", "v2", "v3"]})
     assert known.pairs <= 4
-    assert known.unknown(2, [("a", "u1")]) == [("a", "u1")]
-    assert known.unknown(3, [("k", "v1"), ("k", "v2")]) == []
+    assert known.unknown(2, [("a", ("u1",))]) == {"a": ("u1",)}
+    assert known.unknown(3, [("k", ("v1", "v2"))]) == {}
     # A run alone past the bound remembers what fits.
-    known.remember(4, [("k", f"v{n}") for n in range(10)])
+    known.remember(4, {"k": [f"v{n}" for n in range(10)], "j": ["w"]})
     assert known.pairs == 4
+    assert known.unknown(4, [("k", ("v0", "v3", "v4")), ("j", ("w",))]) == {
+        "k": ["v4"],
+        "j": ("w",),
+    }
+
+
+def test_a_value_remembered_twice_counts_once() -> None:
+    known = KnownValues(max_pairs=3)
+    known.remember(1, {"a": ["u1", "u2"]})
+    known.remember(1, {"a": ["u2"], "b": ["u2"]})
+    assert known.pairs == 3
+    assert known.unknown(1, [("a", ("u1", "u2")), ("b", ("u2",))]) == {}
 
 
 def _sink_batch(run: Run, chunk: int, users: list[str]) -> None:
@@ -53,6 +66,6 @@ def test_a_value_of_a_batch_rolled_back_is_sent_again_and_kept() -> None:
     # A chunk merged twice is refused, and its transaction rolled back: u2 with it.
     with pytest.raises(segments.AlreadyMergedError):
         _sink_batch(run, 0, ["u1", "u2"])
-    assert KNOWN.unknown(run.pk, [("k", "u1"), ("k", "u2")]) == [("k", "u2")]
+    assert KNOWN.unknown(run.pk, [("k", ("u1", "u2"))]) == {"k": ["u2"]}
     _sink_batch(run, 1, ["u1", "u2"])
     assert sorted(ResultKey.objects.get(run=run, key="k").values or []) == ["u1", "u2"]
