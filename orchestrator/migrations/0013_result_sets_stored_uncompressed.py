@@ -1,6 +1,6 @@
 from django.db import migrations
 
-# A key's distinct set is stored out of line and uncompressed (ADR 0010, "storage"):
+# A key's distinct set is stored out of line and uncompressed (ADR 0010, Consequences):
 # compressing a merge's new arrays took the sink's statement 40% of its time.
 TABLES = ('orchestrator_resultkey', 'orchestrator_windowkey')
 

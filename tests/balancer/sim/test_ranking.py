@@ -43,7 +43,7 @@ def test_a_tie_in_the_prediction_does_not_rank_a_separated_pair() -> None:
     assert check.misordered == (("a", "b"),)
 
 
-def test_medians_in_the_predicted_order_are_reported_apart() -> None:
+def test_the_order_of_the_medians_is_reported_beside_the_ranking() -> None:
     check = check_ranking({"a": [1.0, 3.0], "b": [2.0, 2.5]}, {"a": 2.0, "b": 1.0})
 
     assert check.overlapping == (("a", "b"),)
