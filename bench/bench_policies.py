@@ -30,7 +30,9 @@ The **simulator's prediction**: a runtime model fitted to the runs' batches (fix
 and rate of an operator batch on the shared Spark worker, the sink's merges, the
 reductions; ``balancer.sim.calibration``) and the input's chunks as the source cut them
 make a replay (``balancer.sim.replay``), on which every policy runs in virtual time;
-each policy's prediction is set beside its live median.
+each policy's prediction is set beside its live median. The prediction has the live
+ranking when it orders every two policies whose rounds do not overlap as they finished
+(``balancer.sim.ranking``); the order of the medians is printed beside it.
 """
 
 from __future__ import annotations
