@@ -59,9 +59,9 @@ def read_records(
     strings: Sequence[str],
     numbers: Sequence[str],
     *,
+    keys: Sequence[str],
     fmt: str | None = None,
     segments: bool = True,
-    keys: Sequence[str] = (),
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
@@ -229,7 +229,8 @@ def lines_missing_fields(
     paths: Sequence[str],
     strings: Sequence[str],
     numbers: Sequence[str],
-    keys: Sequence[str] = (),
+    *,
+    keys: Sequence[str],
 ) -> DataFrame:
     """The raw lines of the records ``read_records`` found malformed but kept no line of
     (a missing or null field; in CSV and Parquet every malformed record), with their
@@ -290,7 +291,7 @@ def unkeepable(text: Column, *, key: bool) -> Column:
     """A text field PostgreSQL could not keep: one holding a NUL, or a ``key`` longer
     than ``MAX_KEY_CHARS`` (a distinct value is kept in an array, of any length)."""
     nul = text.contains("\x00")
-    return nul | (F.length(text) > MAX_KEY_CHARS) if key else nul
+    return (nul | (F.length(text) > MAX_KEY_CHARS)) if key else nul
 
 
 def _bad_of(
@@ -359,7 +360,7 @@ def _json_lines_missing(
 
 
 def parse_fields(
-    lines: DataFrame, strings: Sequence[str], numbers: Sequence[str], keys: Sequence[str] = ()
+    lines: DataFrame, strings: Sequence[str], numbers: Sequence[str], *, keys: Sequence[str]
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
     objects in the ``_raw`` column (records a record operator wrote, in the batch job)."""

@@ -110,7 +110,9 @@ def test_spark_makes_the_tasks_the_split_was_planned_for(
         files.append(path)
     sizes = [path.stat().st_size for path in files]
     session = operator_session(sizes)
-    frame = read_records(session, [str(p) for p in files], strings=["key", "user"], numbers=[])
+    frame = read_records(
+        session, [str(p) for p in files], strings=["key", "user"], numbers=[], keys=["key"]
+    )
     planned = even_split_bytes(
         sizes, cores=session.sparkContext.defaultParallelism, most=4 * MB, open_cost=OPEN_COST_BYTES
     )
@@ -140,7 +142,9 @@ def test_a_segment_split_across_tasks_gives_each_record_once(
         ]
     path.write_text("\n".join(lines) + "\n")
     session = operator_session([path.stat().st_size])
-    frame = read_records(session, [str(path)], strings=["key", "user"], numbers=["value"])
+    frame = read_records(
+        session, [str(path)], strings=["key", "user"], numbers=["value"], keys=["key"]
+    )
     assert frame.rdd.getNumPartitions() == 2
     counts = {
         row[MALFORMED_COL]: row["count"] for row in frame.groupBy(MALFORMED_COL).count().collect()
