@@ -16,6 +16,9 @@ MAX_HEADER_BYTES = 1 << 20
 # copy_file_range cannot copy between these (another file system on older kernels, or
 # one that does not support it): the bytes then go through user space.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+# A hard link cannot be made: another file system, a file the process does not own
+# under the kernel's protected_hardlinks, too many links, or no links at all.
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 def write_atomic(path: Path, body: bytes) -> int:
@@ -25,13 +28,58 @@ def write_atomic(path: Path, body: bytes) -> int:
     return len(body)
 
 
+def link_atomic(path: Path, source: str, size: int) -> bool:
+    """Make ``source``, which must hold exactly ``size`` bytes, the file at ``path``
+    without copying it: a hard link, put in place by a rename and synced to disk as a
+    copy would be. False, and nothing at ``path``, when the file system cannot link it
+    or the file no longer has the size it was measured with: the caller copies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
+    tmp.unlink(missing_ok=True)  # left by a process of this pid that died here
+    try:
+        os.link(source, tmp, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in _NO_LINK:
+            return False
+        raise
+    try:
+        if not _synced_if_sized(tmp, size):
+            return False
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _synced_if_sized(path: Path, size: int) -> bool:
+    """Sync the file at ``path`` to disk (its own pages, which a copy would have synced)
+    if it holds ``size`` bytes; False if it holds another number or is a symbolic link
+    (one put where the input was would name another file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False
+        raise
+    try:
+        if os.fstat(fd).st_size != size:
+            return False
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
 def copy_atomic(
     path: Path, source: str, offset: int, length: int, *, newline: bool, head: bytes = b""
 ) -> int:
     """Copy ``length`` bytes of ``source`` from ``offset`` to ``path`` all or nothing,
     after ``head`` (a CSV header line) and before a final newline when ``newline``; the
     kernel copies, nothing passes through Python where the file system allows it."""
-    with _atomic(path) as handle, open(source, "rb") as src:  # noqa: PTH123 - a raw descriptor
+    # Never through a symbolic link: the input was checked as a file, and one swapped for
+    # a link since would name another.
+    source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(source_fd, "rb") as src, _atomic(path) as handle:
         handle.write(head)
         handle.flush()  # the kernel copies to the descriptor's position, after the head
         done = _kernel_copy(src.fileno(), handle.fileno(), offset, length)

@@ -35,7 +35,8 @@ BACK_TO_BACK_S = 1.0
 @dataclass(frozen=True)
 class RuntimeModel:
     """Operators run as batches on ``workers`` shared workers: a batch takes all its
-    node's waiting input (up to ``max_batch_bytes``) and costs ``batch_fixed_s`` plus its
+    node's waiting input (until it holds ``max_batch_bytes``, the segment that crosses
+    them included) and costs ``batch_fixed_s`` plus its
     bytes over ``batch_bytes_per_s``. ``reductions``: the bytes each operator was
     measured to send on per byte it took in (a replay gives them to its topology)."""
 

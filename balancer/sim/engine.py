@@ -441,10 +441,12 @@ class Simulator:
                 other = self.nodes[member]
                 size = self.in_size[member]
                 count = len(other.queue) - other.ready
-                if other.batched > 0 or count == 0 or (members and room < size):
+                if other.batched > 0 or count == 0 or room <= 0:
                     continue
+                # Until the batch holds its bytes, the segment crossing them included,
+                # as the ledger's claim takes them.
                 if math.isfinite(room):
-                    count = min(count, max(1, int(room // size)))
+                    count = min(count, math.ceil(room / size))
                 other.batched = count
                 room -= count * size
                 members.append(member)

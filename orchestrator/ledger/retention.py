@@ -126,16 +126,17 @@ def _delete_files(run_id: int, limit: int) -> tuple[int, int]:
 
 
 def _unlink(path: Path, folder: Path) -> int | None:
-    """The size of the file deleted; None if it was missing or not in the run's
-    folder (a row naming anything else never makes the sweep delete it)."""
+    """The bytes the deletion freed; None if the file was missing or not in the run's
+    folder (a row naming anything else never makes the sweep delete it). A segment
+    read in place is a link to an input file, which stays: it frees nothing."""
     if path.parent != folder:
         return None
     try:
-        size = path.stat().st_size
+        stat = path.stat()
         path.unlink()
     except FileNotFoundError:
         return None
-    return size
+    return stat.st_size if stat.st_nlink == 1 else 0
 
 
 def _delete_rows(run_id: int, keep_rows_s: float, limit: int) -> int:

@@ -189,7 +189,10 @@ def claim_batch(
     rate_mbps: float = 0.0,
     order: ClaimOrder = ARRIVAL_ORDER,
 ) -> Claim:
-    """Take up to ``max_segments`` arrived segments of ``node`` under a lease.
+    """Take up to ``max_segments`` arrived segments of ``node`` under a lease, in order,
+    until they hold ``max_bytes``: the segment that crosses the bound is taken too (a
+    soft bound, as Delta's ``maxBytesPerTrigger``), so a batch is never left one short
+    of a whole backlog, and a segment larger than the bound still moves.
 
     The node's instance row is locked for the claim, so its alignment (when it takes
     part in a rescale, in the caller's transaction) and its claims never interleave. A
@@ -221,7 +224,7 @@ def claim_batch(
         size = 0
         for seg in candidates:
             if batch and (
-                size + seg.bytes > max_bytes
+                size >= max_bytes
                 or seg.slots_from != batch[0].slots_from
                 or seg.slots_to != batch[0].slots_to
             ):

@@ -12,7 +12,8 @@ line are, and the kernel copies the range into the segment file (write_chunk). R
 counting and writing every byte in Python had cost the source about 6 CPU seconds per
 GB, taken from the Spark workers on the same machine while a run starts; converting CSV
 to JSON lines in Python had made a CSV run four times slower than the same records as
-JSON lines.
+JSON lines. A chunk that is a whole file, where its source allows it (``in_place``), is
+not copied at all: the file becomes the segment by a hard link (ADR 11).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from sparkjobs.segments import MAX_HEADER_BYTES, copy_atomic, write_atomic
+from sparkjobs.segments import MAX_HEADER_BYTES, copy_atomic, link_atomic, write_atomic
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,6 +79,9 @@ class Chunk:
     partition: int = 0
     idle: tuple[int, ...] = ()
     marks: tuple[tuple[str, str, int], ...] = ()
+    # The segment's bytes are all of the input file's and nothing else, and the source
+    # lets the file itself be the segment (a link, not a copy; ADR 11).
+    in_place: bool = False
 
     def stream_position(self) -> dict[str, object]:
         """Where a stream stands after this chunk, as the run's position keeps it."""
@@ -195,9 +199,12 @@ def chunks(
     stop_file: int | None = None,
     start_offset: int | None = None,
     start_index: int = 0,
+    in_place: bool = False,
 ) -> Iterator[Chunk]:
     """Chunks from a position on (to resume after a crash), in input order, of the
-    files numbered ``start_file`` up to ``stop_file`` (default: all of them)."""
+    files numbered ``start_file`` up to ``stop_file`` (default: all of them). With
+    ``in_place``, a line file that is one chunk, header and last newline included, is
+    marked to become its segment as it is (``Chunk.in_place``)."""
     index = start_index
     for file_index in range(start_file, len(files) if stop_file is None else stop_file):
         item = files[file_index]
@@ -226,6 +233,9 @@ def chunks(
         head = _header_line(item) if fmt == "csv" else b""
         tag_of = _csv_tagger(head, route_by) if fmt == "csv" else _json_tagger(route_by)
         for chunk_offset, length, size, tag in _line_ranges(item, offset, segment_bytes, tag_of):
+            # The header (if any) is the file's first line, so the segment's bytes are
+            # the file's when the range is all of its data and needs no newline added.
+            whole = chunk_offset == item.data_start and chunk_offset + length == item.size
             yield Chunk(
                 index,
                 file_index,
@@ -237,6 +247,7 @@ def chunks(
                 item.path,
                 head=head,
                 kind=fmt,
+                in_place=in_place and whole and size == length,
             )
             index += 1
 
@@ -245,6 +256,8 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
     """The chunk's segment file, all or nothing; returns its size."""
     if chunk.body is not None:
         return write_atomic(path, chunk.body)
+    if chunk.in_place and link_atomic(path, chunk.path, chunk.size):
+        return chunk.size
     return copy_atomic(
         path,
         chunk.path,

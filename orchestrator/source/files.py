@@ -27,6 +27,9 @@ class FileSource:
             start_file=int(position.get("file", 0)),
             start_offset=position.get("offset"),
             start_index=int(position.get("chunk", 0)),
+            # The run's input files are the user's, named when it was created and not
+            # changed under it: a whole one is read where it is (ADR 11).
+            in_place=True,
         )
 
     def next_chunk(self) -> Chunk | None:

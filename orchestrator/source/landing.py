@@ -160,6 +160,9 @@ class LandingFolderSource:
             stop_file=index + 1,
             start_offset=start,
             start_index=self.read_index,
+            # Copied, never linked: a file rewritten after it was taken must not change
+            # what the run took (ADR 11).
+            in_place=False,
         )
 
     @property

@@ -206,7 +206,8 @@ def _claim_siblings(
     for sibling in graph.fusable_with(node):
         if sibling not in siblings or max_segments <= 0 or max_bytes <= 0:
             continue
-        # At most one segment over the batch's bytes, as a batch's first segment may be.
+        # While the batch holds less than its bytes: the segment that crosses them is
+        # taken, as by a batch's own claim.
         got = alignment.claim_sibling(
             run_id,
             sibling,

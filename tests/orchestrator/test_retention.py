@@ -7,6 +7,7 @@ counts without the sets behind them: nothing merges into a run that has ended.""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import threading
 from decimal import Decimal
@@ -111,6 +112,25 @@ def test_files_of_done_segments_go_and_files_still_named_by_work_stay() -> None:
     assert swept == retention.Swept(files_deleted=1, bytes_freed=123, rows_deleted=0)
     assert not done.exists() and claimed.exists() and queued.exists()
     assert Segment.objects.get(pk="a").path == ""  # "no file": the next sweep skips it
+
+
+def test_a_segment_read_in_place_goes_and_its_input_file_stays(tmp_path: Path) -> None:
+    # A whole input file is its segment by a hard link (ADR 11): deleting the segment
+    # removes the link and frees nothing.
+    run = pending_run("reference")
+    user_file = tmp_path / "input.jsonl"
+    user_file.write_bytes(b'{"key":"k"}\n' * 10)
+    linked = segment_path(run.pk, "linked")
+    linked.parent.mkdir(parents=True, exist_ok=True)
+    os.link(user_file, linked)
+    _queue(run, [("a", "task1", linked)])
+    _finish(run, "task1")
+
+    swept = retention.sweep(run.pk, keep_rows_s=KEEP)
+
+    assert swept == retention.Swept(files_deleted=1, bytes_freed=0, rows_deleted=0)
+    assert not linked.exists()
+    assert user_file.read_bytes() == b'{"key":"k"}\n' * 10
 
 
 def test_a_shared_file_stays_until_every_copy_naming_it_is_done() -> None:

@@ -139,6 +139,17 @@ def test_a_batch_holds_at_most_the_largest_batch() -> None:
     assert completion(chain(), at_start(4), model) == pytest.approx(4.0)
 
 
+def test_a_batch_takes_the_packet_that_crosses_its_bound_as_the_ledger_s_claim_does() -> None:
+    # The first batch takes the one packet there; the next, the other three: two fit in
+    # 2.5 MB and the third crosses it. Bounded at 2 MB, the third waits for a batch.
+    assert completion(
+        chain(), at_start(4), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2.5 * MB)
+    ) == pytest.approx(2.0)
+    assert completion(
+        chain(), at_start(4), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2 * MB)
+    ) == pytest.approx(3.0)
+
+
 def test_data_an_operator_shrinks_crosses_its_output_link_faster() -> None:
     # Ten 1 MB packets through a 1 MB/s output link: 10 s as published; a tenth of the
     # bytes leave the operator, so 1 s.

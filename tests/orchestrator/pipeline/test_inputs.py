@@ -1,6 +1,7 @@
 """The source's cut: chunks tile the input, never split a record, and become segment
 files holding exactly the input's bytes in its own format (JSON lines and CSV are copied
-by the kernel, never read into the source; Parquet is cut by rows).
+by the kernel, never read into the source; Parquet is cut by rows). Where the source
+allows it, a file that is one whole chunk becomes its segment by a hard link (ADR 11).
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ from orchestrator.pipeline.inputs import Chunk, chunks, resolve_inputs, write_ch
 from sparkjobs import segments
 
 
-def cut(path: Path, fmt: str = "jsonl", segment_bytes: int = 64, **start: int) -> list[Chunk]:
+def cut(
+    path: Path,
+    fmt: str = "jsonl",
+    segment_bytes: int = 64,
+    *,
+    in_place: bool = False,
+    **start: int,
+) -> list[Chunk]:
     files = resolve_inputs(str(path), fmt)
-    return list(chunks(files, fmt, segment_bytes=segment_bytes, route_by="key", **start))
+    return list(
+        chunks(files, fmt, segment_bytes=segment_bytes, route_by="key", in_place=in_place, **start)
+    )
 
 
 def written(chunks_: list[Chunk], folder: Path) -> list[bytes]:
@@ -112,6 +122,95 @@ def test_a_failed_copy_leaves_no_segment_file(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="ended"):
         segments.copy_atomic(target, str(tmp_path / "in.jsonl"), 0, 100, newline=False)
     assert list(target.parent.iterdir()) == []
+
+
+def same_file(a: Path, b: Path) -> bool:
+    return Path(a).stat().st_ino == Path(b).stat().st_ino
+
+
+def test_a_whole_file_read_in_place_becomes_its_segment_by_a_link(tmp_path: Path) -> None:
+    # Given JSON-lines files, each smaller than a segment, and a CSV file with its header
+    lines = [b'{"key":"k%d","value":%d}\n' % (i % 3, i) for i in range(30)]
+    for number in range(3):
+        (tmp_path / f"part-{number}.jsonl").write_bytes(b"".join(lines[number * 10 :][:10]))
+    (tmp_path / "in.csv").write_bytes(b"key,value\r\nk1,1\nk2,2\n")
+    # When a source that allows it cuts them
+    got = cut(tmp_path / "part-*.jsonl", segment_bytes=1 << 20, in_place=True)
+    (csv_chunk,) = cut(tmp_path / "in.csv", fmt="csv", segment_bytes=1 << 20, in_place=True)
+    # Then each is one chunk, and its segment is the file itself, not a copy
+    assert [c.in_place for c in got] == [True] * 3
+    assert written(got, tmp_path / "out") == [
+        (tmp_path / f"part-{n}.jsonl").read_bytes() for n in range(3)
+    ]
+    assert all(same_file(tmp_path / "out" / f"c{c.index}.jsonl", c.path) for c in got)
+    assert csv_chunk.in_place
+    write_chunk(tmp_path / "out" / "c.csv", csv_chunk)
+    assert same_file(tmp_path / "out" / "c.csv", tmp_path / "in.csv")
+    # ...and deleting a segment leaves the input file as it was
+    for segment in (tmp_path / "out").iterdir():
+        segment.unlink()
+    assert b"".join((tmp_path / f"part-{n}.jsonl").read_bytes() for n in range(3)) == b"".join(
+        lines
+    )
+    assert (tmp_path / "in.csv").stat().st_nlink == 1
+
+
+def test_a_file_that_is_not_one_whole_chunk_is_copied(tmp_path: Path) -> None:
+    # A file cut in several chunks, one whose segment needs a newline added, and a whole
+    # file whose source does not allow linking (a landing folder's) are each copied.
+    (tmp_path / "big.jsonl").write_bytes(b'{"key":"k"}\n' * 40)
+    (tmp_path / "open.jsonl").write_bytes(b'{"key":"k"}\n{"key":"j"}')
+    (tmp_path / "small.jsonl").write_bytes(b'{"key":"k"}\n')
+    several = cut(tmp_path / "big.jsonl", segment_bytes=100, in_place=True)
+    (open_ended,) = cut(tmp_path / "open.jsonl", segment_bytes=1 << 20, in_place=True)
+    (not_allowed,) = cut(tmp_path / "small.jsonl", segment_bytes=1 << 20)
+    assert len(several) > 1
+    assert not any(c.in_place for c in [*several, open_ended, not_allowed])
+    written([*several, open_ended, not_allowed], tmp_path / "out")
+    assert all((tmp_path / f"{n}.jsonl").stat().st_nlink == 1 for n in ("big", "open", "small"))
+
+
+def test_a_whole_file_changed_since_it_was_measured_is_copied_as_measured(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"k"}\n')
+    (chunk,) = cut(tmp_path / "in.jsonl", segment_bytes=1 << 20, in_place=True)
+    with (tmp_path / "in.jsonl").open("ab") as grown:
+        grown.write(b'{"key":"later"}\n')
+    assert written([chunk], tmp_path / "out") == [b'{"key":"k"}\n']
+    assert (tmp_path / "in.jsonl").stat().st_nlink == 1
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["c0.jsonl"]  # no link left
+
+
+def test_an_input_swapped_for_a_symbolic_link_is_neither_linked_nor_copied(
+    tmp_path: Path,
+) -> None:
+    # Given an input file checked and cut, then replaced by a link to another file
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"k"}\n')
+    (chunk,) = cut(tmp_path / "in.jsonl", segment_bytes=1 << 20, in_place=True)
+    (tmp_path / "secret").write_bytes(b"0123456789\n")
+    (tmp_path / "in.jsonl").unlink()
+    (tmp_path / "in.jsonl").symlink_to(tmp_path / "secret")
+    target = tmp_path / "out" / "c0.jsonl"
+    # Then the segment is refused, and nothing of the other file is written
+    assert not segments.link_atomic(target, chunk.path, chunk.size)
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        write_chunk(target, chunk)
+    assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("code", [errno.EXDEV, errno.EPERM, errno.EMLINK])
+def test_a_file_the_file_system_cannot_link_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    def refused(*_: object, **__: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"k"}\n')
+    (chunk,) = cut(tmp_path / "in.jsonl", segment_bytes=1 << 20, in_place=True)
+    monkeypatch.setattr(os, "link", refused)
+    assert written([chunk], tmp_path / "out") == [b'{"key":"k"}\n']
+    assert not same_file(tmp_path / "out" / "c0.jsonl", tmp_path / "in.jsonl")
 
 
 def test_a_csv_segment_is_its_header_line_then_the_input_bytes_copied(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.ledger.segments import StaleEpochError
 from orchestrator.models import Event, Run, Segment, SourceFile
-from orchestrator.pipeline.inputs import Chunk
+from orchestrator.pipeline.inputs import Chunk, write_chunk
 from orchestrator.source.landing import LandingFolderSource
 from orchestrator.source.replay import ReplayError, write_ingested
 from orchestrator.source.spec import LandingSpec
@@ -128,6 +128,23 @@ def test_a_file_changed_after_it_was_taken_is_reported_once_and_not_read_again(t
     assert "changed after it was taken in" in events.get().reason
     assert SourceFile.objects.get(run=run).changed
     assert before
+
+
+def test_a_file_taken_whole_is_copied_so_a_rewrite_in_place_leaves_the_taken_bytes(
+    tmp_path,
+) -> None:
+    spec = LandingSpec(str(tmp_path / "in"), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    (tmp_path / "in").mkdir()
+    path = _land(tmp_path / "in", "1.jsonl", 4)
+    taken = path.read_bytes()
+    (chunk,) = _read_all(LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {}))
+    segment = tmp_path / "segments" / "c0.jsonl"
+    write_chunk(segment, chunk)
+    with path.open("r+b") as rewritten:  # the same file, written over where it lies
+        rewritten.write(b"X" * len(taken))
+    assert not chunk.in_place
+    assert segment.read_bytes() == taken
 
 
 def test_a_file_truncated_while_read_ends_where_the_run_read_it(tmp_path) -> None:
