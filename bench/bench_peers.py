@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_peers.py [--mb 1024] [--keys 243] [--hot-share 0.35]
         [--record-bytes 150] [--users 1000] [--seed 1] [--file-mb 8] [--trigger-mb 512]
-        [--warmup-mb 64] [--rounds 3] [--json]
+        [--warmup-mb 64] [--rounds 3] [--live-input files|whole] [--json]
 
 One generated JSON-lines input (``{"key", "value", "user", "pad"}``; ``--hot-share`` of
 the records on one key, the rest spread evenly over the other keys; values with four
@@ -23,7 +23,9 @@ and distinct users, computed by
 (c) our --batch: ``sparkjobs.plain_job.batch_aggregate`` over the one file, as
     ``run_pipeline --batch`` calls it (orchestrator/worker/plain_job.py);
 (d) our live run: bench_runtime.py's throughput pipeline (source -> 3 aggregators ->
-    sink, 8 MB segments, one Spark worker) over the one file, on its embedded stack.
+    sink, 8 MB segments, one Spark worker) on its embedded stack, over the cut files as
+    (b) reads them (each one whole segment, read in place: ADR 11), or with
+    ``--live-input whole`` over the one file (cut into segments and copied).
 
 (a), (b) and (c) run in this process's SparkSession, built as a worker builds its own
 (sparkjobs/session.py); (d) in the Celery workers. Every side's result is checked
@@ -233,8 +235,9 @@ def batch_job(data: Input, params: Mapping[str, Any]) -> Outcome:
     return Outcome(rows, {"malformed": result.malformed})
 
 
-def live_run(data: Input, doc: Any, policy: dict[str, Any]) -> Outcome:
-    return ledger_outcome(run_to_end(doc, policy, None, input_path=str(data.whole)))
+def live_run(data: Input, doc: Any, policy: dict[str, Any], *, whole: bool) -> Outcome:
+    path = data.whole if whole else data.parts / "*.jsonl"
+    return ledger_outcome(run_to_end(doc, policy, None, input_path=str(path)))
 
 
 def ledger_outcome(run: Any) -> Outcome:
@@ -407,7 +410,7 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
                 "spark": spark_job,
                 "streaming": lambda d: streaming_job(d, files_per_trigger, next(serial)),
                 "batch": lambda d: batch_job(d, params),
-                "live": lambda d: live_run(d, doc, policy),
+                "live": lambda d: live_run(d, doc, policy, whole=args.live_input == "whole"),
             }
             began = time.monotonic()
             warm = write_input(
@@ -479,6 +482,7 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "cut_files": data.files,
             "file_mb": args.file_mb,
+            "live_input": args.live_input,
         },
         "generation_s": round(generation_s, 1),
         "reference_s": round(reference_s, 1),
@@ -534,7 +538,13 @@ def main() -> int:
     parser.add_argument("--record-bytes", type=int, default=150, help="padded record size")
     parser.add_argument("--users", type=int, default=1000, help="distinct user values")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--file-mb", type=float, default=8.0, help="cut files for (b)")
+    parser.add_argument("--file-mb", type=float, default=8.0, help="cut files for (b), (d)")
+    parser.add_argument(
+        "--live-input",
+        choices=("files", "whole"),
+        default="files",
+        help="(d) over the cut files (default) or the one file",
+    )
     parser.add_argument(
         "--trigger-mb", type=float, help="(b) per trigger; default BPCONSOLE_BATCH_MB"
     )

@@ -66,7 +66,7 @@ class Chunk:
     length: int
     tag: str
     size: int  # bytes of the segment file it becomes
-    body: bytes | None  # the segment file's bytes; None: the input's own bytes, copied
+    body: bytes | None  # the segment file's bytes; None: the input's own bytes (copied or linked)
     path: str  # the input file
     # Where an unbounded source stands after this chunk (a stream's last entry id), kept
     # with the run's position so a restart acknowledges and skips what is in the ledger.
