@@ -21,6 +21,11 @@ _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
+class SourceFileError(OSError):
+    """The input file is no longer what was measured: gone, unreadable, swapped for a
+    symbolic link, or shorter."""
+
+
 def write_atomic(path: Path, body: bytes) -> int:
     """Write ``body`` to ``path`` all or nothing (temp file, fsync, rename)."""
     with _atomic(path) as handle:
@@ -38,6 +43,8 @@ def link_atomic(path: Path, source: str, size: int) -> bool:
     tmp.unlink(missing_ok=True)  # left by a process of this pid that died here
     try:
         os.link(source, tmp, follow_symlinks=False)
+    except FileNotFoundError as exc:
+        raise SourceFileError(exc.errno, f"{source}: {exc.strerror}") from exc
     except OSError as exc:
         if exc.errno in _NO_LINK:
             return False
@@ -78,7 +85,10 @@ def copy_atomic(
     kernel copies, nothing passes through Python where the file system allows it."""
     # Never through a symbolic link: the input was checked as a file, and one swapped for
     # a link since would name another.
-    source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise SourceFileError(exc.errno, f"{source}: {exc.strerror}") from exc
     with os.fdopen(source_fd, "rb") as src, _atomic(path) as handle:
         handle.write(head)
         handle.flush()  # the kernel copies to the descriptor's position, after the head
@@ -87,7 +97,7 @@ def copy_atomic(
         while done < length:
             data = os.pread(src.fileno(), min(COPY_STEP, length - done), offset + done)
             if not data:
-                raise OSError(errno.EIO, f"input ended {length - done} bytes early")
+                raise SourceFileError(errno.EIO, f"{source}: ended {length - done} bytes early")
             handle.write(data)
             done += len(data)
         if newline:

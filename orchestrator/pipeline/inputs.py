@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from sparkjobs.segments import MAX_HEADER_BYTES, copy_atomic, link_atomic, write_atomic
+from sparkjobs.segments import (
+    MAX_HEADER_BYTES,
+    SourceFileError,
+    copy_atomic,
+    link_atomic,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -253,19 +259,39 @@ def chunks(
 
 
 def write_chunk(path: Path, chunk: Chunk) -> int:
-    """The chunk's segment file, all or nothing; returns its size."""
+    """The chunk's segment file, all or nothing; returns its size. Raises
+    :class:`InputError` when its input file is no longer what was measured."""
     if chunk.body is not None:
         return write_atomic(path, chunk.body)
-    if chunk.in_place and link_atomic(path, chunk.path, chunk.size):
-        return chunk.size
-    return copy_atomic(
-        path,
-        chunk.path,
-        chunk.offset,
-        chunk.length,
-        newline=chunk.size > len(chunk.head) + chunk.length,
-        head=chunk.head,
+    try:
+        if chunk.in_place and link_atomic(path, chunk.path, chunk.size):
+            return chunk.size
+        return copy_atomic(
+            path,
+            chunk.path,
+            chunk.offset,
+            chunk.length,
+            newline=chunk.size > len(chunk.head) + chunk.length,
+            head=chunk.head,
+        )
+    except SourceFileError as exc:
+        raise changed_input(chunk.path, exc.strerror) from exc
+
+
+def changed_input(path: str, why: str | None) -> InputError:
+    return InputError(
+        f"input {path} changed since it was measured ({why}): "
+        "a run's input files must stay as they are until it ends"
     )
+
+
+def _opened(path: str) -> int:
+    """A descriptor of the input file at ``path``, never through a symbolic link;
+    :class:`InputError` when it is gone or was swapped since it was measured."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise changed_input(path, exc.strerror) from exc
 
 
 CUT_WINDOW = 64 * 1024
@@ -276,7 +302,7 @@ def _line_ranges(
 ) -> Iterator[tuple[int, int, int, str]]:
     """(offset, length, size without a header, tag) of each chunk of a line format: cut
     after the first newline at or past ``segment_bytes``, so records never split."""
-    fd = os.open(item.path, os.O_RDONLY)
+    fd = _opened(item.path)
     try:
         while offset < item.size:
             end = _line_end(fd, min(item.size, offset + segment_bytes) - 1, item.size)
@@ -321,7 +347,7 @@ def _first_line(fd: int, start: int, end: int) -> bytes:
 def _header_line(item: InputFile) -> bytes:
     """A CSV file's header line, newline included: the first line of each of its
     segments, so a segment is a CSV file Spark reads with ``header``."""
-    with open(item.path, "rb") as handle:  # noqa: PTH123 - a binary read of one line
+    with os.fdopen(_opened(item.path), "rb") as handle:
         line = handle.readline(item.data_start)
     return line if line.endswith(b"\n") else line + b"\n"
 
@@ -354,7 +380,7 @@ def _parquet_chunks(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    groups = _RowGroups(pq.ParquetFile(item.path))
+    groups = _RowGroups(pq.ParquetFile(os.fdopen(_opened(item.path), "rb")))
     rows_per_chunk = max(1, segment_bytes // groups.row_bytes())
     while offset < item.size:
         part = groups.rows(offset, rows_per_chunk)

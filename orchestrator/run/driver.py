@@ -48,6 +48,7 @@ from orchestrator.ledger.failures import fail_run
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
 from orchestrator.pipeline.graph import balancer_topology, pipeline_sink, pipeline_windows
+from orchestrator.pipeline.inputs import InputError
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.rescale.plan import topology_at
 from orchestrator.rescale.start import ensure_instances
@@ -199,12 +200,16 @@ class RunDriver:
 
     def _start_when_the_source_answers(self, run: Run) -> str | None:
         """Start; a source whose server is down (a stream's Redis) is waited for, and the
-        run can still be stopped meanwhile."""
+        run can still be stopped meanwhile; one whose files are gone fails the run."""
         reported = False
         while True:
             try:
                 self._start(run)
                 return None
+            except InputError as exc:
+                # A file gone since the run measured it: no retry brings it back.
+                fail_run(self.run_id, f"the input could not be read: {exc}")
+                return str(Run.Status.FAILED)
             except SourceUnavailable as exc:
                 if not reported:
                     record_event(self.run_id, "source_unavailable", str(exc))
@@ -276,6 +281,11 @@ class RunDriver:
                     self.pacer.input.housekeeping()
                 except segments.StaleEpochError:
                     return "superseded by a newer driver"
+                except InputError as exc:
+                    # A file gone or swapped since it was measured: no retry brings it
+                    # back, so the run fails with why; the next loop sees it failed.
+                    fail_run(self.run_id, f"the input could not be read: {exc}")
+                    continue
             if running or now >= next_tick:
                 # One read of the ledger per loop, for the dispatch and the tick alike.
                 self.flows: dict[str, NodeFlow] = segments.node_flows(

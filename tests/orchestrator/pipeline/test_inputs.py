@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.pipeline import inputs
-from orchestrator.pipeline.inputs import Chunk, chunks, resolve_inputs, write_chunk
+from orchestrator.pipeline.inputs import Chunk, InputError, chunks, resolve_inputs, write_chunk
 from sparkjobs import segments
 
 
@@ -194,9 +194,25 @@ def test_an_input_swapped_for_a_symbolic_link_is_neither_linked_nor_copied(
     target = tmp_path / "out" / "c0.jsonl"
     # Then the segment is refused, and nothing of the other file is written
     assert not segments.link_atomic(target, chunk.path, chunk.size)
-    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+    with pytest.raises(InputError, match=r"in\.jsonl changed since it was measured"):
         write_chunk(target, chunk)
     assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_an_input_gone_or_shorter_than_measured_is_an_input_error_naming_it(
+    tmp_path: Path, in_place: bool
+) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"k"}\n' * 40)
+    whole, *_ = cut(tmp_path / "in.jsonl", segment_bytes=1 << 20, in_place=in_place)
+    first, *_ = cut(tmp_path / "in.jsonl", segment_bytes=100)
+    (tmp_path / "in.jsonl").write_bytes(b'{"key":"k"}\n')  # shorter than its first chunk
+    with pytest.raises(InputError, match=r"ended .* bytes early"):
+        write_chunk(tmp_path / "out" / "short.jsonl", first)
+    (tmp_path / "in.jsonl").unlink()
+    with pytest.raises(InputError, match="No such file"):
+        write_chunk(tmp_path / "out" / "gone.jsonl", whole)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []
 
 
 @pytest.mark.parametrize("code", [errno.EXDEV, errno.EPERM, errno.EMLINK])

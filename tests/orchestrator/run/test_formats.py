@@ -15,8 +15,16 @@ import pytest
 
 from orchestrator.ledger import retention
 from orchestrator.ledger.results import summary
+from orchestrator.run.lifecycle import create_run
+from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import batch_summary
-from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    policy,
+    skewed_reference,
+    start,
+    wait_started,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -94,3 +102,43 @@ def test_a_folder_of_whole_files_read_in_place_gives_the_batch_result_and_is_lef
     assert sum(r["count"] for r in result["rows"]) == 24_000
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()} == before
     assert all(p.stat().st_nlink == 1 for p in folder.iterdir())
+
+
+def test_a_run_whose_input_file_is_gone_fails_saying_which(workers, tmp_path: Path) -> None:
+    # Given a run over two files, the second deleted after the run measured it
+    for n in range(2):
+        rows = records(500, seed=n)
+        (tmp_path / f"part-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = create_run(
+        topology=skewed_reference(), policy=policy(), input_path=str(tmp_path / "*.jsonl")
+    )
+    (tmp_path / "part-1.jsonl").unlink()
+    # When it runs, then it fails with the file and why, instead of retrying forever
+    start_run(run)
+    run = wait_until_done(run, timeout_s=60)
+    assert run.status == "failed"
+    assert "part-1.jsonl" in run.error
+    assert run.error.startswith("the input could not be read")
+
+
+def test_a_file_deleted_while_the_run_reads_it_fails_the_run_saying_which(
+    workers, tmp_path: Path
+) -> None:
+    # Given a run over three files of 2.4 MB whose branches take 1 MB/s each into pools
+    # of 0.5 MB: the source cannot be more than 1.5 MB ahead of what they took, so the
+    # third file, from 4.8 MB on, is not read for at least a second
+    for n in range(3):
+        rows = records(40_000, seed=n)
+        (tmp_path / f"part-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = skewed_reference(slow_mbps=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["max_rate_mbps"] = 1.0
+    run = start(doc, policy(), input_path=str(tmp_path / "*.jsonl"))
+    # When it goes once the run has finished its first batch
+    wait_started(run)
+    (tmp_path / "part-2.jsonl").unlink()
+    # Then the run fails, naming the file
+    run = wait_until_done(run, timeout_s=120)
+    assert run.status == "failed"
+    assert "part-2.jsonl changed since it was measured" in run.error
