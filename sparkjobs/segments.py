@@ -36,8 +36,10 @@ def write_atomic(path: Path, body: bytes) -> int:
 def link_atomic(path: Path, source: str, size: int) -> bool:
     """Make ``source``, which must hold exactly ``size`` bytes, the file at ``path``
     without copying it: a hard link, put in place by a rename and synced to disk as a
-    copy would be. False, and nothing at ``path``, when the file system cannot link it
-    or the file no longer has the size it was measured with: the caller copies."""
+    copy would be. False, and nothing new at ``path``, when the file system cannot link
+    it, or the file no longer has the size it was measured with or is a symbolic link:
+    the caller copies (which refuses a link). Raises :class:`SourceFileError` when
+    ``source`` is gone."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
     tmp.unlink(missing_ok=True)  # left by a process of this pid that died here

@@ -38,7 +38,7 @@ from balancer.units import MB
 from orchestrator.ledger.events import record_event
 from orchestrator.ledger.segments import StaleEpochError
 from orchestrator.models import Run, Segment, SourceFile
-from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, measure_file
+from orchestrator.pipeline.inputs import Chunk, InputError, InputFile, chunks, measure_file
 from orchestrator.source.base import SourceLag
 from orchestrator.source.spec import LandingSpec
 
@@ -134,7 +134,11 @@ class LandingFolderSource:
                     if self.read_file >= self.taken:
                         return None
                 self.current = self._file_chunks(self.read_file)
-            chunk = next(self.current, None)
+            try:
+                chunk = next(self.current, None)
+            except InputError:  # gone, or swapped for a link, before this chunk was cut
+                self._mark_changed(self.read_file)
+                chunk = None
             if chunk is not None and self._unchanged(chunk.file_index):
                 self.read_index = chunk.index + 1
                 self.read_offset = chunk.offset + chunk.length
@@ -291,13 +295,17 @@ class LandingFolderSource:
             same = stat.st_mtime_ns == self.mtimes[index]
         except OSError:
             same = False
-        if same:
-            return True
+        if not same:
+            self._mark_changed(index)
+        return same
+
+    def _mark_changed(self, index: int) -> None:
+        """The file ends where the run had read it, reported once."""
+        item = self.files[index]
         end = self.read_offset if self.read_offset is not None else item.data_start
         self.files[index] = InputFile(item.path, item.data_start, end)
         SourceFile.objects.filter(run_id=self.run_id, index=index).update(size=end, changed=True)
         self._changed_after_taken(item.path, read_to=end)
-        return False
 
     def _changed_after_taken(self, path: str, read_to: int | None = None) -> None:
         if read_to is None:

@@ -147,6 +147,26 @@ def test_a_file_taken_whole_is_copied_so_a_rewrite_in_place_leaves_the_taken_byt
     assert segment.read_bytes() == taken
 
 
+def test_a_file_deleted_after_it_was_taken_is_reported_once_and_the_others_read(
+    tmp_path,
+) -> None:
+    spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(tmp_path, "1.jsonl", 20, age_s=20)
+    gone = _land(tmp_path, "2.jsonl", 4, age_s=10)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    source.last_scan = 0.0
+    first = source.next_chunk()  # both files taken, the first being read
+    assert first is not None and first.file_index == 0
+    source.committed(first)
+    gone.unlink()  # before any of it was cut
+    rest = _read_all(source)
+    assert {c.file_index for c in rest} == {0}
+    row = SourceFile.objects.get(run=run, index=1)
+    assert row.changed and row.size == 0  # nothing of it was read
+    assert Event.objects.filter(run=run, kind="source_file_changed").count() == 1
+
+
 def test_a_file_truncated_while_read_ends_where_the_run_read_it(tmp_path) -> None:
     spec = LandingSpec(str(tmp_path), "*.jsonl", stable_s=0)
     run = _run(spec)
