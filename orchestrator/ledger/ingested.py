@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from orchestrator.models import Run, SourceFile
 from orchestrator.pipeline.graph import input_extent
-from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.inputs import recorded_inputs
 
 
 def ingested_extent(run: Run) -> list[tuple[int, int]]:
@@ -38,4 +38,4 @@ def ingested_extent(run: Run) -> list[tuple[int, int]]:
     # A generated input has no paths until the run's driver has written it (a run
     # cancelled or failed before that has nothing to cover).
     paths = spec.get("paths") or []
-    return input_extent(resolve_inputs(paths, spec.get("format", "jsonl"))) if paths else []
+    return input_extent(recorded_inputs(spec, spec.get("format", "jsonl"))) if paths else []

@@ -23,11 +23,12 @@ import glob
 import io
 import json
 import os
+import stat
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from sparkjobs.segments import (
     MAX_HEADER_BYTES,
@@ -173,19 +174,61 @@ def through_link(path: Path, real_roots: Sequence[Path]) -> bool:
     return False
 
 
+class InputRecord(TypedDict):
+    """What a run records of its input files when it is created."""
+
+    paths: list[str]  # resolved (and inside the input roots, from the console)
+    extents: list[list[int]]  # each file's [data start, size] as measured then
+    extent_total: int
+
+
+def input_record(files: Sequence[InputFile]) -> InputRecord:
+    return {
+        "paths": [f.path for f in files],
+        "extents": [[f.data_start, f.size] for f in files],
+        "extent_total": sum(f.size - f.data_start for f in files),
+    }
+
+
+def recorded_inputs(spec: Mapping[str, Any], fmt: str) -> list[InputFile]:
+    """A run's input files as it recorded them when it was created: what its source
+    reads and its coverage counts, whatever happens to the files since. Never expanded
+    or resolved again, so a file swapped for a symbolic link is refused where it is
+    read, not followed. A run recorded before extents were is measured again."""
+    paths = spec["paths"]
+    extents = spec.get("extents")
+    if extents is None:
+        return [measure_file(Path(path), fmt) for path in paths]
+    return [
+        InputFile(path, int(start), int(size))
+        for path, (start, size) in zip(paths, extents, strict=True)
+    ]
+
+
 def measure_file(path: Path, fmt: str) -> InputFile:
+    """The file at ``path`` measured, read without following a symbolic link (a caller
+    resolves links first where it allows them)."""
+    try:
+        kind = path.lstat().st_mode
+    except OSError as exc:
+        raise changed_input(str(path), exc.strerror) from exc
+    if not stat.S_ISREG(kind):
+        raise changed_input(str(path), "not a regular file")
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            rows = pq.ParquetFile(path).metadata.num_rows
+            with os.fdopen(_opened(str(path)), "rb") as handle:
+                rows = pq.ParquetFile(handle).metadata.num_rows
+        except InputError:
+            raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
             raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
         return InputFile(str(path), 0, rows)
-    size = path.stat().st_size
+    size = path.lstat().st_size
     start = 0
     if fmt == "csv":
-        with path.open("rb") as handle:
+        with os.fdopen(_opened(str(path)), "rb") as handle:
             header = handle.readline(MAX_HEADER_BYTES + 1)
         if len(header) > MAX_HEADER_BYTES:
             raise InputError(

@@ -37,7 +37,7 @@ from orchestrator.pipeline.generator import (
     write_input_atomically,
 )
 from orchestrator.pipeline.graph import downstreams_of
-from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.inputs import input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
 
 log = logging.getLogger(__name__)
@@ -125,15 +125,9 @@ def prepare_input(
                 alive=alive,
                 publish=publish,
             )
-        files = resolve_inputs(str(path), "jsonl")
-        size = sum(f.size - f.data_start for f in files)
-        _record(
-            run,
-            epoch,
-            paths=[f.path for f in files],
-            extent_total=size,
-            generating={"written": size, "total": size},
-        )
+        record = input_record(resolve_inputs(str(path), "jsonl"))
+        size = record["extent_total"]
+        _record(run, epoch, **record, generating={"written": size, "total": size})
     except Stopped as stop:
         if stop.outcome == Run.Status.CANCELLED:
             publish(final=True)

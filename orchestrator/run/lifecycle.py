@@ -16,7 +16,7 @@ from orchestrator.ledger.events import record_event
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
-from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.inputs import input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
@@ -108,12 +108,7 @@ def create_run(
         )
     else:
         files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
-        input_spec = {
-            "paths": [f.path for f in files],
-            "format": fmt,
-            "generator": None,
-            "extent_total": sum(f.size - f.data_start for f in files),
-        }
+        input_spec = {**input_record(files), "format": fmt, "generator": None}
         what = f"run created over {len(files)} input file(s)"
     with transaction.atomic():
         run = Run.objects.create(

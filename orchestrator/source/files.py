@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from balancer.units import MB
-from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, resolve_inputs
+from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, recorded_inputs
 from orchestrator.source.base import SourceLag
 
 
@@ -18,7 +18,7 @@ class FileSource:
         self, input_spec: Mapping[str, Any], params: Mapping[str, Any], position: Mapping[str, Any]
     ) -> None:
         fmt = input_spec.get("format", "jsonl")
-        self.files: list[InputFile] = resolve_inputs(input_spec["paths"], fmt)
+        self.files: list[InputFile] = recorded_inputs(input_spec, fmt)
         self._chunks: Iterator[Chunk] | None = chunks(
             self.files,
             fmt,

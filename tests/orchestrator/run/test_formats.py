@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.ledger import retention
 from orchestrator.ledger.results import summary
+from orchestrator.models import ResultKey
 from orchestrator.run.lifecycle import create_run
 from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import batch_summary
@@ -104,8 +105,12 @@ def test_a_folder_of_whole_files_read_in_place_gives_the_batch_result_and_is_lef
     assert all(p.stat().st_nlink == 1 for p in folder.iterdir())
 
 
-def test_a_run_whose_input_file_is_gone_fails_saying_which(workers, tmp_path: Path) -> None:
-    # Given a run over two files, the second deleted after the run measured it
+@pytest.mark.parametrize("change", ["deleted", "swapped for a link"])
+def test_a_run_whose_input_file_changed_before_it_started_fails_saying_which(
+    workers, tmp_path: Path, change: str
+) -> None:
+    # Given a run over two files, the second deleted, or replaced by a link to a file
+    # the run was not given, after the run was created
     for n in range(2):
         rows = records(500, seed=n)
         (tmp_path / f"part-{n}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -113,12 +118,17 @@ def test_a_run_whose_input_file_is_gone_fails_saying_which(workers, tmp_path: Pa
         topology=skewed_reference(), policy=policy(), input_path=str(tmp_path / "*.jsonl")
     )
     (tmp_path / "part-1.jsonl").unlink()
-    # When it runs, then it fails with the file and why, instead of retrying forever
+    if change == "swapped for a link":
+        (tmp_path / "secret.txt").write_text('{"key": "secret", "value": 1, "user": "x"}\n')
+        (tmp_path / "part-1.jsonl").symlink_to(tmp_path / "secret.txt")
+    # When it runs, then it fails with the file and why, instead of retrying forever,
+    # and nothing of the other file was read
     start_run(run)
     run = wait_until_done(run, timeout_s=60)
     assert run.status == "failed"
-    assert "part-1.jsonl" in run.error
+    assert "part-1.jsonl changed since it was measured" in run.error
     assert run.error.startswith("the input could not be read")
+    assert not ResultKey.objects.filter(run=run, key="secret").exists()
 
 
 def test_a_file_deleted_while_the_run_reads_it_fails_the_run_saying_which(

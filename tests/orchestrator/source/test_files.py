@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.pipeline.inputs import Chunk, write_chunk
+import pytest
+
+from orchestrator.pipeline.inputs import (
+    Chunk,
+    InputError,
+    input_record,
+    resolve_inputs,
+    write_chunk,
+)
 from orchestrator.source.files import FileSource
 
 
@@ -47,3 +55,27 @@ def test_a_bounded_run_reads_its_whole_files_in_place_and_copies_the_ranges_of_l
         large.read_bytes()
     )
     assert large.stat().st_nlink == 1
+
+
+def test_the_source_reads_what_the_run_recorded_and_never_follows_a_link_put_there_since(
+    tmp_path: Path,
+) -> None:
+    # Given a run's record of two files
+    grown, swapped = tmp_path / "grown.jsonl", tmp_path / "swapped.jsonl"
+    grown.write_bytes(_lines(10))
+    swapped.write_bytes(_lines(10))
+    record = {**input_record(resolve_inputs(str(tmp_path / "*.jsonl"), "jsonl")), "format": "jsonl"}
+    # When one grows and the other is replaced by a link to a file outside
+    with grown.open("ab") as more:
+        more.write(_lines(20, 10))
+    (tmp_path / "secret").write_bytes(b"not for the run\n")
+    swapped.unlink()
+    swapped.symlink_to(tmp_path / "secret")
+    source = FileSource(record, {"segment_mb": 1}, {})
+    # Then the source reads the grown file as recorded, and refuses the link
+    first = source.next_chunk()
+    assert first is not None
+    write_chunk(tmp_path / "out" / "c0.jsonl", first)
+    assert (tmp_path / "out" / "c0.jsonl").read_bytes() == _lines(10)
+    with pytest.raises(InputError, match=r"swapped\.jsonl changed since it was measured"):
+        source.next_chunk()
