@@ -209,23 +209,21 @@ def measure_file(path: Path, fmt: str) -> InputFile:
     """The file at ``path`` measured, read without following a symbolic link (a caller
     resolves links first where it allows them)."""
     try:
-        kind = path.lstat().st_mode
+        info = path.lstat()
     except OSError as exc:
         raise changed_input(str(path), exc.strerror) from exc
-    if not stat.S_ISREG(kind):
+    if not stat.S_ISREG(info.st_mode):
         raise changed_input(str(path), "not a regular file")
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        try:
-            with os.fdopen(_opened(str(path)), "rb") as handle:
+        with os.fdopen(_opened(str(path)), "rb") as handle:
+            try:
                 rows = pq.ParquetFile(handle).metadata.num_rows
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
-            raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
+                raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
         return InputFile(str(path), 0, rows)
-    size = path.lstat().st_size
+    size = info.st_size
     start = 0
     if fmt == "csv":
         with os.fdopen(_opened(str(path)), "rb") as handle:
@@ -322,6 +320,7 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
 
 
 def changed_input(path: str, why: str | None) -> InputError:
+    """The error of a run's input file that is no longer what the run measured."""
     return InputError(
         f"input {path} changed since it was measured ({why}): "
         "a run's input files must stay as they are until it ends"
