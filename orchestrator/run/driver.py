@@ -207,9 +207,7 @@ class RunDriver:
                 self._start(run)
                 return None
             except InputError as exc:
-                # A file gone since the run measured it: no retry brings it back.
-                fail_run(self.run_id, f"the input could not be read: {exc}")
-                return str(Run.Status.FAILED)
+                return self._input_failed(exc)
             except SourceUnavailable as exc:
                 if not reported:
                     record_event(self.run_id, "source_unavailable", str(exc))
@@ -220,6 +218,12 @@ class RunDriver:
                 return "superseded by a newer driver"
             if not run.is_active:
                 return str(run.status)
+
+    def _input_failed(self, error: InputError) -> str:
+        """A file gone or swapped since the run measured it: no retry brings it back, so
+        the run fails with why."""
+        fail_run(self.run_id, f"the input could not be read: {error}")
+        return str(Run.Status.FAILED)
 
     def _start(self, run: Run) -> None:
         self.pacer = SourcePacer(
@@ -282,10 +286,8 @@ class RunDriver:
                 except segments.StaleEpochError:
                     return "superseded by a newer driver"
                 except InputError as exc:
-                    # A file gone or swapped since it was measured: no retry brings it
-                    # back, so the run fails with why; the next loop sees it failed.
-                    fail_run(self.run_id, f"the input could not be read: {exc}")
-                    continue
+                    self._input_failed(exc)
+                    continue  # the next loop sees the run failed
             if running or now >= next_tick:
                 # One read of the ledger per loop, for the dispatch and the tick alike.
                 self.flows: dict[str, NodeFlow] = segments.node_flows(
