@@ -12,7 +12,13 @@ from typing import Any
 
 from celery import current_app, shared_task
 from celery.bootsteps import RUN  # type: ignore[attr-defined]  # missing from the stubs
-from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    task_postrun,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count, Max, Q
@@ -22,6 +28,7 @@ from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from orchestrator.ledger import retention, segments
 from orchestrator.ledger.events import record_event
 from orchestrator.models import PolicyLab, Run
+from orchestrator.run.wakeups import announce
 from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
 from orchestrator.zk.control_plane import ControlPlane
@@ -119,6 +126,15 @@ def process_batch_task(
         # Another worker has (or will have) these segments; nothing of ours was written.
         log.warning("run %s node %s: %s", run_id, node, err)
         return {"node": node, "lease_lost": str(err)}
+
+
+@task_postrun.connect
+def _wake_the_driver(task: Any = None, kwargs: dict[str, Any] | None = None, **_: Any) -> None:
+    """A batch has ended, its result stored: its run's driver acts on it now, not at
+    its next loop (orchestrator/run/wakeups.py)."""
+    run_id = (kwargs or {}).get("run_id")
+    if getattr(task, "name", None) == process_batch_task.name and isinstance(run_id, int):
+        announce(run_id)
 
 
 @shared_task(name="orchestrator.simulate_lab", acks_late=True)

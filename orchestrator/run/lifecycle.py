@@ -20,6 +20,7 @@ from orchestrator.pipeline.inputs import input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
+from orchestrator.run.wakeups import announce
 from orchestrator.sink.targets import SinkError, sink_of
 from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
@@ -183,6 +184,7 @@ def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") 
         if status == Run.Status.CANCELLED:
             run.finished_at = timezone.now()
         run.save(update_fields=["status", "finished_at"])
+        announce(run_id)  # its driver acts now, not at its next tick
         verb = {
             "paused": "paused",
             "running": "resumed",

@@ -119,7 +119,8 @@ def test_an_operator_batch_longer_than_its_lease_completes_once(
     settings.BPCONSOLE_LEASE_S = 0.4
     settings.DATA_DIR = tmp_path / "data"
     run = pending_run("reference")
-    paths = [_records(tmp_path / f"in{n}.jsonl", 100_000, n * 100_000) for n in range(4)]
+    # 800,000 records: 1.1 s of Spark on the fastest machine seen, too close to 1.2.
+    paths = [_records(tmp_path / f"in{n}.jsonl", 200_000, n * 200_000) for n in range(4)]
     ids = queue_segments(run, paths)
     started = time.monotonic()
     report = process_batch(run.pk, "task1", None)

@@ -1,0 +1,118 @@
+"""A run's driver sleeps until one of its batches ends, on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery.signals import task_postrun
+from django.db import connection, transaction
+
+from orchestrator.run.wakeups import Wakeups, announce
+from orchestrator.tasks import process_batch_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def wakeups() -> Iterator[Wakeups]:
+    listening = Wakeups(41)
+    yield listening
+    listening.close()
+
+
+def announced_later(run_id: int, after_s: float) -> threading.Thread:
+    def send() -> None:
+        time.sleep(after_s)
+        announce(run_id)
+        connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def test_a_notification_on_the_runs_channel_ends_the_sleep_at_once(wakeups: Wakeups) -> None:
+    assert wakeups.sleep(0.01) is False  # now listening
+    sender = announced_later(41, 0.2)
+    began = time.monotonic()
+    assert wakeups.sleep(5.0) is True
+    assert time.monotonic() - began < 2.0
+    sender.join()
+
+
+def test_another_runs_notification_leaves_it_asleep(wakeups: Wakeups) -> None:
+    wakeups.sleep(0.01)
+    announce(42)
+    began = time.monotonic()
+    assert wakeups.sleep(0.3) is False
+    assert time.monotonic() - began >= 0.29
+
+
+def test_a_notification_sent_between_sleeps_is_kept_for_the_next(wakeups: Wakeups) -> None:
+    wakeups.sleep(0.01)
+    announce(41)
+    assert wakeups.sleep(5.0) is True
+
+
+def test_notifications_that_queued_up_wake_it_once(wakeups: Wakeups) -> None:
+    wakeups.sleep(0.01)
+    for _ in range(3):
+        announce(41)
+    assert wakeups.sleep(5.0) is True
+    assert wakeups.sleep(0.2) is False
+
+
+def test_a_notification_in_a_transaction_that_rolls_back_wakes_nobody(wakeups: Wakeups) -> None:
+    wakeups.sleep(0.01)
+
+    class Undone(Exception):
+        pass
+
+    with pytest.raises(Undone), transaction.atomic():
+        announce(41)
+        raise Undone
+    assert wakeups.sleep(0.3) is False
+
+
+def test_a_batch_tasks_end_wakes_its_runs_driver(wakeups: Wakeups) -> None:
+    wakeups.sleep(0.01)
+    task_postrun.send(
+        sender=process_batch_task,
+        task=process_batch_task,
+        task_id="t1",
+        args=(),
+        kwargs={"run_id": 41, "node": "agg1", "routes": None},
+        retval={},
+        state="SUCCESS",
+    )
+    assert wakeups.sleep(5.0) is True
+
+
+def test_another_tasks_end_wakes_no_driver(wakeups: Wakeups) -> None:
+    from orchestrator.tasks import drive_run
+
+    wakeups.sleep(0.01)
+    task_postrun.send(
+        sender=drive_run, task=drive_run, task_id="t2", args=(), kwargs={"run_id": 41}
+    )
+    assert wakeups.sleep(0.3) is False
+
+
+def test_a_database_it_cannot_reach_makes_it_sleep_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    params = {**connection.get_connection_params(), "host": "127.0.0.1", "port": port}
+    monkeypatch.setattr(connection, "get_connection_params", lambda: params)
+    unreachable = Wakeups(41)
+    began = time.monotonic()
+    assert unreachable.sleep(0.2) is False
+    assert unreachable.sleep(0.2) is False  # not retried at once: it only sleeps
+    assert time.monotonic() - began >= 0.39
+    unreachable.close()
