@@ -324,9 +324,9 @@ class RunDriver:
         """How long the loop sleeps: a loop while the source has input to send or an
         adjustment is under way; once the source has sent everything, until the next
         tick, since what the run then waits for wakes it sooner: a batch ending, a
-        stop (orchestrator/run/wakeups.py). A bounded run's last batch of 512 MB ran
-        0.1 to 0.2 s sooner without the loop's reads beside it (docs/benchmarks.md,
-        "2026-11-29 (sixth)")."""
+        stop (orchestrator/run/wakeups.py). Without the loop's reads beside its batch,
+        a bounded run of 512 MB ended 0.2 s sooner (medians of six) and its control
+        worker used 0.1 CPU seconds less (docs/benchmarks.md, "2026-11-29 (sixth)")."""
         adjusting = self.rescale is not None and self.rescale.current is not None
         if self.pacer.done and not adjusting:
             return max(0.0, next_tick - time.monotonic())
