@@ -4,8 +4,8 @@ The driver loops every ``LOOP_S`` (0.1 s): it reads the ledger, sends the batche
 are ready and settles a run whose last merge is in. Between loops it sleeps, so an
 operator batch's outputs waited up to a loop for their sink's batch, and a run's last
 merge up to a loop for the run to settle: measured on a bounded run of 512 MB, 0.10 to
-0.14 s from the operator batch's commit to the sink's merge starting (0.05 to 0.06 s now) (docs/benchmarks.md,
-"2026-11-29 (sixth)").
+0.14 s from the operator batch's commit to the sink's merge starting, 0.05 to 0.06 s
+now (docs/benchmarks.md, "2026-11-29 (sixth)").
 
 A batch task that ends, however it ends, sends a PostgreSQL notification on its run's
 channel (Celery's ``task_postrun``, after its result is stored, so the driver that
