@@ -21,7 +21,7 @@ import logging
 import time
 
 import psycopg
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ def announce(run_id: int) -> None:
     """Tell the run's driver that something of the run has changed in the ledger. Sent
     in the caller's transaction, if any: it is delivered when that commits."""
     try:
-        with connection.cursor() as cursor:
+        # A savepoint in the caller's transaction: a failure here leaves it usable.
+        with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [channel(run_id)])
     except DatabaseError as err:
         # The driver's next loop reads the ledger anyway.

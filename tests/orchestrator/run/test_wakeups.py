@@ -78,6 +78,14 @@ def test_a_notification_in_a_transaction_that_rolls_back_wakes_nobody(wakeups: W
     assert wakeups.sleep(0.3) is False
 
 
+def test_a_notification_that_fails_leaves_the_callers_transaction_usable() -> None:
+    from orchestrator.models import Run
+
+    with transaction.atomic():
+        announce(10**70)  # a channel name longer than PostgreSQL takes: refused
+        assert Run.objects.count() == 0  # the transaction still answers
+
+
 def test_a_batch_tasks_end_wakes_its_runs_driver(wakeups: Wakeups) -> None:
     wakeups.sleep(0.01)
     task_postrun.send(
