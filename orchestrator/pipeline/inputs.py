@@ -422,18 +422,21 @@ def _parquet_chunks(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    groups = _RowGroups(pq.ParquetFile(os.fdopen(_opened(item.path), "rb")))
-    rows_per_chunk = max(1, segment_bytes // groups.row_bytes())
-    while offset < item.size:
-        part = groups.rows(offset, rows_per_chunk)
-        if part.num_rows == 0:  # the file has fewer rows than measured
-            return
-        sink = pa.BufferOutputStream()
-        pq.write_table(part, sink)
-        first = part.column(route_by)[0].as_py() if route_by in part.column_names else None
-        tag = "" if first is None else str(first)
-        yield offset, part.num_rows, sink.getvalue().to_pybytes(), tag
-        offset += part.num_rows
+    # Closed when the chunks end or the source stops reading them (the generator's
+    # close), not whenever the garbage collector gets to it.
+    with os.fdopen(_opened(item.path), "rb") as handle:
+        groups = _RowGroups(pq.ParquetFile(handle))
+        rows_per_chunk = max(1, segment_bytes // groups.row_bytes())
+        while offset < item.size:
+            part = groups.rows(offset, rows_per_chunk)
+            if part.num_rows == 0:  # the file has fewer rows than measured
+                return
+            sink = pa.BufferOutputStream()
+            pq.write_table(part, sink)
+            first = part.column(route_by)[0].as_py() if route_by in part.column_names else None
+            tag = "" if first is None else str(first)
+            yield offset, part.num_rows, sink.getvalue().to_pybytes(), tag
+            offset += part.num_rows
 
 
 class _RowGroups:
