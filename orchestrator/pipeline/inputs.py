@@ -43,6 +43,19 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 FORMATS = ("jsonl", "csv", "parquet")
+FORMAT_NAMES = {"jsonl": "JSON lines", "csv": "CSV", "parquet": "Parquet"}
+# File name suffixes that say which format a file is in. A file with another suffix (or
+# none) is read in the source's format; one whose suffix names another format is
+# refused: read as JSON lines, a Parquet file's bytes were quarantined as thousands of
+# malformed "lines" and the run produced nothing, without an error.
+SUFFIX_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".parq": "parquet",
+}
 
 
 class InputError(ValueError):
@@ -207,7 +220,9 @@ def recorded_inputs(spec: Mapping[str, Any], fmt: str) -> list[InputFile]:
 
 def measure_file(path: Path, fmt: str) -> InputFile:
     """The file at ``path`` measured, read without following a symbolic link (a caller
-    resolves links first where it allows them)."""
+    resolves links first where it allows them). A file whose suffix names another
+    format than ``fmt`` is refused (``check_suffix``)."""
+    check_suffix(str(path), fmt)
     try:
         info = path.lstat()
     except OSError as exc:
@@ -234,6 +249,18 @@ def measure_file(path: Path, fmt: str) -> InputFile:
             )
         start = len(header)
     return InputFile(str(path), start, size)
+
+
+def check_suffix(name: str, fmt: str) -> None:
+    """Refuse a file name or pattern whose suffix names another format than ``fmt``,
+    saying which and what to change."""
+    named = SUFFIX_FORMATS.get(Path(name).suffix.lower())
+    if named is not None and named != fmt:
+        raise InputError(
+            f"{name}: its name says {FORMAT_NAMES[named]}, but the source reads "
+            f"{FORMAT_NAMES[fmt]} (format: {fmt}); set the source's format to {named} "
+            "or give it files of its format"
+        )
 
 
 def chunks(

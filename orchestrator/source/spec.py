@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from orchestrator.pipeline.inputs import FORMATS, MAX_PATH_CHARS, InputError, through_link
+from orchestrator.pipeline.inputs import (
+    FORMATS,
+    MAX_PATH_CHARS,
+    InputError,
+    check_suffix,
+    through_link,
+)
 
 CleanMode = Literal["keep", "archive", "delete"]
 CLEAN_MODES: tuple[CleanMode, ...] = ("keep", "archive", "delete")
@@ -151,6 +157,7 @@ def check_landing(raw: Mapping[str, Any], *, fmt: str, roots: Sequence[Path] | N
             "characters, such as *.jsonl"
         )
     fnmatch.translate(pattern)  # any text is a valid pattern; this only documents it
+    check_suffix(pattern, fmt)
     stable_s = _number(raw.get("stable_s", 1.0), "stable_s", STABLE_S)
     clean = _choice(raw.get("clean", "keep"), CLEAN_MODES, "clean")
     archive = ""

@@ -308,3 +308,29 @@ def test_a_csv_header_line_past_the_bound_is_refused_before_anything_is_cut(
         resolve_inputs(str(path), "csv")
     path.write_bytes(b"a" * (segments.MAX_HEADER_BYTES - 1) + b"\nx\n")
     assert resolve_inputs(str(path), "csv")[0].data_start == segments.MAX_HEADER_BYTES
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("rows.parquet", "jsonl"),
+        ("rows.PARQUET", "csv"),
+        ("t.csv", "jsonl"),
+        ("e.jsonl", "parquet"),
+    ],
+)
+def test_a_file_whose_suffix_names_another_format_is_refused_before_it_is_read(
+    tmp_path: Path, name: str, fmt: str
+) -> None:
+    (tmp_path / name).write_bytes(b'{"key":"k"}\n')
+    with pytest.raises(InputError, match=rf"{name}: its name says .* \(format: {fmt}\)"):
+        resolve_inputs(str(tmp_path / "*"), fmt)
+
+
+@pytest.mark.parametrize("name", ["events.log", "events", "events.json", "events.ndjson"])
+def test_a_file_whose_suffix_names_no_other_format_is_read_in_the_sources(
+    tmp_path: Path, name: str
+) -> None:
+    (tmp_path / name).write_bytes(b'{"key":"k"}\n')
+    (item,) = resolve_inputs(str(tmp_path / name), "jsonl")
+    assert item.size == 12

@@ -146,6 +146,11 @@ def test_bad_requests_change_nothing(tmp_path) -> None:
         create_run(topology=doc, policy=policy(), input_path=str(tmp_path / "missing.jsonl"))
     with pytest.raises(InputError, match="no input file matches"):
         create_run(topology=doc, policy=policy(), input_path=str(tmp_path / "*.jsonl"))
+    # A file whose name says another format than the source reads is refused, not read
+    # as garbage: Parquet bytes taken for JSON lines were all "malformed lines".
+    (tmp_path / "rows.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match="its name says Parquet, but the source reads JSON"):
+        create_run(topology=doc, policy=policy(), input_path=str(tmp_path / "*.parquet"))
     with pytest.raises(GeneratorError, match="unknown generator field"):
         create_run(topology=doc, policy=policy(), generator="colour=blue")
     with pytest.raises(RunError, match="exactly one"):

@@ -147,6 +147,25 @@ def test_a_file_taken_whole_is_copied_so_a_rewrite_in_place_leaves_the_taken_byt
     assert segment.read_bytes() == taken
 
 
+def test_a_file_whose_name_says_another_format_is_reported_once_and_left_untaken(
+    tmp_path,
+) -> None:
+    spec = LandingSpec(str(tmp_path), "*", stable_s=0)
+    run = _run(spec)
+    _land(tmp_path, "rows.parquet", 4, age_s=20)
+    _land(tmp_path, "day.jsonl", 4, age_s=10)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    chunks = _read_all(source)
+    assert [
+        Path(n).name for n in SourceFile.objects.filter(run=run).values_list("path", flat=True)
+    ] == ["day.jsonl"]
+    assert {c.path for c in chunks} == {str(tmp_path / "day.jsonl")}
+    assert _read_all(source) == []
+    (event,) = Event.objects.filter(run=run, kind="source_file_changed")
+    assert "rows.parquet: its name says Parquet, but the source reads JSON lines" in event.reason
+    assert (tmp_path / "rows.parquet").exists()
+
+
 def test_a_file_deleted_after_it_was_taken_is_reported_once_and_the_others_read(
     tmp_path,
 ) -> None:

@@ -41,6 +41,24 @@ def test_a_landing_folder_must_exist_and_stay_inside_the_roots(tmp_path) -> None
 
 
 @pytest.mark.parametrize(
+    ("pattern", "fmt", "named"),
+    [
+        ("*.parquet", "jsonl", "Parquet"),
+        ("*.CSV", "parquet", "CSV"),
+        ("day-*.jsonl", "csv", "JSON"),
+    ],
+)
+def test_a_landing_pattern_naming_another_format_is_refused(
+    tmp_path, pattern: str, fmt: str, named: str
+) -> None:
+    (tmp_path / "in").mkdir()
+    with pytest.raises(InputError, match=f"its name says {named}.*set the source's format"):
+        check_landing({"folder": "in", "pattern": pattern}, fmt=fmt, roots=[tmp_path])
+    # A pattern of the source's own format, or that names none, is taken as it is
+    assert check_landing({"folder": "in", "pattern": "*.log"}, fmt=fmt, roots=[tmp_path])
+
+
+@pytest.mark.parametrize(
     ("raw", "message"),
     [
         ({"stable_s": -1}, "stable_s must be from 0 to 600"),
