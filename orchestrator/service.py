@@ -43,6 +43,7 @@ from orchestrator.run.lifecycle import (
     set_status,
     snapshot,
 )
+from orchestrator.run.wakeups import wait_until_ended
 from orchestrator.services.health import run_checks
 from orchestrator.source.replay import ReplayError, write_ingested
 from orchestrator.source.spec import (
@@ -126,6 +127,7 @@ __all__ = [
     "start_run",
     "validate_params",
     "validate_policy",
+    "wait_until_ended",
     "window_problems",
     "workers_alive",
     "write_ingested",

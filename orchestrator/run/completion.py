@@ -20,6 +20,7 @@ from orchestrator.ledger import segments
 from orchestrator.ledger.events import record_event
 from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.models import Run
+from orchestrator.run.wakeups import announce
 
 
 @dataclass
@@ -73,6 +74,7 @@ def settle(run: Run, epoch: int, stats: TickStats) -> None:
         Run.objects.filter(pk=run.pk, epoch=epoch).update(
             status=status, finished_at=timezone.now(), error=error
         )
+        announce(run.pk)  # whoever waits for the run's end sees it now
     summary = result.to_json()
     record_event(
         run.pk, "run_" + status, f"run {status}: coverage {summary['status']}", data=summary

@@ -39,6 +39,7 @@ from orchestrator.pipeline.generator import (
 from orchestrator.pipeline.graph import downstreams_of
 from orchestrator.pipeline.inputs import input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
+from orchestrator.run.wakeups import announce
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ def _fail(run: Run, epoch: int, error: str, publish: Publish) -> str:
     )
     if not failed:  # cancelled meanwhile, or another driver owns the run: not ours to end
         return _why_not(run, epoch)
+    announce(run.pk)
     record_event(run.pk, "run_failed", f"run failed: {error}")
     publish(final=True)
     return Run.Status.FAILED

@@ -1,18 +1,22 @@
-"""A run's driver sleeps until one of its batches ends, on the real PostgreSQL."""
+"""A run's driver sleeps until one of its batches ends, and whoever waits for a run
+to end is woken by its end, on the real PostgreSQL."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from celery.signals import task_postrun
 from django.db import connection, transaction
 
-from orchestrator.run.wakeups import Wakeups, announce
+from orchestrator.models import Run
+from orchestrator.run.completion import TickStats, settle
+from orchestrator.run.wakeups import Wakeups, announce, wait_until_ended
 from orchestrator.tasks import process_batch_task
+from tests.orchestrator.runs import pending_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,3 +128,46 @@ def test_a_database_it_cannot_reach_makes_it_sleep_as_before(
     assert unreachable.sleep(0.2) is False  # not retried at once: it only sleeps
     assert time.monotonic() - began >= 0.39
     unreachable.close()
+
+
+def later(after_s: float, action: Callable[[], object]) -> threading.Thread:
+    def act() -> None:
+        time.sleep(after_s)
+        action()
+        connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    return thread
+
+
+def test_a_waiter_sees_a_run_settle_at_once_not_at_its_next_check() -> None:
+    run = pending_run("reference")
+    settler = later(0.3, lambda: settle(run, run.epoch, TickStats()))
+    began = time.monotonic()
+    # Its source never read anything, so the run settles failed (coverage incomplete):
+    # what matters here is that the waiter sees it as it happens.
+    assert wait_until_ended(run.pk, 60.0, check_s=30.0) == "failed"
+    assert time.monotonic() - began < 5.0
+    settler.join()
+
+
+def test_an_end_that_announced_nothing_is_seen_at_the_next_check() -> None:
+    run = pending_run("reference")
+
+    def quietly_failed() -> None:
+        Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED)
+
+    ender = later(0.2, quietly_failed)
+    began = time.monotonic()
+    assert wait_until_ended(run.pk, 60.0, check_s=0.5) == "failed"
+    assert time.monotonic() - began < 5.0
+    ender.join()
+
+
+def test_a_waiter_gives_up_at_its_timeout_saying_how_the_run_stands() -> None:
+    run = pending_run("reference")
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=rf"run {run.pk} is still pending after 0.4 s"):
+        wait_until_ended(run.pk, 0.4, check_s=0.1)
+    assert 0.39 <= time.monotonic() - began < 5.0

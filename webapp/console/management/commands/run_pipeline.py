@@ -25,6 +25,7 @@ from orchestrator.service import (
     run_summary,
     snapshot,
     start_run,
+    wait_until_ended,
     workers_alive,
     write_ingested,
 )
@@ -135,14 +136,11 @@ class Command(BaseCommand):
         if not options["wait"]:
             self._print({"run": run.pk, "status": "started"}, as_json=options["json"])
             return
-        deadline = time.monotonic() + options["timeout"]
-        while True:
-            run.refresh_from_db()
-            if not run.is_active:
-                break
-            if time.monotonic() > deadline:
-                raise CommandError(f"run {run.pk} still {run.status} after {options['timeout']} s")
-            time.sleep(0.5)
+        try:
+            wait_until_ended(run.pk, options["timeout"])
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from None
+        run.refresh_from_db()
         result = run_summary(run)
         self._print(result, as_json=options["json"])
         if result["status"] != "completed":
