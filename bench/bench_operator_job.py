@@ -1,13 +1,16 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
     .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
+        [--together]
     .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
 batch of segments (what a worker runs) against the plain batch job over the same input.
 The input is the console's generator's (400 users), or with ``--peers`` bench_peers.py's
 (1,000 users over 243 keys, 35% of the records on one, padded to 150 bytes), cut into
-``--segments`` segments.
+``--segments`` segments. Each segment holds its own partials, or with ``--together`` the
+first holds the whole batch's, as in a live run's batch of a stage's siblings (their
+segments go to the same sink: orchestrator/worker/batch.py ``_together``).
 
 With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
 after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
@@ -117,6 +120,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peers", action="store_true", help="bench_peers.py's input")
     parser.add_argument("--plans", help="compare the two plans at these batch sizes, MB")
+    parser.add_argument(
+        "--together", action="store_true", help="one partial for the batch, in its first segment"
+    )
     args = parser.parse_args()
     if args.plans:
         sizes = [float(mb) for mb in args.plans.split(",")]
@@ -129,9 +135,13 @@ def main() -> int:
     spark = spark_session()
     batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session
     file_sizes = [path.stat().st_size for path in segments.values()]
+    holder = min(segments)
+    together = {name: holder for name in segments} if args.together else None
     for _ in range(args.repeat):
         began, cpu = time.monotonic(), jvm_cpu_s()
-        partial_aggregate(operator_session(file_sizes), segments, outputs, AggregateParams())
+        partial_aggregate(
+            operator_session(file_sizes), segments, outputs, AggregateParams(), together=together
+        )
         operator_s, operator_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
         began, cpu = time.monotonic(), jvm_cpu_s()
         batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())

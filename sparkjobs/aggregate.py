@@ -9,16 +9,14 @@ is divided only at the output (a mean of partial means would be wrong).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.event_time import WindowSpec
@@ -39,6 +37,8 @@ from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, late, window_star
 log = logging.getLogger(__name__)
 
 GROUP_COL = "_group"  # a good record's key; a malformed or late one's line (or null)
+DISTINCT_COL = "_distinct"  # a good record's distinct value; null for the others
+LINE_COL = "_line"  # a good group's partial, as its output's line
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,7 @@ def partial_aggregate(
     # with its count). Collecting the raw lines instead had cost a quarter of the job.
     # Records missing a field have no raw line from the reader: they group under null,
     # and their lines are read again below, from their segments only.
-    # The distinct values are collected with collect_set, kept in the hash aggregate
-    # (session.py raises its fallback to sorting): each task builds its sets, one
-    # exchange unites them. collect_list(DISTINCT) is planned like count(DISTINCT), every
-    # (group, value) pair aggregated and exchanged before the sets are built; when most
-    # values are new within a segment's key, that carried nearly every record, and
-    # collect_set made the job 22 to 37% faster (docs/benchmarks.md, "distinct sets
-    # built per task").
+    # The distinct values are built in one of two plans (``_per_group``).
     # A late record is quarantined as the fields read, as JSON: the reader kept no line
     # of a readable record, and late ones are few.
     as_read = F.to_json(F.struct(*[F.col(f"`{n}`") for n in [*strings, params.value]]))
@@ -177,7 +171,6 @@ def partial_aggregate(
             & F.col(f"`{spec.field}`").isNotNull()
         )
         group = F.when(time_alone_wrong, as_read).otherwise(group)
-    distinct = F.collect_set(column(params.distinct))
     # A good record is aggregated under the segment whose output holds its partial; a
     # malformed or late one stays under its own, where it is counted and quarantined.
     segment = (
@@ -185,19 +178,28 @@ def partial_aggregate(
         if holder is None
         else F.when(F.col(MALFORMED_COL) | is_late, F.col(SEGMENT_COL)).otherwise(holder)
     )
+    # A malformed or late record has no distinct value to keep.
+    distinct_value = F.when(F.col(MALFORMED_COL) | is_late, F.lit(None)).otherwise(
+        column(params.distinct)
+    )
+    keys = [
+        segment.alias(SEGMENT_COL),
+        F.col(MALFORMED_COL),
+        is_late.alias(LATE_COL),
+        window.alias(WINDOW_COL),
+        group.alias(GROUP_COL),
+    ]
+    per_group = _per_group(
+        parsed, keys, value=params.value, distinct=distinct_value, shared=holder is not None
+    )
     grouped = collect_all(
-        parsed.groupBy(
-            segment.alias(SEGMENT_COL),
+        per_group.select(
+            SEGMENT_COL,
             MALFORMED_COL,
-            is_late.alias(LATE_COL),
-            window.alias(WINDOW_COL),
-            group.alias(GROUP_COL),
-        ).agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum(params.value).alias("sum"),
-            F.min(params.value).alias("min"),
-            F.max(params.value).alias("max"),
-            F.sort_array(distinct).alias("distinct"),
+            LATE_COL,
+            GROUP_COL,
+            "count",
+            _partial_line(windowed=spec is not None).alias(LINE_COL),
         )
     )
     partial_rows = [row for row in grouped if not row[MALFORMED_COL] and not row[LATE_COL]]
@@ -228,21 +230,7 @@ def partial_aggregate(
         result = results[seg]
         result.records += row["count"]
         result.keys += 1
-        window_field = {} if spec is None else {"window": row[WINDOW_COL]}
-        lines_by_segment[seg].append(
-            json.dumps(
-                {
-                    **window_field,
-                    "key": row[GROUP_COL],
-                    "count": row["count"],
-                    "sum": _dec(row["sum"]),
-                    "min": _dec(row["min"]),
-                    "max": _dec(row["max"]),
-                    "distinct": list(row["distinct"]),
-                },
-                separators=(",", ":"),
-            )
-        )
+        lines_by_segment[seg].append(row[LINE_COL])
     for seg, raw in bad_rows:
         result = results[seg]
         result.malformed += 1
@@ -254,6 +242,67 @@ def partial_aggregate(
         body = "".join(line + "\n" for line in sorted(lines_by_segment[seg]))
         result.bytes = write_atomic(result.path, body.encode())
     return results
+
+
+def _partial_line(*, windowed: bool) -> Column:
+    """A good group's partial as the line its output holds, written by Spark: its
+    window (windowed), key, count, sum, min, max (decimals as plain text) and distinct
+    values, as JSON; null for a malformed or late group. Collecting the sets' values
+    into Python one by one instead cost 0.3 to 0.5 s of a 512 MB batch's job
+    (docs/benchmarks.md, "users aggregated before their sets")."""
+    fields = [F.col(WINDOW_COL).alias("window")] if windowed else []
+    fields += [
+        F.col(GROUP_COL).alias("key"),
+        F.col("count"),
+        *[F.col(name).cast("STRING").alias(name) for name in ("sum", "min", "max")],
+        F.col("distinct"),
+    ]
+    line = F.to_json(F.struct(*fields), {"ignoreNullFields": "false"})
+    return F.when(~F.col(MALFORMED_COL) & ~F.col(LATE_COL), line)
+
+
+def _per_group(
+    parsed: DataFrame, keys: list[Column], *, value: str, distinct: Column, shared: bool
+) -> DataFrame:
+    """Per group of ``keys``: count, sum, min and max of ``value`` and the sorted set of
+    ``distinct`` (null for a record with none), in the plan that suits the groups.
+
+    Each segment its own group (not ``shared``): collect_set keeps each task's sets in
+    the object hash aggregate (session.py raises its fallback to sorting), and one
+    exchange unites them. Within a segment's key most values are new, so aggregating
+    every (group, value) pair first, as count(DISTINCT)'s plan does, exchanged nearly
+    every record, and collect_set made the job 22 to 37% faster (docs/benchmarks.md,
+    "distinct sets built per task").
+
+    Segments aggregated together (``shared``) share their groups, and a value recurs
+    many times in its group (the peers' 512 MB: 3.6 million records, 243,000 pairs).
+    Then the pairs are aggregated first, in Spark's code-generated hash aggregate, and
+    the values that aggregation leaves are listed per group: collect_set over every
+    record copied each record's value into a set kept in the object hash aggregate,
+    which has no generated code, and the sets lived through every young collection
+    (docs/benchmarks.md, "users aggregated before their sets").
+    """
+    if not shared:
+        return parsed.groupBy(*keys).agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum(value).alias("sum"),
+            F.min(value).alias("min"),
+            F.max(value).alias("max"),
+            F.sort_array(F.collect_set(distinct)).alias("distinct"),
+        )
+    per_value = parsed.groupBy(*keys, distinct.alias(DISTINCT_COL)).agg(
+        F.count(F.lit(1)).alias("count"),
+        F.sum(value).alias("sum"),
+        F.min(value).alias("min"),
+        F.max(value).alias("max"),
+    )
+    return per_value.groupBy(SEGMENT_COL, MALFORMED_COL, LATE_COL, WINDOW_COL, GROUP_COL).agg(
+        F.sum("count").alias("count"),
+        F.sum("sum").alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.sort_array(F.collect_list(DISTINCT_COL)).alias("distinct"),
+    )
 
 
 def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> Column | None:
@@ -328,7 +377,3 @@ def aggregate_batch(
         highs=highs,
         together=together,
     )
-
-
-def _dec(value: Decimal | None) -> str | None:
-    return None if value is None else format(value, "f")

@@ -54,11 +54,11 @@ def combine(partials: Iterable[MergedKey]) -> list[MergedKey]:
     """Partials combined per (window, key), in (window, key) order: counts and sums add,
     min and max fold, sets unite.
 
-    A key with one partial is that partial: its set is as the operator wrote it, the
-    sorted distinct values of ``sort_array(collect_set(...))``. In a batch of a stage's
-    siblings every key has one (the operator's job aggregates the whole batch under one
-    segment), and uniting and sorting the sets of bench_peers.py's 243,000 pairs again
-    took the sink 60 to 100 ms of each merge; the last merge is the end of the run.
+    A key with one partial is that partial: its set is as the operator wrote it,
+    distinct and sorted (``sort_array``). In a batch of a stage's siblings every key has
+    one (the operator's job aggregates the whole batch under one segment), and uniting
+    and sorting the sets of bench_peers.py's 243,000 pairs again took the sink 60 to
+    100 ms of each merge; the last merge is the end of the run.
     """
     groups: dict[tuple[int | None, str], list[MergedKey]] = {}
     for p in partials:

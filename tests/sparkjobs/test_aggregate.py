@@ -237,25 +237,29 @@ def operator_and_batch_agree_with_the_table(
 ) -> None:
     """Half the table's lines in each of two segments (after ``head``, a CSV header),
     then all of them in one input file. The operator quarantines each malformed record's
-    line once per record, in its segment; its merged partials and the batch job both
-    equal the oracle over the good records, with the same malformed count."""
+    line once per record, in its segment, whether each segment holds its own partials
+    or both are aggregated together (each plan of ``_per_group``); its merged partials
+    and the batch job all equal the oracle over the good records, with the same
+    malformed count."""
     halves = [table[0::2], table[1::2]]
     inputs = {}
     for index, half in enumerate(halves):
         path = folder / f"seg{index}.{fmt}"
         path.write_text(head + "".join(line + "\n" for line, _, _ in half))
         inputs[f"seg{index}"] = path
-    outputs = {seg: folder / "out" / f"{seg}.jsonl" for seg in inputs}
     good = [record for _, records, _ in table for record in records]
-    produced = partial_aggregate(spark, inputs, outputs, AggregateParams())
-    for index, half in enumerate(halves):
-        out = produced[f"seg{index}"]
-        assert sorted(out.quarantined) == sorted(line for line, _, bad in half for _ in range(bad))
-        assert out.malformed == sum(bad for _, _, bad in half)
-    merged = {m.key: m for m in combine_partials(list(outputs.values()))}
-    assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
-        oracle(good)
-    )
+    for plan, together in {"own": None, "together": {"seg0": "seg0", "seg1": "seg0"}}.items():
+        outputs = {seg: folder / plan / f"{seg}.jsonl" for seg in inputs}
+        produced = partial_aggregate(spark, inputs, outputs, AggregateParams(), together=together)
+        for index, half in enumerate(halves):
+            out = produced[f"seg{index}"]
+            bad_lines = sorted(line for line, _, bad in half for _ in range(bad))
+            assert sorted(out.quarantined) == bad_lines, plan
+            assert out.malformed == sum(bad for _, _, bad in half), plan
+        merged = {m.key: m for m in combine_partials(list(outputs.values()))}
+        assert {k: (m.count, m.sum, m.min, m.max, len(m.distinct)) for k, m in merged.items()} == (
+            oracle(good)
+        ), plan
     # The batch job is told the format: the input file's name may be anything
     whole = folder / "whole.txt"
     whole.write_text(head + "".join(line + "\n" for line, _, _ in table))
