@@ -248,7 +248,7 @@ def _partial_line(*, windowed: bool) -> Column:
     """A good group's partial as the line its output holds, written by Spark: its
     window (windowed), key, count, sum, min, max (decimals as plain text) and distinct
     values, as JSON; null for a malformed or late group. Collecting the sets' values
-    into Python one by one instead cost 0.3 to 0.5 s of a 512 MB batch's job
+    into Python one by one instead cost 0.2 to 0.6 s of a 512 MB batch's job
     (docs/benchmarks.md, "users aggregated before their sets")."""
     fields = [F.col(WINDOW_COL).alias("window")] if windowed else []
     fields += [

@@ -125,11 +125,12 @@ def emit_chunk(
     run_id: int,
     epoch: int,
     copies: Sequence[NewSegment],
-    position: Mapping[str, object],  # the run's source_position after the chunk
+    position: Mapping[str, object],  # the run's source_position after the last chunk
     input_bytes: int,
 ) -> None:
-    """Queue a source chunk (one copy per key group of a keyed stage) and move the
-    source's resume position, atomically."""
+    """Queue source chunks (each one copy per key group of a keyed stage; the pacer
+    sends a slice's chunks together) and move the source's resume position past them,
+    atomically."""
     now = timezone.now()
     with transaction.atomic():
         moved = Run.objects.filter(pk=run_id, epoch=epoch).update(
