@@ -145,6 +145,24 @@ def test_a_link_that_stays_inside_is_refused_unless_links_are_allowed(
     assert run.input_spec["paths"] == [str((input_root / "day1" / "part-0.jsonl").resolve())]
 
 
+def test_a_file_whose_name_says_another_format_is_refused_saying_what_to_change(
+    input_root: Path, no_start: list[int]
+) -> None:
+    # Given a Parquet file beside the JSON lines a jsonl pipeline reads
+    (input_root / "day1" / "rows.parquet").write_bytes(b"PAR1" + bytes(64))
+    reference()
+    client, _ = client_for("otto", "operator")
+    # When an operator starts a run over the folder's files
+    response = start(client, "day1/*")
+    # Then it is refused, naming the file and what to change, and nothing was created
+    assert response.status_code == 400, response.json()
+    assert (
+        "rows.parquet: its name says Parquet, but the source reads JSON lines (format: jsonl); "
+        "set the source's format to parquet" in response.json()["detail"]
+    )
+    assert Run.objects.count() == 0 and no_start == []
+
+
 OUTSIDE = ["/etc/passwd", "../../../etc/passwd", "{root}/../../etc/passwd", "{root}/day1/../../x"]
 
 
