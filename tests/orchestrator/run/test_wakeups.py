@@ -28,15 +28,19 @@ def wakeups() -> Iterator[Wakeups]:
     listening.close()
 
 
-def announced_later(run_id: int, after_s: float) -> threading.Thread:
-    def send() -> None:
+def later(after_s: float, action: Callable[[], object]) -> threading.Thread:
+    def act() -> None:
         time.sleep(after_s)
-        announce(run_id)
+        action()
         connection.close()  # this thread's own connection
 
-    thread = threading.Thread(target=send)
+    thread = threading.Thread(target=act)
     thread.start()
     return thread
+
+
+def announced_later(run_id: int, after_s: float) -> threading.Thread:
+    return later(after_s, lambda: announce(run_id))
 
 
 def test_a_notification_on_the_runs_channel_ends_the_sleep_at_once(wakeups: Wakeups) -> None:
@@ -128,17 +132,6 @@ def test_a_database_it_cannot_reach_makes_it_sleep_as_before(
     assert unreachable.sleep(0.2) is False  # not retried at once: it only sleeps
     assert time.monotonic() - began >= 0.39
     unreachable.close()
-
-
-def later(after_s: float, action: Callable[[], object]) -> threading.Thread:
-    def act() -> None:
-        time.sleep(after_s)
-        action()
-        connection.close()  # this thread's own connection
-
-    thread = threading.Thread(target=act)
-    thread.start()
-    return thread
 
 
 def test_a_waiter_sees_a_run_settle_at_once_not_at_its_next_check() -> None:
