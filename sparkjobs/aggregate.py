@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 GROUP_COL = "_group"  # a good record's key; a malformed or late one's line (or null)
 DISTINCT_COL = "_distinct"  # a good record's distinct value; null for the others
 LINE_COL = "_line"  # a good group's partial, as its output's line
+# What a partial is grouped by, in the job's two plans alike (``_per_group``).
+GROUP_KEYS = (SEGMENT_COL, MALFORMED_COL, LATE_COL, WINDOW_COL, GROUP_COL)
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,10 @@ def partial_aggregate(
         column(params.distinct)
     )
     keys = [
-        segment.alias(SEGMENT_COL),
-        F.col(MALFORMED_COL),
-        is_late.alias(LATE_COL),
-        window.alias(WINDOW_COL),
-        group.alias(GROUP_COL),
+        key.alias(name)
+        for name, key in zip(
+            GROUP_KEYS, (segment, F.col(MALFORMED_COL), is_late, window, group), strict=True
+        )
     ]
     per_group = _per_group(
         parsed, keys, value=params.value, distinct=distinct_value, shared=holder is not None
@@ -296,7 +297,7 @@ def _per_group(
         F.min(value).alias("min"),
         F.max(value).alias("max"),
     )
-    return per_value.groupBy(SEGMENT_COL, MALFORMED_COL, LATE_COL, WINDOW_COL, GROUP_COL).agg(
+    return per_value.groupBy(*GROUP_KEYS).agg(
         F.sum("count").alias("count"),
         F.sum("sum").alias("sum"),
         F.min("min").alias("min"),
