@@ -26,6 +26,7 @@ from sparkjobs.records import (
     RAW_COL,
     SEGMENT_COL,
     column,
+    file_name,
     lines_missing_fields,
     read_records,
     segment_of,
@@ -109,7 +110,7 @@ def partial_aggregate(
     """
     strings = params.strings
     paths = {seg: str(path) for seg, path in inputs.items()}
-    holder = _holders(paths, together or {})
+    holders = _holders(paths, together or {})
     parsed = in_one_task(
         read_records(
             spark, list(paths.values()), strings=strings, numbers=[params.value], keys=[params.key]
@@ -141,7 +142,8 @@ def partial_aggregate(
         by_file = {Path(paths[seg]).name: high for seg, high in (highs or {}).items()}
         parsed = parsed.withColumn(
             LATE_COL,
-            ~F.col(MALFORMED_COL) & late(F.col(WINDOW_COL), F.col(SEGMENT_COL), spec, by_file),
+            ~F.col(MALFORMED_COL)
+            & late(F.col(WINDOW_COL), file_name(F.col(SEGMENT_COL)), spec, by_file),
         )
         window, is_late = F.col(WINDOW_COL), F.col(LATE_COL)
     if key_group is not None:
@@ -177,8 +179,8 @@ def partial_aggregate(
     # malformed or late one stays under its own, where it is counted and quarantined.
     segment = (
         F.col(SEGMENT_COL)
-        if holder is None
-        else F.when(F.col(MALFORMED_COL) | is_late, F.col(SEGMENT_COL)).otherwise(holder)
+        if holders is None
+        else F.when(F.col(MALFORMED_COL) | is_late, F.col(SEGMENT_COL)).otherwise(holders.of)
     )
     # A malformed or late record has no distinct value to keep.
     distinct_value = F.when(F.col(MALFORMED_COL) | is_late, F.lit(None)).otherwise(
@@ -191,7 +193,7 @@ def partial_aggregate(
         )
     ]
     per_group = _per_group(
-        parsed, keys, value=params.value, distinct=distinct_value, shared=holder is not None
+        parsed, keys, value=params.value, distinct=distinct_value, shared=holders is not None
     )
     grouped = collect_all(
         per_group.select(
@@ -227,7 +229,7 @@ def partial_aggregate(
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
     for row in partial_rows:
-        seg = segment_of(row[SEGMENT_COL])
+        seg = _held_by(row[SEGMENT_COL], holders)
         result = results[seg]
         result.records += row["count"]
         result.keys += 1
@@ -306,10 +308,20 @@ def _per_group(
     )
 
 
-def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> Column | None:
-    """The file name of the segment whose output holds a record's partial, from the
-    record's own (``SEGMENT_COL``): a literal when one segment holds the whole batch's,
-    a lookup when several do; None when each segment holds its own."""
+@dataclass(frozen=True)
+class _Holders:
+    """Where the good records of a batch whose segments are aggregated together go:
+    ``of``, a record's holder from its own segment; ``sole``, the one segment that holds
+    them all, whose good records are then keyed by null (``of`` is null), so that the
+    job hashes and keeps no file name per record."""
+
+    of: Column
+    sole: str | None
+
+
+def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> _Holders | None:
+    """The segment whose output holds a record's partial, from the record's own
+    (``SEGMENT_COL``); None when each segment holds its own."""
     names = {
         Path(path).name: Path(paths[together.get(seg, seg)]).name for seg, path in paths.items()
     }
@@ -317,11 +329,18 @@ def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> Column | 
     if all(own == holds for own, holds in names.items()):
         return None
     if len(held) == 1:
-        return F.lit(held.pop())
-    return F.element_at(
-        F.create_map(*[F.lit(name) for pair in sorted(names.items()) for name in pair]),
-        F.col(SEGMENT_COL),
-    )
+        return _Holders(of=F.lit(None).cast("STRING"), sole=segment_of(held.pop()))
+    lookup = F.create_map(*[F.lit(name) for pair in sorted(names.items()) for name in pair])
+    return _Holders(of=F.element_at(lookup, file_name(F.col(SEGMENT_COL))), sole=None)
+
+
+def _held_by(segment: str | None, holders: _Holders | None) -> str:
+    """The segment a good group's partial goes to: its own, or the sole holder's."""
+    if segment is not None:
+        return segment_of(segment)
+    if holders is None or holders.sole is None:
+        raise ValueError("a partial of no segment, though no one segment holds the batch's")
+    return holders.sole
 
 
 def _missing_field_lines(

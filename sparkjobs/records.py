@@ -44,13 +44,33 @@ CORRUPT = "_corrupt_record"
 MAX_KEY_CHARS = 500
 
 
-def segment_of(file_name: str) -> str:
-    """A segment's id is its file name without the extension. Mapped in Python after
-    the job: a per-record regular expression in Spark would cost more than the parse."""
+def segment_of(file: str) -> str:
+    """A segment's id is its file name without the extension, from the file's name or
+    its URL (``SEGMENT_COL``). Mapped in Python after the job: a per-record regular
+    expression in Spark would cost more than the parse."""
+    name = file.rsplit("/", 1)[-1]
     for suffix in SUFFIXES:
-        if file_name.endswith(suffix):
-            return file_name.removesuffix(suffix)
-    return file_name
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
+def segment_column() -> Column:
+    """The file a record came from, as Spark names it (its URL), for ``SEGMENT_COL``.
+
+    ``input_file_name()``, not the scan's ``_metadata.file_name``: a scan asked for a
+    metadata column appends it to every row by copying the row once more, where this
+    reads the task's current file, and only for the records whose file is used (in a
+    batch of siblings, the malformed ones). The operator job over the peers' 512 MB
+    spent 7 to 10% more CPU with the metadata column (docs/benchmarks.md, "the file
+    a record came from"). The URL's last part is the name the metadata column gives
+    (``file_name``), percent-encoded alike; a segment's name needs no encoding."""
+    return F.input_file_name()
+
+
+def file_name(segment: Column) -> Column:
+    """The file name of a ``segment_column`` value, to look a segment up in Spark."""
+    return F.substring_index(segment, "/", -1)
 
 
 def read_records(
@@ -102,8 +122,7 @@ def read_rows(spark: SparkSession, paths: Sequence[str], fmt: str | None = None)
         return spark.read.schema(schema).option("header", "true").csv(files)
 
     def named(read: Callable[..., DataFrame]) -> Callable[..., DataFrame]:
-        # The file name is a column of each reader's own frame: a union has none.
-        return lambda *args: read(*args).withColumn(SEGMENT_COL, F.col("_metadata.file_name"))
+        return lambda *args: read(*args).withColumn(SEGMENT_COL, segment_column())
 
     return _each_format(
         paths,
@@ -128,7 +147,7 @@ def _json_records(
         .json(files)
     )
     return frame.select(
-        F.col("_metadata.file_name").alias(SEGMENT_COL),
+        segment_column().alias(SEGMENT_COL),
         *[F.col(f"`{name}`") for name in [*strings, *numbers]],
         F.col(RAW_COL),
     )
@@ -155,7 +174,7 @@ def _typed(frame: DataFrame, strings: Sequence[str], numbers: Sequence[str]) -> 
     ``_json_records`` gives them: strings as text, numbers converted or null, a field
     the files lack null."""
     return frame.select(
-        F.col("_metadata.file_name").alias(SEGMENT_COL),
+        segment_column().alias(SEGMENT_COL),
         *_converted(frame.columns, strings, numbers),
         F.lit(None).cast("STRING").alias(RAW_COL),
     )
@@ -266,7 +285,7 @@ def _csv_bad_lines(
     parsed = F.from_csv(raw, schema)
     fields = [parsed[c].alias(c) for c in csv_columns(header)]
     lines = spark.read.text(files).select(
-        F.col("_metadata.file_name").alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
+        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
     )
     lines = lines.where((F.col(RAW_COL) != "") & (F.col(RAW_COL) != header))
     return _bad_of(lines, strings, numbers, keys)
@@ -281,9 +300,7 @@ def _parquet_bad_rows(
 ) -> DataFrame:
     frame = spark.read.parquet(*files)
     payload = F.to_json(F.struct(*[column(c) for c in frame.columns]))
-    rows = frame.select(
-        F.col("_metadata.file_name").alias(SEGMENT_COL), payload.alias(RAW_COL), "*"
-    )
+    rows = frame.select(segment_column().alias(SEGMENT_COL), payload.alias(RAW_COL), "*")
     return _bad_of(rows, strings, numbers, keys)
 
 
@@ -354,7 +371,7 @@ def _json_lines_missing(
         in_object
     )
     lines = spark.read.text(list(paths)).select(
-        F.col("_metadata.file_name").alias(SEGMENT_COL), raw.alias(RAW_COL), records.alias("n")
+        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), records.alias("n")
     )
     return lines.where(F.col("n") > 0)
 
