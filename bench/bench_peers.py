@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_peers.py [--mb 1024] [--keys 243] [--hot-share 0.35]
         [--record-bytes 150] [--users 1000] [--seed 1] [--file-mb 8] [--trigger-mb 512]
-        [--warmup-mb 64] [--rounds 3] [--live-input files|whole] [--json]
+        [--warmup-mb 64] [--warmup-rounds 1] [--rounds 3] [--live-input files|whole] [--json]
 
 One generated JSON-lines input (``{"key", "value", "user", "pad"}``; ``--hot-share`` of
 the records on one key, the rest spread evenly over the other keys; values with four
@@ -30,7 +30,8 @@ and distinct users, computed by
 (a), (b) and (c) run in this process's SparkSession, built as a worker builds its own
 (sparkjobs/session.py); (d) in the Celery workers. Every side's result is checked
 against a pure-Python computation over the file (sums as Decimal). One thing runs at a
-time: a warm-up (each side once on a ``--warmup-mb`` input, untimed), then ``--rounds``
+time: a warm-up (each side once on a ``--warmup-mb`` input, then ``--warmup-rounds``
+rounds of every side on the input itself, untimed but reported), then ``--rounds``
 rounds, each side once per round in an order that rotates by one side each round.
 Reported per side: median wall time, MB/s, and throughput ratios (the live run's MB/s
 over (a)'s and over (b)'s, (c)'s over (a)'s); per process, CPU seconds (median over the
@@ -427,6 +428,17 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
             sampler.start()
             for run in sides.values():
                 run(warm)
+            # Whole rounds on the input itself: the bench's JVM runs three sides' code
+            # and the live worker's only one, so after the small warm-up alone the
+            # live worker's JVM ran its first 512 MB job partly in code the JIT had not
+            # yet compiled at its top tier (21.6 CPU s, against 14.6 to 16.9 in the
+            # rounds after it), as a worker that has run for a minute no longer does.
+            warmup_s: dict[str, list[float]] = {side: [] for side in SIDES}
+            for _ in range(args.warmup_rounds):
+                for side in SIDES:
+                    began = time.monotonic()
+                    sides[side](data)
+                    warmup_s[side].append(round(time.monotonic() - began, 2))
             sampler.take()
             records: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
             for round_ in range(args.rounds):
@@ -487,6 +499,7 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
         "generation_s": round(generation_s, 1),
         "reference_s": round(reference_s, 1),
         "warmup_mb": args.warmup_mb,
+        "warmup_rounds_s": warmup_s,
         "rounds": args.rounds,
         "streaming_files_per_trigger": files_per_trigger,
         "spark_settings": settings_shown,
@@ -507,6 +520,7 @@ def table(result: dict[str, Any]) -> str:
         f"input: {result['input']}",
         f"spark settings (a, b, c): {result['spark_settings']}",
         f"streaming: {result['streaming_files_per_trigger']} files per trigger",
+        f"warm-up rounds on the input, untimed, s: {result['warmup_rounds_s']}",
         "",
         "| side | median s | MB/s | rounds s | exact | CPU s (all processes) "
         "| peak RSS MB (all) | peak RSS MB (console's processes) |",
@@ -549,6 +563,9 @@ def main() -> int:
         "--trigger-mb", type=float, help="(b) per trigger; default BPCONSOLE_BATCH_MB"
     )
     parser.add_argument("--warmup-mb", type=float, default=64.0)
+    parser.add_argument(
+        "--warmup-rounds", type=int, default=1, help="untimed rounds on the input itself"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
