@@ -308,7 +308,11 @@ def unkeepable(text: Column, *, key: bool) -> Column:
     """A text field PostgreSQL could not keep: one holding a NUL, or a ``key`` longer
     than ``MAX_KEY_CHARS`` (a distinct value is kept in an array, of any length)."""
     nul = text.contains("\x00")
-    return (nul | (F.length(text) > MAX_KEY_CHARS)) if key else nul
+    # Characters are counted only past as many bytes: a count reads every byte of
+    # every key, where the bytes are the string's length, and a text of at most
+    # MAX_KEY_CHARS bytes has at most as many characters.
+    long_key = (F.octet_length(text) > MAX_KEY_CHARS) & (F.length(text) > MAX_KEY_CHARS)
+    return (nul | long_key) if key else nul
 
 
 def _bad_of(

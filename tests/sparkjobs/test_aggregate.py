@@ -203,6 +203,13 @@ LINES: list[tuple[str, list[dict[str, Any]], int]] = [
     ('{"key": "l", "value": 1, "user": "a\\u0000b"}', [], 1),
     ('{"key": "m\\u0000", "value": 1, "user": "u"}', [], 1),
     (json.dumps({"key": "n" * 501, "value": 1, "user": "u"}), [], 1),
+    # Characters, not bytes: 500 two-byte characters are a key, 501 are not.
+    (
+        json.dumps({"key": "é" * 500, "value": 1, "user": "u"}, ensure_ascii=False),
+        [{"key": "é" * 500, "value": 1, "user": "u"}],
+        0,
+    ),
+    (json.dumps({"key": "é" * 501, "value": 1, "user": "u"}, ensure_ascii=False), [], 1),
     (
         json.dumps({"key": "o", "value": 1, "user": "u" * 3000}),
         [{"key": "o", "value": 1, "user": "u" * 3000}],
