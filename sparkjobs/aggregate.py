@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs import long_sums
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
 from sparkjobs.records import (
@@ -67,6 +68,12 @@ class AggregateParams:
         if self.windows is not None:
             named.add(self.windows.field)
         return sorted(named)
+
+
+# The aggregates (by their fields) whose values this process found too large to sum
+# in longs: their later batches go straight to decimals, instead of twice through
+# Spark each. A handful at most: one per aggregate a worker runs.
+_IN_DECIMALS: set[AggregateParams] = set()
 
 
 @dataclass
@@ -192,18 +199,13 @@ def partial_aggregate(
             GROUP_KEYS, (segment, F.col(MALFORMED_COL), is_late, window, group), strict=True
         )
     ]
-    per_group = _per_group(
-        parsed, keys, value=params.value, distinct=distinct_value, shared=holders is not None
-    )
-    grouped = collect_all(
-        per_group.select(
-            SEGMENT_COL,
-            MALFORMED_COL,
-            LATE_COL,
-            GROUP_COL,
-            "count",
-            _partial_line(windowed=spec is not None).alias(LINE_COL),
-        )
+    grouped = _groups(
+        parsed,
+        keys,
+        params,
+        distinct_value,
+        shared=holders is not None,
+        windowed=spec is not None,
     )
     partial_rows = [row for row in grouped if not row[MALFORMED_COL] and not row[LATE_COL]]
     late_rows = [
@@ -247,6 +249,48 @@ def partial_aggregate(
     return results
 
 
+def _groups(
+    parsed: DataFrame,
+    keys: list[Column],
+    params: AggregateParams,
+    distinct: Column,
+    *,
+    shared: bool,
+    windowed: bool,
+) -> list[Row]:
+    """The job's groups, collected: each with its partial's line when it is good.
+
+    The value's aggregates are summed in longs unless this process saw the aggregate's
+    values too large for them; a batch that holds such a value is aggregated again in
+    decimals (sparkjobs/long_sums.py)."""
+
+    def collected(*, in_longs: bool) -> list[Row]:
+        per_group = _per_group(
+            parsed, keys, value=params.value, distinct=distinct, shared=shared, in_longs=in_longs
+        )
+        return collect_all(
+            per_group.select(
+                SEGMENT_COL,
+                MALFORMED_COL,
+                LATE_COL,
+                GROUP_COL,
+                "count",
+                long_sums.EXACT,
+                _partial_line(windowed=windowed).alias(LINE_COL),
+            )
+        )
+
+    if params in _IN_DECIMALS:
+        return collected(in_longs=False)
+    grouped = collected(in_longs=True)
+    good = [row for row in grouped if not row[MALFORMED_COL] and not row[LATE_COL]]
+    if all(row[long_sums.EXACT] for row in good):
+        return grouped
+    log.info("values of %s too large to sum in longs: aggregated in decimals", params)
+    _IN_DECIMALS.add(params)
+    return collected(in_longs=False)
+
+
 def _partial_line(*, windowed: bool) -> Column:
     """A good group's partial as the line its output holds, written by Spark: its
     window (windowed), key, count, sum, min, max (decimals as plain text) and distinct
@@ -265,10 +309,21 @@ def _partial_line(*, windowed: bool) -> Column:
 
 
 def _per_group(
-    parsed: DataFrame, keys: list[Column], *, value: str, distinct: Column, shared: bool
+    parsed: DataFrame,
+    keys: list[Column],
+    *,
+    value: str,
+    distinct: Column,
+    shared: bool,
+    in_longs: bool,
 ) -> DataFrame:
     """Per group of ``keys``: count, sum, min and max of ``value`` and the sorted set of
-    ``distinct`` (null for a record with none), in the plan that suits the groups.
+    ``distinct`` (null for a record with none), in the plan that suits the groups, and
+    whether the sum, min and max hold (``long_sums.EXACT``).
+
+    ``in_longs``, the value's aggregates are summed in longs (sparkjobs/long_sums.py),
+    and a group with a value too large for them says so; otherwise in decimals, as
+    the idiomatic job sums them, always exact.
 
     Each segment its own group (not ``shared``): collect_set keeps each task's sets in
     the object hash aggregate (session.py raises its fallback to sorting), and one
@@ -285,27 +340,37 @@ def _per_group(
     which has no generated code, and the sets lived through every young collection
     (docs/benchmarks.md, "users aggregated before their sets").
     """
-    if not shared:
-        return parsed.groupBy(*keys).agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum(value).alias("sum"),
-            F.min(value).alias("min"),
-            F.max(value).alias("max"),
-            F.sort_array(F.collect_set(distinct)).alias("distinct"),
-        )
-    per_value = parsed.groupBy(*keys, distinct.alias(DISTINCT_COL)).agg(
-        F.count(F.lit(1)).alias("count"),
-        F.sum(value).alias("sum"),
-        F.min(value).alias("min"),
-        F.max(value).alias("max"),
+    count = F.count(F.lit(1)).alias("count")
+    if in_longs:
+        parsed = long_sums.with_unscaled(parsed, value)
+    of_values = long_sums.per_record() if in_longs else _decimals(F.col(value))
+    as_decimals = (
+        long_sums.as_decimals(F.col("count"))
+        if in_longs
+        else [F.col(name) for name in ("sum", "min", "max")] + [F.lit(True).alias(long_sums.EXACT)]  # noqa: FBT003 - a Spark literal
     )
-    return per_value.groupBy(*GROUP_KEYS).agg(
+    if not shared:
+        grouped = parsed.groupBy(*keys).agg(
+            count, *of_values, F.sort_array(F.collect_set(distinct)).alias("distinct")
+        )
+        return grouped.select(*GROUP_KEYS, "count", *as_decimals, "distinct")
+    per_value = parsed.groupBy(*keys, distinct.alias(DISTINCT_COL)).agg(count, *of_values)
+    of_partials = (
+        long_sums.of_partials()
+        if in_longs
+        else [F.sum("sum").alias("sum"), F.min("min").alias("min"), F.max("max").alias("max")]
+    )
+    grouped = per_value.groupBy(*GROUP_KEYS).agg(
         F.sum("count").alias("count"),
-        F.sum("sum").alias("sum"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
+        *of_partials,
         F.sort_array(F.collect_list(DISTINCT_COL)).alias("distinct"),
     )
+    return grouped.select(*GROUP_KEYS, "count", *as_decimals, "distinct")
+
+
+def _decimals(value: Column) -> list[Column]:
+    """Sum, min and max of a decimal value, as the idiomatic job has them."""
+    return [F.sum(value).alias("sum"), F.min(value).alias("min"), F.max(value).alias("max")]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,110 @@
+"""Sum, min and max of a DECIMAL(38,10) value in 64-bit integers, exactly.
+
+Values are read as DECIMAL(38,10) (sparkjobs/records.py), which Spark keeps as a
+BigInteger's bytes in a row: a sum or min of them in a hash aggregate's buffer is read
+into a BigDecimal and written back as bytes for every record, and a buffer of such
+decimals keeps Spark from its generated fast hash map. Exact decimal arithmetic was 25
+to 35% of the idiomatic job's CPU (docs/benchmarks.md, "the decimals' share").
+
+A value of magnitude at most ``SMALL`` has an unscaled value (the value times 10^10)
+that fits a long, and Spark's own ``UnscaledValue`` (what its optimizer sums for narrow
+decimals) reads it without arithmetic. Each record's unscaled value ``u`` is summed in
+two longs, ``u div 10^9`` and ``u % 10^9``, so that no sum of fewer than
+``MAX_RECORDS`` records can overflow; min and max are those of ``u``. A group's
+decimals are rebuilt at the end, once per group, in decimal types wide enough that
+Spark's arithmetic loses nothing. A group that held a larger value, or more records,
+says so (``EXACT``): its batch is aggregated again in decimals.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkjobs.records import VALUE_TYPE
+
+# |value| <= SMALL: |unscaled| <= 9 * 10^18 < 2^63.
+SMALL = 900_000_000
+# |u div 10^9| < 9.3 * 10^9: a sum of fewer than 9.9 * 10^8 of them fits a long.
+MAX_RECORDS = 900_000_000
+BASE = 1_000_000_000
+
+UNSCALED = "_unscaled"
+HIGH = "_sum_high"
+LOW = "_sum_low"
+LEAST = "_least"
+MOST = "_most"
+IN_LONGS = "_in_longs"  # records whose value was summed in longs
+EXACT = "_exact"  # a group's sum, min and max hold: every value was in longs
+
+
+def unscaled(value: Column) -> Column:
+    """The unscaled value of a decimal as a long (Catalyst's ``UnscaledValue``, which
+    no SQL function names). Only for a value whose unscaled value fits a long."""
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise RuntimeError("no active Spark session to build a column in")
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the Spark session has no JVM to build a column in")
+    utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
+    expression = jvm.org.apache.spark.sql.catalyst.expressions.UnscaledValue(
+        utils.expression(value._jc)
+    )
+    return Column(utils.column(expression))
+
+
+def with_unscaled(frame: DataFrame, value: str) -> DataFrame:
+    """``frame`` with ``UNSCALED``: its ``value``'s unscaled value, or null when it is
+    null or larger than longs take. A column of its own, computed once per record:
+    written into each aggregate instead, its comparisons ran once per aggregate."""
+    column = F.col(value)
+    small = column.between(F.lit(-SMALL).cast(VALUE_TYPE), F.lit(SMALL).cast(VALUE_TYPE))
+    return frame.withColumn(UNSCALED, F.when(small, unscaled(column)))
+
+
+def per_record() -> list[Column]:
+    """Aggregates over records of ``with_unscaled``: the two sums, min, max and how
+    many values were in longs."""
+    u = F.col(UNSCALED)
+    return [
+        F.sum(F.call_function("div", u, F.lit(BASE))).alias(HIGH),
+        F.sum(u % F.lit(BASE)).alias(LOW),
+        F.min(u).alias(LEAST),
+        F.max(u).alias(MOST),
+        F.count(u).alias(IN_LONGS),
+    ]
+
+
+def of_partials() -> list[Column]:
+    """The same aggregates over groups of ``per_record``'s."""
+    return [
+        F.sum(HIGH).alias(HIGH),
+        F.sum(LOW).alias(LOW),
+        F.min(LEAST).alias(LEAST),
+        F.max(MOST).alias(MOST),
+        F.sum(IN_LONGS).alias(IN_LONGS),
+    ]
+
+
+def as_decimals(count: Column) -> list[Column]:
+    """``sum``, ``min`` and ``max`` as DECIMAL(38,10), and ``EXACT``, from the longs of
+    a group of ``count`` records.
+
+    The sum is ``high / 10 + low / 10^10``: DECIMAL(26,0) times DECIMAL(1,1) is
+    DECIMAL(28,1), DECIMAL(19,0) times DECIMAL(11,10) is DECIMAL(31,10), and their sum
+    DECIMAL(38,10), none past 38 digits, where Spark would round the scale away."""
+    tenth = F.lit("0.1").cast("DECIMAL(1,1)")
+    ulp = F.lit("0.0000000001").cast("DECIMAL(11,10)")
+
+    def value_of(unscaled_value: Column) -> Column:
+        return (unscaled_value.cast("DECIMAL(19,0)") * ulp).cast(VALUE_TYPE)
+
+    total = F.col(HIGH).cast("DECIMAL(26,0)") * tenth + F.col(LOW).cast("DECIMAL(19,0)") * ulp
+    exact = (F.col(IN_LONGS) == count) & (count < F.lit(MAX_RECORDS))
+    return [
+        total.cast(VALUE_TYPE).alias("sum"),
+        value_of(F.col(LEAST)).alias("min"),
+        value_of(F.col(MOST)).alias("max"),
+        exact.alias(EXACT),
+    ]
