@@ -471,6 +471,7 @@ class NodeFlow:
     done_bytes: int  # bytes processed in the window
     arrived_waiting: int  # queued segments that have arrived (ready to claim)
     held: int  # segments claimed under a live lease: a batch of the node is running
+    waiting_bytes: int  # the bytes of the arrived_waiting segments
 
 
 def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
@@ -483,17 +484,15 @@ def node_flows(run_id: int, since: dt.datetime) -> dict[str, NodeFlow]:
                                              AND available_at <= now()), 0),
               COALESCE(SUM(bytes) FILTER (WHERE state = 'done' AND done_at >= %s), 0),
               COUNT(*) FILTER (WHERE state = 'queued' AND available_at <= now()),
-              COUNT(*) FILTER (WHERE state = 'claimed' AND lease_expires > now())
+              COUNT(*) FILTER (WHERE state = 'claimed' AND lease_expires > now()),
+              COALESCE(SUM(bytes) FILTER (WHERE state = 'queued' AND available_at <= now()), 0)
             FROM orchestrator_segment
             WHERE run_id = %s AND (state <> 'done' OR done_at >= %s OR available_at >= %s)
             GROUP BY node
             """,
             [since, since, run_id, since, since],
         )
-        return {
-            row[0]: NodeFlow(int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]))
-            for row in cursor.fetchall()
-        }
+        return {row[0]: NodeFlow(*(int(value) for value in row[1:])) for row in cursor.fetchall()}
 
 
 def sent_bytes(run_id: int, since: dt.datetime) -> dict[str, int]:

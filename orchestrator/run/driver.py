@@ -298,7 +298,9 @@ class RunDriver:
                 )
             if running:
                 self.pacer.pool = {node: flow.queued_bytes for node, flow in self.flows.items()}
-                self.batches.dispatch_ready(now, self.flows, self.topology, self.rescale)
+                self.batches.dispatch_ready(
+                    now, self.flows, self.topology, self.rescale, source_sending=sending
+                )
                 if self.rescale is not None and self.rescale.poll():
                     self._reload_topology()
                 if now >= early_settle_after and self._all_merged(now):

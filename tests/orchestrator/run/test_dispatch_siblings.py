@@ -36,10 +36,12 @@ def test_a_batch_is_told_of_the_siblings_on_the_shared_queue_only(services: Any)
         shifted = Routes(shares={"output": 1.0})
         routes.set("task2", shifted)
         dispatch = BatchDispatch(run.pk, lambda *call: sent.append(call), routes)
-        waiting = NodeFlow(1, 1, 0, 1, 0)
+        waiting = NodeFlow(1, 1, 0, 1, 0, 1)
         flows = dict.fromkeys(("task1", "task2", "task3", "output"), waiting)
 
-        dispatch.dispatch_ready(0.0, flows, balancer_topology(run.topology), rescale)
+        dispatch.dispatch_ready(
+            0.0, flows, balancer_topology(run.topology), rescale, source_sending=False
+        )
         rescale.close()
 
     told = {node: (queue, siblings) for _, node, _, queue, siblings in sent}

@@ -1,0 +1,90 @@
+"""An operator's batch waits to fill while the source has more to send at once, for at
+most LINGER_S; a full batch's worth, a source with nothing more to send now, and the
+sink's merges go at once. On the real ZooKeeper, Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from balancer.units import MB
+from orchestrator.ledger.segments import NodeFlow
+from orchestrator.pipeline.graph import balancer_topology
+from orchestrator.run.dispatch import LINGER_S, BatchDispatch
+from orchestrator.run.route_store import RouteStore
+from orchestrator.zk.control_plane import ControlPlane
+from tests.orchestrator.runs import pending_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+BATCH = int(settings.BPCONSOLE_BATCH_MB * MB)
+
+
+class Queued:
+    """A batch task's handle while it waits in its queue."""
+
+    id = "queued"
+
+    def ready(self) -> bool:
+        return False
+
+    def failed(self) -> bool:
+        return False
+
+
+def waiting(size: int) -> NodeFlow:
+    return NodeFlow(size, size, 0, 1, 0, size)
+
+
+@pytest.fixture
+def sent(services: Any) -> Iterator[tuple[Any, Any, list[str]]]:
+    """A dispatch for the reference run (task1, task2 and task3 one stage before the
+    sink), the run's topology, and the nodes it sent batches for."""
+    run = pending_run("reference")
+    nodes: list[str] = []
+    with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
+        routes = RouteStore(control, str(run.pk))
+
+        def send(_run: int, node: str, *_: Any) -> Queued:
+            nodes.append(node)
+            return Queued()
+
+        dispatch = BatchDispatch(run.pk, send, routes)
+        yield dispatch, balancer_topology(run.topology), nodes
+
+
+def test_a_batch_waits_while_the_source_sends_then_goes_after_the_linger(
+    sent: tuple[Any, Any, list[str]],
+) -> None:
+    dispatch, topology, nodes = sent
+    flows = {"task1": waiting(BATCH // 4), "task2": waiting(BATCH // 4), "output": waiting(1)}
+    dispatch.dispatch_ready(10.0, flows, topology, None, source_sending=True)
+    assert nodes == ["output"]  # the sink's merge never waits
+    dispatch.dispatch_ready(10.0 + LINGER_S / 2, flows, topology, None, source_sending=True)
+    assert nodes == ["output"]
+    dispatch.dispatch_ready(10.0 + LINGER_S, flows, topology, None, source_sending=True)
+    assert sorted(nodes) == ["output", "task1", "task2"]
+
+
+def test_a_stage_with_a_full_batch_waiting_between_its_members_goes_at_once(
+    sent: tuple[Any, Any, list[str]],
+) -> None:
+    dispatch, topology, nodes = sent
+    flows = {"task1": waiting(BATCH // 2), "task3": waiting(BATCH - BATCH // 2)}
+    dispatch.dispatch_ready(0.0, flows, topology, None, source_sending=True)
+    assert sorted(nodes) == ["task1", "task3"]
+
+
+def test_nothing_waits_once_the_source_has_nothing_more_to_send_at_once(
+    sent: tuple[Any, Any, list[str]],
+) -> None:
+    dispatch, topology, nodes = sent
+    flows = {"task1": waiting(1), "task3": waiting(1)}
+    dispatch.dispatch_ready(0.0, flows, topology, None, source_sending=True)
+    assert nodes == []
+    dispatch.dispatch_ready(0.1, flows, topology, None, source_sending=False)
+    assert sorted(nodes) == ["task1", "task3"]
