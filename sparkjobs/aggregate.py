@@ -343,23 +343,18 @@ def _per_group(
     count = F.count(F.lit(1)).alias("count")
     if in_longs:
         parsed = long_sums.with_unscaled(parsed, value)
-    of_values = long_sums.per_record() if in_longs else _decimals(F.col(value))
-    as_decimals = (
-        long_sums.as_decimals(F.col("count"))
-        if in_longs
-        else [F.col(name) for name in ("sum", "min", "max")] + [F.lit(True).alias(long_sums.EXACT)]  # noqa: FBT003 - a Spark literal
-    )
+        of_values, of_partials = long_sums.per_record(), long_sums.of_partials()
+        as_decimals = long_sums.as_decimals(F.col("count"))
+    else:
+        of_values, of_partials = _decimals(F.col(value)), _decimals_of_partials()
+        exact = F.lit(True).alias(long_sums.EXACT)  # noqa: FBT003 - a Spark literal
+        as_decimals = [F.col("sum"), F.col("min"), F.col("max"), exact]
     if not shared:
         grouped = parsed.groupBy(*keys).agg(
             count, *of_values, F.sort_array(F.collect_set(distinct)).alias("distinct")
         )
         return grouped.select(*GROUP_KEYS, "count", *as_decimals, "distinct")
     per_value = parsed.groupBy(*keys, distinct.alias(DISTINCT_COL)).agg(count, *of_values)
-    of_partials = (
-        long_sums.of_partials()
-        if in_longs
-        else [F.sum("sum").alias("sum"), F.min("min").alias("min"), F.max("max").alias("max")]
-    )
     grouped = per_value.groupBy(*GROUP_KEYS).agg(
         F.sum("count").alias("count"),
         *of_partials,
@@ -371,6 +366,11 @@ def _per_group(
 def _decimals(value: Column) -> list[Column]:
     """Sum, min and max of a decimal value, as the idiomatic job has them."""
     return [F.sum(value).alias("sum"), F.min(value).alias("min"), F.max(value).alias("max")]
+
+
+def _decimals_of_partials() -> list[Column]:
+    """The same aggregates over groups of ``_decimals``' columns."""
+    return [F.sum("sum").alias("sum"), F.min("min").alias("min"), F.max("max").alias("max")]
 
 
 @dataclass(frozen=True)
