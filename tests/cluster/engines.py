@@ -157,9 +157,12 @@ class SparkMaster:
         return f"spark://{LOOPBACK}:{self.port}"
 
     def view(self) -> MasterView | None:
+        """The master's state, or None while its web UI does not serve it yet: not
+        listening, or (seen once in CI) answering ``/json/`` with its HTML page while
+        its handlers are still being attached."""
         try:
             return _json(f"http://{LOOPBACK}:{self.ui_port}/json/")  # type: ignore[return-value]
-        except OSError:
+        except (OSError, ValueError):
             return None
 
     def alive_workers(self) -> int:
