@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 import yaml
+from django.utils import timezone
 
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
@@ -70,15 +71,28 @@ def start(doc: PipelineDocument, values: dict[str, Any], **inputs: Any) -> Run:
 
 
 def wait_until_done(run: Run, timeout_s: float = 240.0) -> Run:
+    """The run once it ended, and no batch of it still runs: a batch that began before
+    a run failed or was stopped still completes (a transaction on the ledger), and the
+    test's database flush had deadlocked with one (seen once in CI)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         run.refresh_from_db()
         if not run.is_active:
+            _wait_for_its_batches(run, until=deadline)
             return run
         time.sleep(0.5)
     raise AssertionError(
         f"run {run.pk} still {run.status} after {timeout_s} s{_left(run)}{_sessions()}"
     )
+
+
+def _wait_for_its_batches(run: Run, *, until: float) -> None:
+    def held() -> bool:
+        live = Segment.objects.filter(run=run, state="claimed", lease_expires__gt=timezone.now())
+        return live.exists()
+
+    while held() and time.monotonic() < until:
+        time.sleep(0.2)
 
 
 def wait_started(run: Run) -> None:
