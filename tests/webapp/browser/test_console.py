@@ -238,7 +238,15 @@ def test_an_operator_hot_migrates_an_instance_from_the_run_view_and_sees_it_comp
 
     # Then the view follows the adjustment to its end: a new instance of stage agg on
     # that worker has taken task2's place in the drawing
-    strip = page.wait_for_selector("#adjustment[data-status=complete]", timeout=90_000)
+    strip = page.wait_for_selector(
+        "#adjustment[data-status=complete], #adjustment[data-status=rolled_back]",
+        timeout=90_000,
+    )
+    adjustment = Adjustment.objects.get(run=run)
+    assert adjustment.status == "complete", (
+        adjustment.outcome,
+        list(Event.objects.filter(run=run).order_by("pk").values_list("time", "kind", "reason")),
+    )
     assert "hot migration" in strip.text_content()
     assert "done in" in strip.text_content()
     names = page.eval_on_selector_all("g.node", "els => els.map(e => e.dataset.node)")
@@ -247,8 +255,6 @@ def test_an_operator_hot_migrates_an_instance_from_the_run_view_and_sees_it_comp
     assert len(added) == 1, names
     assert page.get_attribute(f'g.node[data-node="{added[0]}"]', "data-worker") == worker
     assert page.is_visible("#panel-gone")
-    adjustment = Adjustment.objects.get(run=run)
-    assert adjustment.status == "complete", adjustment.outcome
     assert adjustment.plan["added"] == added and adjustment.plan["removed"] == ["task2"]
     assert Instance.objects.get(run=run, name=added[0]).worker == worker
     page.click(f'g.node[data-node="{added[0]}"]')
