@@ -325,9 +325,18 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
         control = ControlPlane.connect(settings.ZK_HOSTS)
         # What it consumes says what it is: placement only picks Spark workers.
         queues = sorted(sender.app.amqp.queues.consume_from or {}) if sender else []
+        # How many batches it runs at once: the driver sends no more of a stage's
+        # fusable batches than the Spark workers can run (orchestrator/run/dispatch.py).
+        concurrency = int(getattr(getattr(sender, "controller", None), "concurrency", 0) or 1)
         control.register_worker(
             name.replace("@", "-"),
-            {"host": socket.gethostname(), "pid": os.getpid(), "name": name, "queues": queues},
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "name": name,
+                "queues": queues,
+                "concurrency": concurrency,
+            },
         )
         _registration["control"] = control
     except Exception:

@@ -92,6 +92,12 @@ class RescaleControl:
     def spark_workers(self) -> dict[str, dict[str, Any]]:
         return {name: info for name, info in self.live.items() if "spark" in info.get("queues", [])}
 
+    def spark_slots(self) -> int:
+        """How many batches the live Spark workers run at once (each registers its
+        pool's concurrency; one if none is known yet)."""
+        slots = sum(int(info.get("concurrency", 1)) for info in self.spark_workers().values())
+        return max(1, slots)
+
     def _least_loaded(self, exclude: set[str] | frozenset[str] = frozenset()) -> str:
         candidates = sorted(set(self.spark_workers()) - set(exclude))
         if not candidates:

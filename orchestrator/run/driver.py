@@ -47,7 +47,7 @@ from orchestrator.ledger.events import record_event, thin_events
 from orchestrator.ledger.failures import fail_run
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
-from orchestrator.pipeline.graph import balancer_topology, pipeline_sink, pipeline_windows
+from orchestrator.pipeline.graph import RunGraph, graph_of, pipeline_sink, pipeline_windows
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.rescale.plan import topology_at
@@ -119,6 +119,8 @@ class RunDriver:
         self.pacer: SourcePacer
         self.runtime: LiveRuntime
         self.topology: Topology  # the balancer's view, set by _reload_topology
+        self.graph: RunGraph  # the run's document as the runtime asks it, with the topology
+        self.flows: dict[str, NodeFlow] = {}  # the ledger's flows, read once a loop
         self.started = False
         # What each operator sends on per byte it takes in, as measured; the balancer's
         # capacities after a node count in its input bytes (balancer/reductions.py).
@@ -282,24 +284,20 @@ class RunDriver:
             running = run.status in (Run.Status.RUNNING, Run.Status.STOPPING)
             if run.status == Run.Status.STOPPING:
                 self.pacer.drain()  # an unbounded input: finish what was taken in
+            if running or now >= next_tick:
+                # One read of the ledger per loop, for the source, the dispatch and the
+                # tick alike; a second only after the source sent something.
+                self._read_flows()
             if running:
                 try:
-                    sending = self.pacer.emit(now)
-                    self.pacer.input.housekeeping()
+                    sending = self._emit(now)
                 except segments.StaleEpochError:
                     return "superseded by a newer driver"
                 except InputError as exc:
                     self._input_failed(exc)
                     continue  # the next loop sees the run failed
-            if running or now >= next_tick:
-                # One read of the ledger per loop, for the dispatch and the tick alike.
-                self.flows: dict[str, NodeFlow] = segments.node_flows(
-                    self.run_id, timezone.now() - timedelta(seconds=self.interval_s)
-                )
-            if running:
-                self.pacer.pool = {node: flow.queued_bytes for node, flow in self.flows.items()}
                 self.batches.dispatch_ready(
-                    now, self.flows, self.topology, self.rescale, source_sending=sending
+                    now, self.flows, self.graph, self.rescale, source_sending=sending
                 )
                 if self.rescale is not None and self.rescale.poll():
                     self._reload_topology()
@@ -321,6 +319,24 @@ class RunDriver:
                 next_sweep = now + RETENTION_S
             if not sending:  # a source with more to send now goes on at once
                 self.wakeups.sleep(self._nap_s(next_tick))
+
+    def _emit(self, now: float) -> bool:
+        """The source's slice (:meth:`SourcePacer.emit`) after the flows were read, so
+        it sees the room a batch that just ended made before the next batch is sent
+        (one sent first takes only what had arrived by then); the flows are read again
+        if it sent anything, so the dispatch sees that too."""
+        emitted = self.pacer.emitted_bytes
+        sending = self.pacer.emit(now)
+        self.pacer.input.housekeeping()
+        if self.pacer.emitted_bytes != emitted:
+            self._read_flows()
+        return sending
+
+    def _read_flows(self) -> None:
+        self.flows = segments.node_flows(
+            self.run_id, timezone.now() - timedelta(seconds=self.interval_s)
+        )
+        self.pacer.pool = {node: flow.queued_bytes for node, flow in self.flows.items()}
 
     def _nap_s(self, next_tick: float) -> float:
         """How long the loop sleeps: a loop while the source has input to send or an
@@ -414,7 +430,8 @@ class RunDriver:
         """The run's graph after a hot rescale began, completed or rolled back: what the
         balancer observes, and what the source routes with."""
         run = Run.objects.only("topology", "config_version").get(pk=self.run_id)
-        graph = balancer_topology(run.topology)
+        self.graph = graph_of(run.topology)
+        graph = self.graph.topology
         self.reductions.keep_only(n.id for n in graph.nodes if n.kind == "operator")
         self.topology = graph.with_reductions(self.reductions.give())
         self.state = forget(self.state, frozenset(self.topology.order))

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from balancer.units import MB
 from orchestrator.ledger.segments import NodeFlow
-from orchestrator.pipeline.graph import balancer_topology
+from orchestrator.pipeline.graph import graph_of
 from orchestrator.run.dispatch import LINGER_S, BatchDispatch
 from orchestrator.run.route_store import RouteStore
 from orchestrator.zk.control_plane import ControlPlane
@@ -43,7 +43,8 @@ def waiting(size: int) -> NodeFlow:
 @pytest.fixture
 def sent(services: Any) -> Iterator[tuple[Any, Any, list[str]]]:
     """A dispatch for the reference run (task1, task2 and task3 one stage before the
-    sink), the run's topology, and the nodes it sent batches for."""
+    sink), the run's graph, and the nodes it sent batches for. No Spark worker is known
+    to it: a stage has one batch in flight at a time (test_dispatch_slots.py)."""
     run = pending_run("reference")
     nodes: list[str] = []
     with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
@@ -54,37 +55,37 @@ def sent(services: Any) -> Iterator[tuple[Any, Any, list[str]]]:
             return Queued()
 
         dispatch = BatchDispatch(run.pk, send, routes)
-        yield dispatch, balancer_topology(run.topology), nodes
+        yield dispatch, graph_of(run.topology), nodes
 
 
 def test_a_batch_waits_while_the_source_sends_then_goes_after_the_linger(
     sent: tuple[Any, Any, list[str]],
 ) -> None:
-    dispatch, topology, nodes = sent
+    dispatch, graph, nodes = sent
     flows = {"task1": waiting(BATCH // 4), "task2": waiting(BATCH // 4), "output": waiting(1)}
-    dispatch.dispatch_ready(10.0, flows, topology, None, source_sending=True)
+    dispatch.dispatch_ready(10.0, flows, graph, None, source_sending=True)
     assert nodes == ["output"]  # the sink's merge never waits
-    dispatch.dispatch_ready(10.0 + LINGER_S / 2, flows, topology, None, source_sending=True)
+    dispatch.dispatch_ready(10.0 + LINGER_S / 2, flows, graph, None, source_sending=True)
     assert nodes == ["output"]
-    dispatch.dispatch_ready(10.0 + LINGER_S, flows, topology, None, source_sending=True)
-    assert sorted(nodes) == ["output", "task1", "task2"]
+    dispatch.dispatch_ready(10.0 + LINGER_S, flows, graph, None, source_sending=True)
+    assert nodes == ["output", "task1"]
 
 
 def test_a_stage_with_a_full_batch_waiting_between_its_members_goes_at_once(
     sent: tuple[Any, Any, list[str]],
 ) -> None:
-    dispatch, topology, nodes = sent
+    dispatch, graph, nodes = sent
     flows = {"task1": waiting(BATCH // 2), "task3": waiting(BATCH - BATCH // 2)}
-    dispatch.dispatch_ready(0.0, flows, topology, None, source_sending=True)
-    assert sorted(nodes) == ["task1", "task3"]
+    dispatch.dispatch_ready(0.0, flows, graph, None, source_sending=True)
+    assert nodes == ["task1"]
 
 
 def test_nothing_waits_once_the_source_has_nothing_more_to_send_at_once(
     sent: tuple[Any, Any, list[str]],
 ) -> None:
-    dispatch, topology, nodes = sent
+    dispatch, graph, nodes = sent
     flows = {"task1": waiting(1), "task3": waiting(1)}
-    dispatch.dispatch_ready(0.0, flows, topology, None, source_sending=True)
+    dispatch.dispatch_ready(0.0, flows, graph, None, source_sending=True)
     assert nodes == []
-    dispatch.dispatch_ready(0.1, flows, topology, None, source_sending=False)
-    assert sorted(nodes) == ["task1", "task3"]
+    dispatch.dispatch_ready(0.1, flows, graph, None, source_sending=False)
+    assert nodes == ["task1"]

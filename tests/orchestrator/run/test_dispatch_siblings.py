@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance
-from orchestrator.pipeline.graph import balancer_topology
+from orchestrator.pipeline.graph import graph_of
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.run.dispatch import BatchDispatch
@@ -30,6 +30,10 @@ def test_a_batch_is_told_of_the_siblings_on_the_shared_queue_only(services: Any)
     sent: list[tuple[Any, ...]] = []
     with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
         control.register_worker("w-own", {"name": "celery@w-own", "queues": ["spark"]})
+        # A Spark worker that runs two batches at once: task1's and task2's both go.
+        control.register_worker(
+            "w-shared", {"name": "celery@w-shared", "queues": ["spark"], "concurrency": 2}
+        )
         rescale = RescaleControl(run.pk, control, epoch=1, source="source", timeout_s=60)
         rescale.tick()
         routes = RouteStore(control, str(run.pk))
@@ -39,9 +43,7 @@ def test_a_batch_is_told_of_the_siblings_on_the_shared_queue_only(services: Any)
         waiting = NodeFlow(1, 1, 0, 1, 0, 1)
         flows = dict.fromkeys(("task1", "task2", "task3", "output"), waiting)
 
-        dispatch.dispatch_ready(
-            0.0, flows, balancer_topology(run.topology), rescale, source_sending=False
-        )
+        dispatch.dispatch_ready(0.0, flows, graph_of(run.topology), rescale, source_sending=False)
         rescale.close()
 
     told = {node: (queue, siblings) for _, node, _, queue, siblings in sent}
