@@ -34,6 +34,13 @@ MAX_INSTANCES_PER_STAGE = 8
 COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
 
 
+def _concurrency(info: Mapping[str, Any]) -> int:
+    """A worker's registered concurrency; one for a worker that registered none (an
+    older one) or anything but a positive integer."""
+    value = info.get("concurrency", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
 class RescaleControl:
     """A run's rescales as its driver runs them: one at a time, placed on live workers."""
 
@@ -95,8 +102,7 @@ class RescaleControl:
     def spark_slots(self) -> int:
         """How many batches the live Spark workers run at once (each registers its
         pool's concurrency; one if none is known yet)."""
-        slots = sum(int(info.get("concurrency", 1)) for info in self.spark_workers().values())
-        return max(1, slots)
+        return max(1, sum(_concurrency(info) for info in self.spark_workers().values()))
 
     def _least_loaded(self, exclude: set[str] | frozenset[str] = frozenset()) -> str:
         candidates = sorted(set(self.spark_workers()) - set(exclude))

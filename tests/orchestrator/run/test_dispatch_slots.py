@@ -62,7 +62,7 @@ class Stage:
         return self.sent[before:]
 
 
-def stage_with(services: Any, workers: dict[str, int], placed: dict[str, str]) -> Iterator[Stage]:
+def stage_with(services: Any, workers: dict[str, Any], placed: dict[str, str]) -> Iterator[Stage]:
     run = pending_run("reference")
     for node, worker in placed.items():
         Instance.objects.filter(run=run, name=node).update(worker=worker)
@@ -128,3 +128,9 @@ def test_members_that_cannot_share_a_job_each_have_their_batch(one_worker: Stage
     # task1 and task2 at an emulated rate of their own: each runs its own batches
     one_worker.graph = graph_of(skewed_reference())
     assert one_worker.ready(0.0) == ["task1", "task2", "task3"]
+
+
+def test_a_worker_registered_without_a_usable_concurrency_counts_as_one(services: Any) -> None:
+    workers = {"w1": "many", "w2": -3, "w3": True}
+    for stage in stage_with(services, workers, {}):
+        assert stage.rescale.spark_slots() == 3
