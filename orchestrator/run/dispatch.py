@@ -9,6 +9,7 @@ Spark worker, unless a hot rescale placed the instance on a worker of its own.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,10 @@ class BatchDispatch:
         self.replaced: list[Dispatch] = []
         self.next_check = 0.0
         self.broker = BrokerWatch(settings.CELERY_BROKER_URL)
-        # Since when a node's next batch has waited to fill (``dispatch_ready``).
+        # Since when a node's next batch has waited to fill, and when its last batch was
+        # sent (``dispatch_ready``).
         self.filling_since: dict[str, float] = {}
+        self.last_sent: dict[str, float] = {}
 
     def dispatch_ready(
         self,
@@ -122,7 +125,12 @@ class BatchDispatch:
             if self.broker.restarted():
                 self.forget_unheld(flows)
             self.next_check = now + CHECK_S
-        for node, flow in flows.items():
+        # The member sent a batch longest ago first: with one slot for a stage, a member
+        # whose data no sibling's batch may take (aligning in a hot rescale, at another
+        # configuration) still gets its turn while the others always have data waiting.
+        for node, flow in sorted(
+            flows.items(), key=lambda item: self.last_sent.get(item[0], -math.inf)
+        ):
             if flow.arrived_waiting == 0 or (
                 node in graph.nodes and graph.node(node)["kind"] == "source"
             ):
@@ -159,6 +167,7 @@ class BatchDispatch:
                 )
                 return  # tried again next loop
             self.in_flight[node] = Dispatch(now, handle)
+            self.last_sent[node] = now
             self.filling_since.pop(node, None)
 
     def _slots_taken(

@@ -99,7 +99,18 @@ def test_with_one_spark_worker_a_stage_has_one_batch_in_flight(one_worker: Stage
 
     # Once it ended, the next batch goes (and again takes its siblings' data with its own)
     one_worker.handles["task1"].done = True
-    assert one_worker.ready(0.2) == ["task1"]
+    assert one_worker.ready(0.2) == ["task2"]
+
+
+def test_the_members_take_the_slot_in_turn(one_worker: Stage) -> None:
+    # A member whose data no sibling's batch may take (aligning in a hot rescale) is not
+    # starved by one that always has data waiting: the one sent longest ago goes first
+    turns = []
+    for step in range(6):
+        (node,) = one_worker.ready(float(step))
+        turns.append(node)
+        one_worker.handles[node].done = True
+    assert turns == ["task1", "task2", "task3", "task1", "task2", "task3"]
 
 
 def test_a_batch_that_never_reports_holds_its_slot_only_until_it_is_presumed_lost(
@@ -108,7 +119,11 @@ def test_a_batch_that_never_reports_holds_its_slot_only_until_it_is_presumed_los
     assert one_worker.ready(0.0) == ["task1"]
     # Sent to a worker that died before running it: nothing held, never ready
     later = settings.BPCONSOLE_QUEUED_BATCH_S + 1.0
-    assert one_worker.ready(later) == ["task1"]
+    assert one_worker.ready(later) == ["task2"]  # the slot is free again
+    one_worker.handles["task2"].done = True
+    assert one_worker.ready(later + 0.1) == ["task3"]
+    one_worker.handles["task3"].done = True
+    assert one_worker.ready(later + 0.2) == ["task1"]  # sent again
 
 
 def test_each_slot_of_the_spark_workers_takes_a_batch(services: Any) -> None:
