@@ -125,15 +125,15 @@ class BatchDispatch:
             if self.broker.restarted():
                 self.forget_unheld(flows)
             self.next_check = now + CHECK_S
+        slots = rescale.spark_slots() if rescale is not None else 1
         # The member sent a batch longest ago first: with one slot for a stage, a member
         # whose data no sibling's batch may take (aligning in a hot rescale, at another
         # configuration) still gets its turn while the others always have data waiting.
         for node, flow in sorted(
             flows.items(), key=lambda item: self.last_sent.get(item[0], -math.inf)
         ):
-            if flow.arrived_waiting == 0 or (
-                node in graph.nodes and graph.node(node)["kind"] == "source"
-            ):
+            kind = graph.nodes[node]["kind"] if node in graph.nodes else None
+            if flow.arrived_waiting == 0 or kind == "source":
                 continue
             current = self.in_flight.get(node)
             # A task that never reports (its worker died before running it) is replaced
@@ -141,9 +141,11 @@ class BatchDispatch:
             if current is not None and current.may_complete(now, held=flow.held > 0):
                 continue
             placed = rescale.queue_for(node) if rescale is not None else None
-            if placed is None and self._slots_taken(node, now, flows, graph, rescale):
+            if placed is None and self._slots_taken(node, now, flows, graph, rescale, slots=slots):
                 continue
-            if current is None and self._fills(node, now, flows, graph, source_sending):
+            if current is None and self._fills(
+                node, kind, now, flows, graph, source_sending=source_sending
+            ):
                 continue
             if current is not None:
                 # Freed before the next batch is sent, so that batch can take them
@@ -152,7 +154,7 @@ class BatchDispatch:
             siblings: dict[str, dict[str, Any]] = {}
             if placed is not None:
                 queue: Any = placed
-            elif node in graph.nodes and graph.node(node)["kind"] == "sink":
+            elif kind == "sink":
                 queue = "control"
             else:
                 queue = None
@@ -177,15 +179,13 @@ class BatchDispatch:
         flows: Mapping[str, NodeFlow],
         graph: RunGraph,
         rescale: RescaleControl | None,
+        *,
+        slots: int,
     ) -> bool:
         """Whether as many of ``node``'s fusable siblings on the shared queue have a
-        batch in flight as the Spark workers run at once (``dispatch_ready``)."""
-        fusable = graph.fusable_with(node) if node in graph.nodes else ()
-        if not fusable:
-            return False
-        slots = rescale.spark_slots() if rescale is not None else 1
+        batch in flight as the Spark workers run at once (``slots``)."""
         busy = 0
-        for sibling in fusable:
+        for sibling in graph.fusable_with(node):
             if rescale is not None and rescale.queue_for(sibling) is not None:
                 continue  # placed on a worker of its own: its batches run there
             current = self.in_flight.get(sibling)
@@ -197,16 +197,19 @@ class BatchDispatch:
     def _fills(
         self,
         node: str,
+        kind: str | None,
         now: float,
         flows: Mapping[str, NodeFlow],
         graph: RunGraph,
+        *,
         source_sending: bool,
     ) -> bool:
-        """Whether ``node``'s next batch waits to fill (``dispatch_ready``)."""
-        if not source_sending or node not in graph.nodes:
+        """Whether ``node`` (of ``kind``, None if not in ``graph``) has its next batch
+        wait to fill (``dispatch_ready``)."""
+        if not source_sending or kind is None:
             self.filling_since.pop(node, None)
             return False
-        if graph.node(node)["kind"] != "operator":
+        if kind != "operator":
             return False
         members = graph.stage_members(graph.stage_of[node]) or (node,)
         waiting = sum(flows[m].waiting_bytes for m in members if m in flows)
