@@ -135,11 +135,11 @@ class BatchDispatch:
             kind = graph.nodes[node]["kind"] if node in graph.nodes else None
             if flow.arrived_waiting == 0 or kind == "source":
                 continue
-            current = self.in_flight.get(node)
             # A task that never reports (its worker died before running it) is replaced
             # after a lease.
-            if current is not None and current.may_complete(now, held=flow.held > 0):
+            if self._busy(node, now, flows):
                 continue
+            current = self.in_flight.get(node)
             placed = rescale.queue_for(node) if rescale is not None else None
             if placed is None and self._slots_taken(node, now, flows, graph, rescale, slots=slots):
                 continue
@@ -184,15 +184,21 @@ class BatchDispatch:
     ) -> bool:
         """Whether as many of ``node``'s fusable siblings on the shared queue have a
         batch in flight as the Spark workers run at once (``slots``)."""
-        busy = 0
-        for sibling in graph.fusable_with(node):
-            if rescale is not None and rescale.queue_for(sibling) is not None:
-                continue  # placed on a worker of its own: its batches run there
-            current = self.in_flight.get(sibling)
-            held = sibling in flows and flows[sibling].held > 0
-            if current is not None and current.may_complete(now, held=held):
-                busy += 1
+        busy = sum(
+            1
+            for sibling in graph.fusable_with(node)
+            # One placed on a worker of its own runs its batches there.
+            if (rescale is None or rescale.queue_for(sibling) is None)
+            and self._busy(sibling, now, flows)
+        )
         return busy >= slots
+
+    def _busy(self, node: str, now: float, flows: Mapping[str, NodeFlow]) -> bool:
+        """Whether ``node``'s batch in flight may still complete
+        (:meth:`Dispatch.may_complete`: its data held under a lease counts)."""
+        current = self.in_flight.get(node)
+        held = node in flows and flows[node].held > 0
+        return current is not None and current.may_complete(now, held=held)
 
     def _fills(
         self,
