@@ -25,7 +25,7 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from balancer.units import MEGABIT
-from orchestrator.ledger import value_sets
+from orchestrator.ledger import bound, value_sets
 from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.known_values import KNOWN
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
@@ -394,40 +394,39 @@ def _upsert_results(run_id: int, deltas: list[MergedKey]) -> None:
     # that brings none keeps its array as it is.
     fresh = KNOWN.unknown(run_id, ((d.key, d.distinct) for d in deltas))
     sets = value_sets.pack([fresh.get(d.key, ()) for d in deltas])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH odd AS (
-              SELECT i, array_agg(v) AS vals
-              FROM unnest(%s::int[], %s::text[]) AS x(i, v) GROUP BY i)
-            INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max, "values")
-            SELECT %s, d.key, d.count, d.sum, d.min, d.max,
-                   string_to_array(d.vals, chr(31)) || odd.vals
-            FROM unnest(%s::text[], %s::bigint[], %s::numeric[], %s::numeric[], %s::numeric[],
-                        %s::text[]) WITH ORDINALITY AS d(key, count, sum, min, max, vals, n)
-            LEFT JOIN odd ON odd.i = d.n
-            ON CONFLICT (run_id, key) DO UPDATE SET
-              count = orchestrator_resultkey.count + EXCLUDED.count,
-              sum = orchestrator_resultkey.sum + EXCLUDED.sum,
-              min = LEAST(orchestrator_resultkey.min, EXCLUDED.min),
-              max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max),
-              "values" = CASE WHEN EXCLUDED."values" IS NULL THEN orchestrator_resultkey."values"
-                ELSE ARRAY(SELECT DISTINCT v
-                           FROM unnest(orchestrator_resultkey."values" || EXCLUDED."values") AS v)
-                END
-            """,
-            [
-                sets.odd_sets,
-                sets.odd_values,
-                run_id,
-                [d.key for d in deltas],
-                [d.count for d in deltas],
-                [d.sum for d in deltas],
-                [d.min for d in deltas],
-                [d.max for d in deltas],
-                sets.texts,
-            ],
-        )
+    bound.execute(
+        """
+        WITH odd AS (
+          SELECT i, array_agg(v) AS vals
+          FROM unnest(%b::int[], %b::text[]) AS x(i, v) GROUP BY i)
+        INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max, "values")
+        SELECT %b, d.key, d.count, d.sum, d.min, d.max,
+               string_to_array(d.vals, chr(31)) || odd.vals
+        FROM unnest(%b::text[], %b::bigint[], %b::numeric[], %b::numeric[], %b::numeric[],
+                    %b::text[]) WITH ORDINALITY AS d(key, count, sum, min, max, vals, n)
+        LEFT JOIN odd ON odd.i = d.n
+        ON CONFLICT (run_id, key) DO UPDATE SET
+          count = orchestrator_resultkey.count + EXCLUDED.count,
+          sum = orchestrator_resultkey.sum + EXCLUDED.sum,
+          min = LEAST(orchestrator_resultkey.min, EXCLUDED.min),
+          max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max),
+          "values" = CASE WHEN EXCLUDED."values" IS NULL THEN orchestrator_resultkey."values"
+            ELSE ARRAY(SELECT DISTINCT v
+                       FROM unnest(orchestrator_resultkey."values" || EXCLUDED."values") AS v)
+            END
+        """,
+        [
+            sets.odd_sets,
+            sets.odd_values,
+            run_id,
+            [d.key for d in deltas],
+            [d.count for d in deltas],
+            [d.sum for d in deltas],
+            [d.min for d in deltas],
+            [d.max for d in deltas],
+            sets.texts,
+        ],
+    )
     if fresh:
         transaction.on_commit(lambda: KNOWN.remember(run_id, fresh))
 

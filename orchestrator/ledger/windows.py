@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.db.models import Func, IntegerField, QuerySet
 
-from orchestrator.ledger import keystate, value_sets
+from orchestrator.ledger import bound, keystate, value_sets
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
 from orchestrator.models import MergedChunk, Run, WindowKey
 from orchestrator.sink.targets import ClosedRow, ResultTable, Sink
@@ -93,45 +93,44 @@ def fold(run_id: int, spec: WindowSpec, deltas: Sequence[MergedKey]) -> None:
     # Each set travels as one text, split server-side (value_sets.py); then it unites
     # with the row's own set, each value once.
     sets = value_sets.pack([d.distinct for d in deltas])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH odd AS (
-              SELECT i, array_agg(v) AS vals
-              FROM unnest(%s::int[], %s::text[]) AS x(i, v) GROUP BY i)
-            INSERT INTO orchestrator_windowkey
-              (run_id, start_us, end_us, key, count, sum, min, max, "values")
-            SELECT %s, d.start_us, d.start_us + %s, d.key, d.count, d.sum, d.min, d.max,
-                   COALESCE(string_to_array(d.vals, chr(31)) || odd.vals, '{}')
-            FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::numeric[], %s::numeric[],
-                        %s::numeric[], %s::text[]) WITH ORDINALITY
-                 AS d(start_us, key, count, sum, min, max, vals, n)
-            LEFT JOIN odd ON odd.i = d.n
-            ON CONFLICT (run_id, start_us, key) DO UPDATE SET
-              count = orchestrator_windowkey.count + EXCLUDED.count,
-              sum = orchestrator_windowkey.sum + EXCLUDED.sum,
-              min = LEAST(orchestrator_windowkey.min, EXCLUDED.min),
-              max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max),
-              "values" = CASE WHEN cardinality(EXCLUDED."values") = 0
-                THEN orchestrator_windowkey."values"
-                ELSE ARRAY(SELECT DISTINCT v
-                           FROM unnest(orchestrator_windowkey."values" || EXCLUDED."values") AS v)
-                END
-            """,
-            [
-                sets.odd_sets,
-                sets.odd_values,
-                run_id,
-                spec.size_us,
-                starts,
-                [d.key for d in deltas],
-                [d.count for d in deltas],
-                [d.sum for d in deltas],
-                [d.min for d in deltas],
-                [d.max for d in deltas],
-                sets.texts,
-            ],
-        )
+    bound.execute(
+        """
+        WITH odd AS (
+          SELECT i, array_agg(v) AS vals
+          FROM unnest(%b::int[], %b::text[]) AS x(i, v) GROUP BY i)
+        INSERT INTO orchestrator_windowkey
+          (run_id, start_us, end_us, key, count, sum, min, max, "values")
+        SELECT %b, d.start_us, d.start_us + %b, d.key, d.count, d.sum, d.min, d.max,
+               COALESCE(string_to_array(d.vals, chr(31)) || odd.vals, '{}')
+        FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::numeric[], %b::numeric[],
+                    %b::numeric[], %b::text[]) WITH ORDINALITY
+             AS d(start_us, key, count, sum, min, max, vals, n)
+        LEFT JOIN odd ON odd.i = d.n
+        ON CONFLICT (run_id, start_us, key) DO UPDATE SET
+          count = orchestrator_windowkey.count + EXCLUDED.count,
+          sum = orchestrator_windowkey.sum + EXCLUDED.sum,
+          min = LEAST(orchestrator_windowkey.min, EXCLUDED.min),
+          max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max),
+          "values" = CASE WHEN cardinality(EXCLUDED."values") = 0
+            THEN orchestrator_windowkey."values"
+            ELSE ARRAY(SELECT DISTINCT v
+                       FROM unnest(orchestrator_windowkey."values" || EXCLUDED."values") AS v)
+            END
+        """,
+        [
+            sets.odd_sets,
+            sets.odd_values,
+            run_id,
+            spec.size_us,
+            starts,
+            [d.key for d in deltas],
+            [d.count for d in deltas],
+            [d.sum for d in deltas],
+            [d.min for d in deltas],
+            [d.max for d in deltas],
+            sets.texts,
+        ],
+    )
 
 
 def _start(delta: MergedKey) -> int:
