@@ -69,3 +69,27 @@ def test_a_value_of_a_batch_rolled_back_is_sent_again_and_kept() -> None:
     assert KNOWN.unknown(run.pk, [("k", ("u1", "u2"))]) == {"k": ["u2"]}
     _sink_batch(run, 1, ["u1", "u2"])
     assert sorted(ResultKey.objects.get(run=run, key="k").values or []) == ["u1", "u2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_s_last_merge_is_not_remembered_one_with_more_to_come_is() -> None:
+    # Given a run whose source has finished, with a segment still waiting upstream
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(chunks_total=3)
+    waiting = segment_row(run, "up2", node="task1", upstream="source", size=1, chunk=2)
+    # When the sink merges while it waits, what it brought is remembered
+    _sink_batch(run, 0, ["u1"])
+    assert KNOWN.unknown(run.pk, [("k", ("u1",))]) == {}
+    # ...and when the last data has been merged, nothing more is: no later batch asks
+    Segment.objects.filter(pk=waiting.pk).update(state=Segment.State.DONE)
+    _sink_batch(run, 1, ["u2"])
+    assert list(KNOWN.unknown(run.pk, [("k", ("u2",))])["k"]) == ["u2"]
+    # The result has both, whatever the process remembers
+    assert sorted(ResultKey.objects.get(run=run, key="k").values or []) == ["u1", "u2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_merge_before_the_source_has_finished_is_remembered() -> None:
+    run = pending_run("reference")  # chunks_total unknown: the source may send more
+    _sink_batch(run, 0, ["u1"])
+    assert KNOWN.unknown(run.pk, [("k", ("u1",))]) == {}
