@@ -31,7 +31,8 @@ and distinct users, computed by
 (sparkjobs/session.py); (d) in the Celery workers. Every side's result is checked
 against a pure-Python computation over the file (sums as Decimal). One thing runs at a
 time: a warm-up (each side once on a ``--warmup-mb`` input, then ``--warmup-rounds``
-rounds of every side on the input itself, untimed but reported), then ``--rounds``
+rounds of every side on the input itself, the live side three times a round as the
+bench's JVM runs three sides, untimed but reported), then ``--rounds``
 rounds, each side once per round in an order that rotates by one side each round.
 Reported per side: median wall time, MB/s, and throughput ratios (the live run's MB/s
 over (a)'s and over (b)'s, (c)'s over (a)'s); per process, CPU seconds (median over the
@@ -73,6 +74,7 @@ from bench_runtime import (  # noqa: E402
 MB = 2**20
 SCHEMA = "key STRING, value DECIMAL(38,10), user STRING"
 SIDES = ("spark", "streaming", "batch", "live")
+IN_THIS_JVM = ("spark", "streaming", "batch")  # the bench's own SparkSession's sides
 SEGMENT_MB = 8.0  # the live run's segments, as in bench_runtime.py's throughput mode
 
 # Per key: count, sum, min, max, distinct users. avg is sum / count on every side.
@@ -428,17 +430,22 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
             sampler.start()
             for run in sides.values():
                 run(warm)
-            # Whole rounds on the input itself: the bench's JVM runs three sides' code
-            # and the live worker's only one, so after the small warm-up alone the
-            # live worker's JVM ran its first 512 MB job partly in code the JIT had not
-            # yet compiled at its top tier (21.6 CPU s, against 14.6 to 16.9 in the
-            # rounds after it), as a worker that has run for a minute no longer does.
+            # Whole rounds on the input itself: after the small warm-up alone the live
+            # worker's JVM ran its first 512 MB job partly in code the JIT had not yet
+            # compiled at its top tier (21.6 CPU s, against 14.6 to 16.9 in the rounds
+            # after it), as a worker that has run for a minute no longer does. In a
+            # round the bench's JVM runs three sides' jobs over the input and the live
+            # worker's JVM one, so the live side runs once per side of the bench's JVM:
+            # with one run a round its times still fell through five timed rounds
+            # (4.33 to 3.82 s on 512 MB) while the others' did not (docs/benchmarks.md,
+            # "2026-12-02 (late night)").
             warmup_s: dict[str, list[float]] = {side: [] for side in SIDES}
             for _ in range(args.warmup_rounds):
                 for side in SIDES:
-                    began = time.monotonic()
-                    sides[side](data)
-                    warmup_s[side].append(round(time.monotonic() - began, 2))
+                    for _ in range(len(IN_THIS_JVM) if side == "live" else 1):
+                        began = time.monotonic()
+                        sides[side](data)
+                        warmup_s[side].append(round(time.monotonic() - began, 2))
             sampler.take()
             records: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
             for round_ in range(args.rounds):
