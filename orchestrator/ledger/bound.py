@@ -6,8 +6,8 @@ each one is quoted, escaped and spliced into the SQL in Python, and the server p
 it back. That is nothing for a key or an id and a great deal for a sink batch's
 distinct sets: on bench_peers.py's 512 MB input, 1.2 MB of text in 243 strings, the
 quoting alone took 32 ms, and the first merge's statement 57 ms, 24 ms with the same
-parameters bound in binary (docs/benchmarks.md, "2026-12-02 (late): a run's last
-tenth of a second"). The merge is the last step of every run, so this is time the run
+parameters bound in binary (docs/benchmarks.md, "2026-12-02 (late night): a run's last
+merge"; ADR 0010). The merge is the last step of every run, so this is time the run
 takes.
 
 The cursor is psycopg's own, on Django's connection, in whatever transaction Django
