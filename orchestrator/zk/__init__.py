@@ -6,6 +6,7 @@ connection state (``session``), paths and the shared reads, writes and watches
 (``routes``), the signal and command queues (``queues``), the worker registry and the
 driver lock (``workers``) and hot rescale's records (``rescale_rounds``).
 
-May import: ``kazoo``, ``orchestrator.pipeline``. Never the ledger: flags are advisory,
+May import: ``kazoo``, ``orchestrator.pipeline``, ``orchestrator.services`` (how a client
+authenticates). Never the ledger: flags are advisory,
 the ledger is the truth.
 """

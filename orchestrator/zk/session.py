@@ -20,6 +20,8 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
+from orchestrator.services.credentials import zk_client
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "/bpconsole"
@@ -56,10 +58,12 @@ def default_root() -> str:
 
 
 def start_client(hosts: str, timeout: float) -> KazooClient:
-    """A started client on ``hosts``: ``timeout`` is both the session timeout and how long
-    to wait for the first connection. On timeout kazoo stops and closes the client."""
-    client = KazooClient(
-        hosts=hosts,
+    """A started client on ``hosts`` (a connection string, with the console's digest
+    user when it has one: ``orchestrator.services.credentials.ZkAddress``): ``timeout``
+    is both the session timeout and how long to wait for the first connection. On
+    timeout kazoo stops and closes the client."""
+    client = zk_client(
+        hosts,
         timeout=timeout,
         command_retry=dict(COMMAND_RETRY),
         connection_retry=dict(CONNECTION_RETRY),

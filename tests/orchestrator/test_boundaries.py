@@ -39,7 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "pipeline": frozenset(),
     "sink": frozenset(),
     "ledger": frozenset({"models", "pipeline", "sink"}),
-    "zk": frozenset({"pipeline"}),
+    "zk": frozenset({"pipeline", "services"}),
     "rescale": frozenset({"models", "ledger", "pipeline", "zk"}),
     "worker": frozenset({"models", "ledger", "pipeline", "rescale", "services"}),
     "source": frozenset({"models", "ledger", "pipeline"}),
@@ -62,6 +62,8 @@ WEBAPP_EXCEPTIONS = {
     # Settings are read before Django's apps load (which orchestrator.service needs);
     # where the launcher recorded the services' endpoints needs no Django.
     ("settings", "orchestrator.services.launcher"),
+    # A local console's generated SECRET_KEY is kept as the services' secrets are.
+    ("settings", "orchestrator.services.credentials"),
 }
 
 

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import os
-import secrets
 
+from orchestrator.services.credentials import secret
 from webapp.settings.base import *  # noqa: F403
 from webapp.settings.base import BPCONSOLE_ALLOWED_ORIGINS, SECRET_KEY, VAR_DIR
 from webapp.settings.env import env_str, full_origins
 
 # A local console without SECRET_KEY gets a random key kept under ./var, so sessions
 # survive restarts without a secret ever being written into the code.
+# The file is 0600 from its creation (a key written first and narrowed after could be
+# read in between), in the 0700 state folder.
 if not SECRET_KEY:
-    _key_file = VAR_DIR / "secret_key"
-    if not _key_file.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        _key_file.write_text(secrets.token_urlsafe(50))
-        _key_file.chmod(0o600)
-    SECRET_KEY = _key_file.read_text().strip()
+    SECRET_KEY = secret(VAR_DIR, "django")
 
 # Serve static files straight from the apps (no collectstatic step on one machine).
 WHITENOISE_USE_FINDERS = True

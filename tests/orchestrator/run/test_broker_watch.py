@@ -16,7 +16,11 @@ pytestmark = pytest.mark.integration
 
 def test_a_restart_is_seen_once_and_an_outage_alone_is_not_a_restart(tmp_path: Path) -> None:
     redis = Redis(
-        name="redis", log_file=tmp_path / "redis.log", data_dir=tmp_path, port=free_port()
+        name="redis",
+        log_file=tmp_path / "redis.log",
+        data_dir=tmp_path,
+        port=free_port(),
+        password="a-password",
     )
     redis.start()
     try:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from kazoo.client import KazooClient
 
 from balancer.loop import BalancerState, step
 from balancer.model import Observation
@@ -28,6 +27,7 @@ from balancer.units import MB
 from orchestrator.run.actions import ActionTable
 from orchestrator.run.commands import SignalQueue
 from orchestrator.run.runtime import LiveRuntime
+from orchestrator.services.credentials import zk_client
 from orchestrator.services.launcher import Endpoints
 from orchestrator.zk.control_plane import ControlPlane
 from tests.balancer.builders import CAPACITY, layered
@@ -108,7 +108,7 @@ def plane(services: Endpoints) -> Iterator[ControlPlane]:
     root = f"/test-{uuid.uuid4().hex}"
     with ControlPlane.connect(services.zk_hosts, root) as plane:
         yield plane
-    cleaner = KazooClient(hosts=services.zk_hosts)
+    cleaner = zk_client(services.zk_hosts)
     cleaner.start(10)
     try:
         cleaner.delete(root, recursive=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from kazoo.client import KazooClient
 
+from orchestrator.services.credentials import zk_client
 from orchestrator.services.embedded import ServiceError, ZooKeeper, check_java, free_port
 from orchestrator.services.launcher import PROJECT_ROOT, Launcher, recorded_endpoints
 
@@ -34,9 +34,10 @@ def test_starts_all_three_records_them_and_stops_them(tmp_path: Path) -> None:
     with launcher as endpoints:
         pids = [s.process.pid for s in launcher.started if s.process]
         # then every service answers on loopback
-        assert endpoints.database_url.startswith("postgresql://postgres@127.0.0.1:")
+        assert endpoints.database_url.startswith("postgresql://postgres:")
+        assert "@127.0.0.1:" in endpoints.database_url
         assert redis.Redis.from_url(endpoints.redis_url).ping()
-        zk = KazooClient(endpoints.zk_hosts)
+        zk = zk_client(endpoints.zk_hosts)
         zk.start(10)
         zk.ensure_path("/probe")
         zk.stop()
@@ -71,6 +72,7 @@ def test_a_service_that_dies_is_named_with_its_log(tmp_path: Path) -> None:
         tmp_path / "log" / "zookeeper.log",
         data_dir=tmp_path / "zk" / "data",
         port=free_port(),
+        password="a-password",
         heap_mb=-1,
     )
     zk.launch()

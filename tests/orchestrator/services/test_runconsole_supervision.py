@@ -116,11 +116,12 @@ def _redis_answers(endpoints: Endpoints) -> bool:
 
 
 def _zookeeper_answers(endpoints: Endpoints) -> bool:
-    from kazoo.client import KazooClient
     from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = KazooClient(endpoints.zk_hosts, timeout=2, connection_retry={"max_tries": 1})
+    from orchestrator.services.credentials import zk_client
+
+    client = zk_client(endpoints.zk_hosts, timeout=2, connection_retry={"max_tries": 1})
     try:
         client.start(timeout=2)
         client.get_children("/")

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from kazoo.client import KazooClient
 from kazoo.exceptions import LockTimeout, NoNodeError
 
+from orchestrator.services.credentials import ZkAddress, zk_client
 from orchestrator.services.launcher import Endpoints
 from orchestrator.zk.control_plane import (
     ControlPlane,
@@ -66,7 +66,7 @@ def next_matching(events: queue.Queue[Any], predicate: Callable[[Any], bool]) ->
 def root(services: Endpoints) -> Iterator[str]:
     root = f"/test-{uuid.uuid4().hex}"
     yield root
-    cleaner = KazooClient(hosts=services.zk_hosts)
+    cleaner = zk_client(services.zk_hosts)
     cleaner.start(WAIT_S)
     try:
         with contextlib.suppress(NoNodeError):
@@ -101,7 +101,7 @@ def plane(connect: Callable[..., ControlPlane]) -> ControlPlane:
 
 def test_root_defaults_to_the_setting_and_names_are_checked(services: Endpoints) -> None:
     assert default_root() == settings.ZK_ROOT
-    client = KazooClient(hosts=services.zk_hosts)
+    client = zk_client(services.zk_hosts)
     assert ControlPlane(client).root == settings.ZK_ROOT.rstrip("/")
     for bad_root in ("relative", "/", "//x"):
         with pytest.raises(ValueError, match="root"):
@@ -517,7 +517,7 @@ def test_expired_session_reports_lost_then_reconnects_and_reregisters(
     old_session = plane.client.client_id
 
     # Expire the session for real: a second client joins it and closes it.
-    intruder = KazooClient(hosts=services.zk_hosts, client_id=old_session)
+    intruder = zk_client(services.zk_hosts, client_id=old_session)
     intruder.start(WAIT_S)
     intruder.stop()
     intruder.close()
@@ -539,7 +539,8 @@ class TcpProxy:
     """A TCP relay in front of ZooKeeper whose connections the test can cut."""
 
     def __init__(self, target: str) -> None:
-        host, port = target.split(",", maxsplit=1)[0].rsplit(":", 1)
+        self.address = ZkAddress.parse(target)
+        host, port = self.address.hosts.split(",", maxsplit=1)[0].rsplit(":", 1)
         self.target = (host, int(port))
         self.server = socket.create_server(("127.0.0.1", 0))
         self.server.settimeout(0.05)
@@ -553,7 +554,8 @@ class TcpProxy:
 
     @property
     def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """The relay's connection string, with the target's ZooKeeper user."""
+        return str(ZkAddress(f"127.0.0.1:{self.port}", self.address.user, self.address.password))
 
     def _accept(self) -> None:
         while not self.closed.is_set():
