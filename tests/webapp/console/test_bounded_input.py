@@ -18,6 +18,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from tests.webapp.console.factories import client_for, make_user, reference
+from tests.webapp.console.test_json_depth import WORST_CASES
 from webapp.console.models import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -103,6 +104,21 @@ def test_deep_nesting_is_a_located_400_on_every_document_entry_point_never_a_500
         ), problems
     # and nothing was saved or changed
     assert list(Pipeline.objects.values_list("name", flat=True)) == ["reference"]
+
+
+@pytest.mark.parametrize("body", WORST_CASES.values(), ids=WORST_CASES.keys())
+def test_a_viewers_largest_hostile_document_is_answered_within_a_second(body: str) -> None:
+    viewer, _ = client_for("vera", "viewer")
+    # Given a body as large as a document may be, built to make a scan backtrack (20,000
+    # backslash-quote pairs held the request 10 s; this is thirteen times as many)
+    assert len(body.encode()) <= 512 * 1024
+    # When a viewer sends it to be validated
+    started = time.monotonic()
+    response = _post_json(viewer, "/api/pipelines/validate/", body)
+    elapsed = time.monotonic() - started
+    # Then the answer (a located 400, or 200 saying what is wrong) comes within a second
+    assert response.status_code in (200, 400), response.content[:200]
+    assert elapsed < 1.0, elapsed
 
 
 def test_a_user_without_a_role_is_refused_before_the_body_is_parsed() -> None:
