@@ -17,7 +17,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from tests.webapp.console.factories import client_for, make_user, reference
+from orchestrator.models import Event
+from tests.webapp.console.factories import client_for, make_run, make_user, reference
 from tests.webapp.console.test_json_depth import WORST_CASES
 from webapp.console.models import Pipeline
 
@@ -377,3 +378,54 @@ def test_under_asgi_an_oversized_or_chunked_body_is_refused_before_it_is_receive
     # and a body within the cap passes untouched
     small = _asgi([(b"content-length", b"5")], [b"hello"], "/api/runs/")
     assert small["body"] == b"hello" and not small["sent"]
+
+
+# -- the role before the body, on every address ---------------------------------------
+
+# A body each parser refuses (400) if it reads it: JSON nested too deep for the API, a
+# multipart form whose boundary never comes for the pages (Django's CSRF check reads
+# request.POST before any view).
+HOSTILE_JSON = ("application/json", BRACKETS)
+HOSTILE_FORM = ("multipart/form-data; boundary=never", "--elsewhere\r\n" + "x" * 10_000)
+TAKES_A_BODY_FROM_ANYONE = {"login", "logout"}
+
+
+def _addresses(run_id: int) -> list[tuple[str, str]]:
+    """Every URL the console and the API answer (not the admin), by name, with real
+    arguments: the reference pipeline, a run of it, a lab that does not exist."""
+    from django.urls import URLPattern, get_resolver, reverse
+
+    samples = {"name": "reference", "run_id": run_id, "lab_id": 999_999}
+    found = []
+    for pattern in get_resolver().url_patterns:
+        if not isinstance(pattern, URLPattern) or pattern.name is None:
+            continue  # the admin's include
+        if pattern.name in TAKES_A_BODY_FROM_ANYONE:
+            continue
+        wanted = {k: samples[k] for k in pattern.pattern.regex.groupindex}
+        found.append((pattern.name, reverse(pattern.name, kwargs=wanted)))
+    return found
+
+
+@pytest.mark.parametrize("role", [None, "viewer"])
+def test_every_address_checks_the_role_before_anything_reads_the_body(role: str | None) -> None:
+    run = make_run()
+    client, user = client_for("rhea", role)
+    addresses = _addresses(run.pk)
+    assert len(addresses) > 30, addresses  # every page and API operation is in the list
+    for name, path in addresses:
+        kind, body = HOSTILE_JSON if path.startswith("/api/") else HOSTILE_FORM
+        for method in ("post", "put", "patch", "delete"):
+            # When a user without the role the address needs sends a body that a parser
+            # would refuse
+            response = getattr(client, method)(path, body, content_type=kind)
+            # Then the answer is the role's 403, or 405 where no body is taken, never the
+            # parser's 400: nothing read the body
+            allowed = {403, 405}
+            if role == "viewer" and name == "api-validate" and method == "post":
+                allowed = {400}  # a viewer may validate: the document is read, and refused
+            assert response.status_code in allowed, (name, method, response.content[:300])
+    # and each refusal was recorded, without a word of the body
+    refusals = Event.objects.filter(kind="action_refused", user=user)
+    assert refusals.exists()
+    assert not any("[[[" in str(e.data) or "xxxx" in str(e.data) for e in refusals)
