@@ -159,7 +159,7 @@ def role_refusal(
                 {"detail": "Authentication credentials were not provided."}, status=403
             )
         return redirect_to_login(request.get_full_path())
-    run_id, data = _named_by(kwargs)
+    run_id, data = named_by(kwargs)
     try:
         actions.require(user, needs.role, action=needs.action, run_id=run_id, data=data)
     except actions.Refused as exc:
@@ -169,7 +169,7 @@ def role_refusal(
     return None
 
 
-def _named_by(kwargs: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
+def named_by(kwargs: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
     """The run (when it exists) and the pipeline or lab a URL's arguments name."""
     data: dict[str, Any] = {}
     if "name" in kwargs:

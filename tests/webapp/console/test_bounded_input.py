@@ -20,6 +20,7 @@ from django.test import Client
 from orchestrator.models import Event
 from tests.webapp.console.factories import client_for, make_run, make_user, reference
 from tests.webapp.console.test_json_depth import WORST_CASES
+from webapp.console.middleware import ROLE_BEFORE_BODY
 from webapp.console.models import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -429,3 +430,24 @@ def test_every_address_checks_the_role_before_anything_reads_the_body(role: str 
     refusals = Event.objects.filter(kind="action_refused", user=user)
     assert refusals.exists()
     assert not any("[[[" in str(e.data) or "xxxx" in str(e.data) for e in refusals)
+
+
+@pytest.mark.parametrize("role", [None, "viewer"])
+def test_each_view_checks_the_role_before_it_reads_the_body_on_its_own(
+    role: str | None, settings: Any
+) -> None:
+    # Given the console without BoundedRequestMiddleware (a view must not rely on it)
+    settings.MIDDLEWARE = [
+        m for m in settings.MIDDLEWARE if not m.endswith(".BoundedRequestMiddleware")
+    ]
+    run = make_run()
+    client, _ = client_for("rhea", role)
+    for name, path in _addresses(run.pk):
+        if name not in ROLE_BEFORE_BODY or (role == "viewer" and name == "api-validate"):
+            continue
+        kind, body = HOSTILE_JSON if path.startswith("/api/") else HOSTILE_FORM
+        method = "put" if name == "api-pipeline" else "post"
+        # When a user without the role sends the view a body a parser would refuse
+        response = getattr(client, method)(path, body, content_type=kind)
+        # Then the view answers with the role's 403, not the parser's 400
+        assert response.status_code == 403, (name, response.content[:300])
