@@ -97,7 +97,7 @@ def close_sockets(group: str, code: int) -> None:
         async_to_sync(get_channel_layer().group_send)(
             group, AccessEnded(type="access.ended", code=code)
         )
-    except Exception:
+    except Exception:  # the layer is down: the check on each message closes them later
         log.warning("could not tell %s to close", group, exc_info=True)
 
 
