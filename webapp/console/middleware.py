@@ -46,7 +46,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 
 from webapp.console import actions
-from webapp.console.roles import Role
+from webapp.console.roles import Role, has_role
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,9 @@ def role_refusal(
                 {"detail": "Authentication credentials were not provided."}, status=403
             )
         return redirect_to_login(request.get_full_path())
-    run_id, data = named_by(kwargs)
+    if has_role(user, needs.role):
+        return None
+    run_id, data = named_by(kwargs)  # for the refusal's record only
     try:
         actions.require(user, needs.role, action=needs.action, run_id=run_id, data=data)
     except actions.Refused as exc:
