@@ -6,13 +6,18 @@ roots."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.pipeline import inputs
 from orchestrator.pipeline.inputs import MAX_INPUT_FILES, InputError, confined_files
@@ -151,3 +156,39 @@ def test_a_glob_inside_the_root_matches_as_glob_does(root: Path) -> None:
     ]
     with pytest.raises(InputError, match="no input file matches"):
         confined_files("day1/*.csv", [root], follow_symlinks=False)
+
+
+NAMES = st.sampled_from(["a", "b", "ab", ".a", "a.jsonl"])
+TREES = st.lists(st.lists(NAMES, min_size=1, max_size=3), max_size=8)
+PARTS = st.sampled_from(["*", "a*", "?", "[ab]", "*.jsonl", ".*", "**", "a", "ab", "a.jsonl"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(TREES, st.lists(PARTS, min_size=1, max_size=3))
+def test_a_pattern_inside_the_root_matches_what_glob_matches(
+    tree: list[list[str]], pattern: list[str]
+) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        # Given a small tree of folders and files under an input root
+        root = Path(scratch).resolve() / "inputs"
+        root.mkdir()
+        for path in tree:
+            folder = root.joinpath(*path[:-1])
+            # (a path through a name that is already a file is left out)
+            with contextlib.suppress(FileExistsError, NotADirectoryError):
+                folder.mkdir(parents=True, exist_ok=True)
+                if not (folder / path[-1]).exists():
+                    (folder / path[-1]).write_text("{}\n")
+        text = "/".join(pattern)
+        # When a pattern is expanded, and when glob expands it
+        globbed = sorted(glob.glob(str(root / text)))  # noqa: PTH207 - the reference
+        try:
+            found: list[str] | None = confined_files(text, [root], follow_symlinks=False)
+        except InputError:
+            found = None
+        # Then both name the same files, and a pattern that matches no file or a folder
+        # is refused
+        if not globbed or not all(Path(p).is_file() for p in globbed):
+            assert found is None, (text, globbed, found)
+        else:
+            assert found == globbed, (text, globbed, found)
