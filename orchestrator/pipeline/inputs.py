@@ -19,10 +19,12 @@ not copied at all: the file becomes the segment by a hard link (ADR 11).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import glob
 import io
 import json
 import os
+import re
 import stat
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -132,16 +134,28 @@ def resolve_inputs(pattern_or_paths: str | list[str], fmt: str) -> list[InputFil
 
 MAX_INPUT_FILES = 10_000
 MAX_PATH_CHARS = 1000
+# How many folders one pattern's expansion may look into, and how many of their entries it
+# may read: the walk stops at either, so a pattern costs the request a bounded time.
+MAX_WALKED_FOLDERS = 1_000
+MAX_WALKED_ENTRIES = 10 * MAX_INPUT_FILES
 
 
 def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) -> list[str]:
     """The files a path or glob from the console names, each resolved and inside a root.
 
-    A run started from the console may only read below the input roots: every match of
-    a pattern is resolved (``..`` and links followed) and refused when it leaves them,
-    and a match reached through a symbolic link is refused unless links are allowed
-    (``BPCONSOLE_INPUT_FOLLOW_SYMLINKS``): a link is how a folder someone can write to
-    comes to name ``/etc``. Raises :class:`InputError` naming the path and why.
+    A run started from the console may only read below the input roots. The pattern's
+    fixed part (the folders before its first wildcard, ``..`` taken as written) must lie
+    inside a root, or it is refused before anything on disk is looked at. The wildcards
+    are then expanded by a walk that starts there and never leaves the roots: a folder
+    on the way is entered only when its resolved path is inside them and, unless links
+    are allowed (``BPCONSOLE_INPUT_FOLLOW_SYMLINKS``), when no link leads to it (a link
+    is how a folder someone can write to comes to name ``/etc``). The walk stops as soon
+    as the pattern matches more than ``MAX_INPUT_FILES`` or has looked into
+    ``MAX_WALKED_FOLDERS`` folders or read ``MAX_WALKED_ENTRIES`` entries. Every match is
+    then resolved (``..`` and links followed) and refused when it leaves the roots.
+    Globs never recurse (``**`` is ``*``) and ``*`` skips names that start with a dot,
+    as :mod:`glob` does. Raises :class:`InputError` naming what the operator typed, or a
+    path inside the roots, never a path found outside them.
     """
     real_roots = [Path(os.path.realpath(r)) for r in roots]
     if not real_roots:
@@ -149,31 +163,115 @@ def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) ->
     text = raw.strip() if isinstance(raw, str) else ""
     if not text or "\x00" in text or len(text) > MAX_PATH_CHARS:
         raise InputError(f"an input path is a path or glob of at most {MAX_PATH_CHARS} characters")
-    path = Path(text) if Path(text).is_absolute() else real_roots[0] / text
-    pattern = str(path)
-    # Never recursive: "**" matches one folder level, as "*" does.
-    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]  # noqa: PTH207
+    allowed = ", ".join(str(r) for r in real_roots)
+    given = Path(text) if Path(text).is_absolute() else real_roots[0] / text
+    parts = Path(os.path.normpath(given)).parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    prefix = Path(*parts[:fixed])
+    written_roots = {Path(os.path.normpath(Path(r).absolute())) for r in roots} | set(real_roots)
+    if not any(prefix == r or r in prefix.parents for r in written_roots):
+        raise InputError(f"input {raw!r} must lie under an input folder ({allowed})")
+    if fixed == len(parts):
+        matches = [str(prefix)]
+    else:
+        matches = _Walk(raw, real_roots, follow_symlinks=follow_symlinks).expand(
+            prefix, parts[fixed:]
+        )
     if not matches:
         raise InputError(f"no input file matches {raw!r}")
-    if len(matches) > MAX_INPUT_FILES:
-        raise InputError(f"{raw!r} matches more than {MAX_INPUT_FILES} files")
-    allowed = ", ".join(str(r) for r in real_roots)
     files = []
-    for match in matches:
+    for match in sorted(matches):
         real = Path(os.path.realpath(match))
         root = next((r for r in real_roots if real == r or r in real.parents), None)
         if root is None:
             raise InputError(f"input {match!r} must lie under an input folder ({allowed})")
         if not follow_symlinks and through_link(Path(match), real_roots):
-            raise InputError(
-                f"input {match!r} is reached through a symbolic link; links are not followed "
-                "(an administrator can allow links that stay inside the input folders with "
-                "BPCONSOLE_INPUT_FOLLOW_SYMLINKS)"
-            )
+            raise _linked(match)
         if not real.is_file():
             raise InputError(f"input {match!r} does not exist or is not a file")
         files.append(str(real))
     return files
+
+
+def _linked(path: str) -> InputError:
+    return InputError(
+        f"input {path!r} is reached through a symbolic link; links are not followed "
+        "(an administrator can allow links that stay inside the input folders with "
+        "BPCONSOLE_INPUT_FOLLOW_SYMLINKS)"
+    )
+
+
+class _Walk:
+    """One pattern's expansion below a folder inside the roots, bounded as it goes."""
+
+    def __init__(self, raw: str, real_roots: Sequence[Path], *, follow_symlinks: bool) -> None:
+        self.raw = raw
+        self.real_roots = real_roots
+        self.follow_symlinks = follow_symlinks
+        self.folders = 0
+        self.entries = 0
+
+    def expand(self, start: Path, parts: Sequence[str]) -> list[str]:
+        """The paths below ``start`` that ``parts`` (one pattern per level) match."""
+        level = [str(start)]
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            found: list[str] = []
+            for folder in level:
+                self._enter(folder)
+                if glob.has_magic(part):
+                    for path in self._matching(folder, part, folders_only=not last):
+                        found.append(path)
+                        if last and len(found) > MAX_INPUT_FILES:
+                            raise InputError(
+                                f"{self.raw!r} matches more than {MAX_INPUT_FILES} files"
+                            )
+                    continue
+                path = os.path.join(folder, part)  # noqa: PTH118 - strings, as scandir gives
+                if os.path.lexists(path) if last else Path(path).is_dir():
+                    found.append(path)
+            level = found
+        return level
+
+    def _enter(self, folder: str) -> None:
+        """Count a folder the walk looks into, and refuse it when it is one too many,
+        outside the roots once resolved, or reached through a link when links are not
+        followed."""
+        self.folders += 1
+        if self.folders > MAX_WALKED_FOLDERS:
+            raise InputError(
+                f"{self.raw!r} looks into more than {MAX_WALKED_FOLDERS} folders; "
+                "name fewer (a fixed folder before the wildcards)"
+            )
+        real = Path(os.path.realpath(folder))
+        if not any(real == r or r in real.parents for r in self.real_roots):
+            allowed = ", ".join(str(r) for r in self.real_roots)
+            raise InputError(f"input {folder!r} must lie under an input folder ({allowed})")
+        if not self.follow_symlinks and through_link(Path(folder), self.real_roots):
+            raise _linked(folder)
+
+    def _matching(self, folder: str, part: str, *, folders_only: bool) -> Iterator[str]:
+        matcher = re.compile(fnmatch.translate(part)).match
+        hidden_too = part.startswith(".")
+        try:
+            listing = os.scandir(folder)
+        except OSError:
+            return
+        with listing:
+            for entry in listing:
+                self.entries += 1
+                if self.entries > MAX_WALKED_ENTRIES:
+                    raise InputError(
+                        f"{self.raw!r} looks at more than {MAX_WALKED_ENTRIES} names; "
+                        "name fewer (a fixed folder before the wildcards)"
+                    )
+                if entry.name.startswith(".") and not hidden_too:
+                    continue
+                if not matcher(entry.name):
+                    continue
+                if folders_only and not entry.is_dir():
+                    continue
+                yield entry.path
 
 
 def through_link(path: Path, real_roots: Sequence[Path]) -> bool:

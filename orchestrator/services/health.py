@@ -1,4 +1,11 @@
-"""Is each service up? Used by ``manage.py doctor`` and ``GET /healthz``."""
+"""Is each service up? Used by ``manage.py doctor`` and ``GET /healthz``.
+
+What a viewer reads on ``/healthz`` (a check's ``detail``) names the service, its version
+and its state, never where it is: no URL, host, port or credential, and no exception's
+own text (a driver's error message names the address it could not reach). Where the
+service is and what exactly failed are the check's ``local`` text, which only the
+server's shell sees (``manage.py doctor``), with any password of a URL left out.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import TypedDict
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.db import connection
@@ -18,21 +27,59 @@ SPARK_CHECK_TIMEOUT_S = 120
 SPARK_CACHE_S = 60.0
 
 
-@dataclass(frozen=True)
-class Check:
+class CheckJson(TypedDict):
     service: str
     up: bool
     detail: str
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
+
+@dataclass(frozen=True)
+class Check:
+    service: str
+    up: bool
+    # For anyone who may see the health page: no address, URL or secret.
+    detail: str
+    # For the server's shell only: where the service is, the error's own message.
+    local: str = ""
+
+    def to_json(self) -> CheckJson:
+        return {"service": self.service, "up": self.up, "detail": self.detail}
 
 
-def _guard(service: str, probe: Callable[[], str]) -> Check:
+def without_password(url: str) -> str:
+    """``url`` with the password of its user part, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+class Down(Exception):
+    """A service found down, said in words anyone may read (``detail``), and for the
+    server's shell only (``local``)."""
+
+    def __init__(self, detail: str, local: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.local = local
+
+
+def _guard(service: str, probe: Callable[[], str], where: str) -> Check:
+    """The check of ``service`` at ``where`` (for ``local`` only): ``probe`` returns
+    what the service says of itself, without its address, or raises :class:`Down`."""
     try:
-        return Check(service, up=True, detail=probe())
+        return Check(service, up=True, detail=probe(), local=f"at {where}")
+    except Down as exc:
+        return Check(service, up=False, detail=exc.detail, local=exc.local or f"at {where}")
     except Exception as exc:  # noqa: BLE001 - the failure is the answer
-        return Check(service, up=False, detail=f"{type(exc).__name__}: {exc}")
+        return Check(
+            service,
+            up=False,
+            detail=f"does not answer ({type(exc).__name__})",
+            local=f"at {where}: {type(exc).__name__}: {exc}",
+        )
 
 
 def check_postgresql() -> Check:
@@ -40,9 +87,10 @@ def check_postgresql() -> Check:
         with connection.cursor() as cursor:
             cursor.execute("SELECT version()")
             version = cursor.fetchone()[0]
-        return f"{version.split(' on ')[0]} at {settings.DATABASES['default']['HOST']}"
+        return f"{version.split(' on ')[0]} answers"
 
-    return _guard("postgresql", probe)
+    database = settings.DATABASES["default"]
+    return _guard("postgresql", probe, f"{database['HOST']}:{database['PORT']}")
 
 
 def check_redis() -> Check:
@@ -56,9 +104,9 @@ def check_redis() -> Check:
             info = client.info("server")
         finally:
             client.close()
-        return f"Redis {info['redis_version']} at {settings.REDIS_URL}"
+        return f"Redis {info['redis_version']} answers"
 
-    return _guard("redis", probe)
+    return _guard("redis", probe, without_password(settings.REDIS_URL))
 
 
 def check_zookeeper() -> Check:
@@ -73,9 +121,9 @@ def check_zookeeper() -> Check:
         finally:
             client.stop()
             client.close()
-        return f"ZooKeeper at {settings.ZK_HOSTS} (session {session:#x})"
+        return f"ZooKeeper answers (session {session:#x})"
 
-    return _guard("zookeeper", probe)
+    return _guard("zookeeper", probe, settings.ZK_HOSTS)
 
 
 _spark_lock = threading.Lock()
@@ -108,9 +156,19 @@ def _run_spark_job() -> Check:
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (result.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        return Check("spark", up=False, detail=f"exit {result.returncode}: {tail[0]}")
+        return Check(
+            "spark",
+            up=False,
+            detail=f"the probe job exited with {result.returncode}",
+            local=tail[0],
+        )
     answer = json.loads(lines[-1])
-    return Check("spark", up=bool(answer["ok"]), detail=str(answer["detail"]))
+    return Check(
+        "spark",
+        up=bool(answer["ok"]),
+        detail=str(answer["detail"]),
+        local=str(answer.get("local", "")),
+    )
 
 
 def check_spark_workers() -> Check:
@@ -122,21 +180,24 @@ def check_spark_workers() -> Check:
 
         entries = beats()
         if not entries:
-            raise RuntimeError(
+            raise Down(
                 "no Spark worker has reported in the last "
                 f"{3 * INTERVAL_S:g} s: no batch can run (start one: celery ... worker -Q spark)"
             )
         dead = [b for b in entries if b["jvm"].startswith("exited")]
         if dead:
-            raise RuntimeError(
-                "; ".join(f"{b['worker']}: Spark JVM {b['jvm']}" for b in dead)
-                + " (the worker starts a new session at its next batch)"
+            # Counted, not named: a worker's name is its host's.
+            how = ", ".join(sorted({b["jvm"] for b in dead}))
+            raise Down(
+                f"{len(dead)} of {len(entries)} Spark worker(s) report a dead JVM ({how}; "
+                "each starts a new session at its next batch)",
+                "; ".join(f"{b['worker']}: Spark JVM {b['jvm']}" for b in dead),
             )
         waiting = sum(1 for b in entries if b["jvm"] == "not started")
         later = f" ({waiting} start theirs at their first batch)" if waiting else ""
         return f"{len(entries)} Spark worker(s) report in, none with a dead JVM{later}"
 
-    return _guard("spark-workers", probe)
+    return _guard("spark-workers", probe, "the workers' heartbeats in Redis")
 
 
 def run_checks(*, spark: bool = True, spark_job: bool = False) -> list[Check]:

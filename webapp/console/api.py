@@ -18,7 +18,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import status
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,6 +27,7 @@ from rest_framework.views import APIView
 
 from orchestrator import service
 from webapp.console import actions
+from webapp.console.middleware import ROLE_BEFORE_BODY, SAFE_METHODS, named_by
 from webapp.console.models import Pipeline
 from webapp.console.roles import IsViewer, has_role
 from webapp.console.serializers import (
@@ -78,6 +80,28 @@ BAD_DOCUMENT = {
     ),
 }
 CONFLICT = {409: OpenApiResponse(DetailSerializer, description="the run's state does not allow it")}
+
+
+class RoleBeforeBody(BasePermission):
+    """The role a request that may carry a body needs (middleware ``ROLE_BEFORE_BODY``),
+    checked before the view reads the body, as the middleware checks it before anything
+    does: so each view is safe on its own. A refusal is recorded (actions.require)."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        match = request.resolver_match
+        needs = ROLE_BEFORE_BODY.get(match.url_name if match else "")
+        if request.method in SAFE_METHODS or needs is None or has_role(request.user, needs.role):
+            return True
+        run_id, data = named_by(view.kwargs)  # for the refusal's record only
+        try:
+            actions.require(request.user, needs.role, action=needs.action, run_id=run_id, data=data)
+        except actions.Refused as exc:
+            raise PermissionDenied(exc.message) from None
+        return True
+
+
+# Every view that takes a body: logged in, then the role before the body.
+TAKES_A_BODY = [IsAuthenticated, RoleBeforeBody]
 
 
 def _error(exc: actions.ActionError) -> Response:
@@ -165,7 +189,7 @@ class SchemaView(SpectacularAPIView):
 
 
 class PipelineListView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         responses={200: PipelineSummarySerializer(many=True), **DENIED}, tags=["pipelines"]
@@ -212,7 +236,7 @@ def _save(request: Request, document: Callable[[], Any]) -> Response:
 
 
 class PipelineDetailView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         responses={200: PipelineDetailSerializer, **DENIED, **NOT_FOUND}, tags=["pipelines"]
@@ -293,7 +317,7 @@ class PipelineYamlView(APIView):
 
 
 class PipelineImportView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         request=YamlImportSerializer,
@@ -332,7 +356,7 @@ class PipelineImportView(APIView):
 
 
 class RunListView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         parameters=[
@@ -616,7 +640,7 @@ class CancelView(RunControlView):
 
 
 class NodeActionView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
     stop = False
 
     @extend_schema(
@@ -649,7 +673,7 @@ class StopMigratingView(NodeActionView):
 class AdjustView(APIView):
     """Hot-migrate, add or remove an operator instance (shared/spec/hot-rescale.md)."""
 
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         request=AdjustSerializer,
@@ -706,7 +730,7 @@ class WorkerListView(APIView):
 class PipelineLabsView(APIView):
     """A pipeline's policy labs: every policy simulated on one workload (docs/console.md)."""
 
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         responses={200: LabSerializer(many=True), **DENIED, **NOT_FOUND},
@@ -770,7 +794,7 @@ class LabDetailView(APIView):
 
 
 class LabRunsView(APIView):
-    permission_classes = [IsAuthenticated]
+    permission_classes = TAKES_A_BODY
 
     @extend_schema(
         request=StartLabRunSerializer,

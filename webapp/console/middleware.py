@@ -1,15 +1,19 @@
-"""Request bodies: bounded, and on the upload endpoints read only for an operator.
+"""Request bodies: bounded, and read only for a user with the role the request needs.
 
-Django's CsrfViewMiddleware reads ``request.POST`` (and so parses a whole multipart
-upload) before any view runs, and a view that parses first and checks the role after
-lets anyone with a login make the server work. This middleware runs before both (it
-sits after AuthenticationMiddleware, whose user it needs; the CSRF check runs later, in
-``process_view``) and looks only at the request's headers:
+Django's CsrfViewMiddleware reads ``request.POST`` (and so parses a whole form or
+multipart upload) before any view runs, REST framework's session authentication does the
+same before a view's permissions, and a view that parses first and checks the role
+after lets anyone with a login make the server work. This middleware runs before all of
+them (it sits after AuthenticationMiddleware, whose user it needs; the CSRF check runs
+later, in ``process_view``) and looks only at the request's headers:
 
-- a request to an upload endpoint (``/pipelines/import/``, ``/api/pipelines/import/``;
-  any method but GET, HEAD, OPTIONS, TRACE) from a user without the operator role is refused
-  with 403 (recorded, as every refused edit is; anonymous users of the page go to the
-  login page) before anything reads the body, whatever its size;
+- a request that may carry a body (any method but GET, HEAD, OPTIONS, TRACE) to a URL
+  of ``ROLE_BEFORE_BODY`` from a user without the role it needs is refused with 403
+  (recorded, as every refused action is; anonymous users of the pages go to the login
+  page) before anything reads the body, whatever it holds; such a request to any other
+  URL of the console or the API, which take no body, is a 405. Only the login and logout
+  pages and Django's admin (which checks its own users) take a body without a role (a
+  test sends every URL a body that would be a 400 if parsed);
 - then, on every path, a body larger than ``BPCONSOLE_MAX_BODY_BYTES`` (by its
   Content-Length) is refused with 413, a body without a Content-Length (chunked) with
   411, an unreadable Content-Length with 400.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from django.conf import settings
@@ -41,8 +46,47 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 
 from webapp.console import actions
+from webapp.console.roles import Role, has_role
 
-UPLOAD_VIEWS = ("pipeline-import", "api-import")
+
+@dataclass(frozen=True)
+class Needs:
+    """The role a request to one URL needs before its body is read, and the action its
+    refusal is recorded as (actions.require)."""
+
+    role: Role
+    action: str
+
+
+# By URL name. The action of a refusal is what the URL says; what the body asked (a
+# node, a pipeline's name) is not known, since it is never read.
+ROLE_BEFORE_BODY: dict[str, Needs] = {
+    # pages
+    "pipeline-new": Needs("operator", "edit_pipeline"),
+    "pipeline-edit": Needs("operator", "edit_pipeline"),
+    "pipeline-import": Needs("operator", "edit_pipeline"),
+    "run-start": Needs("operator", "start_run"),
+    "lab-create": Needs("operator", "run_policy_lab"),
+    "lab-start": Needs("operator", "start_run"),
+    # the API
+    "api-pipelines": Needs("operator", "edit_pipeline"),
+    "api-pipeline": Needs("operator", "edit_pipeline"),
+    "api-validate": Needs("viewer", "validate_pipeline"),
+    "api-import": Needs("operator", "edit_pipeline"),
+    "api-labs": Needs("operator", "run_policy_lab"),
+    "api-lab-runs": Needs("operator", "start_run"),
+    "api-runs": Needs("operator", "start_run"),
+    "api-pause": Needs("operator", "pause_run"),
+    "api-resume": Needs("operator", "resume_run"),
+    "api-stop": Needs("operator", "stop_run"),
+    "api-cancel": Needs("operator", "cancel_run"),
+    "api-migrate": Needs("operator", "migrate"),
+    "api-stop-migrating": Needs("operator", "stop_migrating"),
+    "api-adjust": Needs("operator", "adjust"),
+}
+# URLs that take a body from anyone: logging in and out. Django's admin checks its own
+# users (staff) and is not listed either way.
+BODY_FROM_ANYONE = ("login", "logout")
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 
 
@@ -90,8 +134,11 @@ def _api_user(request: HttpRequest) -> Any:
     return user
 
 
-def upload_refusal(request: HttpRequest) -> HttpResponse | None:
-    """403 (or the login page) for an upload from someone without the operator role."""
+def role_refusal(
+    request: HttpRequest, needs: Needs, kwargs: Mapping[str, Any]
+) -> HttpResponse | None:
+    """403 (or the login page) for a request from someone without the role ``needs``
+    says, recorded with what the URL names (``kwargs``: a run, a pipeline, a lab)."""
     if is_api(request):
         try:
             user = _api_user(request)
@@ -112,8 +159,11 @@ def upload_refusal(request: HttpRequest) -> HttpResponse | None:
                 {"detail": "Authentication credentials were not provided."}, status=403
             )
         return redirect_to_login(request.get_full_path())
+    if has_role(user, needs.role):
+        return None
+    run_id, data = named_by(kwargs)  # for the refusal's record only
     try:
-        actions.require(user, "operator", action="edit_pipeline", data={"pipeline": ""})
+        actions.require(user, needs.role, action=needs.action, run_id=run_id, data=data)
     except actions.Refused as exc:
         if is_api(request):
             return JsonResponse({"detail": exc.message}, status=403)
@@ -121,13 +171,40 @@ def upload_refusal(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
-def is_upload(request: HttpRequest) -> bool:
+def named_by(kwargs: Mapping[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    """The run (when it exists) and the pipeline or lab a URL's arguments name."""
+    data: dict[str, Any] = {}
+    if "name" in kwargs:
+        data["pipeline"] = kwargs["name"]
+    if "lab_id" in kwargs:
+        data["lab"] = kwargs["lab_id"]
+    run_id = kwargs.get("run_id")
+    if run_id is not None:
+        try:
+            run_id = actions.get_run(run_id).pk
+        except actions.ActionError:  # no such run: recorded outside any run, naming it
+            data["run"] = run_id
+            run_id = None
+    return run_id, data
+
+
+def body_role_refusal(request: HttpRequest) -> HttpResponse | None:
+    """For a request that may carry a body: 403 (recorded) without the role its URL
+    needs, 405 on a URL that takes no body; None when the body may be read."""
     if request.method in SAFE_METHODS:
-        return False
+        return None
     try:
-        return resolve(request.path_info).url_name in UPLOAD_VIEWS
+        match = resolve(request.path_info)
     except Resolver404:
-        return False
+        return None  # a 404, and nothing reads the body of a request no view takes
+    needs = ROLE_BEFORE_BODY.get(match.url_name or "")
+    if needs is not None:
+        return role_refusal(request, needs, match.kwargs)
+    if match.url_name in BODY_FROM_ANYONE or "admin" in match.namespaces:
+        return None
+    response = _refuse(request, 405, f"{request.method} is not accepted here")
+    response["Allow"] = "GET, HEAD, OPTIONS"
+    return response
 
 
 class BoundedRequestMiddleware:
@@ -135,9 +212,9 @@ class BoundedRequestMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        # On an upload endpoint the role comes first: someone without it learns nothing
-        # from the size of what they sent, and the refusal is what gets recorded.
-        refusal = upload_refusal(request) if is_upload(request) else None
+        # The role comes first: someone without it learns nothing from what they sent
+        # (its size included), and the refusal is what gets recorded.
+        refusal = body_role_refusal(request)
         if refusal is None:
             refusal = body_refusal(request)
         if refusal is not None:

@@ -146,12 +146,20 @@ def parse_yaml(text: str) -> Any:
 
 
 # A JSON string (skipped whole, so brackets inside strings do not count) or a bracket.
-_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# The closing quote is optional: a string that never closes runs to the end of the text,
+# so a match that starts always succeeds and the scan never starts again inside it. (A
+# required closing quote would make each quote of an unterminated string start a scan to
+# the end of the text: quadratic on a body of backslash-quote pairs.)
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
 def check_json_depth(text: str) -> None:
     """Refuse JSON text nested deeper than ``MAX_DEPTH`` without parsing it: Python's
-    json module recurses once per level and fails on 100,000 brackets."""
+    json module recurses once per level and fails on 100,000 brackets.
+
+    One left-to-right scan, in time linear in the text's length and without recursion;
+    the problem names the line and column of the bracket that goes one level too deep.
+    Text that is not JSON is left to the parser."""
     depth = 0
     for match in _JSON_NESTING.finditer(text):
         lexeme = match.group()

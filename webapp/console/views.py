@@ -1,5 +1,8 @@
 """HTML pages of the console. Every page needs a role (viewer at least); what changes
 state needs the operator role, and refused attempts are recorded (webapp/console/actions.py).
+A page that reads a form checks the role its address needs first
+(``middleware.body_role_refusal``, as BoundedRequestMiddleware does before the CSRF
+check), so that no form is parsed for someone who may not send it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from orchestrator import service
 from webapp.console import actions
+from webapp.console.middleware import body_role_refusal
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import has_role, role_required
 from webapp.console.topology_io import (
@@ -157,7 +161,9 @@ def pipeline_edit(request: HttpRequest, name: str | None = None) -> HttpResponse
             raise PermissionDenied("editing pipelines needs the operator role")
         doc = export_document(pipeline) if pipeline else NEW_DOCUMENT
         return _editor(request, pipeline, doc, [])
-    _require_operator(request, name)
+    refused = body_role_refusal(request)
+    if refused is not None:
+        return refused
     text = request.POST.get("document", "")
     try:
         if not text.strip():
@@ -177,17 +183,6 @@ def pipeline_edit(request: HttpRequest, name: str | None = None) -> HttpResponse
     return redirect("pipeline", name=saved.name)
 
 
-def _require_operator(request: HttpRequest, name: str | None) -> None:
-    """Refuse (recorded, 403) an edit by someone without the operator role before the
-    document is parsed, so that parsing is never done for nothing."""
-    try:
-        actions.require(
-            request.user, "operator", action="edit_pipeline", data={"pipeline": name or ""}
-        )
-    except actions.Refused as exc:
-        raise PermissionDenied(exc.message) from None
-
-
 @role_required("viewer")
 @require_POST
 def pipeline_import(request: HttpRequest) -> HttpResponse:
@@ -197,7 +192,9 @@ def pipeline_import(request: HttpRequest) -> HttpResponse:
     BoundedRequestMiddleware has already refused a user without the operator role and a
     body over the cap before anything read the upload; the role is checked here again so
     that the view is safe on its own, and the file is read only up to the cap."""
-    _require_operator(request, None)
+    refused = body_role_refusal(request)
+    if refused is not None:
+        return refused
     upload = request.FILES.get("file")
     if upload:
         text = upload.read(max_document_bytes() + 1).decode("utf-8", "replace")
@@ -230,6 +227,9 @@ def _form_source(request: HttpRequest, kind: str) -> dict[str, str] | None:
 @role_required("viewer")
 @require_POST
 def run_start(request: HttpRequest, name: str) -> HttpResponse:
+    refused = body_role_refusal(request)
+    if refused is not None:
+        return refused
     kind = request.POST.get("input", "generator")
     run_request = actions.RunRequest(
         pipeline=name,
@@ -260,6 +260,9 @@ def _tell(request: HttpRequest, exc: actions.ActionError, prefix: str = "") -> N
 @require_POST
 def lab_create(request: HttpRequest, name: str) -> HttpResponse:
     """The pipeline page's policy lab form: a generator spec or one of its runs."""
+    refused = body_role_refusal(request)
+    if refused is not None:
+        return refused
     kind = request.POST.get("workload", "generator")
     raw_run = request.POST.get("lab_run", "")
     try:
@@ -300,6 +303,9 @@ def lab_view(request: HttpRequest, lab_id: int) -> HttpResponse:
 @require_POST
 def lab_start(request: HttpRequest, lab_id: int) -> HttpResponse:
     """Start a live run with the lab policy the operator chose."""
+    refused = body_role_refusal(request)
+    if refused is not None:
+        return refused
     try:
         run = actions.start_lab_run(lab_id, request.POST.get("policy", "")[:100], request.user)
     except actions.ActionError as exc:

@@ -169,8 +169,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Bounded bodies, and uploads only from operators, decided on the headers before the
-    # CSRF check (its process_view) or a view reads the body.
+    # Bounded bodies, read only for a user with the role they need, decided on the headers
+    # before the CSRF check (its process_view) or a view reads the body.
     "webapp.console.middleware.BoundedRequestMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

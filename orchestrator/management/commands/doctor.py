@@ -19,7 +19,8 @@ class Command(BaseCommand):
         checks = run_checks(spark=False, spark_job=not options["no_spark"])
         for check in checks:
             mark = self.style.SUCCESS("up  ") if check.up else self.style.ERROR("DOWN")
-            self.stdout.write(f"{mark} {check.service:<11} {check.detail}")
+            where = f" ({check.local})" if check.local else ""
+            self.stdout.write(f"{mark} {check.service:<11} {check.detail}{where}")
         down = [c.service for c in checks if not c.up]
         if down:
             raise CommandError(f"down: {', '.join(down)}")

@@ -103,7 +103,7 @@ def test_a_dead_spark_jvm_is_reported_and_replaced(services, client) -> None:
         answer = client.get("/healthz")
         assert answer.status_code == 503
         check = next(c for c in answer.json()["checks"] if c["service"] == "spark-workers")
-        assert "jvm-test: Spark JVM exited with code -9" in check["detail"]
+        assert "report a dead JVM (exited with code -9" in check["detail"]
         # and the worker starts a new session, in which Spark runs again
         assert child.stdout.readline().split() == ["restart", "-9"]
         assert child.stdout.readline().split() == ["count", "7"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -127,3 +130,52 @@ def test_a_spark_worker_reports_in_before_its_first_batch(workers: Any) -> None:
         process.terminate()
         process.wait(30)
         workers.processes.pop("spark9")
+
+
+def test_healthz_names_no_url_host_or_secret(
+    viewer_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the console's Redis named by a URL with a password in it
+    real = urlsplit(settings.REDIS_URL)
+    secret = "hunter2-" + uuid.uuid4().hex[:8]
+    with_password = real._replace(netloc=f"bpconsole:{secret}@{real.hostname}:{real.port}")
+    monkeypatch.setattr(settings, "REDIS_URL", urlunsplit(with_password))
+    # When a viewer asks /healthz (whether this Redis takes the password or not)
+    response = viewer_client.get("/healthz?spark=0")
+    text = response.content.decode()
+    # Then no check's text names the password, a URL, or any service's host or port
+    assert {c["service"] for c in response.json()["checks"]} == {
+        "postgresql",
+        "redis",
+        "zookeeper",
+    }
+    database = settings.DATABASES["default"]
+    zookeeper = settings.ZK_HOSTS.replace(",", ":").split(":")
+    for address in (secret, "redis://", real.port, database["PORT"], database["HOST"], *zookeeper):
+        assert not re.search(rf"\b{re.escape(str(address))}\b", text), (address, text)
+    # while the services say what they are
+    checks = {c["service"]: c["detail"] for c in response.json()["checks"]}
+    assert checks["postgresql"].startswith("PostgreSQL "), checks
+    assert checks["zookeeper"].startswith("ZooKeeper answers"), checks
+
+
+def test_healthz_says_the_redis_version_and_doctor_where_without_the_password(
+    viewer_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the console's own Redis (whatever its URL holds)
+    # When a viewer asks /healthz
+    redis_check = next(
+        c for c in viewer_client.get("/healthz?spark=0").json()["checks"] if c["service"] == "redis"
+    )
+    # Then it says the version that answers, and nothing of where
+    assert redis_check["up"] is True, redis_check
+    assert re.fullmatch(r"Redis \d+\.\d+\.\d+ answers", redis_check["detail"]), redis_check
+    # And manage.py doctor, in the server's shell, says where, a password masked
+    real = urlsplit(settings.REDIS_URL)
+    masked = real._replace(netloc=f"bpconsole:the-password@{real.hostname}:{real.port}")
+    monkeypatch.setattr(settings, "REDIS_URL", urlunsplit(masked))
+    out = io.StringIO()
+    with contextlib.suppress(CommandError):  # this Redis may not take that password
+        call_command("doctor", "--no-spark", stdout=out)
+    assert "the-password" not in out.getvalue()
+    assert f"bpconsole:***@{real.hostname}:{real.port}" in out.getvalue()

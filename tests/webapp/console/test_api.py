@@ -69,9 +69,10 @@ def test_a_viewer_asking_for_a_migration_is_refused_and_recorded() -> None:
         f"/api/runs/{run.pk}/migrate/", {"node": "task1"}, content_type="application/json"
     )
     assert response.status_code == 403
+    # recorded on the run with the action its URL names (the body is never read)
     refusal = Event.objects.get(run=run, kind="action_refused")
-    assert refusal.node == "task1"
-    assert refusal.data["action"] == "migrate"
+    assert refusal.node == ""
+    assert refusal.data == {"action": "migrate"}
 
 
 def test_an_operator_pauses_resumes_and_stops_a_run() -> None:
@@ -171,7 +172,7 @@ def test_a_viewer_cannot_start_a_run(no_start: list[int]) -> None:
     assert Run.objects.count() == 0
     refusal = Event.objects.get(kind="action_refused")
     assert refusal.user == vera and refusal.run is None
-    assert refusal.data == {"action": "start_run", "pipeline": "reference"}
+    assert refusal.data == {"action": "start_run"}  # the body, naming the pipeline, is unread
 
 
 def test_pipelines_are_saved_only_when_valid(no_start: list[int]) -> None:
@@ -342,8 +343,8 @@ def test_a_viewer_lists_live_workers_but_an_adjustment_is_refused_and_recorded(
     assert response.status_code == 403
     assert "operator role" in response.json()["detail"]
     refusal = Event.objects.get(run=run, kind="action_refused")
-    assert refusal.user == vera and refusal.node == "task2"
-    assert refusal.data == {"action": "hot_migrate", "node": "task2", "worker": spare_worker}
+    assert refusal.user == vera and refusal.node == ""
+    assert refusal.data == {"action": "adjust"}  # what the unread body asked is not known
     assert not Event.objects.filter(run=run, kind__startswith="operator_").exists()
     assert Client().get("/api/workers/").status_code in {401, 403}
 

@@ -12,6 +12,10 @@ parameters and ids), as an operator and as a viewer, through the WSGI applicatio
   (``response_schema_conformance``): every 4xx a JSON object with ``detail``, 400s of
   document endpoints with ``problems``.
 
+Then the same checks for bodies no schema derives, built to make the request's checks
+slow (backslash-quote pairs, strings that never close, deep brackets), on every
+operation that takes a body, each answered within a second.
+
 No check is relaxed. The examples are bounded (``MAX_EXAMPLES`` per operation and
 phase) and derandomized, so a run is repeatable and takes about a minute.
 
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +49,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.webapp.console.factories import make_run, make_user, reference
+from tests.webapp.console.test_json_depth import WORST_CASES
 
 pytestmark = [pytest.mark.integration]
 
@@ -157,3 +164,38 @@ def test_every_operation_as_a_viewer_answers_as_documented(
     _aim(case, world)
     # When Schemathesis calls the operation / Then the answer is no 5xx and conforms
     _call(case, world, "viewer")
+
+
+# Bodies built to make a scan backtrack or a parser recurse, as large as a document may
+# be (tests/webapp/console/test_json_depth.py): each is answered as documented, within
+# a second, by every operation that takes a body.
+HOSTILE_BODIES = {name: text.encode() for name, text in WORST_CASES.items()}
+
+
+def _operations_with_a_body() -> list[Any]:
+    operations = [result.ok() for result in SCHEMA.get_all_operations()]
+    return [op for op in operations if op.body and op.method.upper() in {"POST", "PUT"}]
+
+
+@pytest.mark.parametrize("role", ["operator", "viewer"])
+@pytest.mark.parametrize("body", HOSTILE_BODIES.values(), ids=HOSTILE_BODIES.keys())
+def test_hostile_bodies_are_answered_as_documented_and_at_once(
+    world: dict[str, Any], role: str, body: bytes
+) -> None:
+    operations = _operations_with_a_body()
+    assert len(operations) >= 8, [op.label for op in operations]
+    arguments = {"run_id": world["run"], "name": world["pipeline"], "lab_id": 1}
+    for operation in operations:
+        names = re.findall(r"{(\w+)}", operation.path)
+        case = operation.Case(
+            path_parameters={name: arguments[name] for name in names},
+            body=body,
+            media_type="application/json",
+        )
+        # When the body is sent to the operation
+        started = time.monotonic()
+        response = case.call(app=world["app"], headers=_basic(role))
+        elapsed = time.monotonic() - started
+        # Then the answer is quick and conforms (no 5xx, a documented status and shape)
+        assert elapsed < 1.0, (operation.label, elapsed)
+        case.validate_response(response, checks=CHECKS)

@@ -17,7 +17,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from tests.webapp.console.factories import client_for, make_user, reference
+from orchestrator.models import Event
+from tests.webapp.console.factories import client_for, make_run, make_user, reference
+from tests.webapp.console.test_json_depth import WORST_CASES
+from webapp.console.middleware import ROLE_BEFORE_BODY
 from webapp.console.models import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -103,6 +106,21 @@ def test_deep_nesting_is_a_located_400_on_every_document_entry_point_never_a_500
         ), problems
     # and nothing was saved or changed
     assert list(Pipeline.objects.values_list("name", flat=True)) == ["reference"]
+
+
+@pytest.mark.parametrize("body", WORST_CASES.values(), ids=WORST_CASES.keys())
+def test_a_viewers_largest_hostile_document_is_answered_within_a_second(body: str) -> None:
+    viewer, _ = client_for("vera", "viewer")
+    # Given a body as large as a document may be, built to make a scan backtrack (20,000
+    # backslash-quote pairs held the request 10 s; this is thirteen times as many)
+    assert len(body.encode()) <= 512 * 1024
+    # When a viewer sends it to be validated
+    started = time.monotonic()
+    response = _post_json(viewer, "/api/pipelines/validate/", body)
+    elapsed = time.monotonic() - started
+    # Then the answer (a located 400, or 200 saying what is wrong) comes within a second
+    assert response.status_code in (200, 400), response.content[:200]
+    assert elapsed < 1.0, elapsed
 
 
 def test_a_user_without_a_role_is_refused_before_the_body_is_parsed() -> None:
@@ -361,3 +379,75 @@ def test_under_asgi_an_oversized_or_chunked_body_is_refused_before_it_is_receive
     # and a body within the cap passes untouched
     small = _asgi([(b"content-length", b"5")], [b"hello"], "/api/runs/")
     assert small["body"] == b"hello" and not small["sent"]
+
+
+# -- the role before the body, on every address ---------------------------------------
+
+# A body each parser refuses (400) if it reads it: JSON nested too deep for the API, a
+# multipart form whose boundary never comes for the pages (Django's CSRF check reads
+# request.POST before any view).
+HOSTILE_JSON = ("application/json", BRACKETS)
+HOSTILE_FORM = ("multipart/form-data; boundary=never", "--elsewhere\r\n" + "x" * 10_000)
+TAKES_A_BODY_FROM_ANYONE = {"login", "logout"}
+
+
+def _addresses(run_id: int) -> list[tuple[str, str]]:
+    """Every URL the console and the API answer (not the admin), by name, with real
+    arguments: the reference pipeline, a run of it, a lab that does not exist."""
+    from django.urls import URLPattern, get_resolver, reverse
+
+    samples = {"name": "reference", "run_id": run_id, "lab_id": 999_999}
+    found = []
+    for pattern in get_resolver().url_patterns:
+        if not isinstance(pattern, URLPattern) or pattern.name is None:
+            continue  # the admin's include
+        if pattern.name in TAKES_A_BODY_FROM_ANYONE:
+            continue
+        wanted = {k: samples[k] for k in pattern.pattern.regex.groupindex}
+        found.append((pattern.name, reverse(pattern.name, kwargs=wanted)))
+    return found
+
+
+@pytest.mark.parametrize("role", [None, "viewer"])
+def test_every_address_checks_the_role_before_anything_reads_the_body(role: str | None) -> None:
+    run = make_run()
+    client, user = client_for("rhea", role)
+    addresses = _addresses(run.pk)
+    assert len(addresses) > 30, addresses  # every page and API operation is in the list
+    for name, path in addresses:
+        kind, body = HOSTILE_JSON if path.startswith("/api/") else HOSTILE_FORM
+        for method in ("post", "put", "patch", "delete"):
+            # When a user without the role the address needs sends a body that a parser
+            # would refuse
+            response = getattr(client, method)(path, body, content_type=kind)
+            # Then the answer is the role's 403, or 405 where no body is taken, never the
+            # parser's 400: nothing read the body
+            allowed = {403, 405}
+            if role == "viewer" and name == "api-validate" and method == "post":
+                allowed = {400}  # a viewer may validate: the document is read, and refused
+            assert response.status_code in allowed, (name, method, response.content[:300])
+    # and each refusal was recorded, without a word of the body
+    refusals = Event.objects.filter(kind="action_refused", user=user)
+    assert refusals.exists()
+    assert not any("[[[" in str(e.data) or "xxxx" in str(e.data) for e in refusals)
+
+
+@pytest.mark.parametrize("role", [None, "viewer"])
+def test_each_view_checks_the_role_before_it_reads_the_body_on_its_own(
+    role: str | None, settings: Any
+) -> None:
+    # Given the console without BoundedRequestMiddleware (a view must not rely on it)
+    settings.MIDDLEWARE = [
+        m for m in settings.MIDDLEWARE if not m.endswith(".BoundedRequestMiddleware")
+    ]
+    run = make_run()
+    client, _ = client_for("rhea", role)
+    for name, path in _addresses(run.pk):
+        if name not in ROLE_BEFORE_BODY or (role == "viewer" and name == "api-validate"):
+            continue
+        kind, body = HOSTILE_JSON if path.startswith("/api/") else HOSTILE_FORM
+        method = "put" if name == "api-pipeline" else "post"
+        # When a user without the role sends the view a body a parser would refuse
+        response = getattr(client, method)(path, body, content_type=kind)
+        # Then the view answers with the role's 403, not the parser's 400
+        assert response.status_code == 403, (name, response.content[:300])

@@ -9,12 +9,15 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from importlib import import_module
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 from kazoo.client import KazooClient
@@ -25,6 +28,8 @@ from orchestrator.run.publisher import publish
 from orchestrator.zk.control_plane import ControlPlane
 from tests.webapp.console.factories import client_for, make_run, make_user
 from webapp.asgi import application
+from webapp.console import consumers
+from webapp.console.consumers import CLOSE_FORBIDDEN, CLOSE_LOGGED_OUT
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -207,3 +212,127 @@ def test_a_run_without_a_driver_is_shown_from_the_database_alone(services, monke
     assert [n["state"] for n in shown["nodes"]] == [{}] * 5
     # and the run never driven likewise
     assert service.snapshot(pending.pk)["run"]["status"] == "pending"
+
+
+# -- a socket lives no longer than its user's access ----------------------------------
+
+
+def logged_in(user: User) -> tuple[Client, bytes]:
+    """A new session of ``user``: its client and its cookie."""
+    client = Client()
+    client.force_login(user)
+    return client, f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def opened(run_id: int, cookie: bytes) -> Any:
+    ws = communicator(run_id, cookie)
+    connected, _ = await ws.connect()
+    assert connected, "the viewer's websocket was refused"
+    snapshot = await ws.receive_json_from(timeout=10)
+    assert snapshot["type"] == "snapshot"
+    return ws
+
+
+async def closed_with(ws: Any) -> int:
+    """The close code the socket is closed with, within a few seconds."""
+    message = await ws.receive_output(timeout=10)
+    assert message["type"] == "websocket.close", message
+    return int(message["code"])
+
+
+async def still_open(ws: Any) -> bool:
+    await ws.send_json_to({"type": "ping"})
+    return (await ws.receive_json_from(timeout=10))["type"] == "pong"
+
+
+def test_logging_out_closes_every_socket_of_that_session_and_only_those(services) -> None:
+    run = make_run()
+    # Given a viewer watching the run from two sessions (two browsers)
+    vera = make_user("vera", "viewer")
+    first, first_cookie = logged_in(vera)
+    _, second_cookie = logged_in(vera)
+
+    async def scenario() -> tuple[int, int, bool]:
+        in_first = [await opened(run.pk, first_cookie), await opened(run.pk, first_cookie)]
+        in_second = await opened(run.pk, second_cookie)
+        # When the viewer logs out in the first browser
+        response = await database_sync_to_async(first.post)("/logout/")
+        assert response.status_code == 302
+        # Then both of its sockets are closed as logged out; the other session's is not
+        codes = [await closed_with(ws) for ws in in_first]
+        other = await still_open(in_second)
+        await in_second.disconnect()
+        return codes[0], codes[1], other
+
+    assert asyncio.run(scenario()) == (CLOSE_LOGGED_OUT, CLOSE_LOGGED_OUT, True)
+
+
+def deactivate(name: str) -> None:
+    user = User.objects.get(username=name)
+    user.is_active = False
+    user.save()
+
+
+def take_the_role_away(name: str) -> None:
+    User.objects.get(username=name).groups.clear()
+
+
+def leave_the_group(name: str) -> None:
+    Group.objects.get(name="viewer").user_set.remove(User.objects.get(username=name))
+
+
+@pytest.mark.parametrize("revoke", [deactivate, take_the_role_away, leave_the_group])
+def test_a_user_deactivated_or_left_without_the_role_has_every_socket_closed(
+    services, revoke: Any
+) -> None:
+    run = make_run()
+    _, cookie = logged_in(make_user("vera", "viewer"))
+    _, bystander = logged_in(make_user("victor", "viewer"))
+
+    async def scenario() -> tuple[list[int], bool]:
+        sockets = [await opened(run.pk, cookie), await opened(run.pk, cookie)]
+        others = await opened(run.pk, bystander)
+        # When an administrator deactivates vera or takes her role away
+        await database_sync_to_async(revoke)("vera")
+        # Then each of her sockets is closed as forbidden, and no one else's
+        codes = [await closed_with(ws) for ws in sockets]
+        other = await still_open(others)
+        await others.disconnect()
+        return codes, other
+
+    assert asyncio.run(scenario()) == ([CLOSE_FORBIDDEN, CLOSE_FORBIDDEN], True)
+
+
+def deactivate_quietly(name: str) -> None:
+    """Deactivated without Django's signals (a raw UPDATE): no message is sent."""
+    User.objects.filter(username=name).update(is_active=False)
+
+
+def flush_the_session_quietly(cookie: bytes) -> None:
+    key = cookie.decode().removeprefix("sessionid=")
+    import_module(settings.SESSION_ENGINE).SessionStore(session_key=key).delete()
+
+
+def test_the_check_on_each_message_reads_the_user_and_session_as_they_are_now(
+    services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an access check on every message, and no close message ever sent
+    monkeypatch.setattr(consumers, "ROLE_RECHECK_S", 0.0)
+    monkeypatch.setattr(consumers, "close_sockets", lambda group, code: None)
+    run = make_run()
+    _, vera = logged_in(make_user("vera", "viewer"))
+    _, victor = logged_in(make_user("victor", "viewer"))
+
+    async def scenario() -> tuple[int, int]:
+        deactivated, logged_out = await opened(run.pk, vera), await opened(run.pk, victor)
+        assert await still_open(deactivated)
+        # When one user is deactivated and the other's session is gone, behind the
+        # console's back
+        await database_sync_to_async(deactivate_quietly)("vera")
+        await database_sync_to_async(flush_the_session_quietly)(victor)
+        # Then the next message each socket gets closes it, saying why
+        for ws in (deactivated, logged_out):
+            await ws.send_json_to({"type": "ping"})
+        return await closed_with(deactivated), await closed_with(logged_out)
+
+    assert asyncio.run(scenario()) == (CLOSE_FORBIDDEN, CLOSE_LOGGED_OUT)

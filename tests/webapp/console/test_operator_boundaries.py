@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,28 @@ def test_paths_leaving_the_root_are_refused(
     assert response.status_code == 400
     assert json.dumps(response.json())  # a JSON answer, not an error page
     assert Run.objects.count() == 0
+
+
+@pytest.mark.parametrize("pattern", ["/etc/pass*", "/*/*/*/*/*/*/*/*", "{root}/etcdir/*"])
+def test_a_glob_out_of_the_root_is_refused_naming_no_file_found_outside(
+    input_root: Path, no_start: list[int], pattern: str
+) -> None:
+    (input_root / "etcdir").symlink_to("/etc")
+    reference()
+    client, _ = client_for("otto", "operator")
+    # When an operator's glob would match the host's files (outside, or through a link)
+    typed = pattern.format(root=input_root)
+    started = time.monotonic()
+    response = start(client, typed)
+    # Then it is refused at once, and the answer lists none of them
+    assert time.monotonic() - started < 1.0
+    assert response.status_code == 400, response.json()
+    detail = response.json()["detail"]
+    assert "must lie under an input folder" in detail
+    beyond_what_was_typed = detail.replace(typed, "")
+    assert "passwd" not in beyond_what_was_typed, detail
+    assert "/etc/" not in beyond_what_was_typed, detail
+    assert Run.objects.count() == 0 and no_start == []
 
 
 def test_a_glob_inside_the_root_is_resolved_to_its_files(

@@ -75,7 +75,7 @@
     };
     socket.onclose = (ev) => {
       if (state.socket !== socket) return;
-      if (ev.code === 4403 || ev.code === 4404) return refused(ev.code);
+      if (ev.code === 4401 || ev.code === 4403 || ev.code === 4404) return refused(ev.code);
       if (!opened) return checkAccess().then((allowed) => allowed && retry());
       retry();
     };
@@ -93,7 +93,8 @@
 
   function refused(code) {
     state.stopped = true;
-    setConnection("refused", code === 4404 ? "no such run" : "not allowed: log in again");
+    const why = { 4401: "logged out: log in again", 4404: "no such run" };
+    setConnection("refused", why[code] || "not allowed: log in again");
   }
 
   function retry() {
