@@ -28,6 +28,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -119,6 +120,17 @@ def _read_secret(path: Path) -> str:
     if not value:
         raise RuntimeError(f"the secret file {path} is empty: remove it to generate another")
     return value
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its user part, if any, replaced by ``***``: what
+    may be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
-from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.db import connection
+
+from orchestrator.services.credentials import ZkAddress, without_password
 
 SPARK_CHECK_TIMEOUT_S = 120
 SPARK_CACHE_S = 60.0
@@ -44,16 +45,6 @@ class Check:
 
     def to_json(self) -> CheckJson:
         return {"service": self.service, "up": self.up, "detail": self.detail}
-
-
-def without_password(url: str) -> str:
-    """``url`` with the password of its user part, if any, replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class Down(Exception):
@@ -123,7 +114,7 @@ def check_zookeeper() -> Check:
             client.close()
         return f"ZooKeeper answers (session {session:#x})"
 
-    return _guard("zookeeper", probe, settings.ZK_HOSTS)
+    return _guard("zookeeper", probe, ZkAddress.parse(settings.ZK_HOSTS).redacted())
 
 
 _spark_lock = threading.Lock()

@@ -16,9 +16,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.services.credentials import ZkAddress, private_dir, secret, write_private
+from orchestrator.services.credentials import (
+    ZkAddress,
+    private_dir,
+    secret,
+    without_password,
+    write_private,
+)
 from orchestrator.services.embedded import (
     EmbeddedService,
     Postgres,
@@ -55,20 +60,10 @@ class Endpoints:
     def redacted(self) -> dict[str, str]:
         """:meth:`as_env` with every password left out: what may be printed."""
         return {
-            "DATABASE_URL": redact_url(self.database_url),
-            "REDIS_URL": redact_url(self.redis_url),
+            "DATABASE_URL": without_password(self.database_url),
+            "REDIS_URL": without_password(self.redis_url),
             "ZK_HOSTS": ZkAddress.parse(self.zk_hosts).redacted(),
         }
-
-
-def redact_url(url: str) -> str:
-    """``url`` without the password of its user part (``user:***@host``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass
