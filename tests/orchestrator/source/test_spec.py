@@ -101,6 +101,13 @@ def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
         ({"stream": "ok", "idle_s": -1}, "idle_s must be from 0 to 3600"),
         ({"stream": "ok", "idle_s": "nan"}, "idle_s must be from 0 to 3600"),
         ({"stream": "x" * 199, "partitions": 16}, "leaves room for ':<partition>'"),
+        # The console's Redis is the broker: a name is a plain one, never another key's
+        ({"stream": "orders:0"}, "no ':'"),
+        ({"stream": "celery:spark"}, "no ':'"),
+        ({"stream": ".hidden"}, "starting with a letter or a digit"),
+        ({"stream": "ok", "group": "a:b"}, "consumer group name"),
+        ({"stream": "ok", "group": "bpconsole.run.7"}, "the console's own"),
+        ({"stream": "ok", "group": "bpconsole.anything"}, "the console's own"),
     ],
 )
 def test_stream_parameters_are_bounded(raw, message) -> None:
@@ -112,10 +119,47 @@ def test_a_partitioned_stream_reads_one_redis_stream_per_partition() -> None:
     spec = check_stream(
         {"stream": "orders", "partitions": "3", "idle_s": 5}, default_url=REDIS, allowed_urls=[]
     )
-    assert spec.streams == ["orders:0", "orders:1", "orders:2"]
+    assert spec.stream == "orders", "the run keeps the name; the key is computed"
+    assert spec.streams == [
+        "bpconsole:stream:orders:0",
+        "bpconsole:stream:orders:1",
+        "bpconsole:stream:orders:2",
+    ]
     assert spec.idle_s == 5.0
-    assert StreamSpec("orders").streams == ["orders"], "one partition is the stream itself"
+    assert StreamSpec("orders").streams == ["bpconsole:stream:orders"], "one partition"
     assert unbounded_spec(spec.to_json()) == spec
+
+
+def test_a_stream_on_a_listed_server_is_read_by_its_name_as_given() -> None:
+    listed = "redis://streams.example:6379/2"
+    spec = check_stream(
+        {"stream": "orders:eu", "url": listed, "group": "a:b", "partitions": 2},
+        default_url=REDIS,
+        allowed_urls=[listed],
+    )
+    assert spec.streams == ["orders:eu:0", "orders:eu:1"], "that server is not the broker"
+    with pytest.raises(InputError, match="the console's own"):
+        check_stream(
+            {"stream": "orders", "url": listed, "group": "bpconsole.run.3"},
+            default_url=REDIS,
+            allowed_urls=[listed],
+        )
+
+
+def test_a_stored_run_s_unprefixed_stream_is_read_under_the_prefix() -> None:
+    # A run stored before the prefix named the broker's own queue key: it is read, on
+    # resume, as the console's stream of that name, never as the key itself.
+    stored = {"kind": "stream", "stream": "spark", "url": "", "group": "", "partitions": 1}
+    spec = unbounded_spec(stored)
+    assert isinstance(spec, StreamSpec)
+    assert spec.stream == "spark"
+    assert spec.streams == ["bpconsole:stream:spark"]
+    old_partitioned = unbounded_spec({**stored, "stream": "orders:eu", "partitions": 2})
+    assert isinstance(old_partitioned, StreamSpec)
+    assert old_partitioned.streams == [
+        "bpconsole:stream:orders:eu:0",
+        "bpconsole:stream:orders:eu:1",
+    ]
 
 
 def test_the_console_redis_is_not_stored_as_an_address() -> None:

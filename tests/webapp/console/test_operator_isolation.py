@@ -1,0 +1,78 @@
+"""One operator's run cannot reach the platform's own state or another operator's data,
+tried through the API as an operator: a stream named as the broker's queue, the data
+folder as an input, another run's consumer group or landing folder, another pipeline's
+sink table or folder, and more runs or labs than an operator's quota."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.test import Client
+
+from orchestrator.models import MergedChunk, Run
+from orchestrator.pipeline.producer import StreamTarget, produce
+from orchestrator.pipeline.streams import STREAM_PREFIX
+from orchestrator.services.launcher import Endpoints
+from tests.orchestrator.run.scenarios import wait_until_done
+from tests.webapp.console.factories import client_for, reference
+
+pytestmark = [pytest.mark.integration]
+
+
+def start(client: Client, source: object, pipeline: str = "reference") -> Any:
+    body = {"pipeline": pipeline, "source": source}
+    return client.post("/api/runs/", body, content_type="application/json")
+
+
+@pytest.fixture
+def broker(services: Endpoints) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(services.redis_url)
+    yield client
+    client.delete(STREAM_PREFIX + "spark")
+    client.close()
+
+
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_named_as_the_broker_s_queue_is_the_console_s_and_celery_goes_on(
+    workers: Any, services: Endpoints, broker: redis.Redis
+) -> None:
+    # Given an operator, and the console's Redis, which is Celery's broker (its queue
+    # for batches is the key "spark": a list while a batch waits, absent otherwise)
+    reference()
+    client, _ = client_for("otto", "operator")
+    # When they start a run over a stream named "spark"
+    response = start(client, {"kind": "stream", "stream": "spark", "linger_s": 0.1})
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    # Then the run reads the console's stream of that name...
+    deadline = time.monotonic() + 60
+    while not broker.exists(STREAM_PREFIX + "spark"):
+        assert time.monotonic() < deadline, f"run {run.pk} never opened its stream"
+        time.sleep(0.1)
+    groups = [g["name"] for g in broker.xinfo_groups(STREAM_PREFIX + "spark")]
+    assert groups == [f"bpconsole.run.{run.pk}".encode()]
+    # ...records produced to it go through Celery's "spark" queue as batches that complete
+    produce(
+        StreamTarget(services.redis_url, "spark"),
+        rate_bps=1024 * 1024,
+        pattern="steady",
+        duration_s=5,
+        seed=3,
+        max_bytes=20_000,
+    )
+    deadline = time.monotonic() + 120
+    while not MergedChunk.objects.filter(run=run).exists():
+        assert broker.type("spark") != b"stream", "the broker's queue became a stream"
+        assert time.monotonic() < deadline, f"no batch of run {run.pk} completed in 120 s"
+        time.sleep(0.2)
+    # ...and the queue key never became a stream
+    assert broker.type("spark") in {b"list", b"none"}
+    stopped = client.post(f"/api/runs/{run.pk}/stop/", content_type="application/json")
+    assert stopped.status_code == 200, stopped.content
+    assert wait_until_done(run).status == "completed"
+    assert broker.type("spark") in {b"list", b"none"}
