@@ -22,8 +22,10 @@ from orchestrator.pipeline.inputs import (
     MAX_PATH_CHARS,
     InputError,
     check_suffix,
+    own_folder,
     through_link,
 )
+from orchestrator.pipeline.layout import console_folder
 from orchestrator.pipeline.streams import MAX_PARTITIONS, name_problem, stream_keys
 
 CleanMode = Literal["keep", "archive", "delete"]
@@ -239,6 +241,9 @@ def _folder(raw: object, what: str, roots: Sequence[Path] | None, *, must_exist:
             raise InputError(f"the {what} {raw!r} must lie under an input folder ({allowed})")
         if through_link(path, real_roots):
             raise InputError(f"the {what} {raw!r} is reached through a symbolic link")
+        owner = console_folder(real)
+        if owner:
+            raise InputError(f"the {what} {raw!r} is in {own_folder(owner)}")
         path = real
     if must_exist and not path.is_dir():
         raise InputError(f"the {what} {raw!r} does not exist or is not a folder")

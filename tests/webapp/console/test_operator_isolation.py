@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +15,12 @@ import redis
 from django.test import Client
 
 from orchestrator.models import MergedChunk, Run
+from orchestrator.pipeline.layout import segments_dir
 from orchestrator.pipeline.producer import StreamTarget, produce
 from orchestrator.pipeline.streams import STREAM_PREFIX
 from orchestrator.services.launcher import Endpoints
 from tests.orchestrator.run.scenarios import wait_until_done
-from tests.webapp.console.factories import client_for, reference
+from tests.webapp.console.factories import client_for, make_run, reference
 
 pytestmark = [pytest.mark.integration]
 
@@ -76,3 +78,71 @@ def test_a_stream_named_as_the_broker_s_queue_is_the_console_s_and_celery_goes_o
     assert stopped.status_code == 200, stopped.content
     assert wait_until_done(run).status == "completed"
     assert broker.type("spark") in {b"list", b"none"}
+
+
+@pytest.fixture
+def own_folders(settings: Any, tmp_path: Path) -> dict[str, Path]:
+    """An administrator listed a root that holds the console's data folder and sink
+    root, and another operator's run has segments and a Parquet sink's files there."""
+    var = tmp_path / "var"
+    settings.DATA_DIR = var / "data"
+    settings.BPCONSOLE_SINK_ROOT = var / "sinks"
+    settings.INPUT_ROOTS = [str(var)]
+    (var / "inputs" / "landing").mkdir(parents=True)
+    _, bob = client_for("bob", "operator")
+    theirs = make_run(user=bob)
+    segments = segments_dir(theirs.pk)
+    segments.mkdir(parents=True)
+    (segments / "s1.jsonl").write_text('{"key": "k", "value": 1, "user": "u"}\n')
+    parquet = settings.BPCONSOLE_SINK_ROOT / "bob-windows"
+    parquet.mkdir(parents=True)
+    (parquet / "part-0.jsonl").write_text('{"key": "k"}\n')
+    return {"segments": segments, "parquet": parquet, "landing": var / "inputs" / "landing"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("what", "words"),
+    [
+        ("segments", "the console's data folder (BPCONSOLE_DATA_DIR)"),
+        ("parquet", "the console's sink folder (BPCONSOLE_SINK_ROOT)"),
+    ],
+)
+def test_no_input_lies_in_the_data_folder_or_the_sink_root_even_under_a_listed_root(
+    no_start: list[int], own_folders: dict[str, Path], what: str, words: str
+) -> None:
+    # Given an operator, and another operator's files in the console's own folders
+    reference()
+    client, _ = client_for("otto", "operator")
+    folder = own_folders[what]
+    before = Run.objects.count()
+    # When they start a landing run over that folder that deletes what it merged, a
+    # landing run archiving into it, or a run over one of its files
+    attempts = [
+        start(client, {"kind": "folder", "folder": str(folder), "clean": "delete"}),
+        start(
+            client,
+            {
+                "kind": "folder",
+                "folder": str(own_folders["landing"]),
+                "clean": "archive",
+                "archive": str(folder / "archived"),
+            },
+        ),
+        client.post(
+            "/api/runs/",
+            {"pipeline": "reference", "input_path": str(next(folder.iterdir()))},
+            content_type="application/json",
+        ),
+        client.post(
+            "/api/runs/",
+            {"pipeline": "reference", "input_path": f"{folder}/*"},
+            content_type="application/json",
+        ),
+    ]
+    # Then each is refused, saying it is the console's own folder, and nothing exists
+    for response in attempts:
+        assert response.status_code == 400, response.content
+        assert words in response.json()["detail"]
+    assert Run.objects.count() == before and no_start == []
+    assert [p.name for p in folder.iterdir()] == [next(folder.iterdir()).name]
