@@ -31,8 +31,9 @@ from orchestrator.celery import app as celery_app  # noqa: F401 - see the note b
 from orchestrator.lab.labs import LabRefused, create_lab, lab_json
 from orchestrator.lab.simulation import arm_policy
 from orchestrator.ledger.results import summary as run_summary
+from orchestrator.ledger.sink_owners import owner_problem
 from orchestrator.pipeline.generator import GeneratorError
-from orchestrator.pipeline.graph import pipeline_windows, window_problems
+from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.run.lifecycle import (
     RunError,
@@ -74,6 +75,12 @@ if TYPE_CHECKING:
 # uses this interface (the ASGI server included); without it start_run's task would go to
 # Celery's default app and broker (amqp://localhost) and starting a run from the console
 # would fail.
+
+
+def sink_owner_problem(doc: PipelineDocument) -> str:
+    """Why the pipeline ``doc`` may not write the table or folder its sink names (another
+    pipeline owns it), or ""."""
+    return owner_problem(doc["name"], pipeline_sink(doc))
 
 
 def workers_alive(timeout_s: float = 2.0) -> bool:
@@ -122,6 +129,7 @@ __all__ = [
     "run_checks",
     "run_summary",
     "set_status",
+    "sink_owner_problem",
     "snapshot",
     "start_lab",
     "start_run",

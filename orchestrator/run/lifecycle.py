@@ -13,6 +13,7 @@ from django.utils import timezone
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
+from orchestrator.ledger.sink_owners import claim, owner_problem
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
@@ -58,12 +59,7 @@ def create_run(
     refused = operator_problems(topology)
     if refused:
         raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
-    try:
-        # A table whose columns do not fit, a folder that cannot be written: refused
-        # before anything exists, rather than failing at the first closed window.
-        sink_of(pipeline_sink(topology)).check()
-    except SinkError as exc:
-        raise RunError(f"the sink cannot be written: {exc}") from exc
+    sink = _checked_sink(topology)
     source_node = next(n for n in topology["nodes"] if n["kind"] == "source")
     params = source_node.get("params") or {}
     fmt = params.get("format", "jsonl")
@@ -112,6 +108,11 @@ def create_run(
         input_spec = {**input_record(files), "format": fmt, "generator": None}
         what = f"run created over {len(files)} input file(s)"
     with transaction.atomic():
+        # The sink's table or folder becomes this pipeline's with its first run, in the
+        # run's transaction: refused, nothing of the run exists.
+        owned = claim(topology["name"], sink)
+        if owned:
+            raise RunError(owned)
         run = Run.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
@@ -137,6 +138,21 @@ def create_run(
             user=user if getattr(user, "is_authenticated", False) else None,
         )
     return run
+
+
+def _checked_sink(topology: PipelineDocument) -> Mapping[str, object]:
+    """The pipeline's sink parameters, once its target is checked: another pipeline's
+    table or folder, a table whose columns do not fit, a folder that cannot be written
+    are refused before anything exists, rather than failing at the first closed window."""
+    sink = pipeline_sink(topology)
+    owned = owner_problem(topology["name"], sink)
+    if owned:
+        raise RunError(owned)
+    try:
+        sink_of(sink).check()
+    except SinkError as exc:
+        raise RunError(f"the sink cannot be written: {exc}") from exc
+    return sink
 
 
 def _one_reader_at_a_time(source: UnboundedSpec) -> None:

@@ -5,6 +5,7 @@ sink table or folder, and more runs or labs than an operator's quota."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,11 @@ from orchestrator.pipeline.streams import STREAM_PREFIX
 from orchestrator.services.launcher import Endpoints
 from tests.orchestrator.run.scenarios import wait_until_done
 from tests.webapp.console.factories import client_for, make_run, reference
+from webapp.console.topology_io import export_document
 
 pytestmark = [pytest.mark.integration]
+
+WINDOW = {"window_s": 10, "event_time": "ts", "lateness_s": 2}
 
 
 def start(client: Client, source: object, pipeline: str = "reference") -> Any:
@@ -146,3 +150,84 @@ def test_no_input_lies_in_the_data_folder_or_the_sink_root_even_under_a_listed_r
         assert words in response.json()["detail"]
     assert Run.objects.count() == before and no_start == []
     assert [p.name for p in folder.iterdir()] == [next(folder.iterdir()).name]
+
+
+def sinking_pipeline(name: str, **sink: str) -> dict[str, Any]:
+    """The reference pipeline as ``name``, windowed, its sink writing ``sink``."""
+    doc: dict[str, Any] = copy.deepcopy(export_document(reference()))
+    doc["name"] = name
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**(node.get("params") or {}), **WINDOW}
+        if node["kind"] == "sink":
+            node["params"] = dict(sink)
+    return doc
+
+
+@pytest.fixture
+def sink_root(settings: Any, tmp_path: Path) -> Path:
+    settings.BPCONSOLE_SINK_ROOT = tmp_path / "sinks"
+    return settings.BPCONSOLE_SINK_ROOT
+
+
+def save(client: Client, doc: dict[str, Any]) -> Any:
+    return client.post("/api/pipelines/", doc, content_type="application/json")
+
+
+def run_of(client: Client, pipeline: str) -> Any:
+    body = {"pipeline": pipeline, "generator": "seed=3,volume_mb=0.2"}
+    return client.post("/api/runs/", body, content_type="application/json")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("mine", "theirs", "words"),
+    [
+        (
+            {"sink": "postgres", "table": "windows_otto"},
+            {"sink": "postgres", "table": "windows_otto"},
+            "table 'windows_otto' in database 'console' belongs to pipeline 'otto-windows'",
+        ),
+        (
+            {"sink": "parquet", "path": "otto/windows"},
+            {"sink": "parquet", "path": "otto/windows/"},
+            "Parquet path 'otto/windows' belongs to pipeline 'otto-windows'",
+        ),
+        (
+            {"sink": "parquet", "path": "otto/windows"},
+            {"sink": "parquet", "path": "otto/windows/inside"},
+            "(overlapping 'otto/windows') belongs to pipeline 'otto-windows'",
+        ),
+        (
+            {"sink": "parquet", "path": "otto/windows"},
+            {"sink": "parquet", "path": "otto"},
+            "(overlapping 'otto/windows') belongs to pipeline 'otto-windows'",
+        ),
+    ],
+)
+def test_a_sink_s_table_or_folder_is_the_pipeline_s_that_first_wrote_it(
+    no_start: list[int], sink_root: Path, mine: dict[str, str], theirs: dict[str, str], words: str
+) -> None:
+    # Given two operators, each with a pipeline; the second saved before the first ran
+    otto, _ = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    assert save(otto, sinking_pipeline("otto-windows", **mine)).status_code == 201
+    assert save(bob, sinking_pipeline("bob-windows", **theirs)).status_code == 201
+    # When the first starts a run, its sink's target becomes its pipeline's
+    first = run_of(otto, "otto-windows")
+    assert first.status_code == 201, first.content
+    # Then the other operator's pipeline naming it (or a folder in or around it) may
+    # neither run nor be saved again, and the answer says whose it is
+    refused = run_of(bob, "bob-windows")
+    assert refused.status_code == 400, refused.content
+    assert words in refused.json()["detail"]
+    resaved = save(bob, sinking_pipeline("bob-windows", **theirs))
+    assert resaved.status_code == 400, resaved.content
+    assert any(words in str(p) for p in resaved.json()["problems"]), resaved.json()
+    assert Run.objects.filter(pipeline_name="bob-windows").count() == 0
+    assert no_start == [first.json()["id"]]
+    # ...while its own pipeline runs again, and another target is free to take
+    assert run_of(otto, "otto-windows").status_code == 201
+    other = {"sink": "postgres", "table": "windows_bob"}
+    assert save(bob, sinking_pipeline("bob-windows", **other)).status_code == 200
+    assert run_of(bob, "bob-windows").status_code == 201
