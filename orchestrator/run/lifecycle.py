@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from balancer.document import PipelineDocument
@@ -26,6 +26,8 @@ from orchestrator.sink.targets import SinkError, sink_of
 from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
+
+READERS_LOCK = 0x62_70_72_64  # "bprd": the advisory lock of run creation's checks
 
 
 class RunError(ValueError):
@@ -83,7 +85,6 @@ def create_run(
             why = answers(url)
             if why:
                 raise RunError(f"the stream's Redis does not answer ({why}); nothing was created")
-        _one_reader_at_a_time(source)
         what = (
             f"run created over the landing folder {source.folder} ({source.pattern})"
             if not isinstance(source, StreamSpec)
@@ -113,6 +114,9 @@ def create_run(
         owned = claim(topology["name"], sink)
         if owned:
             raise RunError(owned)
+        _lock_readers()
+        if source is not None:
+            _one_reader_at_a_time(source)
         run = Run.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
@@ -156,20 +160,65 @@ def _checked_sink(topology: PipelineDocument) -> Mapping[str, object]:
 
 
 def _one_reader_at_a_time(source: UnboundedSpec) -> None:
-    """A named consumer group or checkpoint is one position in the source: one run at a
-    time may move it, or two runs would split (or repeat) its data between them."""
-    if isinstance(source, StreamSpec) and source.group:
-        same = {"kind": "stream", "stream": source.stream, "group": source.group}
-        what = f"stream {source.stream!r} as group {source.group!r}; one run per group"
-    elif isinstance(source, LandingSpec) and source.checkpoint:
-        same = {"kind": "folder", "folder": source.folder, "checkpoint": source.checkpoint}
-        what = f"{source.folder} with checkpoint {source.checkpoint!r}; one run per checkpoint"
+    """A consumer group or a landing folder read without a checkpoint is one position in
+    the source: one run at a time may move it, or two runs would split (or repeat) its
+    data between them, and one could delete or archive the files the other reads. Two
+    runs may read one folder only if each keeps its files and has a checkpoint of its
+    own. Called under the readers' lock (``_lock_readers``), so two runs created at once
+    cannot both pass. The refusal names the run holding it and its pipeline, nothing
+    more of another operator's run."""
+    busy: Run | None
+    if isinstance(source, StreamSpec):
+        if not source.group:
+            return  # the run's own group, which no other run may name
+        busy = Run.objects.filter(
+            status__in=Run.ACTIVE,
+            input_spec__kind="stream",
+            input_spec__stream=source.stream,
+            input_spec__group=source.group,
+        ).first()
+        what = f"stream {source.stream!r} as consumer group {source.group!r}; one run per group"
     else:
-        return
-    lookup = {f"input_spec__{field}": value for field, value in same.items()}
-    busy = Run.objects.filter(status__in=Run.ACTIVE, **lookup).first()
+        busy = next(
+            (
+                run
+                for run in Run.objects.filter(status__in=Run.ACTIVE, input_spec__kind="folder")
+                if _shares_folder(source, run.input_spec)
+            ),
+            None,
+        )
+        what = (
+            f"the landing folder {source.folder} (or archives into it); one run per "
+            "folder, unless each keeps its files (clean: keep) with a checkpoint of its own"
+        )
     if busy is not None:
-        raise RunError(f"run {busy.pk} is reading {what} at a time (stop it first)")
+        raise RunError(
+            f"run {busy.pk} of pipeline {busy.pipeline_name!r} is reading {what} (stop it first)"
+        )
+
+
+def _shares_folder(source: LandingSpec, other: Mapping[str, Any]) -> bool:
+    """Would ``source`` and the active landing run ``other`` read or clean one folder?"""
+    mine = {source.folder, source.archive} - {""}
+    theirs = {str(other.get("folder") or ""), str(other.get("archive") or "")} - {""}
+    if not mine & theirs:
+        return False
+    if str(other.get("folder")) != source.folder:
+        return True  # one's landing folder is the other's archive
+    return not (
+        source.clean == "keep"
+        and other.get("clean", "keep") == "keep"
+        and source.checkpoint
+        and other.get("checkpoint")
+        and other.get("checkpoint") != source.checkpoint
+    )
+
+
+def _lock_readers() -> None:
+    """Serialise the checks of run creation that count other runs (readers, quotas)
+    until the caller's transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [READERS_LOCK])
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:

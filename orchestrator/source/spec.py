@@ -43,6 +43,7 @@ NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")  # a checkpoint's, or a group's on 
 # ``bpconsole.run.<id>``, are never named by an operator: that would be joining a run.
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 OWN_GROUPS = "bpconsole."
+RUN_GROUP = re.compile(r"bpconsole\.run\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -210,9 +211,12 @@ def check_stream(
             + ("':._-'" if url else "'._-', starting with a letter or a digit")
         )
     if group.startswith(OWN_GROUPS):
+        run = RUN_GROUP.fullmatch(group)
+        whose = f"run {run[1]}'s own consumer group" if run else "the console's own"
         raise InputError(
-            f"consumer groups named {OWN_GROUPS}... are the console's own (a run's default "
-            "group is bpconsole.run.<id>); name another, or leave it empty for the run's own"
+            f"{group!r} is {whose} (groups named {OWN_GROUPS}... are the console's: a run's "
+            "own group is bpconsole.run.<id>); name another, or leave it empty for the "
+            "run's own"
         )
     start = _choice(raw.get("start", "earliest"), START_AT, "start")
     linger_s = _number(raw.get("linger_s", 0.5), "linger_s", LINGER_S)

@@ -106,7 +106,7 @@ def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
         ({"stream": "celery:spark"}, "no ':'"),
         ({"stream": ".hidden"}, "starting with a letter or a digit"),
         ({"stream": "ok", "group": "a:b"}, "consumer group name"),
-        ({"stream": "ok", "group": "bpconsole.run.7"}, "the console's own"),
+        ({"stream": "ok", "group": "bpconsole.run.7"}, "run 7's own consumer group"),
         ({"stream": "ok", "group": "bpconsole.anything"}, "the console's own"),
     ],
 )
@@ -138,7 +138,7 @@ def test_a_stream_on_a_listed_server_is_read_by_its_name_as_given() -> None:
         allowed_urls=[listed],
     )
     assert spec.streams == ["orders:eu:0", "orders:eu:1"], "that server is not the broker"
-    with pytest.raises(InputError, match="the console's own"):
+    with pytest.raises(InputError, match="run 3's own consumer group"):
         check_stream(
             {"stream": "orders", "url": listed, "group": "bpconsole.run.3"},
             default_url=REDIS,
@@ -172,22 +172,30 @@ def test_one_run_per_consumer_group_at_a_time(services) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = StreamSpec("orders-test", group="orders")
     first = create_run(topology=doc, policy={}, source=spec)
-    with pytest.raises(RunError, match=f"run {first.pk} is reading stream"):
+    with pytest.raises(RunError, match=f"run {first.pk} of pipeline 'reference' is reading stream"):
         create_run(topology=doc, policy={}, source=spec)
     assert Run.objects.count() == 1
 
 
 @pytest.mark.django_db
-def test_one_run_per_landing_folder_and_checkpoint_at_a_time(services, tmp_path) -> None:
+def test_one_run_per_landing_folder_unless_each_keeps_its_files_with_a_checkpoint(
+    services, tmp_path
+) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = LandingSpec(str(tmp_path), checkpoint="day-1")
     first = create_run(topology=doc, policy={}, source=spec)
-    with pytest.raises(RunError, match=f"run {first.pk} is reading .* with checkpoint 'day-1'"):
+    with pytest.raises(RunError, match=f"run {first.pk} of pipeline 'reference' is reading"):
         create_run(topology=doc, policy={}, source=spec)
-    # Another checkpoint, or none, over the same folder is another reader
+    # Another checkpoint over the same folder, both keeping the files, is another reader
     create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path), checkpoint="audit"))
-    create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path)))
-    assert Run.objects.count() == 3
+    # ...but a run without a checkpoint, or one that deletes what it merged, is not
+    for other in (
+        LandingSpec(str(tmp_path)),
+        LandingSpec(str(tmp_path), clean="delete", checkpoint="cleaner"),
+    ):
+        with pytest.raises(RunError, match="one run per folder, unless each keeps its files"):
+            create_run(topology=doc, policy={}, source=other)
+    assert Run.objects.count() == 2
 
 
 @pytest.mark.django_db

@@ -165,7 +165,7 @@ LONG = "x" * 2000
         ({"kind": "stream", "stream": "my stream"}, ["a stream name is"]),
         ({"kind": "stream", "stream": "_kombu.binding.spark"}, ["starting with a letter"]),
         ({"kind": "stream", "stream": "celery:spark"}, ["a stream name is", "no ':'"]),
-        ({"kind": "stream", "stream": "s", "group": "bpconsole.run.1"}, ["the console's own"]),
+        ({"kind": "stream", "stream": "s", "group": "bpconsole.run.1"}, ["run 1's own"]),
         ({"kind": "stream", "stream": "s" * 500}, ["source.stream", "no more than 200"]),
         ({"kind": "folder", "folder": "landing", "checkpoint": "a/b"}, ["checkpoint name"]),
         ({"kind": "folder", "folder": "landing", "checkpoint": LONG}, ["source.checkpoint"]),

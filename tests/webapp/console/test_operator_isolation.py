@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,82 @@ def test_a_sink_s_table_or_folder_is_the_pipeline_s_that_first_wrote_it(
     other = {"sink": "postgres", "table": "windows_bob"}
     assert save(bob, sinking_pipeline("bob-windows", **other)).status_code == 200
     assert run_of(bob, "bob-windows").status_code == 201
+
+
+@pytest.mark.django_db
+def test_no_run_joins_a_consumer_group_another_run_reads(no_start: list[int]) -> None:
+    # Given one operator's runs over a stream: one in its own group, one in a named one
+    reference()
+    otto, _ = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    stream = f"orders-{uuid.uuid4().hex[:8]}"
+    own = start(otto, {"kind": "stream", "stream": stream})
+    named = start(otto, {"kind": "stream", "stream": stream, "group": "billing"})
+    assert own.status_code == named.status_code == 201
+    own_id, named_id = own.json()["id"], named.json()["id"]
+    # When another operator starts a run in either group
+    joins_own = start(bob, {"kind": "stream", "stream": stream, "group": f"bpconsole.run.{own_id}"})
+    joins_named = start(bob, {"kind": "stream", "stream": stream, "group": "billing"})
+    # Then both are refused, saying which run holds the group, and nothing is created
+    assert joins_own.status_code == 400, joins_own.content
+    assert f"run {own_id}'s own consumer group" in joins_own.json()["detail"]
+    assert joins_named.status_code == 400, joins_named.content
+    assert (
+        f"run {named_id} of pipeline 'reference' is reading stream {stream!r} as consumer "
+        "group 'billing'" in joins_named.json()["detail"]
+    )
+    assert no_start == [own_id, named_id]
+    # ...while a group of their own on the same stream is theirs to read
+    assert start(bob, {"kind": "stream", "stream": stream, "group": "audit"}).status_code == 201
+
+
+@pytest.mark.django_db
+def test_one_reader_per_landing_folder_without_a_checkpoint(
+    no_start: list[int], settings: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "inputs"
+    for folder in ("landing", "archive", "other"):
+        (root / folder).mkdir(parents=True)
+    settings.INPUT_ROOTS = [str(root)]
+    # Given one operator's run over a landing folder, archiving what it merged
+    reference()
+    otto, _ = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    mine = {"kind": "folder", "folder": "landing", "clean": "archive", "archive": "archive"}
+    first = start(otto, mine)
+    assert first.status_code == 201, first.content
+    run_id = first.json()["id"]
+    # When another operator starts a run over the same folder, without a checkpoint or
+    # with one, or one whose landing folder is the first run's archive
+    attempts = [
+        start(bob, {"kind": "folder", "folder": "landing", "clean": "delete"}),
+        start(bob, {"kind": "folder", "folder": "landing", "checkpoint": "bob-1"}),
+        start(bob, {"kind": "folder", "folder": "archive", "clean": "delete"}),
+    ]
+    # Then each is refused, naming the run that reads it, and nothing is created
+    for response in attempts:
+        assert response.status_code == 400, response.content
+        detail = response.json()["detail"]
+        assert f"run {run_id} of pipeline 'reference' is reading the landing folder" in detail
+    assert no_start == [run_id]
+    # ...another folder is free, and the folder is once the first run has ended
+    assert start(bob, {"kind": "folder", "folder": "other"}).status_code == 201
+    stopped = otto.post(f"/api/runs/{run_id}/stop/", content_type="application/json")
+    assert stopped.status_code == 200, stopped.content
+    assert start(bob, {"kind": "folder", "folder": "landing"}).status_code == 201
+
+
+@pytest.mark.django_db
+def test_two_runs_read_one_folder_when_each_keeps_its_files_with_its_own_checkpoint(
+    no_start: list[int], settings: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "inputs" / "landing").mkdir(parents=True)
+    settings.INPUT_ROOTS = [str(tmp_path / "inputs")]
+    reference()
+    otto, _ = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    kept = {"kind": "folder", "folder": "landing", "clean": "keep"}
+    assert start(otto, {**kept, "checkpoint": "otto-1"}).status_code == 201
+    assert start(bob, {**kept, "checkpoint": "bob-1"}).status_code == 201
+    assert start(bob, {**kept, "checkpoint": "otto-1"}).status_code == 400
+    assert len(no_start) == 2
