@@ -533,3 +533,30 @@ class SinkOwner(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.database}.{self.target} of {self.pipeline_name}"
+
+
+class OperatorQuota(models.Model):
+    """What one operator may hold at once, set by an admin (one row): runs not over yet
+    (pending, running, paused, stopping) and labs waiting or running. One operator's
+    idle continuous runs hold control-worker threads and labs hold a CPU for everyone."""
+
+    active_runs = models.PositiveSmallIntegerField(
+        default=4, help_text="Runs not over yet one operator may have at once (0: none)."
+    )
+    active_labs = models.PositiveSmallIntegerField(
+        default=2, help_text="Policy labs waiting or running one operator may have at once."
+    )
+    admins_exempt = models.BooleanField(
+        default=True, help_text="Admins are not held to these quotas."
+    )
+
+    class Meta:
+        verbose_name = "operator quota"
+
+    def __str__(self) -> str:
+        return f"{self.active_runs} active runs, {self.active_labs} labs per operator"
+
+    @classmethod
+    def current(cls) -> OperatorQuota:
+        quota, _ = cls.objects.get_or_create(pk=1)
+        return quota

@@ -28,7 +28,7 @@ from balancer.policy import (
 )
 from balancer.policy import validate as validate_policy
 from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
-from orchestrator.lab.labs import LabRefused, create_lab, lab_json
+from orchestrator.lab.labs import LabQuotaExceeded, LabRefused, create_lab, lab_json
 from orchestrator.lab.simulation import arm_policy
 from orchestrator.ledger.results import summary as run_summary
 from orchestrator.ledger.sink_owners import owner_problem
@@ -37,6 +37,7 @@ from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.run.lifecycle import (
     RunError,
+    RunQuotaExceeded,
     create_run,
     live_workers,
     request_adjustment,
@@ -102,6 +103,7 @@ __all__ = [
     "EdgeDocument",
     "GeneratorError",
     "InputError",
+    "LabQuotaExceeded",
     "LabRefused",
     "LandingSpec",
     "NodeDocument",
@@ -112,6 +114,7 @@ __all__ = [
     "PolicyError",
     "ReplayError",
     "RunError",
+    "RunQuotaExceeded",
     "StreamSpec",
     "UnboundedSpec",
     "arm_policy",

@@ -34,6 +34,17 @@ class RunError(ValueError):
     """A run cannot start or change as asked; nothing was changed."""
 
 
+class RunQuotaExceeded(RunError):
+    """The user has as many runs not over yet as their quota allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"you have {limit} runs not over yet, the most an operator may have at once "
+            "(the operator quota an admin sets); stop or cancel one first"
+        )
+        self.limit = limit
+
+
 def create_run(
     *,
     topology: PipelineDocument,
@@ -45,8 +56,11 @@ def create_run(
     user: Any = None,
     lab: PolicyLab | None = None,
     lab_arm: str = "",
+    max_active: int | None = None,
 ) -> Run:
-    """Validate the input and create the run (pending). Raises :class:`RunError`.
+    """Validate the input and create the run (pending). Raises :class:`RunError`
+    (:class:`RunQuotaExceeded` when ``user`` already has ``max_active`` runs not over;
+    None: no quota, as for the command line or an exempt admin).
 
     The input is one of: files (a path or glob), the generator, or an unbounded
     ``source`` (a landing folder or a Redis stream, checked by orchestrator.source.spec),
@@ -114,9 +128,7 @@ def create_run(
         owned = claim(topology["name"], sink)
         if owned:
             raise RunError(owned)
-        _lock_readers()
-        if source is not None:
-            _one_reader_at_a_time(source)
+        _others_allow(source, user, max_active)
         run = Run.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
@@ -164,8 +176,8 @@ def _one_reader_at_a_time(source: UnboundedSpec) -> None:
     the source: one run at a time may move it, or two runs would split (or repeat) its
     data between them, and one could delete or archive the files the other reads. Two
     runs may read one folder only if each keeps its files and has a checkpoint of its
-    own. Called under the readers' lock (``_lock_readers``), so two runs created at once
-    cannot both pass. The refusal names the run holding it and its pipeline, nothing
+    own. Called under the lock of ``_others_allow``, so two runs created at once cannot
+    both pass. The refusal names the run holding it and its pipeline, nothing
     more of another operator's run."""
     busy: Run | None
     if isinstance(source, StreamSpec):
@@ -214,11 +226,18 @@ def _shares_folder(source: LandingSpec, other: Mapping[str, Any]) -> bool:
     )
 
 
-def _lock_readers() -> None:
-    """Serialise the checks of run creation that count other runs (readers, quotas)
-    until the caller's transaction ends."""
+def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | None) -> None:
+    """The checks of run creation that count other runs: readers of the source and the
+    user's quota, under a lock held until the caller's transaction ends, so two runs
+    created at once cannot both pass."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [READERS_LOCK])
+    if source is not None:
+        _one_reader_at_a_time(source)
+    if max_active is not None and getattr(user, "is_authenticated", False):
+        mine = Run.objects.filter(created_by=user, status__in=Run.ACTIVE)
+        if mine.count() >= max_active:
+            raise RunQuotaExceeded(max_active)
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:

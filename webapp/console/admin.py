@@ -1,5 +1,5 @@
-"""Admin for pipelines, policies and sinks' owners; model validation errors show in the
-form."""
+"""Admin for pipelines, policies, sinks' owners and the operator quota; model validation
+errors show in the form."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
-from orchestrator.models import SinkOwner
+from orchestrator.models import OperatorQuota, SinkOwner
 from orchestrator.service import PARAMETERS
 from webapp.console.models import Edge, Node, Pipeline, Policy
 from webapp.console.roles import has_role
@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     _PolicyModelAdmin = admin.ModelAdmin[Policy]
     _PipelineModelAdmin = admin.ModelAdmin[Pipeline]
     _SinkOwnerModelAdmin = admin.ModelAdmin[SinkOwner]
+    _QuotaModelAdmin = admin.ModelAdmin[OperatorQuota]
     _PipelineInline = admin.TabularInline[Node | Edge, Pipeline]
 else:
     # The mixin's super() calls reach the admin class it is mixed into.
     _AdminRoleBase = object
-    _PolicyModelAdmin = _PipelineModelAdmin = _SinkOwnerModelAdmin = admin.ModelAdmin
+    _PolicyModelAdmin = _PipelineModelAdmin = admin.ModelAdmin
+    _SinkOwnerModelAdmin = _QuotaModelAdmin = admin.ModelAdmin
     _PipelineInline = admin.TabularInline
 
 
@@ -131,4 +133,18 @@ class SinkOwnerAdmin(ConsoleAdminRole, _SinkOwnerModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+@admin.register(OperatorQuota)
+class OperatorQuotaAdmin(ConsoleAdminRole, _QuotaModelAdmin):
+    """The one row of operator quotas (created with its defaults when first read, or
+    added here while there is none)."""
+
+    list_display = ["__str__", "active_runs", "active_labs", "admins_exempt"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and not OperatorQuota.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -78,6 +78,11 @@ BAD_DOCUMENT = {
     ),
 }
 CONFLICT = {409: OpenApiResponse(DetailSerializer, description="the run's state does not allow it")}
+OVER_QUOTA = {
+    429: OpenApiResponse(
+        DetailSerializer, description="the operator has as many active runs or labs as allowed"
+    )
+}
 
 
 def _error(exc: actions.ActionError) -> Response:
@@ -387,6 +392,7 @@ class RunListView(APIView):
             **BAD_BODY,
             **DENIED,
             **NOT_FOUND,
+            **OVER_QUOTA,
             503: OpenApiResponse(
                 DetailSerializer,
                 description="the broker is down; the run was created and marked cancelled",
@@ -734,6 +740,7 @@ class PipelineLabsView(APIView):
             **BAD_BODY,
             **DENIED,
             **NOT_FOUND,
+            **OVER_QUOTA,
             503: OpenApiResponse(DetailSerializer, description="the broker is down"),
         },
         tags=["labs"],
@@ -781,6 +788,7 @@ class LabRunsView(APIView):
             **DENIED,
             **NOT_FOUND,
             **CONFLICT,
+            **OVER_QUOTA,
             503: OpenApiResponse(DetailSerializer, description="the broker is down"),
         },
         tags=["labs"],

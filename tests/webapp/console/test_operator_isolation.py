@@ -16,7 +16,8 @@ import pytest
 import redis
 from django.test import Client
 
-from orchestrator.models import MergedChunk, Run
+from orchestrator import service
+from orchestrator.models import Event, MergedChunk, OperatorQuota, PolicyLab, Run
 from orchestrator.pipeline.layout import segments_dir
 from orchestrator.pipeline.producer import StreamTarget, produce
 from orchestrator.pipeline.streams import STREAM_PREFIX
@@ -311,3 +312,80 @@ def test_two_runs_read_one_folder_when_each_keeps_its_files_with_its_own_checkpo
     assert start(bob, {**kept, "checkpoint": "bob-1"}).status_code == 201
     assert start(bob, {**kept, "checkpoint": "otto-1"}).status_code == 400
     assert len(no_start) == 2
+
+
+@pytest.fixture
+def no_lab_worker(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Labs are created for real but not handed to a worker."""
+    handed: list[int] = []
+    monkeypatch.setattr(service, "start_lab", lambda lab: handed.append(lab.pk))
+    return handed
+
+
+@pytest.mark.django_db
+def test_an_operator_holds_at_most_the_quota_of_active_runs(no_start: list[int]) -> None:
+    # Given two operators and the default quota (4 runs not over yet per operator)
+    reference()
+    otto, otto_user = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    started = [run_of(otto, "reference") for _ in range(4)]
+    assert [r.status_code for r in started] == [201] * 4
+    # When the first starts a fifth
+    refused = run_of(otto, "reference")
+    # Then it is a 429 saying the quota, recorded as refusals are, and nothing is created
+    assert refused.status_code == 429, refused.content
+    assert "you have 4 runs not over yet" in refused.json()["detail"]
+    event = Event.objects.get(kind="action_refused", user=otto_user)
+    assert event.data["action"] == "start_run" and event.data["limit"] == "4"
+    assert Run.objects.filter(created_by=otto_user).count() == 4
+    # ...while the other operator's quota is their own, and a run that ends frees one
+    assert run_of(bob, "reference").status_code == 201
+    cancel = otto.post(
+        f"/api/runs/{started[0].json()['id']}/cancel/", content_type="application/json"
+    )
+    assert cancel.status_code == 200, cancel.content
+    assert run_of(otto, "reference").status_code == 201
+
+
+@pytest.mark.django_db
+def test_the_quota_is_an_admin_setting_and_admins_are_exempt_unless_it_says(
+    no_start: list[int],
+) -> None:
+    reference()
+    quota = OperatorQuota.current()
+    quota.active_runs = 1
+    quota.save()
+    otto, _ = client_for("otto", "operator")
+    ada, _ = client_for("ada", "admin")
+    assert run_of(otto, "reference").status_code == 201
+    refused = run_of(otto, "reference")
+    assert refused.status_code == 429
+    assert "you have 1 runs not over yet" in refused.json()["detail"]
+    # An admin is exempt by default...
+    assert [run_of(ada, "reference").status_code for _ in range(3)] == [201] * 3
+    # ...and held to it when the setting says so
+    quota.admins_exempt = False
+    quota.save()
+    assert run_of(ada, "reference").status_code == 429
+
+
+@pytest.mark.django_db
+def test_an_operator_holds_at_most_the_quota_of_labs(no_lab_worker: list[int]) -> None:
+    # Given two operators and the default quota (2 labs waiting or running per operator)
+    reference()
+    otto, otto_user = client_for("otto", "operator")
+    bob, _ = client_for("bob", "operator")
+    url = "/api/pipelines/reference/labs/"
+    body = {"generator": "seed=2,volume_mb=16"}
+    labs = [otto.post(url, body, content_type="application/json") for _ in range(2)]
+    assert [lab.status_code for lab in labs] == [201, 201]
+    # When the first asks for a third
+    refused = otto.post(url, body, content_type="application/json")
+    # Then it is a 429 saying the quota, recorded, and no lab is created
+    assert refused.status_code == 429, refused.content
+    assert "you have 2 labs waiting or running" in refused.json()["detail"]
+    event = Event.objects.get(kind="action_refused", user=otto_user)
+    assert event.data["action"] == "run_policy_lab" and event.data["limit"] == "2"
+    assert PolicyLab.objects.filter(created_by=otto_user).count() == 2
+    # ...while the other operator may still ask for one
+    assert bob.post(url, body, content_type="application/json").status_code == 201
