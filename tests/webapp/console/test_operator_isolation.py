@@ -86,6 +86,45 @@ def test_a_stream_named_as_the_broker_s_queue_is_the_console_s_and_celery_goes_o
     assert broker.type("spark") in {b"list", b"none"}
 
 
+@pytest.mark.spark
+@pytest.mark.django_db(transaction=True)
+def test_a_run_stored_over_the_broker_s_queue_resumes_under_the_prefix(
+    workers: Any, services: Endpoints, broker: redis.Redis
+) -> None:
+    # Given a run stored before the streams' prefix, over the stream "spark" of the
+    # console's Redis (Celery's queue key), taken up by a driver as after a restart
+    reference()
+    _, otto = client_for("otto", "operator")
+    run = make_run(user=otto)
+    run.input_spec = {"kind": "stream", "stream": "spark", "url": "", "group": ""}
+    run.save()
+    service.start_run(run)
+    # When records are produced to the console's stream of that name
+    deadline = time.monotonic() + 60
+    while not broker.exists(STREAM_PREFIX + "spark"):
+        assert time.monotonic() < deadline, f"run {run.pk} never opened its stream"
+        assert broker.type("spark") != b"stream", "the broker's queue became a stream"
+        time.sleep(0.1)
+    produce(
+        StreamTarget(services.redis_url, "spark"),
+        rate_bps=1024 * 1024,
+        pattern="steady",
+        duration_s=5,
+        seed=4,
+        max_bytes=20_000,
+    )
+    # Then the run reads it, its batches complete through the "spark" queue, and the
+    # queue key never becomes a stream
+    deadline = time.monotonic() + 120
+    while not MergedChunk.objects.filter(run=run).exists():
+        assert broker.type("spark") != b"stream", "the broker's queue became a stream"
+        assert time.monotonic() < deadline, f"no batch of run {run.pk} completed in 120 s"
+        time.sleep(0.2)
+    service.set_status(run.pk, "stopping", reason="test: stop the resumed run")
+    assert wait_until_done(run).status == "completed"
+    assert broker.type("spark") in {b"list", b"none"}
+
+
 @pytest.fixture
 def own_folders(settings: Any, tmp_path: Path) -> dict[str, Path]:
     """An administrator listed a root that holds the console's data folder and sink
