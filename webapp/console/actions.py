@@ -40,7 +40,7 @@ RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "stopping", "can
 class ActionError(Exception):
     """An action that cannot be done as asked; nothing was changed.
 
-    ``status`` is the HTTP status the caller answers with (400, 403, 404, 409).
+    ``status`` is the HTTP status the caller answers with (400, 403, 404, 409, 429).
     """
 
     def __init__(self, message: str, status: int = 400) -> None:
