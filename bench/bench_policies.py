@@ -196,11 +196,13 @@ def entry_times(url: str, stream: str) -> list[float]:
     """When each entry of the stream was added (its id's milliseconds), in seconds."""
     import redis
 
+    from orchestrator.pipeline.streams import STREAM_PREFIX
+
     client = redis.Redis.from_url(url, decode_responses=True)
     times: list[float] = []
     after = "-"
     while True:
-        page = client.xrange(stream, min=after, count=10_000)
+        page = client.xrange(STREAM_PREFIX + stream, min=after, count=10_000)
         if not page:
             break
         ids = [str(entry_id) for entry_id, _ in page]

@@ -266,8 +266,10 @@ class Source:
         if self.stream is not None:
             import redis
 
+            from orchestrator.pipeline.streams import STREAM_PREFIX
+
             client = redis.Redis.from_url(settings.REDIS_URL)
-            client.delete(self.stream)
+            client.delete(STREAM_PREFIX + self.stream)
             client.close()
         for folder in (self.landing, self.archive):
             if folder is not None:
@@ -666,13 +668,14 @@ def entry_freshness(run: Any, stream: str) -> list[float]:
     from django.db.models import Max
 
     from orchestrator.models import MergedChunk
+    from orchestrator.pipeline.streams import STREAM_PREFIX
 
     taken = int((run.source_position or {}).get("offset", 0))
     client = redis.Redis.from_url(settings.REDIS_URL)
     millis: list[int] = []
     low = "-"
     while len(millis) < taken:
-        page: Any = client.xrange(stream, min=low, count=10_000)
+        page: Any = client.xrange(STREAM_PREFIX + stream, min=low, count=10_000)
         if not page:
             break
         for ident, _ in page:

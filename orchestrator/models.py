@@ -503,3 +503,60 @@ class Event(models.Model):
             "actor": self.user.get_username() if self.user else self.actor,
             "data": self.data,
         }
+
+
+class SinkOwner(models.Model):
+    """A sink's PostgreSQL table or Parquet folder and the pipeline that owns it: the
+    first one to start a run writing it. Another pipeline naming it is refused, so one
+    operator's pipeline cannot overwrite another's windows (orchestrator/ledger/sink_owners.py)."""
+
+    class Kind(models.TextChoices):
+        POSTGRES = "postgres"
+        PARQUET = "parquet"
+
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    database = models.CharField(
+        max_length=100, blank=True, help_text="A table's database, as the pipeline names it."
+    )
+    target = models.CharField(
+        max_length=500, help_text="The table, or the folder below the sink root (resolved)."
+    )
+    pipeline_name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "database", "target"], name="one_owner_per_sink_target"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.database}.{self.target} of {self.pipeline_name}"
+
+
+class OperatorQuota(models.Model):
+    """What one operator may hold at once, set by an admin (one row): runs not over yet
+    (pending, running, paused, stopping) and labs waiting or running. One operator's
+    idle continuous runs hold control-worker threads and labs hold a CPU for everyone."""
+
+    active_runs = models.PositiveSmallIntegerField(
+        default=4, help_text="Runs not over yet one operator may have at once (0: none)."
+    )
+    active_labs = models.PositiveSmallIntegerField(
+        default=2, help_text="Policy labs waiting or running one operator may have at once."
+    )
+    admins_exempt = models.BooleanField(
+        default=True, help_text="Admins are not held to these quotas."
+    )
+
+    class Meta:
+        verbose_name = "operator quota"
+
+    def __str__(self) -> str:
+        return f"{self.active_runs} active runs, {self.active_labs} labs per operator"
+
+    @classmethod
+    def current(cls) -> OperatorQuota:
+        quota, _ = cls.objects.get_or_create(pk=1)
+        return quota

@@ -28,14 +28,16 @@ from balancer.policy import (
 )
 from balancer.policy import validate as validate_policy
 from orchestrator.celery import app as celery_app  # noqa: F401 - see the note below
-from orchestrator.lab.labs import LabRefused, create_lab, lab_json
+from orchestrator.lab.labs import LabQuotaExceeded, LabRefused, create_lab, lab_json
 from orchestrator.lab.simulation import arm_policy
 from orchestrator.ledger.results import summary as run_summary
+from orchestrator.ledger.sink_owners import owner_problem
 from orchestrator.pipeline.generator import GeneratorError
-from orchestrator.pipeline.graph import pipeline_windows, window_problems
+from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.run.lifecycle import (
     RunError,
+    RunQuotaExceeded,
     create_run,
     live_workers,
     request_adjustment,
@@ -76,6 +78,12 @@ if TYPE_CHECKING:
 # would fail.
 
 
+def sink_owner_problem(doc: PipelineDocument) -> str:
+    """Why the pipeline ``doc`` may not write the table or folder its sink names (another
+    pipeline owns it), or ""."""
+    return owner_problem(doc["name"], pipeline_sink(doc))
+
+
 def workers_alive(timeout_s: float = 2.0) -> bool:
     """Does at least one Celery worker answer a ping?"""
     from orchestrator.celery import app
@@ -95,6 +103,7 @@ __all__ = [
     "EdgeDocument",
     "GeneratorError",
     "InputError",
+    "LabQuotaExceeded",
     "LabRefused",
     "LandingSpec",
     "NodeDocument",
@@ -105,6 +114,7 @@ __all__ = [
     "PolicyError",
     "ReplayError",
     "RunError",
+    "RunQuotaExceeded",
     "StreamSpec",
     "UnboundedSpec",
     "arm_policy",
@@ -122,6 +132,7 @@ __all__ = [
     "run_checks",
     "run_summary",
     "set_status",
+    "sink_owner_problem",
     "snapshot",
     "start_lab",
     "start_run",

@@ -2,8 +2,9 @@
 
 A lab is refused, with the reason and nothing created, when its workload cannot be
 simulated: a generator spec out of its bounds, a run of another pipeline, one not
-completed or over a continuous source, one whose batches cannot be fitted; or when the
-pipeline already has ``ACTIVE_PER_PIPELINE`` labs waiting or running.
+completed or over a continuous source, one whose batches cannot be fitted; when the
+pipeline already has ``ACTIVE_PER_PIPELINE`` labs waiting or running; or when the user
+already has as many waiting or running as their quota allows (:class:`LabQuotaExceeded`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,22 @@ from orchestrator.pipeline.generator import GeneratorError, GeneratorSpec
 ACTIVE_PER_PIPELINE = 3  # a lab holds a CPU for seconds: a queue of them is refused
 KEPT_PER_PIPELINE = 50
 _LOCK_CLASS = 0x1AB  # advisory locks' first key: this module's, the pipeline's id second
+_USER_LOCK_CLASS = 0x1AC  # the same for a user's labs, the user's id second
 
 
 class LabRefused(ValueError):
     """The lab cannot be created as asked; nothing was created."""
+
+
+class LabQuotaExceeded(LabRefused):
+    """The user has as many labs waiting or running as their quota allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"you have {limit} labs waiting or running, the most an operator may have at "
+            "once (the operator quota an admin sets); wait for one to finish"
+        )
+        self.limit = limit
 
 
 class Workload(TypedDict, total=False):
@@ -45,9 +58,11 @@ def create_lab(
     generator: str | None = None,
     run_id: int | None = None,
     user: Any = None,
+    max_active: int | None = None,
 ) -> PolicyLab:
     """A pending lab over a generator spec or a completed run of the pipeline. The
-    caller hands it to a worker (``orchestrator.tasks.start_lab``)."""
+    caller hands it to a worker (``orchestrator.tasks.start_lab``). ``max_active``: how
+    many labs waiting or running ``user`` may have (None: no quota)."""
     if (generator is None) == (run_id is None):
         raise LabRefused("give exactly one workload: a generator spec or a completed run")
     calibrated_from: Run | None = None
@@ -88,6 +103,11 @@ def create_lab(
                 f"this pipeline has {ACTIVE_PER_PIPELINE} labs waiting or running; "
                 "wait for one to finish"
             )
+        if max_active is not None and getattr(user, "is_authenticated", False):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_USER_LOCK_CLASS, user.pk])
+            mine = PolicyLab.objects.filter(created_by=user, status__in=PolicyLab.ACTIVE)
+            if mine.count() >= max_active:
+                raise LabQuotaExceeded(max_active)
         lab = PolicyLab.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],

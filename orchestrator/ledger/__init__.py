@@ -5,8 +5,9 @@ state (``keystate``), result rows (``results``), failed batches (``failures``), 
 run's event rows (``events``), what a run took in and its coverage must tile
 (``ingested``), event-time windows and the sink's watermark (``windows``,
 ``window_view``), the deletion of segment files and rows no one needs any more
-(``retention``), and what a finished run measured, for the simulator to replay it
-(``calibration``).
+(``retention``), what a finished run measured, for the simulator to replay it
+(``calibration``), and which pipeline owns each sink table and Parquet folder
+(``sink_owners``).
 
 May import: ``orchestrator.models``, ``orchestrator.pipeline``, ``orchestrator.sink``
 (the targets closed windows are written to), and pure definitions of

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from orchestrator.pipeline.layout import console_folder
 from sparkjobs.segments import (
     MAX_HEADER_BYTES,
     SourceFileError,
@@ -185,6 +186,9 @@ def confined_files(raw: str, roots: Sequence[Path], *, follow_symlinks: bool) ->
         root = next((r for r in real_roots if real == r or r in real.parents), None)
         if root is None:
             raise InputError(f"input {match!r} must lie under an input folder ({allowed})")
+        owner = console_folder(real)
+        if owner:
+            raise InputError(f"input {match!r} is in {own_folder(owner)}")
         if not follow_symlinks and through_link(Path(match), real_roots):
             raise _linked(match)
         if not real.is_file():
@@ -272,6 +276,14 @@ class _Walk:
                 if folders_only and not entry.is_dir():
                     continue
                 yield entry.path
+
+
+def own_folder(setting: str) -> str:
+    """The console's own folder a setting names, for a refusal."""
+    what = "data folder" if setting == "BPCONSOLE_DATA_DIR" else "sink folder"
+    return (
+        f"the console's {what} ({setting}): runs' files and sinks' outputs are never a run's input"
+    )
 
 
 def through_link(path: Path, real_roots: Sequence[Path]) -> bool:

@@ -2,9 +2,10 @@
 
 It writes the generator's JSON lines (``{"key", "value", "user"}``, see
 :func:`orchestrator.pipeline.generator.record_line`) at a paced rate, either as part files
-into a folder (``folder:PATH``) or as entries of a Redis stream (``redis:STREAM``), until a
-duration, a volume or a stop request ends it. ``manage.py produce`` is a thin command over
-:func:`produce`.
+into a folder (``folder:PATH``) or as entries of a Redis stream (``redis:STREAM``: on the
+console's Redis the key ``bpconsole:stream:STREAM``, as a stream source reads it; see
+:mod:`orchestrator.pipeline.streams`), until a duration, a volume or a stop request ends
+it. ``manage.py produce`` is a thin command over :func:`produce`.
 
 The records are a function of the seed, the pattern and the key/user spaces only, never
 of timing: two runs with the same arguments produce the same records in the same order,
@@ -29,6 +30,7 @@ import redis
 
 from balancer.units import GB, KB, MB
 from orchestrator.pipeline.generator import BOUNDS, VALUE_CENTS, keys_for, record_line
+from orchestrator.pipeline.streams import MAX_PARTITIONS, name_problem, stream_keys
 
 Pattern = Literal["steady", "bursty", "skewed", "bursty-skewed"]
 PATTERNS: tuple[str, ...] = get_args(Pattern)
@@ -45,10 +47,8 @@ BURST_S = 1.0  # ... for 1 s, then quiet for (BURST_FACTOR - 1) s, so the mean i
 SKEW_SHARE = 0.35  # skewed: the share of records that go to the one hot key
 BATCH = 2048  # records drawn from the random generator at a time
 DEFAULT_BRANCHES = ("o1", "o2", "o3")
-STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")
 PART_NAME = re.compile(r"\.?part-(\d{8})\.jsonl(?:\.tmp)?")
 MAX_SEQ = 99_999_999  # part numbers have 8 digits
-MAX_PARTITIONS = 16  # as a stream source reads (orchestrator/source/spec.py)
 
 _RATE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:(B|KB|MB|GB)(?:/s)?)?", re.IGNORECASE)
 _RATE_UNITS = {"": 1, "b": 1, "kb": KB, "mb": MB, "gb": GB}
@@ -75,6 +75,9 @@ class StreamTarget:
     # Above 1: the records go to the streams STREAM:0 .. STREAM:<partitions - 1> in
     # turn, record by record (a partitioned stream source reads them side by side).
     partitions: int = 1
+    # On the console's Redis (the broker): the stream's key is under the streams'
+    # prefix. False only for a server of its own, where the key is the name.
+    own: bool = True
 
     def text(self) -> str:
         return f"redis:{self.stream}" + (
@@ -110,8 +113,11 @@ def _shown_bytes(value: float) -> str:
     return f"{value:g} B"
 
 
-def parse_target(text: str, *, redis_url: str = "redis://127.0.0.1:6379/0") -> Target:
-    """``folder:PATH`` or ``redis:STREAM`` (the stream on the server at ``redis_url``)."""
+def parse_target(
+    text: str, *, redis_url: str = "redis://127.0.0.1:6379/0", own: bool = True
+) -> Target:
+    """``folder:PATH`` or ``redis:STREAM`` (the stream on the server at ``redis_url``,
+    the console's own unless ``own`` is False)."""
     kind, sep, rest = text.partition(":")
     if not sep or kind not in {"folder", "redis"}:
         raise ProducerError(f"target {text[:80]!r}: use folder:PATH or redis:STREAM")
@@ -119,16 +125,14 @@ def parse_target(text: str, *, redis_url: str = "redis://127.0.0.1:6379/0") -> T
         if not rest.strip():
             raise ProducerError("target folder: needs a path, as in folder:/data/in")
         return FolderTarget(Path(rest))
-    _check_stream(rest)
-    return StreamTarget(redis_url, rest)
+    _check_stream(rest, own=own)
+    return StreamTarget(redis_url, rest, own=own)
 
 
-def _check_stream(name: str) -> None:
-    if not STREAM_NAME.fullmatch(name):
-        raise ProducerError(
-            f"stream name {name[:80]!r} is not allowed: use 1-200 characters of "
-            "letters, digits and : . _ -"
-        )
+def _check_stream(name: str, *, own: bool) -> None:
+    problem = name_problem(name, own=own)
+    if problem:
+        raise ProducerError(f"stream name {name[:80]!r} is not allowed: {problem}")
 
 
 def parse_rate(text: str) -> float:
@@ -322,14 +326,12 @@ class StreamSink:
     """``XADD STREAM * record LINE`` per record, one pipeline per slice; never trimmed.
     With partitions, record n goes to ``STREAM:<n % partitions>``."""
 
-    def __init__(self, url: str, stream: str, partitions: int = 1) -> None:
-        _check_stream(stream)
+    def __init__(self, url: str, stream: str, partitions: int = 1, *, own: bool = True) -> None:
+        _check_stream(stream, own=own)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ProducerError(f"partitions must be from 1 to {MAX_PARTITIONS}, not {partitions}")
         self._client = redis.Redis.from_url(url)
-        self._streams = (
-            [stream] if partitions == 1 else [f"{stream}:{i}" for i in range(partitions)]
-        )
+        self._streams = stream_keys(stream, partitions, own=own)
         self._stream = stream
         self.published = 0
         try:
@@ -389,7 +391,7 @@ def produce(
     sink: FolderSink | StreamSink = (
         FolderSink(target.path, file_bytes)
         if isinstance(target, FolderTarget)
-        else StreamSink(target.url, target.stream, target.partitions)
+        else StreamSink(target.url, target.stream, target.partitions, own=target.own)
     )
     if stop is None:
         stop = threading.Event()

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
+from orchestrator.ledger.sink_owners import claim, owner_problem
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
@@ -26,9 +27,22 @@ from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
 
+READERS_LOCK = 0x62_70_72_64  # "bprd": the advisory lock of run creation's checks
+
 
 class RunError(ValueError):
     """A run cannot start or change as asked; nothing was changed."""
+
+
+class RunQuotaExceeded(RunError):
+    """The user has as many runs not over yet as their quota allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"you have {limit} runs not over yet, the most an operator may have at once "
+            "(the operator quota an admin sets); stop or cancel one first"
+        )
+        self.limit = limit
 
 
 def create_run(
@@ -42,8 +56,11 @@ def create_run(
     user: Any = None,
     lab: PolicyLab | None = None,
     lab_arm: str = "",
+    max_active: int | None = None,
 ) -> Run:
-    """Validate the input and create the run (pending). Raises :class:`RunError`.
+    """Validate the input and create the run (pending). Raises :class:`RunError`
+    (:class:`RunQuotaExceeded` when ``user`` already has ``max_active`` runs not over;
+    None: no quota, as for the command line or an exempt admin).
 
     The input is one of: files (a path or glob), the generator, or an unbounded
     ``source`` (a landing folder or a Redis stream, checked by orchestrator.source.spec),
@@ -58,12 +75,7 @@ def create_run(
     refused = operator_problems(topology)
     if refused:
         raise RunError("the pipeline cannot run as stored: " + "; ".join(refused))
-    try:
-        # A table whose columns do not fit, a folder that cannot be written: refused
-        # before anything exists, rather than failing at the first closed window.
-        sink_of(pipeline_sink(topology)).check()
-    except SinkError as exc:
-        raise RunError(f"the sink cannot be written: {exc}") from exc
+    sink = _checked_sink(topology)
     source_node = next(n for n in topology["nodes"] if n["kind"] == "source")
     params = source_node.get("params") or {}
     fmt = params.get("format", "jsonl")
@@ -87,7 +99,6 @@ def create_run(
             why = answers(url)
             if why:
                 raise RunError(f"the stream's Redis does not answer ({why}); nothing was created")
-        _one_reader_at_a_time(source)
         what = (
             f"run created over the landing folder {source.folder} ({source.pattern})"
             if not isinstance(source, StreamSpec)
@@ -112,6 +123,12 @@ def create_run(
         input_spec = {**input_record(files), "format": fmt, "generator": None}
         what = f"run created over {len(files)} input file(s)"
     with transaction.atomic():
+        # The sink's table or folder becomes this pipeline's with its first run, in the
+        # run's transaction: refused, nothing of the run exists.
+        owned = claim(topology["name"], sink)
+        if owned:
+            raise RunError(owned)
+        _others_allow(source, user, max_active)
         run = Run.objects.create(
             pipeline_id=pipeline_id,
             pipeline_name=topology["name"],
@@ -139,21 +156,88 @@ def create_run(
     return run
 
 
+def _checked_sink(topology: PipelineDocument) -> Mapping[str, object]:
+    """The pipeline's sink parameters, once its target is checked: another pipeline's
+    table or folder, a table whose columns do not fit, a folder that cannot be written
+    are refused before anything exists, rather than failing at the first closed window."""
+    sink = pipeline_sink(topology)
+    owned = owner_problem(topology["name"], sink)
+    if owned:
+        raise RunError(owned)
+    try:
+        sink_of(sink).check()
+    except SinkError as exc:
+        raise RunError(f"the sink cannot be written: {exc}") from exc
+    return sink
+
+
 def _one_reader_at_a_time(source: UnboundedSpec) -> None:
-    """A named consumer group or checkpoint is one position in the source: one run at a
-    time may move it, or two runs would split (or repeat) its data between them."""
-    if isinstance(source, StreamSpec) and source.group:
-        same = {"kind": "stream", "stream": source.stream, "group": source.group}
-        what = f"stream {source.stream!r} as group {source.group!r}; one run per group"
-    elif isinstance(source, LandingSpec) and source.checkpoint:
-        same = {"kind": "folder", "folder": source.folder, "checkpoint": source.checkpoint}
-        what = f"{source.folder} with checkpoint {source.checkpoint!r}; one run per checkpoint"
+    """A consumer group or a landing folder read without a checkpoint is one position in
+    the source: one run at a time may move it, or two runs would split (or repeat) its
+    data between them, and one could delete or archive the files the other reads. Two
+    runs may read one folder only if each keeps its files and has a checkpoint of its
+    own. Called under the lock of ``_others_allow``, so two runs created at once cannot
+    both pass. The refusal names the run holding it and its pipeline, nothing
+    more of another operator's run."""
+    busy: Run | None
+    if isinstance(source, StreamSpec):
+        if not source.group:
+            return  # the run's own group, which no other run may name
+        busy = Run.objects.filter(
+            status__in=Run.ACTIVE,
+            input_spec__kind="stream",
+            input_spec__stream=source.stream,
+            input_spec__group=source.group,
+        ).first()
+        what = f"stream {source.stream!r} as consumer group {source.group!r}; one run per group"
     else:
-        return
-    lookup = {f"input_spec__{field}": value for field, value in same.items()}
-    busy = Run.objects.filter(status__in=Run.ACTIVE, **lookup).first()
+        busy = next(
+            (
+                run
+                for run in Run.objects.filter(status__in=Run.ACTIVE, input_spec__kind="folder")
+                if _shares_folder(source, run.input_spec)
+            ),
+            None,
+        )
+        what = (
+            f"the landing folder {source.folder} (or archives into it); one run per "
+            "folder, unless each keeps its files (clean: keep) with a checkpoint of its own"
+        )
     if busy is not None:
-        raise RunError(f"run {busy.pk} is reading {what} at a time (stop it first)")
+        raise RunError(
+            f"run {busy.pk} of pipeline {busy.pipeline_name!r} is reading {what} (stop it first)"
+        )
+
+
+def _shares_folder(source: LandingSpec, other: Mapping[str, Any]) -> bool:
+    """Would ``source`` and the active landing run ``other`` read or clean one folder?"""
+    mine = {source.folder, source.archive} - {""}
+    theirs = {str(other.get("folder") or ""), str(other.get("archive") or "")} - {""}
+    if not mine & theirs:
+        return False
+    if str(other.get("folder")) != source.folder:
+        return True  # one's landing folder is the other's archive
+    return not (
+        source.clean == "keep"
+        and other.get("clean", "keep") == "keep"
+        and source.checkpoint
+        and other.get("checkpoint")
+        and other.get("checkpoint") != source.checkpoint
+    )
+
+
+def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | None) -> None:
+    """The checks of run creation that count other runs: readers of the source and the
+    user's quota, under a lock held until the caller's transaction ends, so two runs
+    created at once cannot both pass."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [READERS_LOCK])
+    if source is not None:
+        _one_reader_at_a_time(source)
+    if max_active is not None and getattr(user, "is_authenticated", False):
+        mine = Run.objects.filter(created_by=user, status__in=Run.ACTIVE)
+        if mine.count() >= max_active:
+            raise RunQuotaExceeded(max_active)
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:

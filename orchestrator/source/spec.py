@@ -22,8 +22,11 @@ from orchestrator.pipeline.inputs import (
     MAX_PATH_CHARS,
     InputError,
     check_suffix,
+    own_folder,
     through_link,
 )
+from orchestrator.pipeline.layout import console_folder
+from orchestrator.pipeline.streams import MAX_PARTITIONS, name_problem, stream_keys
 
 CleanMode = Literal["keep", "archive", "delete"]
 CLEAN_MODES: tuple[CleanMode, ...] = ("keep", "archive", "delete")
@@ -32,10 +35,15 @@ START_AT: tuple[StartAt, ...] = ("earliest", "latest")
 
 STABLE_S = (0.0, 600.0)
 LINGER_S = (0.0, 10.0)
-PARTITIONS = (1, 16)  # each partition is read into a buffer of up to a segment
+PARTITIONS = (1, MAX_PARTITIONS)
 IDLE_S = (0.0, 3600.0)
 MAX_PATTERN_CHARS = 200
-STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")
+NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")  # a checkpoint's, or a group's on a listed server
+# A consumer group on the console's Redis: a plain name. The console's own groups,
+# ``bpconsole.run.<id>``, are never named by an operator: that would be joining a run.
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+OWN_GROUPS = "bpconsole."
+RUN_GROUP = re.compile(r"bpconsole\.run\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -70,12 +78,14 @@ class LandingSpec:
 @dataclass(frozen=True)
 class StreamSpec:
     """A Redis stream read with a consumer group; ``url`` empty means the console's own
-    Redis (so no address, and no password in it, is stored with the run).
+    Redis (so no address, and no password in it, is stored with the run), where the
+    stream is the key ``bpconsole:stream:<stream>`` (orchestrator.pipeline.streams).
 
     With ``partitions`` above 1 the source is the streams ``<stream>:0`` to
-    ``<stream>:<partitions - 1>``, read side by side as Kafka's partitions are, each with
-    its own watermark (orchestrator.pipeline.watermark); a partition that gives nothing
-    for ``idle_s`` seconds stops holding the watermark back (0: never)."""
+    ``<stream>:<partitions - 1>`` (under the prefix on the console's Redis), read side by
+    side as Kafka's partitions are, each with its own watermark
+    (orchestrator.pipeline.watermark); a partition that gives nothing for ``idle_s``
+    seconds stops holding the watermark back (0: never)."""
 
     stream: str
     url: str = ""
@@ -88,10 +98,8 @@ class StreamSpec:
 
     @property
     def streams(self) -> list[str]:
-        """The Redis stream of each partition, in partition order."""
-        if self.partitions == 1:
-            return [self.stream]
-        return [f"{self.stream}:{i}" for i in range(self.partitions)]
+        """The Redis key of each partition's stream, in partition order."""
+        return stream_keys(self.stream, self.partitions, own=not self.url)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,7 +176,7 @@ def check_landing(raw: Mapping[str, Any], *, fmt: str, roots: Sequence[Path] | N
     elif raw.get("archive"):
         raise InputError("an archive folder is given only with clean: archive")
     checkpoint = str(raw.get("checkpoint") or "")
-    if checkpoint and not STREAM_NAME.fullmatch(checkpoint):
+    if checkpoint and not NAME.fullmatch(checkpoint):
         raise InputError("a checkpoint name is 1 to 200 characters of letters, digits and ':._-'")
     return LandingSpec(folder, pattern, fmt, stable_s, clean, archive, checkpoint)
 
@@ -179,11 +187,11 @@ def check_stream(
     """A Redis Streams spec from what an operator sent; raises :class:`InputError`.
 
     The stream's server is the console's Redis unless the URL is one an administrator
-    listed: a run must not become a way to make the server connect anywhere.
+    listed: a run must not become a way to make the server connect anywhere. On the
+    console's Redis the name is a plain one, read under the streams' prefix, and the
+    group is not one of the console's own: the broker's keys and another run's default
+    group are out of reach.
     """
-    stream = raw.get("stream")
-    if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
-        raise InputError("a stream name is 1 to 200 characters of letters, digits and ':._-'")
     url = str(raw.get("url") or "")
     if url and url != default_url and url not in allowed_urls:
         raise InputError(
@@ -192,10 +200,23 @@ def check_stream(
         )
     if url == default_url:
         url = ""
+    stream = raw.get("stream")
+    problem = name_problem(stream, own=not url)
+    if problem or not isinstance(stream, str):
+        raise InputError(problem)
     group = str(raw.get("group") or "")
-    if group and not STREAM_NAME.fullmatch(group):
+    if group and not (NAME if url else GROUP_NAME).fullmatch(group):
         raise InputError(
-            "a consumer group name is 1 to 200 characters of letters, digits and ':._-'"
+            "a consumer group name is 1 to 200 characters of letters, digits and "
+            + ("':._-'" if url else "'._-', starting with a letter or a digit")
+        )
+    if group.startswith(OWN_GROUPS):
+        run = RUN_GROUP.fullmatch(group)
+        whose = f"run {run[1]}'s own consumer group" if run else "the console's own"
+        raise InputError(
+            f"{group!r} is {whose} (groups named {OWN_GROUPS}... are the console's: a run's "
+            "own group is bpconsole.run.<id>); name another, or leave it empty for the "
+            "run's own"
         )
     start = _choice(raw.get("start", "earliest"), START_AT, "start")
     linger_s = _number(raw.get("linger_s", 0.5), "linger_s", LINGER_S)
@@ -224,6 +245,9 @@ def _folder(raw: object, what: str, roots: Sequence[Path] | None, *, must_exist:
             raise InputError(f"the {what} {raw!r} must lie under an input folder ({allowed})")
         if through_link(path, real_roots):
             raise InputError(f"the {what} {raw!r} is reached through a symbolic link")
+        owner = console_folder(real)
+        if owner:
+            raise InputError(f"the {what} {raw!r} is in {own_folder(owner)}")
         path = real
     if must_exist and not path.is_dir():
         raise InputError(f"the {what} {raw!r} does not exist or is not a folder")

@@ -13,6 +13,11 @@ only acknowledged; the rest are read again, as if new. Nothing in the stream is 
 trimmed by the run: the backlog stays in Redis, and the run's memory holds no more than
 the read-ahead.
 
+On the console's Redis a stream named ``orders`` is the key ``bpconsole:stream:orders``
+(:mod:`orchestrator.pipeline.streams`), whatever the run stored: a run never reads,
+creates or joins a group on a key of the broker's. On a server an administrator listed,
+the key is the name.
+
 A partitioned source (``partitions`` above 1) reads the streams ``<stream>:0`` and on
 side by side, each with its own pending entries and last id; each chunk is one
 partition's entries, the partitions taking turns, and says which partitions were idle
@@ -359,7 +364,7 @@ def taken_marks(spec: StreamSpec, position: Mapping[str, Any]) -> dict[str, tupl
             if isinstance(mark, Mapping)
         }
     if spec.partitions == 1:
-        return {spec.stream: (str(position.get("mark") or ""), int(position.get("offset", 0)))}
+        return {spec.streams[0]: (str(position.get("mark") or ""), int(position.get("offset", 0)))}
     return {}
 
 

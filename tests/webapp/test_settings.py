@@ -120,3 +120,31 @@ def test_a_duration_is_read_in_seconds_or_defaults(monkeypatch) -> None:
     assert env_seconds("BPCONSOLE_DRIVER_START_S", 30.0) == 12.5
     monkeypatch.delenv("BPCONSOLE_DRIVER_START_S")
     assert env_seconds("BPCONSOLE_DRIVER_START_S", 30.0) == 30.0
+
+
+def test_the_data_folder_is_not_an_input_root_by_default(tmp_path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"BPCONSOLE_INPUT_ROOTS", "BPCONSOLE_DATA_DIR"}
+    }
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.INPUT_ROOTS); print(settings.DATA_DIR)",
+        ],
+        cwd=PROJECT_ROOT,
+        env={
+            **env,
+            "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
+            "BPCONSOLE_VAR_DIR": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    roots, data = shown.stdout.splitlines()
+    assert roots == repr([str(tmp_path / "inputs")])
+    assert data == str(tmp_path / "data")

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.contrib.auth import models as auth
 
 from orchestrator import service
+from orchestrator.models import OperatorQuota
 from webapp.console.models import Pipeline, Policy
 from webapp.console.roles import Role, has_role, role_of
 from webapp.console.topology_io import export_document
@@ -39,7 +40,7 @@ RUN_CONTROLS = {"pause": "paused", "resume": "running", "stop": "stopping", "can
 class ActionError(Exception):
     """An action that cannot be done as asked; nothing was changed.
 
-    ``status`` is the HTTP status the caller answers with (400, 403, 404, 409).
+    ``status`` is the HTTP status the caller answers with (400, 403, 404, 409, 429).
     """
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -74,6 +75,25 @@ def require(
         f"refused: {action.replace('_', ' ')} needs the {role} role (you are {held}); "
         "the attempt was recorded"
     )
+
+
+def quota_of(user: User) -> OperatorQuota | None:
+    """The operator quota ``user`` is held to, or None for an admin it exempts."""
+    quota = OperatorQuota.current()
+    if quota.admins_exempt and has_role(user, "admin"):
+        return None
+    return quota
+
+
+def over_quota(
+    user: User, action: str, exc: service.RunQuotaExceeded | service.LabQuotaExceeded
+) -> ActionError:
+    """A 429 for an action over the user's quota, recorded as refusals are."""
+    reason = f"refused: {exc}"
+    service.record_refusal(
+        run_id=None, action=action, user=user, reason=reason, data={"limit": exc.limit}
+    )
+    return ActionError(reason, status=429)
 
 
 def get_run(run_id: int) -> Any:
@@ -221,14 +241,18 @@ def start_run(request: RunRequest, user: User) -> Any:
     topology = export_document(pipeline)
     inputs = run_inputs(request, topology)
     values = effective_policy(pipeline, request.policy)
+    quota = quota_of(user)
     try:
         run = service.create_run(
             topology=topology,
             policy=values,
             pipeline_id=pipeline.pk,
             user=user,
+            max_active=quota.active_runs if quota else None,
             **inputs,
         )
+    except service.RunQuotaExceeded as exc:
+        raise over_quota(user, "start_run", exc) from None
     except (service.InputError, service.GeneratorError, service.RunError) as exc:
         raise ActionError(str(exc)) from None
     except service.PolicyError as exc:
@@ -262,6 +286,7 @@ def create_lab(
     require(user, "operator", action="run_policy_lab", data={"pipeline": pipeline_name})
     if pipeline is None:
         raise ActionError(f"there is no pipeline {shown(pipeline_name)}", status=404)
+    quota = quota_of(user)
     try:
         lab = service.create_lab(
             pipeline_id=pipeline.pk,
@@ -270,7 +295,10 @@ def create_lab(
             generator=generator,
             run_id=run_id,
             user=user,
+            max_active=quota.active_labs if quota else None,
         )
+    except service.LabQuotaExceeded as exc:
+        raise over_quota(user, "run_policy_lab", exc) from None
     except service.LabRefused as exc:
         raise ActionError(f"the lab was not started: {exc}") from None
     try:
@@ -306,6 +334,7 @@ def start_lab_run(lab_id: int, arm: str, user: User) -> Any:
     if values is None:
         known = ", ".join(a["name"] for a in lab.result["arms"])
         raise ActionError(f"lab {lab.pk} has no policy {shown(arm)}; it has {known}")
+    quota = quota_of(user)
     try:
         run = service.create_run(
             topology=lab.topology,
@@ -314,8 +343,11 @@ def start_lab_run(lab_id: int, arm: str, user: User) -> Any:
             user=user,
             lab=lab,
             lab_arm=arm,
+            max_active=quota.active_runs if quota else None,
             **_lab_inputs(lab),
         )
+    except service.RunQuotaExceeded as exc:
+        raise over_quota(user, "start_run", exc) from None
     except (service.InputError, service.GeneratorError, service.RunError) as exc:
         raise ActionError(str(exc)) from None
     _hand_over(run, user)

@@ -1,4 +1,5 @@
-"""Admin for pipelines and policies; model validation errors show in the form."""
+"""Admin for pipelines, policies, sinks' owners and the operator quota; model validation
+errors show in the form."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
+from orchestrator.models import OperatorQuota, SinkOwner
 from orchestrator.service import PARAMETERS
 from webapp.console.models import Edge, Node, Pipeline, Policy
 from webapp.console.roles import has_role
@@ -21,11 +23,14 @@ if TYPE_CHECKING:
     _AdminRoleBase = BaseModelAdmin[Model]
     _PolicyModelAdmin = admin.ModelAdmin[Policy]
     _PipelineModelAdmin = admin.ModelAdmin[Pipeline]
+    _SinkOwnerModelAdmin = admin.ModelAdmin[SinkOwner]
+    _QuotaModelAdmin = admin.ModelAdmin[OperatorQuota]
     _PipelineInline = admin.TabularInline[Node | Edge, Pipeline]
 else:
     # The mixin's super() calls reach the admin class it is mixed into.
     _AdminRoleBase = object
     _PolicyModelAdmin = _PipelineModelAdmin = admin.ModelAdmin
+    _SinkOwnerModelAdmin = _QuotaModelAdmin = admin.ModelAdmin
     _PipelineInline = admin.TabularInline
 
 
@@ -112,3 +117,34 @@ class PipelineAdmin(ConsoleAdminRole, _PipelineModelAdmin):
     list_display = ["name", "policy", "updated_at"]
     search_fields = ["name", "description"]
     inlines = [NodeInline, EdgeInline]
+
+
+@admin.register(SinkOwner)
+class SinkOwnerAdmin(ConsoleAdminRole, _SinkOwnerModelAdmin):
+    """Which pipeline owns each sink table and Parquet folder. An owner is taken by a
+    pipeline's first run, never typed in; deleting one frees its target for the next
+    pipeline that runs over it."""
+
+    list_display = ["kind", "database", "target", "pipeline_name", "created_at"]
+    search_fields = ["target", "pipeline_name"]
+    readonly_fields = ["kind", "database", "target", "pipeline_name", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+@admin.register(OperatorQuota)
+class OperatorQuotaAdmin(ConsoleAdminRole, _QuotaModelAdmin):
+    """The one row of operator quotas (created with its defaults when first read, or
+    added here while there is none)."""
+
+    list_display = ["__str__", "active_runs", "active_labs", "admins_exempt"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and not OperatorQuota.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False

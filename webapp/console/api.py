@@ -80,6 +80,11 @@ BAD_DOCUMENT = {
     ),
 }
 CONFLICT = {409: OpenApiResponse(DetailSerializer, description="the run's state does not allow it")}
+OVER_QUOTA = {
+    429: OpenApiResponse(
+        DetailSerializer, description="the operator has as many active runs or labs as allowed"
+    )
+}
 
 
 class RoleBeforeBody(BasePermission):
@@ -411,6 +416,7 @@ class RunListView(APIView):
             **BAD_BODY,
             **DENIED,
             **NOT_FOUND,
+            **OVER_QUOTA,
             503: OpenApiResponse(
                 DetailSerializer,
                 description="the broker is down; the run was created and marked cancelled",
@@ -758,6 +764,7 @@ class PipelineLabsView(APIView):
             **BAD_BODY,
             **DENIED,
             **NOT_FOUND,
+            **OVER_QUOTA,
             503: OpenApiResponse(DetailSerializer, description="the broker is down"),
         },
         tags=["labs"],
@@ -805,6 +812,7 @@ class LabRunsView(APIView):
             **DENIED,
             **NOT_FOUND,
             **CONFLICT,
+            **OVER_QUOTA,
             503: OpenApiResponse(DetailSerializer, description="the broker is down"),
         },
         tags=["labs"],

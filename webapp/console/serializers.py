@@ -264,13 +264,17 @@ class StartSourceSerializer(serializers.Serializer[JsonObject]):
         "checkpoint read over the folder (for clean=keep; default: none, every file is read)",
     )
     stream = serializers.CharField(
-        required=False, max_length=200, help_text="stream: its name, letters, digits and :._-"
+        required=False,
+        max_length=200,
+        help_text="stream: its name; on the console's Redis letters, digits and ._- (no ':'), "
+        "read as the key bpconsole:stream:<name>; on a listed server :._- too, the key as named",
     )
     group = serializers.CharField(
         required=False,
         allow_blank=True,
         max_length=200,
-        help_text="stream: consumer group (default: one of the run's own)",
+        help_text="stream: consumer group, not starting with bpconsole. (default: the run's "
+        "own, bpconsole.run.<id>); one active run per group",
     )
     start = serializers.ChoiceField(
         choices=["earliest", "latest"],

@@ -263,7 +263,13 @@ def validate_for_save(doc: Any) -> list[Problem]:
             known = ", ".join(Policy.objects.values_list("name", flat=True)) or "none"
             problems.append(Problem("policy", f"unknown policy {doc['policy']!r} (known: {known})"))
     values = base.values() if base else None
-    return problems + validate_document(doc, values)
+    problems += validate_document(doc, values)
+    if not problems:
+        owned = service.sink_owner_problem(doc)
+        if owned:
+            sink = next(n["name"] for n in doc["nodes"] if n["kind"] == "sink")
+            problems.append(Problem(f"node {sink}", owned))
+    return problems
 
 
 @transaction.atomic

@@ -37,7 +37,8 @@ SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 DATA_DIR = Path(env_str("BPCONSOLE_DATA_DIR", str(VAR_DIR / "data")))
 # Folders a run started from the console may read its input from (the command line is
 # not limited): a browser must not turn any file the server can read into a run's input.
-INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs"), str(DATA_DIR)])
+# Nothing inside DATA_DIR or BPCONSOLE_SINK_ROOT is an input, even under a listed root.
+INPUT_ROOTS = env_list("BPCONSOLE_INPUT_ROOTS", [str(VAR_DIR / "inputs")])
 # Redis servers a run started from the console may read a stream from, besides the
 # console's own (REDIS_URL): a run must not make the server connect anywhere it is told.
 BPCONSOLE_STREAM_URLS = env_list("BPCONSOLE_STREAM_URLS", [])

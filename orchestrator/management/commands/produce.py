@@ -53,7 +53,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--to", required=True, help="folder:PATH or redis:STREAM")
+        parser.add_argument(
+            "--to",
+            required=True,
+            help="folder:PATH or redis:STREAM (on the console's Redis: bpconsole:stream:STREAM)",
+        )
         parser.add_argument("--redis-url", default=None, help="default: settings.REDIS_URL")
         parser.add_argument(
             "--partitions",
@@ -78,9 +82,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            target = parse_target(
-                options["to"], redis_url=options["redis_url"] or settings.REDIS_URL
-            )
+            url = options["redis_url"] or settings.REDIS_URL
+            # On the console's Redis a stream lives under the streams' prefix, as the
+            # source reads it; on a server of its own, under its name.
+            target = parse_target(options["to"], redis_url=url, own=url == settings.REDIS_URL)
             if options["partitions"] != 1:
                 if not isinstance(target, StreamTarget):
                     raise ProducerError("--partitions is for a redis:STREAM target")

@@ -32,6 +32,7 @@ from orchestrator.pipeline.producer import (
     parse_target,
     produce,
 )
+from orchestrator.pipeline.streams import STREAM_PREFIX
 from orchestrator.services.launcher import PROJECT_ROOT, Endpoints
 
 pytestmark = pytest.mark.integration
@@ -45,14 +46,19 @@ def folder_lines(folder: Path) -> list[str]:
     return [line for part in parts(folder) for line in part.read_text().splitlines()]
 
 
+def key(name: str) -> str:
+    """The Redis key of the console's stream ``name``."""
+    return STREAM_PREFIX + name
+
+
 @pytest.fixture
 def stream(services: Endpoints) -> Iterator[tuple[redis.Redis, str]]:
     client = redis.Redis.from_url(services.redis_url)
-    name = f"test-producer:{uuid.uuid4().hex}"
+    name = f"test-producer-{uuid.uuid4().hex}"
     try:
         yield client, name
     finally:
-        client.delete(name)
+        client.delete(key(name))
         client.close()
 
 
@@ -152,8 +158,8 @@ def test_a_stream_gets_one_entry_per_record_the_same_for_the_same_seed(
         max_bytes=64 * KB,
     )
     assert report.entries == report.records > 1000
-    assert client.xlen(name) == report.records
-    records = [record for _, record in entries(client, name)]
+    assert client.xlen(key(name)) == report.records
+    records = [record for _, record in entries(client, key(name))]
     assert sum(len(r) + 1 for r in records) == report.bytes
     parsed = [json.loads(r) for r in records]
     assert all(set(r) == {"key", "value", "user"} for r in parsed)
@@ -161,7 +167,7 @@ def test_a_stream_gets_one_entry_per_record_the_same_for_the_same_seed(
     _, hottest = Counter(r["key"] for r in parsed).most_common(1)[0]
     assert 0.3 < hottest / len(parsed) < 0.4
 
-    client.delete(name)
+    client.delete(key(name))
     produce(
         target,
         rate_bps=MB,
@@ -171,7 +177,7 @@ def test_a_stream_gets_one_entry_per_record_the_same_for_the_same_seed(
         file_bytes=MB,
         max_bytes=64 * KB,
     )
-    assert [record for _, record in entries(client, name)] == records
+    assert [record for _, record in entries(client, key(name))] == records
     # The same records whichever the target, and others for another seed.
     produce(
         FolderTarget(tmp_path / "same"),
@@ -211,7 +217,7 @@ def test_steady_holds_the_rate_in_every_second(
     )
     assert report.stopped_by == "duration"
     assert report.rate_bps == pytest.approx(rate, rel=0.25)
-    first, second = bytes_per_second(entries(client, name), 2)
+    first, second = bytes_per_second(entries(client, key(name)), 2)
     assert first == pytest.approx(rate, rel=0.25)
     assert second == pytest.approx(rate, rel=0.25)
 
@@ -230,7 +236,7 @@ def test_bursty_bursts_at_four_times_the_rate_and_keeps_the_mean(
         file_bytes=MB,
         max_bytes=None,
     )
-    seconds = bytes_per_second(entries(client, name), 4)
+    seconds = bytes_per_second(entries(client, key(name)), 4)
     mean = sum(seconds) / len(seconds)
     assert max(seconds) >= 2 * mean
     # 1 s burst, 3 s quiet: seconds count from the first entry, a slice after the start,
@@ -245,6 +251,7 @@ def test_bursty_bursts_at_four_times_the_rate_and_keeps_the_mean(
     [
         (["--to", "folder:"], "needs a path"),
         (["--to", "redis:bad name!"], "stream name 'bad name!' is not allowed"),
+        (["--to", "redis:celery:queue"], "stream name 'celery:queue' is not allowed.*no ':'"),
         (["--rate", "0"], r"rate 0 B/s is out of range; it must lie in \(0, 1 GB/s\]"),
         (["--rate", "5GB/s"], r"rate 5 GB/s is out of range; it must lie in \(0, 1 GB/s\]"),
         (["--rate", "2MiB/s"], "use a number and B, KB, MB or GB"),
@@ -274,8 +281,11 @@ def test_the_parsers_raise_producer_errors() -> None:
     assert parse_target("redis:in.a-1", redis_url="redis://x") == StreamTarget(
         "redis://x", "in.a-1"
     )
-    with pytest.raises(ProducerError, match="200 characters"):
+    with pytest.raises(ProducerError, match="1 to 200 letters"):
         parse_target("redis:" + "s" * 201)
+    assert parse_target("redis:a:b", redis_url="redis://x", own=False) == StreamTarget(
+        "redis://x", "a:b", own=False
+    )
     with pytest.raises(ProducerError, match="use folder:PATH or redis:STREAM"):
         parse_target("kafka:topic")
     with pytest.raises(ProducerError, match="use a number with s, m, h or d"):
@@ -299,9 +309,42 @@ def test_the_command_reports_one_json_object_on_redis_by_default(
         stdout=out,
     )
     report = json.loads(out.getvalue())
-    assert report["entries"] == report["records"] == client.xlen(name) > 0
+    assert report["entries"] == report["records"] == client.xlen(key(name)) > 0
     assert report["target"] == f"redis:{name}"
     assert set(report) >= {"records", "bytes", "seconds", "rate_bps", "files", "entries"}
+
+
+def test_the_command_never_writes_a_key_of_the_broker_s(services: Endpoints) -> None:
+    # Given the console's Redis, which is Celery's broker too (its queue "spark")
+    client = redis.Redis.from_url(services.redis_url)
+    before = client.type("spark")
+    try:
+        # When records are produced to a stream named as the queue
+        out = io.StringIO()
+        args = ["--rate", "1MB/s", "--max-mb", "0.02", "--json"]
+        call_command("produce", "--to", "redis:spark", *args, stdout=out)
+        # Then they went to the console's stream of that name, and the queue is untouched
+        assert client.xlen(key("spark")) == json.loads(out.getvalue())["entries"] > 0
+        assert client.type("spark") == before != b"stream"
+    finally:
+        client.delete(key("spark"))
+        client.close()
+
+
+def test_on_a_redis_of_its_own_a_stream_is_the_key_it_names(services: Endpoints) -> None:
+    # Given another server than the console's (here another database of the same one)
+    other = services.redis_url.rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(other)
+    name = f"orders:{uuid.uuid4().hex[:8]}"
+    try:
+        args = ["--rate", "1MB/s", "--max-mb", "0.02", "--redis-url", other]
+        call_command("produce", "--to", f"redis:{name}", *args, stdout=io.StringIO())
+        # Then the stream is the key as named, ':' and all, with no prefix
+        assert client.xlen(name) > 0
+        assert not client.exists(key(name))
+    finally:
+        client.delete(name)
+        client.close()
 
 
 def test_sigterm_ends_a_run_without_duration_with_whole_files(tmp_path: Path) -> None:
@@ -346,11 +389,11 @@ def test_a_partitioned_stream_gets_the_records_in_turn(
     client, name = stream
     args = ["--rate", "1MB/s", "--max-mb", "0.05", "--seed", "3"]
     call_command("produce", "--to", f"redis:{name}", *args, stdout=io.StringIO())
-    whole = [record for _, record in entries(client, name)]
+    whole = [record for _, record in entries(client, key(name))]
     try:
         out = io.StringIO()
         call_command("produce", "--to", f"redis:{name}", "--partitions", "3", *args, stdout=out)
-        parts = [[record for _, record in entries(client, f"{name}:{p}")] for p in range(3)]
+        parts = [[record for _, record in entries(client, key(f"{name}:{p}"))] for p in range(3)]
         # Record n in partition n % 3: the same records as one stream, dealt in turn
         assert [parts[n % 3][n // 3] for n in range(len(whole))] == whole
         assert sum(map(len, parts)) == len(whole)
@@ -358,4 +401,4 @@ def test_a_partitioned_stream_gets_the_records_in_turn(
         with pytest.raises(CommandError, match="partitions must be from 1 to 16, not 17"):
             call_command("produce", "--to", f"redis:{name}", "--partitions", "17", *args)
     finally:
-        client.delete(*(f"{name}:{p}" for p in range(3)))
+        client.delete(*(key(f"{name}:{p}") for p in range(3)))

@@ -466,13 +466,13 @@ def test_a_partitioned_stream_s_watermark_waits_for_its_slowest_partition(
     ahead, ahead_late = partition_events(4_000, seed=21, ahead_s=86_400)
     behind, behind_late = partition_events(4_000, seed=22, ahead_s=0)
     client = redis.Redis.from_url(services.redis_url)
-    for partition, lines in enumerate((ahead, behind)):
+    spec = StreamSpec(stream, linger_s=0.2, partitions=2, idle_s=0)
+    for key, lines in zip(spec.streams, (ahead, behind), strict=True):
         with client.pipeline(transaction=False) as batch:
             for line in lines:
-                batch.xadd(f"{stream}:{partition}", {"record": line})
+                batch.xadd(key, {"record": line})
             batch.execute()
     doc = windowed(skewed_reference())
-    spec = StreamSpec(stream, linger_s=0.2, partitions=2, idle_s=0)
     run = start(doc, policy(), source=spec)
     # When the run's driver is killed while it reads them, and a new one goes on
     victim = kill_a_batch_and_the_driver(run, workers, services)
@@ -518,7 +518,7 @@ def test_a_partitioned_stream_s_watermark_waits_for_its_slowest_partition(
     first, second = (parse_us(h) for h in view["partitions"])
     assert first is not None and second is not None and first > second
     assert view["source_high"] is not None and parse_us(view["source_high"]) == second
-    client.delete(f"{stream}:0", f"{stream}:1")
+    client.delete(*spec.streams)
     client.close()
 
 

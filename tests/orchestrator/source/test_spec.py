@@ -101,6 +101,13 @@ def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
         ({"stream": "ok", "idle_s": -1}, "idle_s must be from 0 to 3600"),
         ({"stream": "ok", "idle_s": "nan"}, "idle_s must be from 0 to 3600"),
         ({"stream": "x" * 199, "partitions": 16}, "leaves room for ':<partition>'"),
+        # The console's Redis is the broker: a name is a plain one, never another key's
+        ({"stream": "orders:0"}, "no ':'"),
+        ({"stream": "celery:spark"}, "no ':'"),
+        ({"stream": ".hidden"}, "starting with a letter or a digit"),
+        ({"stream": "ok", "group": "a:b"}, "consumer group name"),
+        ({"stream": "ok", "group": "bpconsole.run.7"}, "run 7's own consumer group"),
+        ({"stream": "ok", "group": "bpconsole.anything"}, "the console's own"),
     ],
 )
 def test_stream_parameters_are_bounded(raw, message) -> None:
@@ -112,10 +119,47 @@ def test_a_partitioned_stream_reads_one_redis_stream_per_partition() -> None:
     spec = check_stream(
         {"stream": "orders", "partitions": "3", "idle_s": 5}, default_url=REDIS, allowed_urls=[]
     )
-    assert spec.streams == ["orders:0", "orders:1", "orders:2"]
+    assert spec.stream == "orders", "the run keeps the name; the key is computed"
+    assert spec.streams == [
+        "bpconsole:stream:orders:0",
+        "bpconsole:stream:orders:1",
+        "bpconsole:stream:orders:2",
+    ]
     assert spec.idle_s == 5.0
-    assert StreamSpec("orders").streams == ["orders"], "one partition is the stream itself"
+    assert StreamSpec("orders").streams == ["bpconsole:stream:orders"], "one partition"
     assert unbounded_spec(spec.to_json()) == spec
+
+
+def test_a_stream_on_a_listed_server_is_read_by_its_name_as_given() -> None:
+    listed = "redis://streams.example:6379/2"
+    spec = check_stream(
+        {"stream": "orders:eu", "url": listed, "group": "a:b", "partitions": 2},
+        default_url=REDIS,
+        allowed_urls=[listed],
+    )
+    assert spec.streams == ["orders:eu:0", "orders:eu:1"], "that server is not the broker"
+    with pytest.raises(InputError, match="run 3's own consumer group"):
+        check_stream(
+            {"stream": "orders", "url": listed, "group": "bpconsole.run.3"},
+            default_url=REDIS,
+            allowed_urls=[listed],
+        )
+
+
+def test_a_stored_run_s_unprefixed_stream_is_read_under_the_prefix() -> None:
+    # A run stored before the prefix named the broker's own queue key: it is read, on
+    # resume, as the console's stream of that name, never as the key itself.
+    stored = {"kind": "stream", "stream": "spark", "url": "", "group": "", "partitions": 1}
+    spec = unbounded_spec(stored)
+    assert isinstance(spec, StreamSpec)
+    assert spec.stream == "spark"
+    assert spec.streams == ["bpconsole:stream:spark"]
+    old_partitioned = unbounded_spec({**stored, "stream": "orders:eu", "partitions": 2})
+    assert isinstance(old_partitioned, StreamSpec)
+    assert old_partitioned.streams == [
+        "bpconsole:stream:orders:eu:0",
+        "bpconsole:stream:orders:eu:1",
+    ]
 
 
 def test_the_console_redis_is_not_stored_as_an_address() -> None:
@@ -128,22 +172,30 @@ def test_one_run_per_consumer_group_at_a_time(services) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = StreamSpec("orders-test", group="orders")
     first = create_run(topology=doc, policy={}, source=spec)
-    with pytest.raises(RunError, match=f"run {first.pk} is reading stream"):
+    with pytest.raises(RunError, match=f"run {first.pk} of pipeline 'reference' is reading stream"):
         create_run(topology=doc, policy={}, source=spec)
     assert Run.objects.count() == 1
 
 
 @pytest.mark.django_db
-def test_one_run_per_landing_folder_and_checkpoint_at_a_time(services, tmp_path) -> None:
+def test_one_run_per_landing_folder_unless_each_keeps_its_files_with_a_checkpoint(
+    services, tmp_path
+) -> None:
     doc = yaml.safe_load((TOPOLOGIES / "reference.yaml").read_text())
     spec = LandingSpec(str(tmp_path), checkpoint="day-1")
     first = create_run(topology=doc, policy={}, source=spec)
-    with pytest.raises(RunError, match=f"run {first.pk} is reading .* with checkpoint 'day-1'"):
+    with pytest.raises(RunError, match=f"run {first.pk} of pipeline 'reference' is reading"):
         create_run(topology=doc, policy={}, source=spec)
-    # Another checkpoint, or none, over the same folder is another reader
+    # Another checkpoint over the same folder, both keeping the files, is another reader
     create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path), checkpoint="audit"))
-    create_run(topology=doc, policy={}, source=LandingSpec(str(tmp_path)))
-    assert Run.objects.count() == 3
+    # ...but a run without a checkpoint, or one that deletes what it merged, is not
+    for other in (
+        LandingSpec(str(tmp_path)),
+        LandingSpec(str(tmp_path), clean="delete", checkpoint="cleaner"),
+    ):
+        with pytest.raises(RunError, match="one run per folder, unless each keeps its files"):
+            create_run(topology=doc, policy={}, source=other)
+    assert Run.objects.count() == 2
 
 
 @pytest.mark.django_db

@@ -14,6 +14,7 @@ import redis
 
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import Chunk
+from orchestrator.pipeline.streams import STREAM_PREFIX
 from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import StreamSpec
 from orchestrator.source.stream import RedisStreamSource
@@ -30,11 +31,16 @@ def client(services) -> Iterator[redis.Redis]:
     connection.close()
 
 
+def key(name: str) -> str:
+    """The Redis key of the console's stream ``name``."""
+    return STREAM_PREFIX + name
+
+
 @pytest.fixture
 def stream(client: redis.Redis) -> Iterator[str]:
     name = f"test-stream-{uuid.uuid4().hex[:8]}"
     yield name
-    client.delete(name)
+    client.delete(key(name))
 
 
 def _run(spec: StreamSpec) -> Run:
@@ -53,7 +59,7 @@ def partitioned(client: redis.Redis) -> Iterator[str]:
     """A name for a stream of two partitions, ``<name>:0`` and ``<name>:1``."""
     name = f"test-parts-{uuid.uuid4().hex[:8]}"
     yield name
-    client.delete(f"{name}:0", f"{name}:1")
+    client.delete(key(f"{name}:0"), key(f"{name}:1"))
 
 
 def _add(client: redis.Redis, stream: str, count: int, start: int = 0) -> list[str]:
@@ -107,7 +113,7 @@ def test_entries_are_read_in_order_and_acknowledged_only_once_committed(
 ) -> None:
     spec = StreamSpec(stream, linger_s=0.1)
     run = _run(spec)
-    _add(client, stream, 100)
+    _add(client, key(stream), 100)
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     chunks = _drain(source, commit=False)
     assert _values(chunks) == list(range(100))
@@ -115,10 +121,10 @@ def test_entries_are_read_in_order_and_acknowledged_only_once_committed(
         sum(c.length for c in chunks[:i]) for i in range(len(chunks))
     ]
     group = f"bpconsole.run.{run.pk}"
-    assert client.xpending(stream, group)["pending"] == 100, "nothing acknowledged yet"
+    assert client.xpending(key(stream), group)["pending"] == 100, "nothing acknowledged yet"
     for chunk in chunks:
         source.committed(chunk)
-    assert client.xpending(stream, group)["pending"] == 0
+    assert client.xpending(key(stream), group)["pending"] == 0
     source.close()
 
 
@@ -126,7 +132,7 @@ def test_a_slow_stream_is_cut_after_the_linger_time(services, client, stream) ->
     spec = StreamSpec(stream, linger_s=0.3)
     run = _run(spec)
     source = RedisStreamSource(run.pk, spec, {"segment_mb": 1}, {}, url=services.redis_url)
-    _add(client, stream, 3)
+    _add(client, key(stream), 3)
     assert source.next_chunk() is None, "too little to cut at once"
     time.sleep(0.35)
     chunk = source.next_chunk()
@@ -139,19 +145,19 @@ def test_a_restarted_driver_skips_what_the_ledger_has_and_reads_the_rest(
 ) -> None:
     spec = StreamSpec(stream, linger_s=0.0)
     run = _run(spec)
-    _add(client, stream, 60)
+    _add(client, key(stream), 60)
     first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     # The driver dies after the ledger took the first chunks, before acknowledging them
     kept, position = _killed_halfway(_drain(first, commit=False))
     first.close()
-    _add(client, stream, 10, start=60)
+    _add(client, key(stream), 10, start=60)
     second = RedisStreamSource(run.pk, spec, SMALL, position, url=services.redis_url)
     resumed = _drain(second)
     # Then nothing is read twice, nothing is lost, and the numbering goes on
     assert _values(kept) + _values(resumed) == list(range(70))
     assert resumed[0].offset == position["offset"]
     assert resumed[0].index == position["chunk"]
-    assert client.xpending(stream, f"bpconsole.run.{run.pk}")["pending"] == 0
+    assert client.xpending(key(stream), f"bpconsole.run.{run.pk}")["pending"] == 0
     second.close()
 
 
@@ -160,7 +166,7 @@ def test_an_entry_without_a_record_field_is_the_object_of_its_fields(
 ) -> None:
     spec = StreamSpec(stream, linger_s=0.0)
     run = _run(spec)
-    client.xadd(stream, {"key": "k1", "value": "3", "user": "u"})
+    client.xadd(key(stream), {"key": "k1", "value": "3", "user": "u"})
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     (chunk,) = _drain(source)
     assert json.loads(chunk.body or b"") == {"key": "k1", "value": "3", "user": "u"}
@@ -171,7 +177,7 @@ def test_the_lag_counts_what_waits_and_how_old_it_is(services, client, stream) -
     spec = StreamSpec(stream, linger_s=0.0)
     run = _run(spec)
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
-    _add(client, stream, 40)
+    _add(client, key(stream), 40)
     time.sleep(0.3)
     lag = source.lag()
     assert lag.entries == 40
@@ -183,7 +189,7 @@ def test_the_lag_counts_what_waits_and_how_old_it_is(services, client, stream) -
 
 def test_a_named_group_goes_on_where_its_last_run_stopped(services, client, stream) -> None:
     spec = StreamSpec(stream, group=f"orders-{uuid.uuid4().hex[:6]}", linger_s=0.0)
-    _add(client, stream, 30)
+    _add(client, key(stream), 30)
     earlier = _run(spec)
     source = RedisStreamSource(earlier.pk, spec, SMALL, {}, url=services.redis_url)
     chunks = _drain(source, commit=False)
@@ -193,7 +199,7 @@ def test_a_named_group_goes_on_where_its_last_run_stopped(services, client, stre
     earlier.status = "completed"
     earlier.save()
     source.close()
-    _add(client, stream, 5, start=30)
+    _add(client, key(stream), 5, start=30)
     later = _run(spec)
     resumed = _drain(RedisStreamSource(later.pk, spec, SMALL, {}, url=services.redis_url))
     assert _values(resumed) == list(range(30, 35))
@@ -204,8 +210,8 @@ def test_a_partitioned_stream_cuts_each_chunk_from_one_partition_taking_turns(
 ) -> None:
     spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
     run = _run(spec)
-    ids0 = _add(client, f"{partitioned}:0", 100)
-    ids1 = _add(client, f"{partitioned}:1", 100, start=100)
+    ids0 = _add(client, key(f"{partitioned}:0"), 100)
+    ids1 = _add(client, key(f"{partitioned}:1"), 100, start=100)
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     chunks = _drain(source)
     # Each chunk holds one partition's entries, in that partition's order
@@ -219,12 +225,12 @@ def test_a_partitioned_stream_cuts_each_chunk_from_one_partition_taking_turns(
     ]
     # The last chunk says where each partition stands: what the run's position keeps
     assert chunks[-1].marks == (
-        (f"{partitioned}:0", ids0[-1], 100),
-        (f"{partitioned}:1", ids1[-1], 100),
+        (key(f"{partitioned}:0"), ids0[-1], 100),
+        (key(f"{partitioned}:1"), ids1[-1], 100),
     )
     group = f"bpconsole.run.{run.pk}"
-    assert client.xpending(f"{partitioned}:0", group)["pending"] == 0
-    assert client.xpending(f"{partitioned}:1", group)["pending"] == 0
+    assert client.xpending(key(f"{partitioned}:0"), group)["pending"] == 0
+    assert client.xpending(key(f"{partitioned}:1"), group)["pending"] == 0
     assert source.lag().entries == 0
     source.close()
 
@@ -234,13 +240,13 @@ def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it
 ) -> None:
     spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
     run = _run(spec)
-    _add(client, f"{partitioned}:0", 30)
-    _add(client, f"{partitioned}:1", 30, start=100)
+    _add(client, key(f"{partitioned}:0"), 30)
+    _add(client, key(f"{partitioned}:1"), 30, start=100)
     first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     # The driver dies after the ledger took the first chunks, before acknowledging them
     kept, position = _killed_halfway(_drain(first, commit=False))
     first.close()
-    _add(client, f"{partitioned}:1", 10, start=130)
+    _add(client, key(f"{partitioned}:1"), 10, start=130)
     second = RedisStreamSource(run.pk, spec, SMALL, position, url=services.redis_url)
     resumed = _drain(second)
     # Then nothing is read twice, nothing is lost, and the numbering goes on
@@ -269,15 +275,42 @@ def test_a_partition_that_gives_nothing_for_the_idle_time_is_idle(
     spec = StreamSpec(partitioned, linger_s=0.0, partitions=2, idle_s=0.4)
     run = _run(spec)
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
-    _add(client, f"{partitioned}:0", 5)
+    _add(client, key(f"{partitioned}:0"), 5)
     first = _drain(source)
     assert [c.idle for c in first] == [()], "found empty only now: not idle yet"
     time.sleep(0.5)
-    _add(client, f"{partitioned}:0", 5, start=5)
+    _add(client, key(f"{partitioned}:0"), 5, start=5)
     (second,) = _drain(source)
     assert second.idle == (1,)
     # An entry in it makes it count again; the one that just gave a chunk is never idle
-    _add(client, f"{partitioned}:1", 5)
-    _add(client, f"{partitioned}:0", 5, start=10)
+    _add(client, key(f"{partitioned}:1"), 5)
+    _add(client, key(f"{partitioned}:0"), 5, start=10)
     assert all(c.idle == () for c in _drain(source))
     source.close()
+
+
+def test_a_stored_run_over_the_broker_s_queue_name_resumes_under_the_prefix(
+    services, client
+) -> None:
+    # Given a run stored before the streams' prefix, over a stream named as Celery's
+    # own queue key, resumed by a new driver
+    spec = StreamSpec("spark", linger_s=0.0)
+    run = _run(spec)
+    run.source_position = {"chunk": 0, "file": 0, "offset": 0}
+    run.save()
+    broker_type = client.type("spark")
+    try:
+        source = RedisStreamSource(run.pk, spec, SMALL, run.source_position, url=services.redis_url)
+        _add(client, key("spark"), 3)
+        taken = _drain(source)
+        source.close()
+        # Then it reads the console's stream of that name, and the broker's key is as
+        # it was (a list while a Spark worker waits on it, or absent): never a stream
+        assert _values(taken) == [0, 1, 2]
+        assert client.type(key("spark")) == b"stream"
+        groups = [g["name"] for g in client.xinfo_groups(key("spark"))]
+        assert groups == [f"bpconsole.run.{run.pk}".encode()]
+        assert client.type("spark") == broker_type
+        assert client.type("spark") != b"stream"
+    finally:
+        client.delete(key("spark"))

@@ -203,9 +203,10 @@ def test_a_redis_stream_run_survives_a_killed_driver_and_equals_the_plain_job(
     import redis
 
     client = redis.Redis.from_url(services.redis_url)
-    pending = client.xpending(stream, f"bpconsole.run.{run.pk}")
+    (key,) = StreamSpec(stream).streams
+    pending = client.xpending(key, f"bpconsole.run.{run.pk}")
     assert pending["pending"] == 0, "every entry in the ledger is acknowledged"
-    assert run.source_position["offset"] == client.xlen(stream), "it took in the whole stream"
+    assert run.source_position["offset"] == client.xlen(key), "it took in the whole stream"
 
 
 @pytest.mark.parametrize("clean", ["archive", "keep"])

@@ -82,7 +82,7 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
     # When they start a run over a stream of the console's Redis, naming its URL
     source = {
         "kind": "stream",
-        "stream": "orders:eu",
+        "stream": "orders-eu",
         "start": "latest",
         "linger_s": 0.1,
         "partitions": 4,
@@ -94,7 +94,7 @@ def test_an_operator_starts_a_stream_run_and_no_url_or_password_is_shown(
     assert response.status_code == 201, response.content
     body = response.json()
     spec = Run.objects.get(pk=body["id"]).input_spec
-    assert spec["kind"] == "stream" and spec["stream"] == "orders:eu"
+    assert spec["kind"] == "stream" and spec["stream"] == "orders-eu"
     assert spec["url"] == "" and spec["group"] == "" and spec["start"] == "latest"
     assert spec["linger_s"] == 0.1
     assert spec["partitions"] == 4 and spec["idle_s"] == 5.0
@@ -163,6 +163,9 @@ LONG = "x" * 2000
         ({"kind": "folder", "folder": LONG}, ["source.folder", "no more than 1000"]),
         ({"kind": "folder"}, ["the folder is a path"]),
         ({"kind": "stream", "stream": "my stream"}, ["a stream name is"]),
+        ({"kind": "stream", "stream": "_kombu.binding.spark"}, ["starting with a letter"]),
+        ({"kind": "stream", "stream": "celery:spark"}, ["a stream name is", "no ':'"]),
+        ({"kind": "stream", "stream": "s", "group": "bpconsole.run.1"}, ["run 1's own"]),
         ({"kind": "stream", "stream": "s" * 500}, ["source.stream", "no more than 200"]),
         ({"kind": "folder", "folder": "landing", "checkpoint": "a/b"}, ["checkpoint name"]),
         ({"kind": "folder", "folder": "landing", "checkpoint": LONG}, ["source.checkpoint"]),
