@@ -28,6 +28,7 @@ from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from orchestrator.ledger import retention, segments
 from orchestrator.ledger.events import record_event
 from orchestrator.models import PolicyLab, Run
+from orchestrator.run.driver_threads import DriverThreads
 from orchestrator.run.wakeups import announce
 from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
@@ -36,7 +37,8 @@ from orchestrator.zk.control_plane import ControlPlane
 log = logging.getLogger(__name__)
 
 NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpiredError)
-DRIVER_TIME_LIMIT_S = 7 * 24 * 3600  # a run may stream for days; the lock guards it
+# This process's drivers, each in a thread of its own beside the pool.
+DRIVERS = DriverThreads(limit=settings.BPCONSOLE_DRIVERS_PER_WORKER)
 
 
 def _dispatch(
@@ -59,22 +61,23 @@ def _dispatch(
     )
 
 
-@shared_task(
-    bind=True,
-    name="orchestrator.drive_run",
-    soft_time_limit=DRIVER_TIME_LIMIT_S,
-    time_limit=DRIVER_TIME_LIMIT_S + 60,
-    autoretry_for=NETWORK_ERRORS,
-    max_retries=5,
-    retry_backoff=True,
-    retry_jitter=True,
-)
+@shared_task(bind=True, name="orchestrator.drive_run")
 def drive_run(self: Any, *, run_id: int) -> str:
-    """Drive one run until it ends, or until another driver supersedes this one."""
+    """Give the run a driver in a thread of this worker's own (it drives the run until
+    the run ends, or until another driver supersedes it) and return at once, so that a
+    run waiting for data never holds one of the pool's threads (orchestrator/run/
+    driver_threads.py). A run this worker cannot take is sent again by the watchdog."""
+    identity = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
+    outcome = DRIVERS.start(run_id, lambda: _drive(run_id, identity))
+    if outcome != "started":
+        log.warning("run %s: no driver started here: %s", run_id, outcome)
+    return outcome
+
+
+def _drive(run_id: int, identity: str) -> str:
     from orchestrator.run.driver import RunDriver
     from orchestrator.run.publisher import publish
 
-    identity = f"{socket.gethostname()}:{os.getpid()}:{self.request.id}"
     with ControlPlane.connect(settings.ZK_HOSTS) as control:
         driver = RunDriver(
             run_id,
@@ -84,9 +87,7 @@ def drive_run(self: Any, *, run_id: int) -> str:
             publish=publish,
             host_running=_worker_running,
         )
-        outcome = driver.drive()
-    log.info("run %s: driver %s finished: %s", run_id, identity, outcome)
-    return outcome
+        return driver.drive()
 
 
 def start_run(run: Run) -> None:
@@ -345,6 +346,10 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
 
 @worker_shutdown.connect
 def _unregister_worker(**_: Any) -> None:
+    # Each driver sees the worker stopping and gives its run up, its lock released.
+    left = DRIVERS.join()
+    if left:
+        log.warning("runs %s: their drivers did not stop in time", left)
     control = _registration.pop("control", None)
     if control is not None:
         control.close()

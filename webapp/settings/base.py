@@ -65,6 +65,10 @@ BPCONSOLE_QUEUED_BATCH_S = float(env_str("BPCONSOLE_QUEUED_BATCH_S", "60"))
 # sends another; then again after twice as long each time, so that runs queued behind
 # busy control workers are not sent a message every few seconds.
 BPCONSOLE_DRIVER_START_S = env_seconds("BPCONSOLE_DRIVER_START_S", 30.0)
+# Most runs one control worker drives at once, each in a thread of its own beside the
+# pool (orchestrator/run/driver_threads.py): each holds a ZooKeeper session and two
+# database connections. A run past it waits for the watchdog to send it elsewhere.
+BPCONSOLE_DRIVERS_PER_WORKER = env_int("BPCONSOLE_DRIVERS_PER_WORKER", 32)
 # Most input one operator batch takes from its node's pool. Every Spark job costs about
 # a second of planning and JIT whatever its size (docs/benchmarks.md), so a backlog
 # goes in as few jobs as this allows.
