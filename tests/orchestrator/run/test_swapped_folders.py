@@ -1,18 +1,28 @@
 """A folder of a run's input swapped for a symbolic link is never followed: a bounded
-run's files are opened from their root's descriptor with no component followed (real
-workers, real files and links)."""
+run's files are opened from their root's descriptor with no component followed, and a
+landing run holds its folder from its start, so a swap fails the run, naming the folder,
+and nothing outside is read, moved or deleted (real workers, real files and links)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.models import ResultKey
+from orchestrator.models import ResultKey, SourceFile
 from orchestrator.run.lifecycle import create_run
+from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
-from tests.orchestrator.run.scenarios import policy, skewed_reference, wait_until_done
+from tests.orchestrator.run.scenarios import (
+    landed_at_once,
+    policy,
+    skewed_reference,
+    start,
+    wait_until_done,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -23,6 +33,10 @@ def swap_for_link(folder: Path, target: Path) -> None:
     """``folder`` renamed away and a symbolic link to ``target`` put in its place."""
     folder.rename(folder.with_name(folder.name + ".old"))
     folder.symlink_to(target, target_is_directory=True)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
 
 
 def test_a_bounded_run_whose_input_folder_became_a_link_fails_and_reads_nothing_through_it(
@@ -51,3 +65,41 @@ def test_a_bounded_run_whose_input_folder_became_a_link_fails_and_reads_nothing_
         f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error  # walked from /
     )
     assert not ResultKey.objects.filter(run=run, key="secret").exists()
+
+
+def test_a_landing_folder_swapped_for_a_link_mid_run_fails_it_and_nothing_behind_it_is_touched(
+    workers, tmp_path: Path
+) -> None:
+    # Given a landing run that deletes what it merged, over a folder that also holds a
+    # file it does not match; every file it matched taken, merged and deleted
+    spec = landed_at_once(tmp_path / "landing", mb=0.25, seed=3, file_kb=64)
+    spec = LandingSpec(spec.folder, stable_s=0, clean="delete")
+    (tmp_path / "landing" / "notes.txt").write_text("not a landing file\n")
+    landed = len(list((tmp_path / "landing").glob("*.jsonl")))
+    run = start(skewed_reference(), policy(), source=spec)
+    deadline = time.monotonic() + 120
+    while SourceFile.objects.filter(run=run, state="cleaned").count() < landed:
+        run.refresh_from_db()
+        assert run.is_active, f"the run ended before deleting what it read: {run.error}"
+        assert time.monotonic() < deadline, "the run did not take and delete every file"
+        time.sleep(0.2)
+    # When the folder is swapped for a link to another folder, holding files of the
+    # names the run deleted and new ones
+    other = tmp_path / "other"
+    landed_at_once(other, mb=0.25, seed=4, file_kb=64)
+    (other / "secret.jsonl").write_text(SECRET * 50)
+    before = digests(other)
+    swap_for_link(tmp_path / "landing", other)
+    # Then the run fails, naming the folder, at its next listing
+    run = wait_until_done(run, timeout_s=60)
+    assert run.status == "failed", run.status
+    assert run.error.startswith(
+        f"the input could not be read: the landing folder cannot be opened: {spec.folder}: "
+    ), run.error
+    assert run.error.endswith("landing' is a symbolic link, which is never followed"), run.error
+    # And nothing behind the link was read or deleted; the folder it held keeps the
+    # file it never matched
+    assert digests(other) == before
+    assert SourceFile.objects.filter(run=run).count() == landed
+    assert not ResultKey.objects.filter(run=run, key="secret").exists()
+    assert [p.name for p in (tmp_path / "landing.old").iterdir()] == ["notes.txt"]
