@@ -219,6 +219,17 @@ class Roots:
         real = {os.path.realpath(root) for root in roots} | {"/"} | set(self.held)
         self.paths = sorted(real, key=len, reverse=True)
 
+    def __enter__(self) -> Roots:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def beneath(self, path: str) -> tuple[str, str]:
         """(the root holding the absolute ``path``, ``path`` relative to it)."""
         if not path.startswith("/"):
@@ -274,18 +285,12 @@ class FromTop:
     symbolic link: for paths just resolved, before a run holds its roots."""
 
     def open_file(self, path: str) -> int:
-        roots = Roots(())
-        try:
+        with Roots(()) as roots:
             return roots.open_file(path)
-        finally:
-            roots.close()
 
     def link_file(self, path: str, target: Path) -> None:
-        roots = Roots(())
-        try:
+        with Roots(()) as roots:
             roots.link_file(path, target)
-        finally:
-            roots.close()
 
 
 FROM_TOP = FromTop()

@@ -467,3 +467,26 @@ def test_an_archive_folder_swapped_for_a_link_receives_nothing_through_it(
     source.close()
     assert list(outside.iterdir()) == []
     assert (root / "landing" / "1.jsonl").exists()
+
+
+def test_what_a_run_took_in_is_not_read_again_through_a_folder_swapped_for_a_link(
+    tmp_path, settings
+) -> None:
+    # Given a landing run that read a file (kept in its folder), then the folder swapped
+    # for a link to a folder holding a file of the same name
+    root, outside = tmp_path / "inputs", tmp_path / "outside"
+    (root / "landing").mkdir(parents=True)
+    outside.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(str(root / "landing"), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(root / "landing", "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    (chunk,) = _read_all(source)
+    source.close()
+    Run.objects.filter(pk=run.pk).update(source_position={"file": 0, "offset": chunk.length})
+    _land(outside, "1.jsonl", 4)
+    _swap_for_link(root / "landing", outside)
+    # Then writing out what it took in is refused, naming the file and the link
+    with pytest.raises(ReplayError, match="'landing' is a symbolic link, which is never followed"):
+        write_ingested(Run.objects.get(pk=run.pk), tmp_path / "replay.jsonl")
