@@ -4,6 +4,8 @@ never reads a changed file again, and cleans a file only once all of it is merge
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -490,3 +492,29 @@ def test_what_a_run_took_in_is_not_read_again_through_a_folder_swapped_for_a_lin
     # Then writing out what it took in is refused, naming the file and the link
     with pytest.raises(ReplayError, match="'landing' is a symbolic link, which is never followed"):
         write_ingested(Run.objects.get(pk=run.pk), tmp_path / "replay.jsonl")
+
+
+def test_a_file_is_archived_to_another_file_system_through_the_folders_held(tmp_path) -> None:
+    shm = Path("/dev/shm")  # noqa: S108 - mkdtemp makes a private folder in it
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system (a tmpfs at /dev/shm) on this machine")
+    archive = Path(tempfile.mkdtemp(dir=os.path.realpath(shm))) / "archive"
+    try:
+        landing = tmp_path / "landing"
+        landing.mkdir()
+        spec = LandingSpec(
+            str(landing), "*.jsonl", stable_s=0, clean="archive", archive=str(archive)
+        )
+        run = _run(spec)
+        body = _land(landing, "1.jsonl", 4).read_bytes()
+        (landing / "1.jsonl").chmod(0o640)
+        source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+        assert len(_read_all(source)) == 1
+        source.housekeeping(now=True)
+        source.close()
+        assert not (landing / "1.jsonl").exists()
+        assert (archive / "1.jsonl").read_bytes() == body
+        assert (archive / "1.jsonl").stat().st_mode & 0o777 == 0o640
+        assert SourceFile.objects.get(run=run).path == str(archive / "1.jsonl")
+    finally:
+        shutil.rmtree(archive.parent)
