@@ -76,14 +76,17 @@ class LandingFolderSource:
     ) -> None:
         self.run_id, self.epoch, self.spec = run_id, epoch, spec
         self.roots = Roots(settings.INPUT_ROOTS)
-        self.folder = self._open("landing folder", spec.folder, create=False)
-        self.archive: Folder | None = None
-        if spec.clean == "archive":
-            try:
-                self.archive = self._open("archive folder", spec.archive, create=True)
-            except InputError:
-                self.folder.close()
-                raise
+        with contextlib.ExitStack() as opened:  # all closed again if one does not open
+            opened.callback(self.roots.close)
+            self.folder = opened.enter_context(
+                self._open("landing folder", spec.folder, create=False)
+            )
+            self.archive: Folder | None = None
+            if spec.clean == "archive":
+                self.archive = opened.enter_context(
+                    self._open("archive folder", spec.archive, create=True)
+                )
+            opened.pop_all()  # held from here until close()
         # The folder's files, opened relative to the folder held.
         self.inside = Roots((), held={spec.folder: self.folder})
         self.segment_bytes = max(1, int(float(params.get("segment_mb", 1.0)) * MB))
