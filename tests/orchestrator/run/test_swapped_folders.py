@@ -21,6 +21,7 @@ from tests.orchestrator.run.scenarios import (
     policy,
     skewed_reference,
     start,
+    wait_started,
     wait_until_done,
 )
 
@@ -61,10 +62,43 @@ def test_a_bounded_run_whose_input_folder_became_a_link_fails_and_reads_nothing_
     assert run.status == "failed"
     assert run.error.startswith("the input could not be read")
     assert "part-0.jsonl changed since it was measured" in run.error
-    assert "'in' is a symbolic link" in run.error or (
-        f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error  # walked from /
-    )
+    # (tmp_path is below no input root of the workers: the walk is from /)
+    assert f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error
     assert not ResultKey.objects.filter(run=run, key="secret").exists()
+
+
+def test_a_bounded_run_whose_input_folder_becomes_a_link_mid_run_fails_and_reads_nothing_behind_it(
+    workers, tmp_path: Path
+) -> None:
+    # Given a run over three files of 2.4 MB whose branches take 1 MB/s each into pools
+    # of 0.5 MB (the third file is not read for at least a second), and a folder outside
+    # holding files of the same names and sizes whose keys are all "s..."
+    (tmp_path / "in").mkdir()
+    (tmp_path / "outside").mkdir()
+    for n in range(3):
+        rows = [
+            {"key": f"k{(n * 40_000 + i) % 9}", "value": i % 997, "user": f"u{i % 50}"}
+            for i in range(40_000)
+        ]
+        body = "".join(json.dumps(r) + "\n" for r in rows)
+        (tmp_path / "in" / f"part-{n}.jsonl").write_text(body)
+        (tmp_path / "outside" / f"part-{n}.jsonl").write_text(
+            body.replace('"key": "k', '"key": "s')
+        )
+    doc = skewed_reference(slow_mbps=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["max_rate_mbps"] = 1.0
+    run = start(doc, policy(), input_path=str(tmp_path / "in" / "*.jsonl"))
+    # When the folder is swapped for a link to the other once the run finished a batch
+    wait_started(run)
+    swap_for_link(tmp_path / "in", tmp_path / "outside")
+    # Then the run fails, naming a file and the link, and nothing behind it was read
+    run = wait_until_done(run, timeout_s=120)
+    assert run.status == "failed", run.status
+    assert "changed since it was measured" in run.error
+    assert f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error
+    assert not ResultKey.objects.filter(run=run, key__startswith="s").exists()
 
 
 def test_a_landing_folder_swapped_for_a_link_mid_run_fails_it_and_nothing_behind_it_is_touched(
