@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -16,14 +16,10 @@ MAX_HEADER_BYTES = 1 << 20
 # copy_file_range cannot copy between these (another file system on older kernels, or
 # one that does not support it): the bytes then go through user space.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
-# A hard link cannot be made: another file system, a file the process does not own
-# under the kernel's protected_hardlinks, too many links, or no links at all.
-_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 class SourceFileError(OSError):
-    """The input file is no longer what was measured: gone, unreadable, swapped for a
-    symbolic link, or shorter."""
+    """The input file is no longer what was measured: shorter than its size then."""
 
 
 def write_atomic(path: Path, body: bytes) -> int:
@@ -39,73 +35,53 @@ def write_atomic(path: Path, body: bytes) -> int:
     return len(body)
 
 
-def link_atomic(path: Path, source: str, size: int) -> bool:
-    """Make ``source``, which must hold exactly ``size`` bytes, the file at ``path``
-    without copying it: a hard link, put in place by a rename and synced to disk as a
-    copy would be. False, and nothing new at ``path``, when the file system cannot link
-    it, or the file no longer has the size it was measured with or is a symbolic link:
-    the caller copies (which refuses a link). Raises :class:`SourceFileError` when
-    ``source`` is gone."""
+def link_atomic(path: Path, source_fd: int, size: int, link: Callable[[Path], None]) -> bool:
+    """Make the file open at ``source_fd``, which must hold exactly ``size`` bytes, the
+    file at ``path`` without copying it: a hard link (``link`` makes one to the input's
+    path at the name it is given), put in place by a rename and synced to disk as a copy
+    would be. False, and nothing new at ``path``, when the file system cannot link it,
+    the file no longer has the size it was measured with, or what was linked is not the
+    file the descriptor holds (the input's name swapped since it was opened, for a
+    symbolic link or another file): the caller copies from the descriptor."""
+    opened = os.fstat(source_fd)
+    if opened.st_size != size:
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
     tmp.unlink(missing_ok=True)  # left by a process of this pid that died here
     try:
-        os.link(source, tmp, follow_symlinks=False)
-    except FileNotFoundError as exc:
-        raise SourceFileError(exc.errno, f"{source}: {exc.strerror}") from exc
-    except OSError as exc:
-        if exc.errno in _NO_LINK:
-            return False
-        raise
+        link(tmp)
+    except OSError:  # cannot link here, or the path no longer leads to a file: copy
+        return False
     try:
-        if not _synced_if_sized(tmp, size):
+        linked = tmp.lstat()
+        if (linked.st_dev, linked.st_ino) != (opened.st_dev, opened.st_ino):
             return False
+        os.fsync(source_fd)  # the linked file's own pages, which a copy would have synced
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
     return True
 
 
-def _synced_if_sized(path: Path, size: int) -> bool:
-    """Sync the file at ``path`` to disk (its own pages, which a copy would have synced)
-    if it holds ``size`` bytes; False if it holds another number or is a symbolic link
-    (one put where the input was would name another file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return False
-        raise
-    try:
-        if os.fstat(fd).st_size != size:
-            return False
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
 def copy_atomic(
-    path: Path, source: str, offset: int, length: int, *, newline: bool, head: bytes = b""
+    path: Path, source_fd: int, offset: int, length: int, *, newline: bool, head: bytes = b""
 ) -> int:
-    """Copy ``length`` bytes of ``source`` from ``offset`` to ``path`` all or nothing,
-    after ``head`` (a CSV header line) and before a final newline when ``newline``; the
-    kernel copies, nothing passes through Python where the file system allows it."""
-    # Never through a symbolic link: the input was checked as a file, and one swapped for
-    # a link since would name another.
-    try:
-        source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise SourceFileError(exc.errno, f"{source}: {exc.strerror}") from exc
-    with os.fdopen(source_fd, "rb") as src, _atomic(path) as handle:
+    """Copy ``length`` bytes of the file open at ``source_fd`` from ``offset`` to
+    ``path`` all or nothing, after ``head`` (a CSV header line) and before a final
+    newline when ``newline``; the kernel copies, nothing passes through Python where the
+    file system allows it. The caller opened the source (never through a symbolic
+    link: the input was checked as a file, and one swapped for a link would name
+    another) and closes it."""
+    with _atomic(path) as handle:
         handle.write(head)
         handle.flush()  # the kernel copies to the descriptor's position, after the head
-        done = _kernel_copy(src.fileno(), handle.fileno(), offset, length)
+        done = _kernel_copy(source_fd, handle.fileno(), offset, length)
         handle.seek(len(head) + done)
         while done < length:
-            data = os.pread(src.fileno(), min(COPY_STEP, length - done), offset + done)
+            data = os.pread(source_fd, min(COPY_STEP, length - done), offset + done)
             if not data:
-                raise SourceFileError(errno.EIO, f"{source}: ended {length - done} bytes early")
+                raise SourceFileError(errno.EIO, f"ended {length - done} bytes early")
             handle.write(data)
             done += len(data)
         if newline:

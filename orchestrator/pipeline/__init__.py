@@ -3,7 +3,8 @@
 Owns: the pipeline document as the runtime reads it (``graph``: a run's frozen
 :class:`~orchestrator.pipeline.graph.RunGraph` per configuration; the document's shape
 and defaults are ``balancer.document``), where an upstream sends a segment (``routes``),
-input files confined to their roots and cut into chunks (``inputs``), the seeded
+input files confined to their roots and cut into chunks (``inputs``), paths opened
+beneath a root by descriptor, never through a symbolic link (``beneath``), the seeded
 generator (``generator``), the Redis keys of the streams on the console's Redis
 (``streams``), and where a run's files live, with the console's own folders no input
 may lie in (``layout``).

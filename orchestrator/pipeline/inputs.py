@@ -25,13 +25,13 @@ import io
 import json
 import os
 import re
-import stat
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from orchestrator.pipeline.beneath import FROM_TOP, Opener
 from orchestrator.pipeline.layout import console_folder
 from sparkjobs.segments import (
     MAX_HEADER_BYTES,
@@ -105,6 +105,8 @@ class Chunk:
     # The segment's bytes are all of the input file's and nothing else, and the source
     # lets the file itself be the segment (a link, not a copy; ADR 11).
     in_place: bool = False
+    # How the input file is opened: beneath the folders its source holds (ADR 12).
+    opener: Opener = field(default=FROM_TOP, compare=False, repr=False)
 
     def stream_position(self) -> dict[str, object]:
         """Where a stream stands after this chunk, as the run's position keeps it."""
@@ -328,36 +330,30 @@ def recorded_inputs(spec: Mapping[str, Any], fmt: str) -> list[InputFile]:
     ]
 
 
-def measure_file(path: Path, fmt: str) -> InputFile:
-    """The file at ``path`` measured, read without following a symbolic link (a caller
-    resolves links first where it allows them). A file whose suffix names another
-    format than ``fmt`` is refused (``check_suffix``)."""
+def measure_file(path: Path, fmt: str, opener: Opener = FROM_TOP) -> InputFile:
+    """The file at ``path`` measured, opened by ``opener`` (no component of its path
+    followed if it is a symbolic link: a caller resolves links first where it allows
+    them). A file whose suffix names another format than ``fmt`` is refused
+    (``check_suffix``)."""
     check_suffix(str(path), fmt)
-    try:
-        info = path.lstat()
-    except OSError as exc:
-        raise changed_input(str(path), exc.strerror) from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise changed_input(str(path), "not a regular file")
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
+    with os.fdopen(_opened(opener, str(path)), "rb") as handle:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
 
-        with os.fdopen(_opened(str(path)), "rb") as handle:
             try:
                 rows = pq.ParquetFile(handle).metadata.num_rows
             except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
                 raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-        return InputFile(str(path), 0, rows)
-    size = info.st_size
-    start = 0
-    if fmt == "csv":
-        with os.fdopen(_opened(str(path)), "rb") as handle:
+            return InputFile(str(path), 0, rows)
+        size = os.fstat(handle.fileno()).st_size
+        start = 0
+        if fmt == "csv":
             header = handle.readline(MAX_HEADER_BYTES + 1)
-        if len(header) > MAX_HEADER_BYTES:
-            raise InputError(
-                f"{path}: the CSV header line is longer than {MAX_HEADER_BYTES // 1024} KB"
-            )
-        start = len(header)
+            if len(header) > MAX_HEADER_BYTES:
+                raise InputError(
+                    f"{path}: the CSV header line is longer than {MAX_HEADER_BYTES // 1024} KB"
+                )
+            start = len(header)
     return InputFile(str(path), start, size)
 
 
@@ -384,11 +380,13 @@ def chunks(
     start_offset: int | None = None,
     start_index: int = 0,
     in_place: bool = False,
+    opener: Opener = FROM_TOP,
 ) -> Iterator[Chunk]:
     """Chunks from a position on (to resume after a crash), in input order, of the
-    files numbered ``start_file`` up to ``stop_file`` (default: all of them). With
-    ``in_place``, a line file that is one chunk, header and last newline included, is
-    marked to become its segment as it is (``Chunk.in_place``)."""
+    files numbered ``start_file`` up to ``stop_file`` (default: all of them), each file
+    opened by ``opener``. With ``in_place``, a line file that is one chunk, header and
+    last newline included, is marked to become its segment as it is
+    (``Chunk.in_place``)."""
     index = start_index
     for file_index in range(start_file, len(files) if stop_file is None else stop_file):
         item = files[file_index]
@@ -399,7 +397,7 @@ def chunks(
         )
         if fmt == "parquet":
             for chunk_offset, rows, body, tag in _parquet_chunks(
-                item, offset, segment_bytes, route_by
+                item, offset, segment_bytes, route_by, opener
             ):
                 yield Chunk(
                     index,
@@ -411,12 +409,14 @@ def chunks(
                     body,
                     item.path,
                     kind="parquet",
+                    opener=opener,
                 )
                 index += 1
             continue
-        head = _header_line(item) if fmt == "csv" else b""
+        head = _header_line(item, opener) if fmt == "csv" else b""
         tag_of = _csv_tagger(head, route_by) if fmt == "csv" else _json_tagger(route_by)
-        for chunk_offset, length, size, tag in _line_ranges(item, offset, segment_bytes, tag_of):
+        lines = _line_ranges(item, offset, segment_bytes, tag_of, opener)
+        for chunk_offset, length, size, tag in lines:
             # The header (if any) is the file's first line, so the segment's bytes are
             # the file's when the range is all of its data and needs no newline added.
             whole = chunk_offset == item.data_start and chunk_offset + length == item.size
@@ -432,6 +432,7 @@ def chunks(
                 head=head,
                 kind=fmt,
                 in_place=in_place and whole and size == length,
+                opener=opener,
             )
             index += 1
 
@@ -441,12 +442,15 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
     :class:`InputError` when its input file is no longer what was measured."""
     if chunk.body is not None:
         return write_atomic(path, chunk.body)
+    fd = _opened(chunk.opener, chunk.path)
     try:
-        if chunk.in_place and link_atomic(path, chunk.path, chunk.size):
+        if chunk.in_place and link_atomic(
+            path, fd, chunk.size, lambda at: chunk.opener.link_file(chunk.path, at)
+        ):
             return chunk.size
         return copy_atomic(
             path,
-            chunk.path,
+            fd,
             chunk.offset,
             chunk.length,
             newline=chunk.size > len(chunk.head) + chunk.length,
@@ -454,6 +458,8 @@ def write_chunk(path: Path, chunk: Chunk) -> int:
         )
     except SourceFileError as exc:
         raise changed_input(chunk.path, exc.strerror) from exc
+    finally:
+        os.close(fd)
 
 
 def changed_input(path: str, why: str | None) -> InputError:
@@ -464,11 +470,12 @@ def changed_input(path: str, why: str | None) -> InputError:
     )
 
 
-def _opened(path: str) -> int:
-    """A descriptor of the input file at ``path``, never through a symbolic link;
-    :class:`InputError` when it is gone or was swapped since it was measured."""
+def _opened(opener: Opener, path: str) -> int:
+    """A descriptor of the input file at ``path``, no component of it followed if it is
+    a symbolic link; :class:`InputError` when it is gone or was swapped since it was
+    measured."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return opener.open_file(path)
     except OSError as exc:
         raise changed_input(path, exc.strerror) from exc
 
@@ -477,11 +484,15 @@ CUT_WINDOW = 64 * 1024
 
 
 def _line_ranges(
-    item: InputFile, offset: int, segment_bytes: int, tag_of: Callable[[bytes], str]
+    item: InputFile,
+    offset: int,
+    segment_bytes: int,
+    tag_of: Callable[[bytes], str],
+    opener: Opener,
 ) -> Iterator[tuple[int, int, int, str]]:
     """(offset, length, size without a header, tag) of each chunk of a line format: cut
     after the first newline at or past ``segment_bytes``, so records never split."""
-    fd = _opened(item.path)
+    fd = _opened(opener, item.path)
     try:
         while offset < item.size:
             end = _line_end(fd, min(item.size, offset + segment_bytes) - 1, item.size)
@@ -523,10 +534,10 @@ def _first_line(fd: int, start: int, end: int) -> bytes:
     return head
 
 
-def _header_line(item: InputFile) -> bytes:
+def _header_line(item: InputFile, opener: Opener) -> bytes:
     """A CSV file's header line, newline included: the first line of each of its
     segments, so a segment is a CSV file Spark reads with ``header``."""
-    with os.fdopen(_opened(item.path), "rb") as handle:
+    with os.fdopen(_opened(opener, item.path), "rb") as handle:
         line = handle.readline(item.data_start)
     return line if line.endswith(b"\n") else line + b"\n"
 
@@ -550,7 +561,7 @@ def _csv_tagger(header: bytes, route_by: str) -> Callable[[bytes], str]:
 
 
 def _parquet_chunks(
-    item: InputFile, offset: int, segment_bytes: int, route_by: str
+    item: InputFile, offset: int, segment_bytes: int, route_by: str, opener: Opener
 ) -> Iterator[tuple[int, int, bytes, str]]:
     """(first row, rows, Parquet file, tag) of each chunk: the input's rows cut into
     Parquet files of about ``segment_bytes`` in memory, columns and types kept. Read a
@@ -561,7 +572,7 @@ def _parquet_chunks(
 
     # Closed when the chunks end or the source stops reading them (the generator's
     # close), not whenever the garbage collector gets to it.
-    with os.fdopen(_opened(item.path), "rb") as handle:
+    with os.fdopen(_opened(opener, item.path), "rb") as handle:
         groups = _RowGroups(pq.ParquetFile(handle))
         rows_per_chunk = max(1, segment_bytes // groups.row_bytes())
         while offset < item.size:

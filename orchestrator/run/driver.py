@@ -473,7 +473,11 @@ class RunDriver:
         ):
             return False
         # Merged, all of it: a landing folder's last files are archived or deleted now.
-        self.pacer.input.housekeeping(now=True)
+        try:
+            self.pacer.input.housekeeping(now=True)
+        except InputError as exc:  # its folder was swapped: nothing is cleaned through it
+            self._input_failed(exc)
+            return False
         # The input ended: its watermark is past every window. A sink that cannot take
         # them failed the run, which the next loop reports (never settled as complete).
         if not self._close_windows(final=True):

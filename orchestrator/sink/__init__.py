@@ -2,6 +2,7 @@
 pipeline names, or Parquet files below the sink root, each window written exactly once
 (``targets``).
 
-May import: nothing else of the orchestrator (settings, ``sparkjobs`` definitions):
-the ledger calls a target inside its transaction, never the other way round.
+May import: ``orchestrator.pipeline`` (folders opened beneath a root, ``beneath``),
+nothing else of the orchestrator (settings, ``sparkjobs`` definitions): the ledger
+calls a target inside its transaction, never the other way round.
 """

@@ -17,13 +17,14 @@ watermark (``orchestrator/ledger/windows.py``), and is exactly once:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
@@ -33,6 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
+from orchestrator.pipeline.beneath import Folder, LeavesRoot, open_root
 from sparkjobs.event_time import iso
 
 MANIFEST = "_manifest.json"
@@ -277,51 +279,55 @@ class ParquetFolder:
     def in_ledger_transaction(self) -> bool:
         return False
 
-    def folder(self) -> Path:
-        root = Path(os.path.realpath(settings.BPCONSOLE_SINK_ROOT))
-        folder = Path(os.path.realpath(root / self.path))
-        if folder != root and root not in folder.parents:
-            raise SinkError(f"path {self.path!r} leaves the sink root")
-        return folder
-
-    def check(self) -> None:
-        folder = self.folder()
+    def folder(self) -> Folder:
+        """The folder, made where missing, walked from the sink root's descriptor with
+        no component followed if it is a symbolic link (a link inside the root pointing
+        out of it included); the caller closes it."""
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
-                pass
+            with open_root(settings.BPCONSOLE_SINK_ROOT, create=True) as root:
+                return root.open_folder(self.path, shown=self.path, create=True)
+        except LeavesRoot as exc:
+            raise SinkError(f"path {self.path!r} leaves the sink root: {exc}") from None
         except OSError as exc:
             raise SinkError(f"path {self.path!r} cannot be written: {exc.strerror}") from exc
+
+    def check(self) -> None:
+        with self.folder() as folder:
+            try:
+                probe = f".probe-{secrets.token_hex(8)}"
+                os.close(folder.create(probe))
+                folder.unlink(probe)
+            except OSError as exc:
+                raise SinkError(f"path {self.path!r} cannot be written: {exc.strerror}") from exc
 
     def write(self, run_id: int, rows: Sequence[ClosedRow]) -> None:
         if not rows:
             return
-        folder = self.folder()
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            by_window: dict[tuple[int, int], list[ClosedRow]] = {}
-            for r in rows:
-                by_window.setdefault((r.start_us, r.end_us), []).append(r)
-            entries = []
-            for (start, end), window_rows in sorted(by_window.items()):
-                name = f"window-{start}.parquet"
-                _write_parquet(folder / name, run_id, window_rows)
-                entries.append(
-                    {
-                        "start": iso(start),
-                        "end": iso(end),
-                        "start_us": start,
-                        "file": name,
-                        "rows": len(window_rows),
-                        "run": run_id,
-                    }
-                )
-            _add_to_manifest(folder / MANIFEST, entries)
-        except OSError as exc:
-            raise SinkError(f"path {self.path!r} cannot be written: {exc.strerror}") from exc
+        with self.folder() as folder:
+            try:
+                by_window: dict[tuple[int, int], list[ClosedRow]] = {}
+                for r in rows:
+                    by_window.setdefault((r.start_us, r.end_us), []).append(r)
+                entries = []
+                for (start, end), window_rows in sorted(by_window.items()):
+                    name = f"window-{start}.parquet"
+                    _write_parquet(folder, name, run_id, window_rows)
+                    entries.append(
+                        {
+                            "start": iso(start),
+                            "end": iso(end),
+                            "start_us": start,
+                            "file": name,
+                            "rows": len(window_rows),
+                            "run": run_id,
+                        }
+                    )
+                _add_to_manifest(folder, entries)
+            except OSError as exc:
+                raise SinkError(f"path {self.path!r} cannot be written: {exc.strerror}") from exc
 
 
-def _write_parquet(path: Path, run_id: int, rows: Sequence[ClosedRow]) -> None:
+def _write_parquet(folder: Folder, name: str, run_id: int, rows: Sequence[ClosedRow]) -> None:
     rows = sorted(rows, key=lambda r: r.key)
     table = pa.Table.from_pydict(
         {
@@ -338,37 +344,42 @@ def _write_parquet(path: Path, run_id: int, rows: Sequence[ClosedRow]) -> None:
         },
         schema=PARQUET_SCHEMA,
     )
-    _atomically(path, lambda handle: pq.write_table(table, handle))
+    _atomically(folder, name, lambda handle: pq.write_table(table, handle))
 
 
-def _add_to_manifest(path: Path, entries: list[dict[str, Any]]) -> None:
+def _add_to_manifest(folder: Folder, entries: list[dict[str, Any]]) -> None:
     kept: dict[int, dict[str, Any]] = {}
-    if path.exists():
-        for entry in json.loads(path.read_text())["windows"]:
-            kept[int(entry["start_us"])] = entry
+    try:
+        fd = folder.open_file(MANIFEST, shown=MANIFEST)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+    else:
+        with os.fdopen(fd, "rb") as handle:
+            for entry in json.load(handle)["windows"]:
+                kept[int(entry["start_us"])] = entry
     for entry in entries:
         kept[int(entry["start_us"])] = entry
     body = json.dumps({"windows": [kept[s] for s in sorted(kept)]}, indent=1).encode()
-    _atomically(path, lambda handle: handle.write(body))
+    _atomically(folder, MANIFEST, lambda handle: handle.write(body))
 
 
-def _atomically(path: Path, write: Any) -> None:
-    """Write aside, flush to disk, rename over: readers see the old file or the new."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def _atomically(folder: Folder, name: str, write: Any) -> None:
+    """Write aside, flush to disk, rename over: readers see the old file or the new.
+    Every step is relative to the folder's descriptor, and pyarrow writes to the file
+    object of a descriptor opened here (never a path it would resolve itself)."""
+    tmp = f".{name}.{secrets.token_hex(8)}"
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with os.fdopen(folder.create(tmp), "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        Path(tmp).replace(path)
+        folder.rename(tmp, folder, name)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            folder.unlink(tmp)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    folder.sync()
 
 
 def sink_of(params: Mapping[str, object]) -> Sink:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from django.conf import settings
+
 from balancer.units import MB
+from orchestrator.pipeline.beneath import Roots
 from orchestrator.pipeline.inputs import Chunk, InputFile, chunks, recorded_inputs
 from orchestrator.source.base import SourceLag
 
@@ -19,6 +22,9 @@ class FileSource:
     ) -> None:
         fmt = input_spec.get("format", "jsonl")
         self.files: list[InputFile] = recorded_inputs(input_spec, fmt)
+        # Every file is opened by a walk from its input root's descriptor, held from
+        # here to the run's end, no component followed if it is a link (ADR 12).
+        self.roots = Roots(settings.INPUT_ROOTS)
         self._chunks: Iterator[Chunk] | None = chunks(
             self.files,
             fmt,
@@ -30,6 +36,7 @@ class FileSource:
             # The run's input files are the user's, named when it was created and not
             # changed under it: a whole one is read where it is (ADR 11).
             in_place=True,
+            opener=self.roots,
         )
 
     def next_chunk(self) -> Chunk | None:
@@ -59,3 +66,4 @@ class FileSource:
 
     def close(self) -> None:
         self._chunks = None
+        self.roots.close()

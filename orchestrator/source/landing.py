@@ -16,11 +16,20 @@ kept, moved to the archive folder or deleted, as the source's ``clean`` says (Sp
 ``cleanSource``). Archived or deleted, the folder itself says where the next run starts;
 kept, a named ``checkpoint`` does: a run skips the files its checkpoint's earlier runs
 read (their rows are kept for as long as the runs are).
+
+The folder (and the archive folder) is opened when the source is, by a walk from its
+input root that follows no symbolic link, and held by its descriptor for the source's
+life: every listing, open, stat, rename and delete is relative to it, so nothing is
+read, moved or deleted through a link put in the folder's place. Each listing and each
+clean-up first walks the path again: a folder that is no longer the one held (a link,
+another folder, gone) fails the run, naming it (ADR 12).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
 import fnmatch
 import logging
 import os
@@ -38,6 +47,7 @@ from balancer.units import MB
 from orchestrator.ledger.events import record_event
 from orchestrator.ledger.segments import StaleEpochError
 from orchestrator.models import Run, Segment, SourceFile
+from orchestrator.pipeline.beneath import Folder, Roots
 from orchestrator.pipeline.inputs import Chunk, InputError, InputFile, chunks, measure_file
 from orchestrator.source.base import SourceLag
 from orchestrator.source.spec import LandingSpec
@@ -65,6 +75,20 @@ class LandingFolderSource:
         position: Mapping[str, Any],
     ) -> None:
         self.run_id, self.epoch, self.spec = run_id, epoch, spec
+        self.roots = Roots(settings.INPUT_ROOTS)
+        with contextlib.ExitStack() as opened:  # all closed again if one does not open
+            opened.callback(self.roots.close)
+            self.folder = opened.enter_context(
+                self._open("landing folder", spec.folder, create=False)
+            )
+            self.archive: Folder | None = None
+            if spec.clean == "archive":
+                self.archive = opened.enter_context(
+                    self._open("archive folder", spec.archive, create=True)
+                )
+            opened.pop_all()  # held from here until close()
+        # The folder's files, opened relative to the folder held.
+        self.inside = Roots((), held={spec.folder: self.folder})
         self.segment_bytes = max(1, int(float(params.get("segment_mb", 1.0)) * MB))
         self.route_by = str(params.get("route_by", "key"))
         # The position after the last chunk in the ledger, and after the last one read
@@ -102,6 +126,29 @@ class LandingFolderSource:
         self.stopped = False
         self.finishing: int | None = None  # the file a stopped source still reads to its end
         self.last_scan = self.last_housekeeping = 0.0
+
+    def _open(self, what: str, path: str, *, create: bool) -> Folder:
+        """The folder at ``path`` walked from its input root, no component followed if
+        it is a link (made when missing and ``create``)."""
+        try:
+            return self.roots.open_folder(path, create=create)
+        except OSError as exc:
+            raise InputError(f"the {what} cannot be opened: {exc}") from None
+
+    def _check_folders(self) -> None:
+        """Raise :class:`InputError` unless the path of each folder held still walks to
+        the folder held: one swapped since the source opened it is never followed."""
+        held = [("landing folder", self.spec.folder, self.folder)]
+        if self.archive is not None:
+            held.append(("archive folder", self.spec.archive, self.archive))
+        for what, path, folder in held:
+            with self._open(what, path, create=False) as now:
+                same = now.identity == folder.identity
+            if not same:
+                raise InputError(
+                    f"the {what} {path} was replaced by another folder since the run "
+                    "opened it; the run reads and cleans only the folder it opened"
+                )
 
     def _read_before(self) -> dict[str, int]:
         """The files that earlier runs with this checkpoint read whole over this folder,
@@ -167,6 +214,7 @@ class LandingFolderSource:
             # Copied, never linked: a file rewritten after it was taken must not change
             # what the run took (ADR 11).
             in_place=False,
+            opener=self.inside,
         )
 
     @property
@@ -221,10 +269,11 @@ class LandingFolderSource:
         if now - self.last_scan < SCAN_S:
             return
         self.last_scan = now
+        self._check_folders()
         wall = time.time()
         found: list[tuple[int, str, int]] = []
         try:
-            entries = list(os.scandir(self.spec.folder))
+            entries = list(self.folder.scandir())
         except OSError as exc:
             self._report_once(
                 self.spec.folder, f"the landing folder cannot be listed: {exc.strerror or exc}"
@@ -260,7 +309,7 @@ class LandingFolderSource:
         taken: list[tuple[InputFile, int]] = []
         for path, mtime_ns in paths[:MAX_FILES_PER_SCAN]:
             try:
-                taken.append((measure_file(Path(path), self.spec.format), mtime_ns))
+                taken.append((measure_file(Path(path), self.spec.format, self.inside), mtime_ns))
             except (OSError, ValueError) as exc:
                 self._report_once(path, f"file {path} cannot be read: {exc}")
         if not taken:
@@ -291,7 +340,7 @@ class LandingFolderSource:
         """Is the file still as it was taken? Checked before each chunk of it is cut."""
         item = self.files[index]
         try:
-            stat = Path(item.path).stat()
+            stat = self.folder.stat(Path(item.path).name)
             same = stat.st_mtime_ns == self.mtimes[index]
         except OSError:
             same = False
@@ -340,6 +389,7 @@ class LandingFolderSource:
         )
         if not read:
             return
+        self._check_folders()
         busy = set(
             Segment.objects.filter(run_id=self.run_id, origin_file__in=list(read))
             .exclude(state=Segment.State.DONE)
@@ -375,19 +425,39 @@ class LandingFolderSource:
         ).delete()
 
     def _clean(self, path: Path) -> str:
-        """Archive or delete ``path``; returns where its data is now (the same path
-        once deleted: the row keeps the name it came under)."""
-        if self.spec.clean == "delete":
-            path.unlink(missing_ok=True)
+        """Archive or delete ``path`` in the folder held; returns where its data is now
+        (the same path once deleted: the row keeps the name it came under)."""
+        if self.archive is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.folder.unlink(path.name)
             return str(path)
-        archive = Path(self.spec.archive)
-        archive.mkdir(parents=True, exist_ok=True)
-        target = archive / path.name
-        if target.exists():  # a name used before (a producer restarted its numbering)
-            target = archive / f"{path.stem}.run{self.run_id}-{time.time_ns()}{path.suffix}"
-        if path.exists():
-            shutil.move(str(path), str(target))
-        return str(target)
+        name = path.name
+        if _exists(self.archive, name):  # a name used before (a producer restarted its numbering)
+            name = f"{path.stem}.run{self.run_id}-{time.time_ns()}{path.suffix}"
+        try:
+            self.folder.rename(path.name, self.archive, name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            self._copy_to_archive(path, self.archive, name)
+        return str(Path(self.spec.archive) / name)
+
+    def _copy_to_archive(self, path: Path, archive: Folder, name: str) -> None:
+        """Move ``path`` to an archive folder on another file system: copied through
+        the two folders' descriptors, synced, then deleted from the landing folder."""
+        with os.fdopen(self.folder.open_file(path.name, shown=str(path)), "rb") as source:
+            created = archive.create(name, os.fstat(source.fileno()).st_mode & 0o777)
+            try:
+                with os.fdopen(created, "wb") as target:
+                    shutil.copyfileobj(source, target)
+                    target.flush()
+                    os.fsync(target.fileno())
+            except BaseException:
+                archive.unlink(name)
+                raise
+        self.folder.unlink(path.name)
 
     def _catch_up_read_states(self) -> None:
         """Files whose last chunk reached the ledger just before a crash are read."""
@@ -400,3 +470,15 @@ class LandingFolderSource:
 
     def close(self) -> None:
         self.current = None
+        self.inside.close()  # the landing folder with it
+        if self.archive is not None:
+            self.archive.close()
+        self.roots.close()
+
+
+def _exists(folder: Folder, name: str) -> bool:
+    try:
+        folder.stat(name)
+    except FileNotFoundError:
+        return False
+    return True

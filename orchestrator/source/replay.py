@@ -3,7 +3,8 @@
 The check an operator (and the tests) make of a continuous run: its results must equal
 the plain Spark job over the data it ingested, no more and no less. A landing folder's
 files are read from where they are now (the folder, or the archive folder once
-cleaned) up to the size the run took; a stream's entries are read again with XRANGE.
+cleaned) up to the size the run took, each opened by a walk from its input root that
+follows no symbolic link; a stream's entries are read again with XRANGE.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.conf import settings
 
 from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.models import Run, SourceFile
+from orchestrator.pipeline.beneath import Roots
 from orchestrator.source.spec import LandingSpec, StreamSpec, unbounded_spec
 from orchestrator.source.stream import Entries, entry_id, line_of, taken_marks
 
@@ -52,14 +54,18 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> int:
             "what it took in can no longer be replayed whole"
         )
     written = 0
-    with out.open("wb") as sink:
+    with Roots(settings.INPUT_ROOTS) as roots, out.open("wb") as sink:
         for row in rows:
             start, end = extent[row.index]
             if end <= start:
                 continue
             if row.state == SourceFile.State.CLEANED and spec.clean == "delete":
                 raise ReplayError(f"{row.path} was deleted once merged (clean: delete)")
-            with Path(row.path).open("rb") as source:
+            try:
+                fd = roots.open_file(row.path)
+            except OSError as exc:
+                raise ReplayError(f"{row.path} cannot be read again: {exc}") from None
+            with os.fdopen(fd, "rb") as source:
                 source.seek(start)
                 body = source.read(end - start)
             if len(body) != end - start:

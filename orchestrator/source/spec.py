@@ -237,6 +237,9 @@ def _folder(raw: object, what: str, roots: Sequence[Path] | None, *, must_exist:
     path = Path(raw.strip())
     if not path.is_absolute():
         path = Path(os.path.realpath(roots[0])) / path if roots else path.resolve()
+    elif roots is None:
+        # Recorded resolved, as a console path is: the source walks it following no link.
+        path = path.resolve()
     if roots is not None:
         real_roots = [Path(os.path.realpath(r)) for r in roots]
         real = Path(os.path.realpath(path))

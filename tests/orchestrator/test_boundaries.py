@@ -37,7 +37,7 @@ EVERYTHING = frozenset({*ROOMS, "models", "celery", "tasks", "service", "managem
 # What each part of orchestrator/ may import of the orchestrator, besides itself.
 ALLOWED: dict[str, frozenset[str]] = {
     "pipeline": frozenset(),
-    "sink": frozenset(),
+    "sink": frozenset({"pipeline"}),
     "ledger": frozenset({"models", "pipeline", "sink"}),
     "zk": frozenset({"pipeline", "services"}),
     "rescale": frozenset({"models", "ledger", "pipeline", "zk"}),

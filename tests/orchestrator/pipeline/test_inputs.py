@@ -119,8 +119,10 @@ def test_without_a_kernel_copy_the_bytes_go_through_user_space(
 def test_a_failed_copy_leaves_no_segment_file(tmp_path: Path) -> None:
     (tmp_path / "in.jsonl").write_bytes(b'{"key":"a"}\n')
     target = tmp_path / "out" / "c0.jsonl"
+    fd = os.open(tmp_path / "in.jsonl", os.O_RDONLY)
     with pytest.raises(OSError, match="ended"):
-        segments.copy_atomic(target, str(tmp_path / "in.jsonl"), 0, 100, newline=False)
+        segments.copy_atomic(target, fd, 0, 100, newline=False)
+    os.close(fd)
     assert list(target.parent.iterdir()) == []
 
 
@@ -193,10 +195,32 @@ def test_an_input_swapped_for_a_symbolic_link_is_neither_linked_nor_copied(
     (tmp_path / "in.jsonl").symlink_to(tmp_path / "secret")
     target = tmp_path / "out" / "c0.jsonl"
     # Then the segment is refused, and nothing of the other file is written
-    assert not segments.link_atomic(target, chunk.path, chunk.size)
     with pytest.raises(InputError, match=r"in\.jsonl changed since it was measured"):
         write_chunk(target, chunk)
-    assert list(target.parent.iterdir()) == []
+    assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_an_input_whose_folder_became_a_link_is_neither_linked_nor_copied(
+    tmp_path: Path, in_place: bool
+) -> None:
+    # Given an input file checked and cut, then its folder (not the file) replaced by a
+    # link to a folder holding a file of the same name and size
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(b'{"key":"k"}\n')
+    (chunk,) = cut(tmp_path / "in" / "a.jsonl", segment_bytes=1 << 20, in_place=in_place)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.jsonl").write_bytes(b'{"key":"s"}\n')
+    (tmp_path / "in").rename(tmp_path / "in.old")
+    (tmp_path / "in").symlink_to(tmp_path / "other", target_is_directory=True)
+    # Then the segment is refused, naming the file and the link, and nothing of the
+    # other file is written
+    target = tmp_path / "out" / "c0.jsonl"
+    with pytest.raises(InputError, match=r"in/a\.jsonl changed since it was measured") as refused:
+        write_chunk(target, chunk)
+    assert f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in str(refused.value)
+    assert not target.parent.exists()
+    assert (tmp_path / "other" / "a.jsonl").stat().st_nlink == 1
 
 
 @pytest.mark.parametrize("in_place", [True, False])

@@ -545,6 +545,37 @@ def test_a_sink_that_cannot_be_written_is_refused_before_the_run_exists(
     assert Run.objects.count() == before
 
 
+def test_a_parquet_folder_swapped_for_a_link_to_another_pipelines_fails_the_run_writing_nothing(
+    workers, tmp_path: Path
+) -> None:
+    # Given a run whose Parquet sink writes below the root, in "<ours>/minutes", and
+    # another pipeline's folder of windows beside it
+    ours, theirs = f"test-{uuid.uuid4().hex[:8]}", f"test-{uuid.uuid4().hex[:8]}"
+    doc = windowed(skewed_reference())
+    sinking(doc, sink="parquet", path=f"{ours}/minutes")
+    run = create_run(
+        topology=doc, policy=policy(), input_path=str(write_events(tmp_path, 2_000, 17))
+    )
+    root = settings.BPCONSOLE_SINK_ROOT
+    (root / theirs / "minutes").mkdir(parents=True)
+    (root / theirs / "minutes" / "_manifest.json").write_text('{"windows": []}')
+    # When, after the run was checked, its first folder becomes a link to the other's
+    (root / ours / "minutes").rmdir()
+    (root / ours).rmdir()
+    (root / ours).symlink_to(root / theirs, target_is_directory=True)
+    start_run(run)
+    # Then the run fails naming the link, and nothing is written in the other's folder
+    run = wait_until_done(run)
+    assert run.status == "failed"
+    assert run.error == (
+        f"the sink could not be written: path '{ours}/minutes' leaves the sink root: "
+        f"{ours}/minutes: '{ours}' is a symbolic link, which is never followed"
+    )
+    assert [p.name for p in (root / theirs / "minutes").iterdir()] == ["_manifest.json"]
+    assert (root / theirs / "minutes" / "_manifest.json").read_text() == '{"windows": []}'
+    assert not WindowKey.objects.filter(run=run, closed_at__isnull=False).exists()
+
+
 def test_a_parquet_folder_gone_unwritable_fails_the_run_with_why_and_commits_nothing(
     workers, tmp_path: Path
 ) -> None:

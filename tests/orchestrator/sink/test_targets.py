@@ -77,6 +77,31 @@ def test_a_parquet_path_leaving_the_sink_root_is_refused(tmp_path: Path) -> None
     assert list(outside.iterdir()) == []
 
 
+def test_a_folder_swapped_for_a_link_inside_the_root_is_refused_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    # Given a sink written once, then a folder of its path (not the last) replaced by a
+    # link to another pipeline's folder inside the same root
+    with override_settings(BPCONSOLE_SINK_ROOT=tmp_path):
+        sink = ParquetFolder("team/minutes")
+        sink.check()
+        sink.write(7, rows(0, 1))
+        ParquetFolder("theirs/minutes").write(8, rows(0, 2))
+        theirs = {p.name: p.read_bytes() for p in (tmp_path / "theirs/minutes").iterdir()}
+        (tmp_path / "team").rename(tmp_path / "team.old")
+        (tmp_path / "team").symlink_to(tmp_path / "theirs", target_is_directory=True)
+        # Then the next write and the next check are refused, naming the path and the link
+        for step in (lambda: sink.write(7, rows(10, 1)), sink.check):
+            with pytest.raises(SinkError) as refused:
+                step()
+            assert str(refused.value) == (
+                "path 'team/minutes' leaves the sink root: team/minutes: 'team' is a symbolic "
+                "link, which is never followed"
+            )
+    # And nothing of the other pipeline's folder changed
+    assert {p.name: p.read_bytes() for p in (tmp_path / "theirs/minutes").iterdir()} == theirs
+
+
 def test_a_folder_that_cannot_be_written_is_refused_with_why(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a folder")
     with (

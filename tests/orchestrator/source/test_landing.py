@@ -4,6 +4,8 @@ never reads a changed file again, and cleans a file only once all of it is merge
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from orchestrator.ledger.ingested import ingested_extent
 from orchestrator.ledger.segments import StaleEpochError
 from orchestrator.models import Event, Run, Segment, SourceFile
-from orchestrator.pipeline.inputs import Chunk, write_chunk
+from orchestrator.pipeline.inputs import Chunk, InputError, write_chunk
 from orchestrator.source.landing import LandingFolderSource
 from orchestrator.source.replay import ReplayError, write_ingested
 from orchestrator.source.spec import LandingSpec
@@ -364,3 +366,155 @@ def test_the_files_of_a_failed_run_are_read_again_by_its_checkpoint(tmp_path) ->
     again = _run(spec)
     _read_all(LandingFolderSource(again.pk, 1, spec, PARAMS, {}))
     assert SourceFile.objects.filter(run=again).count() == 1
+
+
+def _swap_for_link(folder: Path, target: Path) -> None:
+    """``folder`` renamed away and a symbolic link to ``target`` put in its place."""
+    folder.rename(folder.with_name(folder.name + ".old"))
+    folder.symlink_to(target, target_is_directory=True)
+
+
+def test_a_folder_swapped_for_a_link_mid_run_fails_and_nothing_is_read_or_deleted_through_it(
+    tmp_path, settings
+) -> None:
+    # Given a landing run (clean: delete) over a folder of the input root, one file read
+    root, other = tmp_path / "inputs", tmp_path / "other"
+    (root / "landing").mkdir(parents=True)
+    other.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(str(root / "landing"), "*.jsonl", stable_s=0, clean="delete")
+    run = _run(spec)
+    _land(root / "landing", "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    assert len(_read_all(source)) == 1
+    # When the folder is swapped for a link to a folder outside the root, holding a file
+    # of the same name and a new one
+    _swap_for_link(root / "landing", other)
+    _land(other, "1.jsonl", 4)
+    _land(other, "2.jsonl", 4)
+    # Then cleaning up fails, naming the folder, and deletes nothing through the link
+    with pytest.raises(InputError) as failed:
+        source.housekeeping(now=True)
+    assert str(failed.value) == (
+        f"the landing folder cannot be opened: {root / 'landing'}: 'landing' is a symbolic "
+        "link, which is never followed"
+    )
+    # And the next listing fails the same way, taking nothing from it
+    source.last_scan = 0.0
+    with pytest.raises(InputError, match="'landing' is a symbolic link"):
+        source.next_chunk()
+    source.close()
+    assert sorted(p.name for p in other.iterdir()) == ["1.jsonl", "2.jsonl"]
+    assert list(SourceFile.objects.filter(run=run).values_list("path", flat=True)) == [
+        str(root / "landing" / "1.jsonl")
+    ]
+    assert (root / "landing.old" / "1.jsonl").exists()
+
+
+def test_a_folder_above_the_landing_folder_swapped_for_a_link_before_the_run_fails_it(
+    tmp_path, settings
+) -> None:
+    # Given a landing folder two levels below the input root, then the folder between
+    # them replaced by a link to a folder outside the root holding the same names
+    root, outside = tmp_path / "inputs", tmp_path / "outside"
+    (root / "team" / "landing").mkdir(parents=True)
+    (outside / "landing").mkdir(parents=True)
+    _land(outside / "landing", "secret.jsonl", 4)
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(str(root / "team" / "landing"), "*.jsonl", stable_s=0, clean="delete")
+    run = _run(spec)
+    _swap_for_link(root / "team", outside)
+    # Then the source does not open, saying which folder, and nothing is taken
+    with pytest.raises(InputError, match="'team' is a symbolic link, which is never followed"):
+        LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    assert not SourceFile.objects.filter(run=run).exists()
+    assert (outside / "landing" / "secret.jsonl").exists()
+
+
+def test_a_landing_folder_replaced_by_another_folder_fails_the_run(tmp_path, settings) -> None:
+    root = tmp_path / "inputs"
+    (root / "landing").mkdir(parents=True)
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(str(root / "landing"), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    source = LandingFolderSource(run.pk, 1, spec, PARAMS, {})
+    (root / "landing").rename(root / "landing.old")
+    (root / "landing").mkdir()
+    _land(root / "landing", "1.jsonl", 4)
+    source.last_scan = 0.0
+    with pytest.raises(InputError, match="was replaced by another folder since the run opened"):
+        source.next_chunk()
+    source.close()
+    assert not SourceFile.objects.filter(run=run).exists()
+
+
+def test_an_archive_folder_swapped_for_a_link_receives_nothing_through_it(
+    tmp_path, settings
+) -> None:
+    root, outside = tmp_path / "inputs", tmp_path / "outside"
+    (root / "landing").mkdir(parents=True)
+    outside.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(
+        str(root / "landing"), "*.jsonl", stable_s=0, clean="archive", archive=str(root / "old")
+    )
+    run = _run(spec)
+    _land(root / "landing", "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    assert (root / "old").is_dir(), "made when the source opened"
+    assert len(_read_all(source)) == 1
+    _swap_for_link(root / "old", outside)
+    with pytest.raises(InputError, match=r"archive folder cannot be opened: .*'old' is a symbolic"):
+        source.housekeeping(now=True)
+    source.close()
+    assert list(outside.iterdir()) == []
+    assert (root / "landing" / "1.jsonl").exists()
+
+
+def test_what_a_run_took_in_is_not_read_again_through_a_folder_swapped_for_a_link(
+    tmp_path, settings
+) -> None:
+    # Given a landing run that read a file (kept in its folder), then the folder swapped
+    # for a link to a folder holding a file of the same name
+    root, outside = tmp_path / "inputs", tmp_path / "outside"
+    (root / "landing").mkdir(parents=True)
+    outside.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    spec = LandingSpec(str(root / "landing"), "*.jsonl", stable_s=0)
+    run = _run(spec)
+    _land(root / "landing", "1.jsonl", 4)
+    source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+    (chunk,) = _read_all(source)
+    source.close()
+    Run.objects.filter(pk=run.pk).update(source_position={"file": 0, "offset": chunk.length})
+    _land(outside, "1.jsonl", 4)
+    _swap_for_link(root / "landing", outside)
+    # Then writing out what it took in is refused, naming the file and the link
+    with pytest.raises(ReplayError, match="'landing' is a symbolic link, which is never followed"):
+        write_ingested(Run.objects.get(pk=run.pk), tmp_path / "replay.jsonl")
+
+
+def test_a_file_is_archived_to_another_file_system_through_the_folders_held(tmp_path) -> None:
+    shm = Path("/dev/shm")  # noqa: S108 - mkdtemp makes a private folder in it
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system (a tmpfs at /dev/shm) on this machine")
+    archive = Path(tempfile.mkdtemp(dir=os.path.realpath(shm))) / "archive"
+    try:
+        landing = tmp_path / "landing"
+        landing.mkdir()
+        spec = LandingSpec(
+            str(landing), "*.jsonl", stable_s=0, clean="archive", archive=str(archive)
+        )
+        run = _run(spec)
+        body = _land(landing, "1.jsonl", 4).read_bytes()
+        (landing / "1.jsonl").chmod(0o640)
+        source = LandingFolderSource(run.pk, 1, spec, {"segment_mb": 1}, {})
+        assert len(_read_all(source)) == 1
+        source.housekeeping(now=True)
+        source.close()
+        assert not (landing / "1.jsonl").exists()
+        assert (archive / "1.jsonl").read_bytes() == body
+        assert (archive / "1.jsonl").stat().st_mode & 0o777 == 0o640
+        assert SourceFile.objects.get(run=run).path == str(archive / "1.jsonl")
+    finally:
+        shutil.rmtree(archive.parent)

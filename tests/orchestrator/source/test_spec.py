@@ -76,6 +76,26 @@ def test_landing_parameters_are_bounded(tmp_path, raw, message) -> None:
         check_landing({"folder": str(tmp_path), **raw}, fmt="jsonl", roots=None)
 
 
+def test_a_command_line_folder_given_through_a_link_is_recorded_resolved(tmp_path) -> None:
+    # The source walks the recorded folder following no link: the link the command line
+    # named is resolved once, when the run is created.
+    (tmp_path / "real" / "landing").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    spec = check_landing(
+        {
+            "folder": str(tmp_path / "link" / "landing"),
+            "clean": "archive",
+            "archive": str(tmp_path / "link" / "done"),
+        },
+        fmt="jsonl",
+        roots=None,
+    )
+    assert (spec.folder, spec.archive) == (
+        str(tmp_path / "real" / "landing"),
+        str(tmp_path / "real" / "done"),
+    )
+
+
 def test_an_archive_inside_the_landing_folder_is_refused(tmp_path) -> None:
     with pytest.raises(InputError, match="must not be the landing folder or inside it"):
         check_landing(
