@@ -29,7 +29,7 @@ from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale import alignment, plan
 from orchestrator.worker.lease import LeaseKeeper
-from orchestrator.worker.stopwatch import StopWatch, job_group
+from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel_group, job_group
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
@@ -350,17 +350,23 @@ def _operate(
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     tag_jobs(spark)
-    with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
-        produced = _run_operator(
-            spark,
-            node=node,
-            params=params,
-            inputs=inputs,
-            outputs=outputs,
-            slots=slots,
-            highs={stem: s.high_before_us for stem, s in by_file.items()},
-            together=together,
-        )
+    max_s = settings.BPCONSOLE_BATCH_MAX_S
+    with StopWatch(run.pk, cancel_group(spark, group), max_s=max_s) as watch:
+        try:
+            produced = _run_operator(
+                spark,
+                node=node,
+                params=params,
+                inputs=inputs,
+                outputs=outputs,
+                slots=slots,
+                highs={stem: s.high_before_us for stem, s in by_file.items()},
+                together=together,
+            )
+        except Exception as error:
+            if watch.expired:
+                raise BatchTimeLimitError(max_s) from error
+            raise
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
         run.pk,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.models import Run
-from orchestrator.worker.stopwatch import StopWatch, job_group
+from orchestrator.worker.stopwatch import StopWatch, cancel_group, job_group
 from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -59,3 +59,48 @@ def test_a_running_run_keeps_its_job(spark: Any) -> None:
         spark.sparkContext.setJobGroup(group, "a short batch", interruptOnCancel=True)
         assert spark.range(1000).selectExpr("sum(id) AS s").collect()[0]["s"] == 499500
     assert cancelled == []
+
+
+def test_a_batch_past_its_time_limit_has_its_job_cancelled(spark: Any) -> None:
+    # Given a running run whose batch, limited to 2 s, is in a long Spark job
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(status="running")
+    group = job_group(run.pk)
+    outcome: dict[str, Any] = {}
+    started = time.monotonic()
+    with StopWatch(run.pk, cancel_group(spark, group), max_s=2) as watch:
+        job = threading.Thread(target=long_job, args=(spark, group, outcome))
+        job.start()
+        job.join(30)
+        # Then the job was cancelled soon after the limit, the run left running
+        assert not job.is_alive()
+        assert time.monotonic() - started < 8
+    assert watch.expired
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert "cancelled" in outcome["result"], outcome["result"][:500]
+
+
+def test_a_stop_while_a_batch_is_planned_cancels_the_job_it_plans(spark: Any) -> None:
+    # Given a running run whose batch has not submitted its job yet (Spark is planning
+    # its query, which no cancellation interrupts)
+    run = pending_run("reference")
+    Run.objects.filter(pk=run.pk).update(status="running")
+    group = job_group(run.pk)
+    fired = threading.Event()
+    cancel = cancel_group(spark, group)
+
+    def cancel_and_say() -> None:
+        cancel()
+        fired.set()
+
+    outcome: dict[str, Any] = {}
+    with StopWatch(run.pk, cancel_and_say):
+        # When the run is stopped before the job exists
+        Run.objects.filter(pk=run.pk).update(status="cancelled")
+        assert fired.wait(10)
+        # Then the job the planning ends in is cancelled as it is submitted
+        job = threading.Thread(target=long_job, args=(spark, group, outcome))
+        job.start()
+        job.join(30)
+        assert not job.is_alive()
+    assert outcome["seconds"] < 5 and "cancelled" in outcome["result"], outcome
