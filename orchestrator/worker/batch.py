@@ -168,6 +168,14 @@ def process_batch(
             raise  # not the operator's failure: the task's retry policy and the lease
         except Exception as error:  # noqa: BLE001 - any operator error is this batch's
             if _spark_died(error):
+                out_of_memory = _out_of_memory()
+                if out_of_memory is not None:
+                    # This batch may have exhausted the JVM: counted as its failure,
+                    # so it cannot take every new JVM down with it.
+                    failure = _failed(run, node_name, owner, batch, out_of_memory)
+                    return BatchReport(
+                        node_name, len(batch), size, aligned=aligned, failure=failure
+                    )
                 # The engine failed, not the operator: the batch goes back to its pool
                 # unprocessed and uncounted; the next one starts a new session.
                 segments.release(owner, batch)
@@ -263,6 +271,23 @@ def _spark_died(error: Exception) -> bool:
     from sparkjobs.session import jvm_exit_code
 
     return isinstance(error, Py4JNetworkError | ConnectionError) or jvm_exit_code() is not None
+
+
+class JvmOutOfMemoryError(Exception):
+    """The worker's Spark JVM ran out of memory, and ended, under a batch."""
+
+
+def _out_of_memory() -> JvmOutOfMemoryError | None:
+    """Why the worker's JVM that just died ended, when it ran out of memory."""
+    from sparkjobs.session import OUT_OF_MEMORY_EXIT_CODES, jvm_exit_code
+
+    code = jvm_exit_code()
+    if code not in OUT_OF_MEMORY_EXIT_CODES:
+        return None
+    return JvmOutOfMemoryError(
+        f"the Spark JVM ran out of memory under this batch (exit code {code}); "
+        "the worker starts a new one for its next batch"
+    )
 
 
 def _failed(run: Run, node: str, owner: str, batch: list[Segment], error: Exception) -> str:

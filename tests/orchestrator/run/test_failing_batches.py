@@ -1,6 +1,7 @@
 """Poison batches fail the run: an operator error is retried up to the policy's
 ``max_batch_attempts`` and then fails the run with the error, node and segment; an
-expression refused on the worker fails it at once; a dead Spark JVM is replaced."""
+expression refused on the worker fails it at once; a dead Spark JVM is replaced; a JVM
+that runs out of memory ends at once, and says so."""
 
 from __future__ import annotations
 
@@ -110,3 +111,47 @@ def test_a_dead_spark_jvm_is_reported_and_replaced(services, client) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+OUT_OF_MEMORY = """
+from pyspark import SparkContext
+from sparkjobs.session import jvm_exit_code, spark_session
+from orchestrator.worker.batch import _out_of_memory
+spark = spark_session(master="local[1]")
+try:  # 1 GB, folded while Spark plans the query, on a 512 MB heap
+    spark.range(1).selectExpr("length(repeat(repeat('x', 1000000), 1000)) AS n").collect()
+except Exception as error:
+    print("raised", type(error).__name__, flush=True)
+SparkContext._gateway.proc.wait(60)
+print("code", jvm_exit_code(), flush=True)
+print("failure", _out_of_memory(), flush=True)
+"""
+
+
+def test_a_spark_jvm_out_of_memory_ends_at_once_and_says_so(services) -> None:
+    # Given a worker process whose Spark JVM has a small heap
+    env = {
+        **child_env(services),
+        "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
+        "SPARK_DRIVER_MEMORY": "512m",
+    }
+    script = "import django; django.setup()\n" + OUT_OF_MEMORY
+    root = Path(__file__).resolve().parents[3]
+    # When a query exhausts it while Spark plans it (the console's budget bypassed)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    # Then the JVM ended at once with the out-of-memory exit code, rather than serving
+    # other batches half-alive, and the batch's failure says what happened
+    assert "code 3" in lines, (lines, done.stderr[-2000:])
+    assert any(
+        line.startswith("failure the Spark JVM ran out of memory under this batch (exit code 3)")
+        for line in lines
+    ), lines
