@@ -5,7 +5,8 @@ Here, before any job runs, Spark's own SQL parser reads the very text that Spark
 execute, and every node of that parse must be of an allowed kind: a construct the two
 parsers read differently is refused by at least one of them. A field reference must
 name a field of the records, because Spark reads ``user`` or ``current_date`` as a
-function when the data has no field of that name.
+function when the data has no field of that name. What the parse may build is measured
+by the console's budget (``sparkjobs/expression_budget.py``), on Spark's tree.
 """
 
 from __future__ import annotations
