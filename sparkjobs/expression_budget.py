@@ -7,13 +7,14 @@ rules and constants.
 
 Every term gets an upper bound on the UTF-8 bytes of the value it can produce, as a
 linear form ``fixed + sum(coefficient[f] * len(f))`` over the record's fields ``f``
-(a field's length is the bytes of its text). A record operator's fields have no
-length of their own to rely on (any line a source takes in), so the bound says how a
-value grows with its record: a term is admitted while its ``fixed`` part is at most
-``MAX_VALUE_BYTES`` and no field's coefficient is above ``MAX_GROWTH``. A value is
-then never longer than ``MAX_GROWTH`` times its record plus ``MAX_VALUE_BYTES``,
-however the functions nest, and a literal-only term (which Spark folds while it
-plans, where stopping a run cannot reach) is at most ``MAX_VALUE_BYTES``.
+(a field's length is the bytes of its text: a string's, or another value's cast to a
+string). A record operator's fields have no length of their own to rely on (any line a
+source takes in), so the bound says how a value grows with its record: a term is
+admitted while its ``fixed`` part is at most ``MAX_VALUE_BYTES`` and no field's
+coefficient is above ``MAX_GROWTH``. A value is then never longer than ``MAX_GROWTH``
+times its record plus ``MAX_VALUE_BYTES``, however the functions nest, and a
+literal-only term (which Spark folds while it plans, where stopping a run cannot
+reach) is at most ``MAX_VALUE_BYTES``.
 
 Functions that grow a value have rules of their own (``concat`` adds, ``hex``
 doubles, ``repeat`` multiplies by its literal count, ``lpad`` is its literal width,
@@ -54,9 +55,9 @@ TermKind = Literal["column", "string", "number", "literal", "call"]
 class Term:
     """One node of an expression, as the budget needs it.
 
-    ``call`` names a function by Spark's name or an operator by a name of this
-    module (``concat`` for ``||``, ``like``, ``case``, ``extract`` for ``.`` and
-    ``[]``, ``scalar`` for any operator whose value is a number or a boolean).
+    ``call`` names a function by Spark's name or an operator by a name no function
+    has (``||``, ``like``, ``ilike``, ``case``, ``[]`` for a field or an element of a
+    value, ``scalar`` for any operator whose value is a number or a boolean).
     ``text``: a string literal's value, a number literal's text or a column's name.
     """
 
@@ -129,7 +130,7 @@ EITHER_FUNCTIONS = _words(
 )
 #: Functions whose value is their first argument's, each byte up to so many bytes.
 SCALED_FUNCTIONS: Mapping[str, int] = {
-    "extract": 1,
+    "[]": 1,
     "hex": 2,  # two digits a byte
     "upper": 3,  # a letter's capital may be three characters ('ΐ')
     "ucase": 3,
@@ -139,6 +140,7 @@ SCALED_FUNCTIONS: Mapping[str, int] = {
     "translate": 4,  # each character for a character of up to four bytes
     "mask": 4,
     "to_json": 6,  # a control character is written \u0000
+    "get_json_object": 3,  # numbers written again: '1e6' is '1000000.0'
 }
 #: Functions whose value is their format's rendering, each character of the format a
 #: bounded text (a day's name, a zone's, a padded field): the format is their second
@@ -235,7 +237,7 @@ def _bound(term: Term, sizes: list[Size]) -> Size:
         return _most(sizes)
     if name in SCALED_FUNCTIONS:
         first = sizes[0] if sizes else EMPTY
-        return first.times(SCALED_FUNCTIONS[name]) + (EMPTY if name == "extract" else SCALAR)
+        return first.times(SCALED_FUNCTIONS[name]) + (EMPTY if name == "[]" else SCALAR)
     if name in FORMAT_FUNCTIONS:
         fmt = sizes[1] if len(sizes) > 1 else EMPTY
         return fmt.times(FORMAT_CHAR_BYTES) + SCALAR

@@ -131,7 +131,7 @@ _BUILDING_NODES = {
     "Concat": "||",  # the parse of a || b; concat(a, b) stays a function
     "CaseWhen": "case",
     "Cast": "cast",
-    "UnresolvedExtractValue": "extract",
+    "UnresolvedExtractValue": "[]",
     "CreateNamedStruct": "named_struct",
     "Like": "like",
     "ILike": "ilike",

@@ -744,7 +744,7 @@ def check(text: str, *, project: bool = False) -> list[ExpressionProblem]:
 
 # Operators whose value is the value of their operands, as the budget names them; any
 # other operator's value is a number or a boolean.
-_BUILDING_OPERATORS = {"||": "||", "case": "case", ".": "extract", "[]": "extract"}
+_BUILDING_OPERATORS = {"||": "||", "case": "case", ".": "[]", "[]": "[]"}
 
 
 def term(node: Node) -> expression_budget.Term:

@@ -149,8 +149,16 @@ def test_an_admitted_like_is_linear_in_the_length_of_its_value(spark: Any) -> No
 
 
 # Values that make each growth rule reach its bound: the search of a replace, letters
-# whose capital is three characters, control characters JSON escapes, two-byte letters.
-WORST_VALUES = ["", "a" * 300, "\u0390" * 300, "\x01" * 300, "\u00e9" * 300]
+# whose capital is three characters, control characters JSON escapes, two-byte letters,
+# JSON numbers written longer again.
+WORST_VALUES = [
+    "",
+    "a" * 300,
+    "\u0390" * 300,
+    "\x01" * 300,
+    "\u00e9" * 300,
+    "[" + ",".join(["1e6"] * 75) + "]",
+]
 WORST_RECORDS = [(k, u, 1.5e300) for k in WORST_VALUES for u in WORST_VALUES]
 LITERALS = ["''", "'a'", "'aaaaa'", "'\u00e9'", "'-'", "'%'"]
 counts = st.integers(0, 40).map(str)
@@ -182,6 +190,7 @@ def growing_values(draw: st.DrawFn, depth: int = 3) -> str:
                 f"base64({a})",
                 f"mask({a}, '\u0390', '\u0390', '\u0390')",
                 f"to_json(named_struct('k', {a}))",
+                f"get_json_object({a}, '$')",
                 f"format_string('%-{int(n) + 1}s|%s', {a}, {b})",
                 f"format_number(value, {n})",
                 f"concat_ws({lit}, {a}, {b})",
