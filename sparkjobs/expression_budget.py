@@ -158,7 +158,8 @@ LITERAL_ARGUMENTS: Mapping[str, tuple[int, str]] = {
     "format_number": (1, "its decimal places or format"),
 }
 
-_FORMAT_SPEC = re.compile(r"%(\d+\$|<)?[-#+ 0,(]*(\d+)?(?:\.(\d+))?([tT]?.)?", re.DOTALL)
+# java.util.Formatter's specifiers (its digits are ASCII ones).
+_FORMAT_SPEC = re.compile(r"%(\d+\$|<)?[-#+ 0,(]*(\d+)?(?:\.(\d+))?([tT]?.)?", re.DOTALL | re.ASCII)
 
 
 class _Refusal(Exception):
@@ -295,7 +296,7 @@ def _integer(term: Term) -> int | None:
     if term.kind != "number":
         return None
     text = term.text.rstrip("LlSsYy")
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _width(term: Term, index: int) -> int:

@@ -180,6 +180,8 @@ def test_expressions_that_build_huge_values_are_refused_where_they_grow(
     ("text", "why"),
     [
         ("lpad(key, value, '0') = ''", "at character 11: function 'lpad' takes its length"),
+        ("lpad(key, \u00b2, '0') = ''", "at character 11: function 'lpad' takes its length"),
+        ("repeat(key, \u0663) = ''", "function 'repeat' takes its count as a literal integer"),
         ("repeat(key, 9) = ''", "repeat' could build a value 9 times as long as field 'key'"),
         ("key || key || key || key || key || key || key || key || key = ''", "operator '||'"),
         ("format_string(key, value) = ''", "function 'format_string' takes its format"),
