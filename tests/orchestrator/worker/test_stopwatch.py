@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.models import Run
+from orchestrator.models import Run, Segment
+from orchestrator.worker.batch import process_batch
 from orchestrator.worker.stopwatch import StopWatch, cancel_group, job_group
-from tests.orchestrator.runs import pending_run
+from tests.orchestrator.runs import pending_run, queue_segments, records_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -104,3 +106,23 @@ def test_a_stop_while_a_batch_is_planned_cancels_the_job_it_plans(spark: Any) ->
         job.join(30)
         assert not job.is_alive()
     assert outcome["seconds"] < 5 and "cancelled" in outcome["result"], outcome
+
+
+def test_a_batch_past_its_time_limit_fails_counted_and_says_so(
+    spark: Any, settings: Any, tmp_path: Path
+) -> None:
+    # Given a batch whose time limit passes before its Spark jobs can end
+    settings.DATA_DIR = tmp_path / "data"
+    settings.BPCONSOLE_BATCH_MAX_S = 0.01
+    run = pending_run("reference")
+    # (80,000 records: seconds of Spark work, where the watch looks every 0.25 s)
+    keys = [range(n * 20_000, (n + 1) * 20_000) for n in range(4)]
+    paths = [records_file(tmp_path / f"in{n}.jsonl", k) for n, k in enumerate(keys)]
+    ids = queue_segments(run, paths)
+    # When a worker runs it
+    report = process_batch(run.pk, "task1", None)
+    # Then its jobs were cancelled, its failure says why and counts against its segments,
+    # and the run goes on (the batch is retried)
+    assert "ran past its time limit of 0 s (BPCONSOLE_BATCH_MAX_S)" in report.failure
+    assert set(Segment.objects.filter(pk__in=ids).values_list("failures", flat=True)) == {1}
+    assert Run.objects.get(pk=run.pk).status in Run.ACTIVE
