@@ -182,6 +182,24 @@ def problems(root: Term) -> list[tuple[int, str]]:
     return measure(root)[1]
 
 
+def row_problem(columns: list[Size]) -> str | None:
+    """Why a project's columns, each admitted, could together build too large a row (a
+    row is bounded as one value is), or None."""
+    row = _sum(columns)
+    if row.fixed > MAX_VALUE_BYTES:
+        return (
+            f"the columns together could build a row of {row.fixed:,} bytes "
+            f"(at most {MAX_VALUE_BYTES:,} are allowed)"
+        )
+    if row.growth > MAX_GROWTH:
+        name = max(row.fields, key=lambda n: row.fields[n])
+        return (
+            f"the columns together could build a row {row.growth:,} times as long as field "
+            f"{name!r} (at most {MAX_GROWTH} times are allowed)"
+        )
+    return None
+
+
 def _size(term: Term, found: list[tuple[int, str]]) -> Size | None:
     measured = [_size(arg, found) for arg in term.args]
     sizes = [s for s in measured if s is not None]

@@ -242,6 +242,12 @@ def apply_record_step(
     if operator == "filter":
         return frame.where(admitted(spark, params["condition"], fields=fields))
     if operator == "project":
-        columns = [admitted(spark, e, fields=fields, project=True) for e in params["columns"]]
+        texts = params["columns"]
+        columns = [admitted(spark, e, fields=fields, project=True) for e in texts]
+        terms = [_parse(spark, e).term for e in texts]
+        measured = [expression_budget.measure(t)[0] for t in terms if t is not None]
+        row = expression_budget.row_problem([s for s in measured if s is not None])
+        if row:
+            raise ExpressionRefused(", ".join(texts), [ExpressionProblem(0, row)])
         return frame.select(*keep, *columns)
     raise ValueError(f"unknown record operator {operator!r}")

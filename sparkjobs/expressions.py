@@ -780,6 +780,14 @@ def _refusals(nodes: list[Node]) -> list[ExpressionProblem]:
     return problems
 
 
+def measure(text: str, *, project: bool = False) -> expression_budget.Size | None:
+    """The bound of the value of an admitted ``text`` (sparkjobs/expression_budget.py);
+    None for a text that is not admitted."""
+    if check(text, project=project):
+        return None
+    return expression_budget.measure(term(_Parser(text, project=project).parse()))[0]
+
+
 def admit(text: str, *, project: bool = False) -> str:
     """``text`` unchanged when it is admitted; raises :class:`ExpressionRefused`."""
     problems = check(text, project=project)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkjobs import expressions
-from sparkjobs.expression_budget import Size, measure
+from sparkjobs.catalog import validate_params
 from sparkjobs.expression_guard import apply_record_step, problems
 from sparkjobs.expressions import ExpressionRefused, check
 from tests.sparkjobs.test_expressions import HUGE_VALUES, LEAK_COLUMN, SUBQUERY
@@ -110,6 +110,19 @@ def test_expressions_that_build_huge_values_are_refused_by_sparks_own_parse(
         apply_record_step(records, "filter", {"condition": text}).collect()
 
 
+def test_a_project_whose_columns_together_build_too_large_a_row_is_refused(
+    spark: Any, records: Any
+) -> None:
+    # Given columns each within the budget, together 10 times the key
+    columns = ["hex(hex(key)) AS a", "hex(hex(key)) AS b", "hex(key) AS c"]
+    assert all(problems(spark, c, fields=FIELDS, project=True) == [] for c in columns)
+    # Then the project is refused before any job, as the console refuses it
+    why = "the columns together could build a row 10 times as long as field 'key'"
+    with pytest.raises(ExpressionRefused, match=why):
+        apply_record_step(records, "project", {"columns": columns})
+    assert why in " ".join(validate_params("project", "operator", {"columns": columns}))
+
+
 def test_growth_functions_within_the_budget_give_what_plain_spark_gives(
     spark: Any, records: Any
 ) -> None:
@@ -203,12 +216,6 @@ def growing_values(draw: st.DrawFn, depth: int = 3) -> str:
     )
 
 
-def bound_of(text: str) -> Size | None:
-    """The console's bound of the value of ``text``."""
-    parsed = expressions._Parser(text, project=False).parse()  # the tree check() measures
-    return measure(expressions.term(parsed))[0]
-
-
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -219,7 +226,7 @@ def test_no_admitted_value_is_longer_than_its_bound(spark: Any, texts: list[str]
     for text in texts:
         refused_here = problems(spark, text, fields=FIELDS, project=False)
         assert bool(check(text)) == bool(refused_here), (text, check(text), refused_here)
-        bound = bound_of(text)
+        bound = expressions.measure(text)
         if bound is not None:
             bounds[f"n{len(bounds)}"] = (text, bound)
     # When Spark computes them over the records that make each rule reach its bound
