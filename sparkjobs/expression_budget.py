@@ -44,6 +44,7 @@ MAX_WIDTH = 1_000
 SCALAR_BYTES = 128
 #: A bound on a number as text with every digit, grouping and sign (a double's 309 digits).
 NUMBER_TEXT_BYTES = 512
+#: The longest LIKE pattern: a match tries the rest of it at each position of a value.
 MAX_LIKE_PATTERN_CHARS = 200
 #: ``%`` wildcards a LIKE pattern may have before its trailing run of ``%``.
 MAX_LIKE_WILDCARDS = 1
@@ -185,17 +186,18 @@ def problems(root: Term) -> list[tuple[int, str]]:
 def row_problem(columns: list[Size]) -> str | None:
     """Why a project's columns, each admitted, could together build too large a row (a
     row is bounded as one value is), or None."""
-    row = _sum(columns)
-    if row.fixed > MAX_VALUE_BYTES:
+    return _excess(_sum(columns), "the columns together could build a row")
+
+
+def _excess(size: Size, what: str) -> str | None:
+    """Why a value of ``size`` is over the budget, or None; ``what`` builds it."""
+    if size.fixed > MAX_VALUE_BYTES:
+        return f"{what} of {size.fixed:,} bytes (at most {MAX_VALUE_BYTES:,} are allowed)"
+    if size.growth > MAX_GROWTH:
+        name = max(size.fields, key=lambda n: size.fields[n])
         return (
-            f"the columns together could build a row of {row.fixed:,} bytes "
-            f"(at most {MAX_VALUE_BYTES:,} are allowed)"
-        )
-    if row.growth > MAX_GROWTH:
-        name = max(row.fields, key=lambda n: row.fields[n])
-        return (
-            f"the columns together could build a row {row.growth:,} times as long as field "
-            f"{name!r} (at most {MAX_GROWTH} times are allowed)"
+            f"{what} {size.growth:,} times as long as field {name!r} "
+            f"(at most {MAX_GROWTH} times are allowed)"
         )
     return None
 
@@ -210,24 +212,9 @@ def _size(term: Term, found: list[tuple[int, str]]) -> Size | None:
     except _Refusal as refusal:
         found.append((refusal.position, refusal.message))
         return None
-    if size.fixed > MAX_VALUE_BYTES:
-        found.append(
-            (
-                term.position,
-                f"{_shown(term)} could build a value of {size.fixed:,} bytes "
-                f"(at most {MAX_VALUE_BYTES:,} are allowed)",
-            )
-        )
-        return None
-    if size.growth > MAX_GROWTH:
-        name = max(size.fields, key=lambda n: size.fields[n])
-        found.append(
-            (
-                term.position,
-                f"{_shown(term)} could build a value {size.growth:,} times as long as "
-                f"field {name!r} (at most {MAX_GROWTH} times are allowed)",
-            )
-        )
+    excess = _excess(size, f"{_shown(term)} could build a value")
+    if excess:
+        found.append((term.position, excess))
         return None
     return size
 
