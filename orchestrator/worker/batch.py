@@ -392,6 +392,10 @@ def _operate(
             if watch.expired:
                 raise BatchTimeLimitError(max_s) from error
             raise
+        finally:
+            # The group may be cancelled with its future jobs: this thread's next jobs
+            # (another batch's, a merge's) must not be in it.
+            spark.sparkContext._jsc.clearJobGroup()
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
         run.pk,

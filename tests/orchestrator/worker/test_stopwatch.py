@@ -126,3 +126,5 @@ def test_a_batch_past_its_time_limit_fails_counted_and_says_so(
     assert "ran past its time limit of 0 s (BPCONSOLE_BATCH_MAX_S)" in report.failure
     assert set(Segment.objects.filter(pk__in=ids).values_list("failures", flat=True)) == {1}
     assert Run.objects.get(pk=run.pk).status in Run.ACTIVE
+    # and the worker thread's next jobs are not in the cancelled batch's group
+    assert spark.range(10).count() == 10
