@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -273,6 +274,11 @@ def _spark_died(error: Exception) -> bool:
     return isinstance(error, Py4JNetworkError | ConnectionError) or jvm_exit_code() is not None
 
 
+# How long a JVM whose gateway is gone may take to end, before it is taken to have
+# died of something other than its memory.
+JVM_EXIT_WAIT_S = 5.0
+
+
 class JvmOutOfMemoryError(Exception):
     """The worker's Spark JVM ran out of memory, and ended, under a batch."""
 
@@ -281,7 +287,12 @@ def _out_of_memory() -> JvmOutOfMemoryError | None:
     """Why the worker's JVM that just died ended, when it ran out of memory."""
     from sparkjobs.session import OUT_OF_MEMORY_EXIT_CODES, jvm_exit_code
 
+    # The gateway's connection closes as the JVM ends, a moment before its exit code.
+    deadline = time.monotonic() + JVM_EXIT_WAIT_S
     code = jvm_exit_code()
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        code = jvm_exit_code()
     if code not in OUT_OF_MEMORY_EXIT_CODES:
         return None
     return JvmOutOfMemoryError(
