@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sparkjobs import expressions
+from sparkjobs import expression_budget, expressions
 from sparkjobs.event_time import (
     MAX_LATENESS_S,
     MAX_WINDOW_S,
@@ -98,7 +98,10 @@ def _expressions(value: Any) -> str | None:
         problem = _expression(item, project=True)
         if problem:
             problems.append(f"[{index}] {problem}")
-    return "; ".join(problems) or None
+    if problems:
+        return "; ".join(problems)
+    sizes = [expressions.measure(item, project=True) for item in value]
+    return expression_budget.row_problem([s for s in sizes if s is not None])
 
 
 SINKS = ("results", "postgres", "parquet")

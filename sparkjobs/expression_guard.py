@@ -5,7 +5,8 @@ Here, before any job runs, Spark's own SQL parser reads the very text that Spark
 execute, and every node of that parse must be of an allowed kind: a construct the two
 parsers read differently is refused by at least one of them. A field reference must
 name a field of the records, because Spark reads ``user`` or ``current_date`` as a
-function when the data has no field of that name.
+function when the data has no field of that name. What the parse may build is measured
+by the console's budget (``sparkjobs/expression_budget.py``), on Spark's tree.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs import expression_budget
 from sparkjobs.expressions import (
     MAX_DEPTH,
     MAX_EXPRESSION_CHARS,
@@ -54,11 +56,19 @@ class _Part:
     detail: str = ""  # a function call's modifier Spark would honour (DISTINCT, FILTER...)
 
 
-_parsed: dict[str, list[_Part]] = {}
+@dataclass(frozen=True)
+class _Parse:
+    parts: list[_Part]
+    # What the budget reads of the parse; None when it is too complex to walk.
+    term: expression_budget.Term | None
 
 
-def _parts(spark: SparkSession, text: str) -> list[_Part]:
-    """Spark's parse of ``text`` as a flat list of parts (cached: the parse never changes)."""
+_parsed: dict[str, _Parse] = {}
+
+
+def _parse(spark: SparkSession, text: str) -> _Parse:
+    """Spark's parse of ``text`` as a flat list of parts and the budget's tree (cached:
+    the parse never changes)."""
     cached = _parsed.get(text)
     if cached is not None:
         return cached
@@ -70,10 +80,12 @@ def _parts(spark: SparkSession, text: str) -> list[_Part]:
         problem = ExpressionProblem(0, f"Spark cannot parse it: {first}")
         raise ExpressionRefused(text, [problem]) from None
     parts = list(_walk(root))
+    # Walked only within the bounds _walk checked, so the recursion is at most as deep.
+    term = None if any(p.kind == "too complex" for p in parts) else _term(root)
     if len(_parsed) > 10_000:  # texts come from topologies: a handful per run
         _parsed.clear()
-    _parsed[text] = parts
-    return parts
+    _parsed[text] = parsed = _Parse(parts, term)
+    return parsed
 
 
 def _walk(root: Any) -> Iterator[_Part]:
@@ -113,6 +125,56 @@ def _walk(root: Any) -> Iterator[_Part]:
         stack.extend((children.apply(i), depth + 1) for i in range(children.size() - 1, -1, -1))
 
 
+# Catalyst nodes whose value is built from their children's, by the budget's names;
+# any other allowed node's value is a number or a boolean.
+_BUILDING_NODES = {
+    "Concat": "||",  # the parse of a || b; concat(a, b) stays a function
+    "CaseWhen": "case",
+    "Cast": "cast",
+    "UnresolvedExtractValue": "[]",
+    "CreateNamedStruct": "named_struct",
+    "Like": "like",
+    "ILike": "ilike",
+}
+_INTEGRAL_TYPES = frozenset(words("byte short integer long"))
+
+
+def _term(node: Any) -> expression_budget.Term:
+    """A Catalyst node as the budget reads it (sparkjobs/expression_budget.py)."""
+    kind = node.getClass().getSimpleName()
+    origin = node.origin().startIndex()
+    position = int(origin.get()) if origin.isDefined() else 0
+    children = node.children()
+    args = [_term(children.apply(i)) for i in range(children.size())]
+    if kind == "Alias":
+        return args[0]
+    if kind == "Literal":
+        value, type_name = node.value(), node.dataType().typeName()
+        if value is None:
+            return expression_budget.Term("literal", "null", position)
+        if type_name == "string":
+            return expression_budget.Term("string", "", position, text=value.toString())
+        if type_name == "binary":  # as hex digits, as the console's parser reads X'..'
+            return expression_budget.Term("string", "", position, text=bytes(value).hex())
+        if type_name in _INTEGRAL_TYPES:
+            return expression_budget.Term("number", "", position, text=str(value))
+        return expression_budget.Term("literal", type_name, position)
+    if kind == "UnresolvedAttribute":
+        name_parts = node.nameParts()
+        name = str(name_parts.apply(0)) if name_parts.size() else ""
+        return expression_budget.Term("column", name, position, text=name)
+    if kind == "UnresolvedStar":
+        return expression_budget.Term("literal", "*", position)
+    if kind == "UnresolvedFunction":
+        name_parts = node.nameParts()
+        name = ".".join(name_parts.apply(i) for i in range(name_parts.size()))
+        return expression_budget.Term("call", name, position, args)
+    term = expression_budget.Term("call", _BUILDING_NODES.get(kind, "scalar"), position, args)
+    if kind in ("Like", "ILike"):
+        term.escape = str(node.escapeChar())
+    return term
+
+
 def problems(
     spark: SparkSession, text: str, *, fields: Collection[str], project: bool
 ) -> list[ExpressionProblem]:
@@ -122,11 +184,15 @@ def problems(
         return [ExpressionProblem(0, limit)]
     known = {f.lower() for f in fields}
     found = []
-    for part in _parts(spark, text):
+    parsed = _parse(spark, text)
+    for part in parsed.parts:
         problem = _problem(part, known, project=project)
         if problem:
             found.append(ExpressionProblem(part.position, problem))
-    return found
+    if parsed.term is not None:
+        budget = expression_budget.problems(parsed.term)
+        found.extend(ExpressionProblem(at, why) for at, why in budget)
+    return sorted(found, key=lambda p: p.position)
 
 
 def _problem(part: _Part, known: set[str], *, project: bool) -> str | None:
@@ -176,6 +242,12 @@ def apply_record_step(
     if operator == "filter":
         return frame.where(admitted(spark, params["condition"], fields=fields))
     if operator == "project":
-        columns = [admitted(spark, e, fields=fields, project=True) for e in params["columns"]]
+        texts = params["columns"]
+        columns = [admitted(spark, e, fields=fields, project=True) for e in texts]
+        terms = [_parse(spark, e).term for e in texts]
+        measured = [expression_budget.measure(t)[0] for t in terms if t is not None]
+        row = expression_budget.row_problem([s for s in measured if s is not None])
+        if row:
+            raise ExpressionRefused(", ".join(texts), [ExpressionProblem(0, row)])
         return frame.select(*keep, *columns)
     raise ValueError(f"unknown record operator {operator!r}")

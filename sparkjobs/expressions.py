@@ -19,8 +19,11 @@ raised on purpose (``raise_error``, ``assert_true``), user-defined and catalog
 functions, generators, lambdas and higher-order functions, aggregate and window
 functions, non-deterministic functions (random, current time and user, input file
 names), regular expressions (a crafted pattern backtracks for hours on one shared
-JVM) and functions whose output size an argument chooses (``repeat``, ``lpad``,
-``space``, ``sequence``), which can exhaust a worker's memory from a tiny literal.
+JVM) and functions that build collections of a size an argument chooses
+(``sequence``, ``array_repeat``). What an admitted expression may build is bounded
+too (``sparkjobs/expression_budget.py``): functions that grow a value (``repeat``,
+``lpad``, ``format_string``, ``hex``...) are admitted with literal sizes within a
+budget, ``LIKE`` with a literal pattern that cannot backtrack far.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from sparkjobs import expression_budget
 
 MAX_EXPRESSION_CHARS = 2000
 MAX_DEPTH = 40
@@ -41,8 +46,9 @@ def words(text: str) -> list[str]:
 _STRING = (
     "ascii base64 bit_length btrim char char_length character_length chr concat concat_ws "
     "contains endswith format_number format_string initcap instr lcase left len length "
-    "levenshtein locate lower ltrim luhn_check mask octet_length overlay position replace "
-    "reverse right rtrim soundex split_part startswith substr substring substring_index "
+    "levenshtein locate lower lpad ltrim luhn_check mask octet_length overlay position repeat "
+    "replace reverse right rpad rtrim soundex space split_part startswith substr substring "
+    "substring_index "
     "to_binary to_char to_number to_varchar translate trim try_to_number ucase unbase64 "
     "upper"
 )
@@ -129,7 +135,7 @@ _REFUSED = (
         "regular expressions can run for hours on a crafted pattern; use LIKE",
     ),
     (
-        "repeat lpad rpad space sequence array_repeat randstr",
+        "sequence array_repeat randstr",
         "an argument chooses the size of its output, which can exhaust a worker's memory",
     ),
     (
@@ -311,7 +317,7 @@ def _number(text: str, start: int, found: list[Token]) -> int:
 
 # -- the parse tree ----------------------------------------------------------------------
 
-NodeKind = Literal["column", "literal", "function", "operator", "star", "alias"]
+NodeKind = Literal["column", "string", "number", "literal", "function", "operator", "star", "alias"]
 
 
 @dataclass
@@ -475,7 +481,8 @@ class _Parser:
             self.take()
             if self.peek().kind != "string":
                 raise self.unexpected("ESCAPE takes a string")
-            self.take()
+            escape = self.take()
+            tree.children.append(self.node("string", escape.text, escape.position))
         return tree
 
     def is_test(self, left: Node, word: Token) -> Node:
@@ -553,12 +560,13 @@ class _Parser:
         word = token.word()
         if token.kind == "string":
             self.take()
+            value = [token.text]
             while self.peek().kind == "string":  # 'a' 'b' is one literal in Spark
-                self.take()
-            return self.node("literal", token.text, token.position)
+                value.append(self.take().text)
+            return self.node("string", "".join(value), token.position)
         if token.kind == "number":
             self.take()
-            return self.node("literal", token.text, token.position)
+            return self.node("number", token.text, token.position)
         if self.is_op("("):
             self.take()
             if self.peek().word() in _SUBQUERY_WORDS:
@@ -593,7 +601,9 @@ class _Parser:
             self.peek(1).kind == "string"
         ):
             self.take()
-            self.take()
+            text = self.take().text
+            if word == "x":  # its bytes, as hex digits: twice as many, a bound
+                return self.node("string", text, token.position)
             return self.node("literal", word, token.position)
         if word == "interval":
             return self.interval()
@@ -722,13 +732,39 @@ def check(text: str, *, project: bool = False) -> list[ExpressionProblem]:
     except _Stop as stop:  # a character or token outside the language
         return [stop.problem]
     try:
-        parser.parse()
-        found = []
+        tree = parser.parse()
     except _Stop as stop:
         found = [stop.problem]
+    else:
+        found = [ExpressionProblem(at, why) for at, why in expression_budget.problems(term(tree))]
     # Calls read before a problem that stopped the parse are reported too, so the
     # operator sees every refused function at once, not only the first obstacle.
     return sorted(found + _refusals(parser.made), key=lambda p: p.position)
+
+
+# Operators whose value is the value of their operands, as the budget names them; any
+# other operator's value is a number or a boolean.
+_BUILDING_OPERATORS = {"||": "||", "case": "case", ".": "[]", "[]": "[]"}
+
+
+def term(node: Node) -> expression_budget.Term:
+    """``node`` as the budget reads it (sparkjobs/expression_budget.py)."""
+    args = [term(child) for child in node.children]
+    if node.kind in ("column", "string", "number"):
+        return expression_budget.Term(node.kind, node.name, node.position, text=node.name)
+    if node.kind in ("literal", "star"):
+        return expression_budget.Term("literal", node.name, node.position)
+    if node.kind == "alias":
+        return args[0]
+    if node.kind == "function":
+        return expression_budget.Term("call", node.name, node.position, args)
+    if node.name in ("like", "ilike"):
+        like = expression_budget.Term("call", node.name, node.position, args[:2])
+        if len(args) > 2:
+            like.escape = args[2].text
+        return like
+    name = _BUILDING_OPERATORS.get(node.name, "scalar")
+    return expression_budget.Term("call", name, node.position, args)
 
 
 def _refusals(nodes: list[Node]) -> list[ExpressionProblem]:
@@ -742,6 +778,14 @@ def _refusals(nodes: list[Node]) -> list[ExpressionProblem]:
             # Spark reads these names as functions when the data has no such field.
             problems.append(ExpressionProblem(node.position, refusal_reason(node.name) or ""))
     return problems
+
+
+def measure(text: str, *, project: bool = False) -> expression_budget.Size | None:
+    """The bound of the value of an admitted ``text`` (sparkjobs/expression_budget.py);
+    None for a text that is not admitted."""
+    if check(text, project=project):
+        return None
+    return expression_budget.measure(term(_Parser(text, project=project).parse()))[0]
 
 
 def admit(text: str, *, project: bool = False) -> str:

@@ -34,6 +34,15 @@ LATER_C2 = (
     " -XX:Tier4BackEdgeThreshold=400000"
 )
 
+# A JVM that runs out of memory is ended at once, whichever thread's allocation failed
+# (a task's, or the py4j thread planning a query): half-alive, it would fail every
+# other pipeline's batches it serves. The worker records the batch it ran and starts
+# a new JVM for the next one (orchestrator/worker/batch.py).
+EXIT_ON_OUT_OF_MEMORY = "-XX:+ExitOnOutOfMemoryError"
+#: How a JVM that ran out of memory ends: ExitOnOutOfMemoryError's code, or Spark's
+#: own when a task's OutOfMemoryError reaches its handler first (SparkExitCode.OOM).
+OUT_OF_MEMORY_EXIT_CODES = frozenset({3, 52})
+
 
 @cache
 def spark_session(master: str | None = None, app_name: str = "bpconsole") -> SparkSession:
@@ -69,7 +78,11 @@ def spark_conf(master: str | None = None, app_name: str = "bpconsole") -> SparkC
         .set("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     extra = os.environ.get("SPARK_JAVA_OPTIONS", "").strip()
-    java_options = " ".join(o for o in (class_archive.driver_java_options(), LATER_C2, extra) if o)
+    java_options = " ".join(
+        o
+        for o in (class_archive.driver_java_options(), LATER_C2, EXIT_ON_OUT_OF_MEMORY, extra)
+        if o
+    )
     if java_options:
         conf.set("spark.driver.extraJavaOptions", java_options)
     if master.startswith("local"):

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale import alignment, plan
 from orchestrator.worker.lease import LeaseKeeper
-from orchestrator.worker.stopwatch import StopWatch, job_group
+from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel_group, job_group
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_partials, read_partials
@@ -168,6 +169,14 @@ def process_batch(
             raise  # not the operator's failure: the task's retry policy and the lease
         except Exception as error:  # noqa: BLE001 - any operator error is this batch's
             if _spark_died(error):
+                out_of_memory = _out_of_memory()
+                if out_of_memory is not None:
+                    # This batch may have exhausted the JVM: counted as its failure,
+                    # so it cannot take every new JVM down with it.
+                    failure = _failed(run, node_name, owner, batch, out_of_memory)
+                    return BatchReport(
+                        node_name, len(batch), size, aligned=aligned, failure=failure
+                    )
                 # The engine failed, not the operator: the batch goes back to its pool
                 # unprocessed and uncounted; the next one starts a new session.
                 segments.release(owner, batch)
@@ -265,6 +274,33 @@ def _spark_died(error: Exception) -> bool:
     return isinstance(error, Py4JNetworkError | ConnectionError) or jvm_exit_code() is not None
 
 
+# How long a JVM whose gateway is gone may take to end, before it is taken to have
+# died of something other than its memory.
+JVM_EXIT_WAIT_S = 5.0
+
+
+class JvmOutOfMemoryError(Exception):
+    """The worker's Spark JVM ran out of memory, and ended, under a batch."""
+
+
+def _out_of_memory() -> JvmOutOfMemoryError | None:
+    """Why the worker's JVM that just died ended, when it ran out of memory."""
+    from sparkjobs.session import OUT_OF_MEMORY_EXIT_CODES, jvm_exit_code
+
+    # The gateway's connection closes as the JVM ends, a moment before its exit code.
+    deadline = time.monotonic() + JVM_EXIT_WAIT_S
+    code = jvm_exit_code()
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        code = jvm_exit_code()
+    if code not in OUT_OF_MEMORY_EXIT_CODES:
+        return None
+    return JvmOutOfMemoryError(
+        f"the Spark JVM ran out of memory under this batch (exit code {code}); "
+        "the worker starts a new one for its next batch"
+    )
+
+
 def _failed(run: Run, node: str, owner: str, batch: list[Segment], error: Exception) -> str:
     """Record an operator's failure (retry, or fail the run); a batch of a run that was
     stopped meanwhile was cancelled, not failed, and goes back to its pool."""
@@ -350,17 +386,27 @@ def _operate(
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
     tag_jobs(spark)
-    with StopWatch(run.pk, lambda: spark.sparkContext.cancelJobGroup(group)):
-        produced = _run_operator(
-            spark,
-            node=node,
-            params=params,
-            inputs=inputs,
-            outputs=outputs,
-            slots=slots,
-            highs={stem: s.high_before_us for stem, s in by_file.items()},
-            together=together,
-        )
+    max_s = settings.BPCONSOLE_BATCH_MAX_S
+    with StopWatch(run.pk, cancel_group(spark, group), max_s=max_s) as watch:
+        try:
+            produced = _run_operator(
+                spark,
+                node=node,
+                params=params,
+                inputs=inputs,
+                outputs=outputs,
+                slots=slots,
+                highs={stem: s.high_before_us for stem, s in by_file.items()},
+                together=together,
+            )
+        except Exception as error:
+            if watch.expired:
+                raise BatchTimeLimitError(max_s) from error
+            raise
+        finally:
+            # The group may be cancelled with its future jobs: this thread's next jobs
+            # (another batch's, a merge's) must not be in it.
+            spark.sparkContext._jsc.clearJobGroup()
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
         run.pk,

@@ -1,6 +1,7 @@
 """Poison batches fail the run: an operator error is retried up to the policy's
 ``max_batch_attempts`` and then fails the run with the error, node and segment; an
-expression refused on the worker fails it at once; a dead Spark JVM is replaced."""
+expression refused on the worker fails it at once; a dead Spark JVM is replaced; a batch
+that exhausts its JVM ends it at once and fails, saying so."""
 
 from __future__ import annotations
 
@@ -110,3 +111,62 @@ def test_a_dead_spark_jvm_is_reported_and_replaced(services, client) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+OUT_OF_MEMORY = """
+import sys
+from pathlib import Path
+import sparkjobs.aggregate
+from orchestrator.models import Run, Segment
+from orchestrator.worker.batch import process_batch
+from sparkjobs.session import jvm_exit_code
+from tests.orchestrator.runs import pending_run, queue_segments, records_file
+
+
+def exhausting(spark, *args, **kwargs):
+    # What no admitted expression may build: 1 GB, folded while Spark plans the query
+    spark.range(1).selectExpr("length(repeat(repeat('x', 1000000), 1000)) AS n").collect()
+    raise AssertionError("the JVM survived")
+
+
+sparkjobs.aggregate.aggregate_batch = exhausting
+run = pending_run("reference")
+ids = queue_segments(run, [records_file(Path(sys.argv[1]) / "in.jsonl", range(10))])
+report = process_batch(run.pk, "task1", None)
+print("code", jvm_exit_code(), flush=True)
+print("failure", report.failure, flush=True)
+print("failures", *Segment.objects.filter(pk__in=ids).values_list("failures", flat=True))
+print("status", Run.objects.get(pk=run.pk).status, flush=True)
+"""
+
+
+def test_a_batch_that_exhausts_its_jvm_fails_alone_and_says_so(services, tmp_path: Path) -> None:
+    # Given a worker process whose Spark JVM has a 512 MB heap, and a batch whose operator
+    # exhausts it (as the console's budget no longer lets an expression do)
+    env = {
+        **child_env(services),
+        "DJANGO_SETTINGS_MODULE": "webapp.settings.test",
+        "SPARK_DRIVER_MEMORY": "512m",
+        "BPCONSOLE_DATA_DIR": str(tmp_path / "data"),
+    }
+    script = "import django; django.setup()\n" + OUT_OF_MEMORY
+    root = Path(__file__).resolve().parents[3]
+    # When the worker runs the batch
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        env=env,
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=240,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    # Then the JVM ended at once with the out-of-memory code, rather than serving other
+    # batches half-alive, and the batch failed saying so, counted, its run still active
+    assert "code 3" in lines, (lines, done.stderr[-3000:])
+    assert (
+        "failure the Spark JVM ran out of memory under this batch (exit code 3); "
+        "the worker starts a new one for its next batch" in lines
+    ), lines
+    assert "failures 1" in lines and "status pending" in lines, lines

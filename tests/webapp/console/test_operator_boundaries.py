@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.models import Run
-from tests.sparkjobs.test_expressions import LEAK_COLUMN, SUBQUERY
+from tests.sparkjobs.test_expressions import HUGE_VALUES, LEAK_COLUMN, SUBQUERY
 from tests.webapp.console.factories import client_for, make_run, reference
 from webapp.console.models import Node, Pipeline
 from webapp.console.topology_io import export_document
@@ -47,6 +47,43 @@ def test_a_pipeline_with_java_calls_or_subqueries_is_refused_and_not_saved() -> 
     assert "[1] at character 2: subqueries and table references are not allowed" in text
     # and nothing was saved
     assert not Pipeline.objects.filter(name="leak").exists()
+
+
+def filtering_pipeline(name: str, condition: str, columns: list[str] | None = None) -> Any:
+    """The reference pipeline with task1 a filter on ``condition`` (and task2 a project)."""
+    doc = copy.deepcopy(export_document(reference()))
+    doc["name"] = name
+    doc["nodes"][1].update(operator="filter", stage="f", params={"condition": condition})
+    if columns is not None:
+        doc["nodes"][2].update(operator="project", stage="p", params={"columns": columns})
+    return doc
+
+
+@pytest.mark.parametrize(("text", "position", "why"), HUGE_VALUES)
+def test_a_filter_that_builds_a_huge_value_is_refused_and_not_saved(
+    text: str, position: int, why: str
+) -> None:
+    client, _ = client_for("otto", "operator")
+    # When an operator posts a pipeline whose filter is one of the issue's expressions
+    doc = filtering_pipeline("huge", text)
+    response = client.post("/api/pipelines/", doc, content_type="application/json")
+    # Then it is a 400 saying where the value grows past the budget, and nothing is saved
+    assert response.status_code == 400
+    messages = [p["message"] for p in response.json()["problems"]]
+    assert any(
+        m.startswith(f"parameter 'condition' at character {position}: {why}") for m in messages
+    )
+    assert not Pipeline.objects.filter(name="huge").exists()
+
+
+def test_padding_and_repeating_within_the_budget_are_saved() -> None:
+    client, _ = client_for("otto", "operator")
+    doc = filtering_pipeline(
+        "padded", "key LIKE '%-1%'", ["lpad(key, 12, '0') AS key", "repeat('-', 3) AS rule"]
+    )
+    response = client.post("/api/pipelines/", doc, content_type="application/json")
+    assert response.status_code == 201, response.json()
+    assert Pipeline.objects.filter(name="padded").exists()
 
 
 def test_validation_of_a_hostile_condition_says_where_the_problem_is() -> None:
