@@ -145,8 +145,8 @@ class RunDriver:
                     # whatever the interrupted attempt had sent), instead of giving the
                     # run up to a watchdog that needs the database too.
                     log.warning("run %s: database unreachable (%s); waiting", self.run_id, err)
-                    if not wait_for_database(alive=lambda: not self.lost):
-                        return "lost"
+                    if not wait_for_database(alive=lambda: not self.lost and self.host_running()):
+                        return "lost" if self.lost else "the worker is stopping"
                     self._fresh()
         finally:
             self.control.session.remove(callback)
@@ -510,7 +510,7 @@ class RunDriver:
 
 def wait_for_database(*, alive: Callable[[], bool]) -> bool:
     """Block until the database answers again (True), or until ``alive`` says the
-    driver was superseded meanwhile (False)."""
+    driver was superseded or its worker is stopping meanwhile (False)."""
     while alive():
         with contextlib.suppress(*DATABASE_ERRORS):
             connection.close()  # the broken connection: the next query opens a new one

@@ -1,11 +1,11 @@
 """The drivers of one control worker, each in a thread of its own beside the pool.
 
 A driver lives as long as its run, days for a stream, and spends most of that waiting
-for data. Run in the worker's pool, each held one of its few threads: eight idle
-stream runs took all eight, and no other run's driver, watchdog or policy lab could run
-for anyone. So the task that starts a driver (``orchestrator.tasks.drive_run``) only
-hands the run to this process's :class:`DriverThreads` and returns: the pool stays free
-for the short tasks, and a waiting driver costs a sleeping thread.
+for data. In the worker's pool each would hold one of its few threads, and a handful of
+idle stream runs would leave none for another run's driver, the watchdog or a policy
+lab. So the task that starts a driver (``orchestrator.tasks.drive_run``) only hands the
+run to this process's :class:`DriverThreads` and returns: the pool stays free for the
+short tasks, and a waiting driver costs a sleeping thread.
 
 The worker's drivers are bounded (``BPCONSOLE_DRIVERS_PER_WORKER``): past it a run is
 not taken, and the watchdog sends it again (to this or another control worker) as it
@@ -48,8 +48,12 @@ class DriverThreads:
                 return "this worker drives the run already"
             if len(self.threads) >= self.limit:
                 return f"this worker drives {self.limit} runs, its most"
+            # A daemon: a driver still going when the worker's shutdown has waited
+            # JOIN_S for it (one waiting for a database that went away with the
+            # machine's services) must not keep the process up; it ends with it, its
+            # lock with its ZooKeeper session, as when the worker is killed.
             thread = threading.Thread(
-                target=self._run, args=(run_id, drive), name=f"driver-run-{run_id}"
+                target=self._run, args=(run_id, drive), name=f"driver-run-{run_id}", daemon=True
             )
             self.threads[run_id] = thread
             thread.start()

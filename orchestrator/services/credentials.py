@@ -64,20 +64,27 @@ def private_dir(path: Path) -> Path:
 
 def open_way_for(path: Path, top: Path, group: str) -> None:
     """Let ``group`` traverse, not list, every folder from ``top`` down to ``path``'s
-    parent (mode 0710, that group); folders above ``top`` that nobody else may enter get
-    only the traverse bit for others (a folder above the state folder is not the
-    console's to give away)."""
+    parent (mode 0710, that group). A folder above ``top`` that the group cannot pass
+    through yet is given the least that lets it: the group and its traverse bit when the
+    folder is ours and its group the superuser's (no one else's access is taken away),
+    else the traverse bit for others."""
     gid = grp.getgrnam(group).gr_gid
     top = top.resolve()
     for folder in (path.resolve().parent, *path.resolve().parent.parents):
         info = folder.stat()
+        mode = stat.S_IMODE(info.st_mode)
         if folder == top or top in folder.parents:
             if info.st_gid != gid:
                 os.chown(folder, -1, gid)
-            if stat.S_IMODE(info.st_mode) != WAY_DIR_MODE:
+            if mode != WAY_DIR_MODE:
                 folder.chmod(WAY_DIR_MODE)
-        elif not info.st_mode & stat.S_IXOTH:
-            folder.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+        elif mode & stat.S_IXOTH or (info.st_gid == gid and mode & stat.S_IXGRP):
+            continue
+        elif info.st_uid == os.geteuid() and info.st_gid == 0:
+            os.chown(folder, -1, gid)
+            folder.chmod(mode | stat.S_IXGRP)
+        else:
+            folder.chmod(mode | stat.S_IXOTH)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -4,6 +4,8 @@ the pool still runs the watchdog at once."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from orchestrator.models import Run
 from orchestrator.run.driver_threads import DriverThreads
 from orchestrator.run.lifecycle import set_status
+from orchestrator.services.launcher import PROJECT_ROOT
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import watchdog
 from orchestrator.zk.control_plane import ControlPlane
@@ -64,6 +67,28 @@ def test_a_driver_that_fails_frees_its_place_and_join_names_the_ones_still_going
     assert threads.join(0.05) == [2]
     stuck.set()
     assert threads.join(WAIT_S) == []
+
+
+def test_a_driver_that_never_gives_its_run_up_does_not_keep_its_worker_up() -> None:
+    """A worker's shutdown waits ``JOIN_S`` for its drivers; one still going then (it
+    waits for a database gone with the machine's services) ends with the process."""
+    script = (
+        "import threading\n"
+        "from orchestrator.run.driver_threads import DriverThreads\n"
+        "threads = DriverThreads(limit=1)\n"
+        "print(threads.start(1, lambda: str(threading.Event().wait())), flush=True)\n"
+        "print(threads.join(0.1), flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["started", "[1]"]
 
 
 # -- on the real stack --------------------------------------------------------------

@@ -4,6 +4,7 @@ system's Python speaking each service's own protocol (``local_user_probe.py``)."
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
@@ -18,7 +19,13 @@ import redis
 from django.conf import settings
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from orchestrator.services.credentials import ZK_USER, ZkAddress, zk_client
+from orchestrator.services.credentials import (
+    ZK_USER,
+    ZkAddress,
+    open_way_for,
+    private_dir,
+    zk_client,
+)
 from orchestrator.services.embedded import ZooKeeper, free_port
 from orchestrator.services.launcher import Endpoints
 from tests.conftest import TEST_VAR_DIR
@@ -187,3 +194,22 @@ def test_the_state_folders_secrets_are_0600_in_0700_folders(services: Endpoints)
         except OSError:
             continue
         assert not any(p.encode() in command for p in passwords), process
+
+
+@pytest.mark.usefixtures("services")  # the PostgreSQL server's user exists once it ran
+def test_a_state_folder_inside_another_opens_no_way_into_the_outer_one(tmp_path: Path) -> None:
+    """A second console's state folder inside the first's (a benchmark's, a test's) lets
+    the PostgreSQL server's group through the outer folder, and no one else."""
+    if os.geteuid() != 0:
+        pytest.skip("the PostgreSQL server runs as a user of its own only under root")
+    outer = private_dir(tmp_path / "outer")
+    inner = outer / "inner"
+    data = private_dir(inner / "postgresql" / "data")
+    open_way_for(data, inner, "pgserver")
+    # Then the outer folder lets the server's group through, and others still not
+    mode = stat.S_IMODE(outer.stat().st_mode)
+    assert mode & 0o007 == 0, oct(mode)
+    assert mode & 0o010, oct(mode)
+    assert outer.stat().st_gid == grp.getgrnam("pgserver").gr_gid
+    # and the inner one is the group's way in, listed by no one but its owner
+    assert stat.S_IMODE(inner.stat().st_mode) == 0o710
