@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.services import embedded
 from orchestrator.services.embedded import tcp_answers
 
 LOOPBACK = "127.0.0.1"
@@ -195,15 +196,7 @@ def postgres_answers(endpoints: Endpoints) -> bool:
 
 
 def redis_answers(endpoints: Endpoints) -> bool:
-    import redis
-
-    client = redis.Redis.from_url(endpoints.redis_url, socket_timeout=1, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return embedded.redis_answers(endpoints.redis_url, timeout_s=1)
 
 
 def zookeeper_answers(endpoints: Endpoints) -> bool:

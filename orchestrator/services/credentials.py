@@ -78,7 +78,12 @@ def open_way_for(path: Path, top: Path, group: str) -> None:
                 os.chown(folder, -1, gid)
             if mode != WAY_DIR_MODE:
                 folder.chmod(WAY_DIR_MODE)
-        elif mode & stat.S_IXOTH or (info.st_gid == gid and mode & stat.S_IXGRP):
+        elif info.st_gid == gid:
+            # The group's bits are the ones that apply to its members, whatever others
+            # may do.
+            if not mode & stat.S_IXGRP:
+                folder.chmod(mode | stat.S_IXGRP)
+        elif mode & stat.S_IXOTH:
             continue
         elif info.st_uid == os.geteuid() and info.st_gid == 0:
             os.chown(folder, -1, gid)

@@ -216,24 +216,23 @@ class Redis(EmbeddedService):
         )
 
     def ready(self) -> bool:
-        import redis
-
-        client = redis.Redis(
-            host=LOOPBACK,
-            port=self.port,
-            password=self.password,
-            socket_timeout=0.5,
-            socket_connect_timeout=0.5,
-        )
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return redis_answers(self.url(), timeout_s=0.5)
 
     def url(self) -> str:
         return f"redis://:{self.password}@{LOOPBACK}:{self.port}/0"
+
+
+def redis_answers(url: str, timeout_s: float) -> bool:
+    """Does the Redis at ``url`` (with its password) answer a PING?"""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 def pyspark_jars() -> Path:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import redis
 
-from orchestrator.services.embedded import free_port
+from orchestrator.services.embedded import free_port, redis_answers
 from orchestrator.services.launcher import PROJECT_ROOT, Endpoints, recorded_endpoints
 
 pytestmark = pytest.mark.integration
@@ -108,13 +107,6 @@ def _kill_and_see_it_back(
     return old, _child(parent, matches)
 
 
-def _redis_answers(endpoints: Endpoints) -> bool:
-    try:
-        return bool(redis.Redis.from_url(endpoints.redis_url, socket_timeout=1).ping())
-    except redis.RedisError:
-        return False
-
-
 def _zookeeper_answers(endpoints: Endpoints) -> bool:
     from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
@@ -194,7 +186,9 @@ def test_killed_processes_come_back_and_sigterm_stops_all(tmp_path: Path) -> Non
         _wait("GET /healthz after the worker", lambda: _healthy(port), 60, console)
 
         # When Redis is killed, it comes back on the same port
-        _kill_and_see_it_back(console, _is_redis, lambda: _redis_answers(endpoints))
+        _kill_and_see_it_back(
+            console, _is_redis, lambda: redis_answers(endpoints.redis_url, timeout_s=1)
+        )
         _wait("GET /healthz after Redis", lambda: _healthy(port), 60, console)
 
         # When ZooKeeper is killed, it comes back on the same port
