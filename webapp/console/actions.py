@@ -77,6 +77,27 @@ def require(
     )
 
 
+def require_own_run(
+    user: User, run: Any, *, action: str, data: dict[str, Any] | None = None
+) -> None:
+    """Raise :class:`Refused` (after recording it) when ``run`` was started by another
+    operator: a run is steered by whoever started it, or by an admin. A run started
+    from the server's shell (no one's, like the demo) is any operator's to steer."""
+    owner = run.created_by
+    if owner is None or owner.pk == user.pk or has_role(user, "admin"):
+        return
+    reason = (
+        f"{user.get_username()} tried to {action.replace('_', ' ')} run {run.pk}, "
+        f"started by {owner.get_username()}"
+    )
+    log.warning("refused: %s", reason)
+    service.record_refusal(run_id=run.pk, action=action, user=user, reason=reason, data=data)
+    raise Refused(
+        f"refused: run {run.pk} was started by {owner.get_username()}; only they or an "
+        "admin may steer it (the attempt was recorded)"
+    )
+
+
 def quota_of(user: User) -> OperatorQuota | None:
     """The operator quota ``user`` is held to, or None for an admin it exempts."""
     quota = OperatorQuota.current()
@@ -373,6 +394,7 @@ def control_run(run_id: int, verb: str, user: User) -> Any:
         raise ActionError(f"unknown run control {shown(verb)}; use {', '.join(RUN_CONTROLS)}")
     run = get_run(run_id)
     require(user, "operator", action=f"{verb}_run", run_id=run.pk)
+    require_own_run(user, run, action=f"{verb}_run")
     status = RUN_CONTROLS[verb]
     if status == "stopping" and run.status == "pending":
         status = "cancelled"  # a run not started has taken nothing in: nothing to finish
@@ -387,6 +409,7 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
     action = "stop_migrating" if stop else "migrate"
     run = get_run(run_id)
     require(user, "operator", action=action, run_id=run.pk, data={"node": str(node)[:100]})
+    require_own_run(user, run, action=action)
     names = [n["name"] for n in run.topology["nodes"]]
     if not isinstance(node, str) or node not in names:
         raise ActionError(
@@ -436,6 +459,7 @@ def adjust(
         run_id=run.pk,
         data={k: str(v)[:100] for k, v in target.items() if v},
     )
+    require_own_run(user, run, action=action if known else "adjust")
     if not known:
         raise ActionError(f"unknown action {shown(action)}; use {', '.join(ADJUSTMENT_TARGETS)}")
     for field, value in target.items():

@@ -428,3 +428,37 @@ def test_an_operator_holds_at_most_the_quota_of_labs(no_lab_worker: list[int]) -
     assert PolicyLab.objects.filter(created_by=otto_user).count() == 2
     # ...while the other operator may still ask for one
     assert bob.post(url, body, content_type="application/json").status_code == 201
+
+
+@pytest.mark.django_db
+def test_a_run_is_steered_only_by_the_operator_who_started_it_or_an_admin() -> None:
+    # Given a run olga started, and a run started from the server's shell (no one's)
+    reference()
+    olga_client, olga = client_for("olga", "operator")
+    otto_client, _ = client_for("otto", "operator")
+    admin_client, _ = client_for("ada", "admin")
+    hers = make_run(user=olga)
+    nobodys = make_run()
+    # When another operator pauses, stops, cancels, migrates or adjusts hers
+    attempts = [
+        ("post", f"/api/runs/{hers.pk}/pause/", None),
+        ("post", f"/api/runs/{hers.pk}/stop/", None),
+        ("post", f"/api/runs/{hers.pk}/cancel/", None),
+        ("post", f"/api/runs/{hers.pk}/migrate/", {"node": "task1"}),
+        ("post", f"/api/runs/{hers.pk}/stop-migrating/", {"node": "task1"}),
+        ("post", f"/api/runs/{hers.pk}/adjust/", {"action": "add_instance", "stage": "agg"}),
+    ]
+    for _, url, body in attempts:
+        response = otto_client.post(url, body or {}, content_type="application/json")
+        # Then each is refused, saying whose run it is, recorded, and nothing changed
+        assert response.status_code == 403, (url, response.content)
+        assert "started by olga" in response.json()["detail"], url
+    hers.refresh_from_db()
+    assert hers.status == Run.Status.PENDING
+    refused = Event.objects.filter(run=hers, kind="action_refused")
+    assert refused.count() >= 1
+    assert all("otto" in e.reason for e in refused)
+    # ...while she and an admin may steer it, and any operator the shell's run
+    assert olga_client.post(f"/api/runs/{hers.pk}/pause/").status_code == 200
+    assert admin_client.post(f"/api/runs/{hers.pk}/resume/").status_code == 200
+    assert otto_client.post(f"/api/runs/{nobodys.pk}/pause/").status_code == 200
