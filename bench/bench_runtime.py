@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from balancer.document import EdgeDocument, NodeDocument, PipelineDocument  # noqa: E402
 from orchestrator.services.embedded import die_with_parent  # noqa: E402
 from orchestrator.services.launcher import Launcher  # noqa: E402
-from orchestrator.services.runconsole import spark_workers  # noqa: E402
+from orchestrator.services.runconsole import Child, spark_workers  # noqa: E402
 
 NO_SERVICES = {"DATABASE_URL": "", "REDIS_URL": "", "ZK_HOSTS": ""}
 
@@ -92,8 +92,7 @@ class Stack:
             ],
             "control",
         )
-        # As make run starts them: each a pool of one with a JVM of its own.
-        workers = spark_workers(self.spark_workers, sys.executable, self.env, self.var)
+        workers = self.spark_children()
         for worker in workers:
             worker.start()
         self.spark = [w.process for w in workers if w.process is not None]
@@ -109,6 +108,11 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; logs in {self.var}")
         return self
+
+    def spark_children(self) -> list[Child]:
+        """The Spark workers to start, as make run starts them: each a pool of one with
+        a JVM of its own."""
+        return spark_workers(self.spark_workers, sys.executable, self.env, self.var)
 
     def _start(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
         with (self.var / f"{name}.log").open("ab") as log:
