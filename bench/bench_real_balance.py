@@ -1,0 +1,570 @@
+"""Scenario S1 with real heterogeneity: every emulation knob at 0, the Spark workers'
+unequal speeds made by the operating system's CPU quotas.
+
+    .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
+        [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
+        [--hot-branch task3] [--keys-per-branch 16] [--users 400] [--seed 1]
+        [--warmup-mb 16] [--json]
+
+The reference topology (webapp/console/topologies/reference.yaml: a source, three
+aggregating branches task1..task3 of one stage, a merging sink) with every link's
+``bandwidth_mbps`` and ``latency_ms`` set to 0 and every node's ``max_rate_mbps`` removed
+(checked before anything runs): nothing is throttled by the runtime's emulation. What
+makes the branches unequal is the machine: the project's embedded stack (bench_runtime's
+``Stack``) with one Spark worker per ``--quotas`` entry, worker N (a Celery worker
+``-Q spark --concurrency 1`` and its Spark JVM) started inside a cgroup of its own whose
+CFS quota is q_N cores (bench/cpu_quota.py). The services, the control worker, beat and
+this process are not limited. Not root, no writable cpu controller, or a cgroup that
+cannot be made: one line says which and why, and the bench exits with code 2 having
+made nothing.
+
+The input: one JSON-lines file of ``--mb`` MB written by this bench in the generator's
+record format (``orchestrator.pipeline.generator.record_line``: ``{"key", "value",
+"user"}``, a value a whole number of cents below 100,000, users ``u0``..), keys named as
+the generator names them, ``--keys-per-branch`` routing to each branch. One key of
+``--hot-branch`` (its first) holds ``--hot-share`` of the records, drawn independently
+per record; the others share the rest evenly. (The generator's own skew moves whole
+packets between branches over time; it cannot put a fixed share on one key.)
+
+The arms, each over that file, ``--rounds`` rounds, the arms' order rotating by one
+each round, after one untimed warm-up run (the first live arm over a ``--warmup-mb``
+file of the same shape):
+
+- ``plain``: the plain Spark batch job (``orchestrator.worker.plain_job.batch_summary``,
+  as ``run_pipeline --batch`` and bench_peers run it) in a fresh process inside one
+  cgroup holding the sum of the quotas. Timed: from the call of the job, its
+  SparkSession already built (so no JVM start-up), to its rows collected: the read of
+  the file, the parse, the aggregation and the collect. The process's wall time, JVM
+  start-up included, is reported beside it;
+- ``pooled``: ``{"placement": "pooled"}`` with the throughput defaults of the other
+  benches (routing by water level, no migration, no throttling): any Spark worker takes
+  any branch's batch;
+- ``static``: ``{"placement": "placed", "routing": "static", "migration": "off"}``;
+- ``balancing-off``: the same policy as ``static``, so not run again: its row is
+  ``static``'s;
+- ``credit``, ``pressure``, ``ours``: ``balancer.sim.control.BENCHMARK_POLICIES``'s values
+  with ``"placement": "placed"``.
+
+A checkout whose policies have no ``placement`` parameter runs ``pooled`` without it
+(what every run does there) and skips the ``placed`` arms, saying so.
+
+Per run: completion, the ledger's start to finish (``summary(run)["seconds"]``, as
+bench_policies measures it); segments migrated (segments whose ``migrated_from`` is set,
+``summary(run)["migrated_segments"]``); exactness: the run completed, its rows equal the
+plain job's over the same file and its coverage is exact; each worker cgroup's CPU
+throttling meanwhile (``cpu.stat``).
+
+The **fluid bound from measured capacities**: each operator node's capacity is its true
+processing rate over the run, bytes taken in per second of busy time (DS2's definition):
+per batch (the node's segments completed under one lease owner) busy = last done_at -
+first claimed_at; capacity = sum of bytes / sum of busy
+(``orchestrator.ledger.busy.measured_capacities`` when the checkout has it, the same
+computation here otherwise). The branches split the input and the file is all there at
+the start, so no run can finish before
+
+    bound = input bytes / (capacity(task1) + capacity(task2) + capacity(task3))
+
+(a branch with no batch in the run adds nothing). It is computed per run, from that
+run's own capacities.
+
+The table, per arm: median completion (s), min/max over the rounds, the median over
+``plain``'s, the median of each run's completion over its own bound, the median over
+``static``'s and over ``pooled``'s, the median of segments migrated, and whether every
+run was exact. ``--json`` prints every figure instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# This script's own folder is first on sys.path.
+from bench_runtime import Stack, run_to_end  # noqa: E402
+from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
+
+from balancer.document import PipelineDocument  # noqa: E402
+from balancer.policy import Policy, PolicyError  # noqa: E402
+from balancer.sim.control import BENCHMARK_POLICIES  # noqa: E402
+from orchestrator.pipeline.generator import (  # noqa: E402
+    RECORD_BYTES,
+    VALUE_CENTS,
+    keys_for,
+    record_line,
+)
+from orchestrator.services.runconsole import Child  # noqa: E402
+
+REFERENCE = ROOT / "webapp" / "console" / "topologies" / "reference.yaml"
+MB = 2**20
+# The throughput mode's layers (bench_runtime.throughput_pipeline): nothing migrated or
+# throttled, routed by water level.
+THROUGHPUT = {"routing": "water_level", "migration": "off", "throttling": "none"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its policy values (None: the plain Spark job), or the arm it is."""
+
+    name: str
+    label: str
+    values: Mapping[str, object] | None = None
+    same_as: str = ""
+
+
+def _placed(name: str) -> dict[str, object]:
+    return {**BENCHMARK_POLICIES[name].values, "placement": "placed"}
+
+
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("plain", "plain Spark job, one cgroup of the quotas' sum"),
+        Arm("pooled", "pooled, throughput defaults", {"placement": "pooled", **THROUGHPUT}),
+        Arm(
+            "static",
+            "placed, static routing, no migration",
+            {"placement": "placed", "routing": "static", "migration": "off"},
+        ),
+        Arm("balancing-off", "balancing off (= static)", same_as="static"),
+        *(
+            Arm(n, f"placed, {BENCHMARK_POLICIES[n].label}", _placed(n))
+            for n in ("credit", "pressure", "ours")
+        ),
+    )
+}
+
+
+def placement_missing() -> str:
+    """Why this checkout's policies take no ``placement`` ("" when they do)."""
+    try:
+        Policy.from_mapping({"placement": "placed"})
+    except PolicyError as error:
+        return str(error)
+    return ""
+
+
+def arm_policy(arm: Arm, missing: str) -> dict[str, Any] | None:
+    """The arm's full policy, or None when it needs ``placed`` and ``missing`` says the
+    checkout has no placement (a pooled arm runs without the key: today's behaviour)."""
+    values = dict(arm.values or {})
+    if missing and values.pop("placement", None) == "placed":
+        return None
+    return Policy.from_mapping(values).to_dict()
+
+
+def real_document() -> PipelineDocument:
+    """The reference topology with every emulation knob at 0."""
+    doc: PipelineDocument = yaml.safe_load(REFERENCE.read_text())
+    doc["name"] = "reference-real"
+    for edge in doc.get("edges", []):
+        edge["bandwidth_mbps"] = 0.0
+        edge["latency_ms"] = 0.0
+    for node in doc["nodes"]:
+        node.pop("max_rate_mbps", None)
+    plain: dict[str, Any] = json.loads(json.dumps(doc))
+    left = [
+        f"{e['from']}->{e['to']} {knob}"
+        for e in plain.get("edges", [])
+        for knob in ("bandwidth_mbps", "latency_ms")
+        if float(e.get(knob) or 0.0) != 0.0
+    ] + [
+        f"{n['name']} max_rate_mbps"
+        for n in plain["nodes"]
+        if float(n.get("max_rate_mbps") or 0.0) != 0.0
+    ]
+    if left:
+        raise SystemExit(f"emulation knobs left non-zero: {left}")
+    return doc
+
+
+def branches_of(doc: PipelineDocument) -> list[str]:
+    source = next(n["name"] for n in doc["nodes"] if n["kind"] == "source")
+    return [e["to"] for e in doc.get("edges", []) if e["from"] == source]
+
+
+def write_skewed(
+    path: Path, mb: float, branches: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The input file (see the module's docstring); its size, records and hot share."""
+    keys = keys_for(branches, args.keys_per_branch)
+    hot = keys[args.hot_branch][0]
+    others = [k for b in branches for k in keys[b] if k != hot]
+    rng = np.random.default_rng(args.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = records = hot_records = 0
+    with path.open("w") as out:
+        while written < mb * MB:
+            block = min(100_000, int((mb * MB - written) / RECORD_BYTES) + 1)
+            is_hot = rng.random(block) < args.hot_share
+            other = rng.integers(len(others), size=block)
+            cents = rng.integers(0, VALUE_CENTS, size=block)
+            users = rng.integers(args.users, size=block)
+            body = "".join(
+                record_line(hot if h else others[k], c, u)
+                for h, k, c, u in zip(
+                    is_hot.tolist(), other.tolist(), cents.tolist(), users.tolist(), strict=True
+                )
+            )
+            out.write(body)
+            written += len(body)
+            records += block
+            hot_records += int(is_hot.sum())
+    return {
+        "path": path.name,
+        "mb": round(written / MB, 2),
+        "bytes": written,
+        "records": records,
+        "hot_key": hot,
+        "hot_branch": args.hot_branch,
+        "hot_share": round(hot_records / records, 4),
+    }
+
+
+class QuotaStack(Stack):
+    """bench_runtime's Stack with Spark worker N started inside cgroup ``cgroups[N-1]``."""
+
+    def __init__(self, quotas: CpuQuotas, cgroups: list[str]) -> None:
+        super().__init__(len(cgroups))
+        self.quotas, self.cgroups = quotas, cgroups
+
+    def __enter__(self) -> QuotaStack:
+        super().__enter__()
+        return self
+
+    def spark_children(self) -> list[Child]:
+        return [
+            dataclasses.replace(child, args=self.quotas.launch_argv(name, child.args))
+            for child, name in zip(super().spark_children(), self.cgroups, strict=True)
+        ]
+
+
+def membership(stack: QuotaStack) -> dict[str, Any]:
+    """Per worker cgroup: its quota and whether the worker and all its descendants (its
+    pool process and JVM among them) are inside, and nothing else."""
+    import psutil
+
+    out = {}
+    for process, name in zip(stack.spark, stack.cgroups, strict=True):
+        tree = {process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))}
+        inside = set(stack.quotas.pids(name))
+        names = sorted({psutil.Process(p).name() for p in tree & inside})
+        out[name] = {
+            "quota_us": stack.quotas.quota_text(name),
+            "worker_tree_inside": tree <= inside,
+            "processes": len(inside),
+            "kinds": names,
+        }
+    return out
+
+
+def throttled(stack: QuotaStack) -> dict[str, dict[str, int]]:
+    return {name: stack.quotas.stat(name) for name in stack.cgroups}
+
+
+def plain_job_child(input_path: str, out: str) -> None:
+    """The ``plain`` arm's process: build the SparkSession, then time the job."""
+    import django
+
+    django.setup()
+    from orchestrator.worker.plain_job import batch_summary
+    from sparkjobs.session import spark_session
+
+    began = time.monotonic()
+    spark_session()
+    session_s = time.monotonic() - began
+    result = batch_summary(topology=real_document(), input_path=input_path, generator=None)
+    found = {"job_s": result["seconds"], "session_s": round(session_s, 3), "rows": result["rows"]}
+    Path(out).write_text(json.dumps(found), encoding="utf-8")
+
+
+def run_plain(stack: QuotaStack, input_path: Path) -> dict[str, Any]:
+    out = stack.var / "plain-job.json"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--plain-job", str(input_path)]
+    argv += ["--plain-job-out", str(out)]
+    began = time.monotonic()
+    with (stack.var / "plain-job.log").open("ab") as log:
+        done = subprocess.run(
+            stack.quotas.launch_argv("plain", argv),
+            env=stack.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    wall = time.monotonic() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"the plain job failed ({done.returncode}); log in {stack.var}")
+    found: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    found["wall_s"] = round(wall, 3)
+    return found
+
+
+def measured_capacities(run: Any) -> dict[str, float]:
+    """Each operator node's bytes taken in per second of busy time over the run."""
+    try:
+        busy = importlib.import_module("orchestrator.ledger.busy")
+    except ImportError:
+        busy = None
+    if busy is not None and hasattr(busy, "measured_capacities"):
+        return {k: float(v) for k, v in busy.measured_capacities(run).items()}
+    from django.db.models import Max, Min, Sum
+
+    from orchestrator.models import Segment
+
+    operators = [n["name"] for n in run.topology["nodes"] if n["kind"] == "operator"]
+    batches = (
+        Segment.objects.filter(
+            run=run, node__in=operators, state=Segment.State.DONE, claimed_at__isnull=False
+        )
+        .values("node", "lease_owner")
+        .annotate(size=Sum("bytes"), began=Min("claimed_at"), done=Max("done_at"))
+    )
+    size: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for batch in batches:
+        node = batch["node"]
+        size[node] = size.get(node, 0.0) + float(batch["size"] or 0)
+        busy_s = (batch["done"] - batch["began"]).total_seconds()
+        seconds[node] = seconds.get(node, 0.0) + busy_s
+    return {node: size[node] / seconds[node] for node in size if seconds[node] > 0}
+
+
+def run_live(
+    stack: QuotaStack,
+    doc: PipelineDocument,
+    policy: dict[str, Any],
+    *,
+    input_path: Path,
+    input_bytes: int,
+    plain_rows: list[Any],
+) -> dict[str, Any]:
+    from orchestrator.ledger.results import summary
+
+    before = throttled(stack)
+    run = run_to_end(doc, policy, None, input_path=str(input_path))
+    after = throttled(stack)
+    result = summary(run)
+    completion = float(result["seconds"] or 0.0)
+    rows = json.loads(json.dumps(result["rows"]))
+    exact = rows == plain_rows and result["coverage"] == "exact" and run.status == "completed"
+    capacities = measured_capacities(run)
+    capacity = sum(capacities.get(b, 0.0) for b in branches_of(doc))
+    bound = input_bytes / capacity if capacity else float("nan")
+    return {
+        "run": run.pk,
+        "status": run.status,
+        "completion_s": round(completion, 2),
+        "migrated_segments": result["migrated_segments"],
+        "exact": bool(exact),
+        "capacities_mb_s": {k: round(v / MB, 2) for k, v in capacities.items()},
+        "fluid_bound_s": round(bound, 2),
+        "ratio_to_bound": round(completion / bound, 3) if capacity else None,
+        "throttled_s": {
+            name: round(
+                (after[name].get("throttled_time", 0) - t.get("throttled_time", 0)) / 1e9, 1
+            )
+            for name, t in before.items()
+        },
+    }
+
+
+def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> dict[str, Any]:
+    doc = real_document()
+    names = [n.strip() for n in args.arms.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"unknown arms {unknown}; known: {list(ARMS)}")
+    missing = placement_missing()
+    policies = {n: arm_policy(ARMS[n], missing) for n in names if ARMS[n].values is not None}
+    skipped = {n: missing for n, p in policies.items() if p is None}
+    for name in skipped:
+        print(f"arm {name} skipped: this checkout has no placement ({missing})", file=sys.stderr)
+    timed = [
+        n
+        for n in names
+        if n not in skipped and not ARMS[n].same_as and (n == "plain" or policies.get(n))
+    ]
+    live = [n for n in timed if n != "plain"]
+    branches = branches_of(doc)
+    with QuotaStack(quotas, cgroups) as stack:
+        inputs = stack.var / "inputs"
+        shape = write_skewed(inputs / "real.jsonl", args.mb, branches, args)
+        print(f"input {shape}", file=sys.stderr)
+        runs: list[dict[str, Any]] = []
+        warm = vars(args) | {"seed": args.seed + 1}
+        write_skewed(inputs / "warmup.jsonl", args.warmup_mb, branches, argparse.Namespace(**warm))
+        if live:
+            run_to_end(doc, policies[live[0]] or {}, None, input_path=str(inputs / "warmup.jsonl"))
+        cgroup_check = membership(stack)
+        print(f"cgroups {cgroup_check}", file=sys.stderr)
+        reference = run_plain(stack, inputs / "real.jsonl")  # the rows every run must equal
+        plain_rows = reference["rows"]
+        for round_index in range(args.rounds):
+            shift = round_index % max(1, len(timed))
+            for name in timed[shift:] + timed[:shift]:
+                if name == "plain":
+                    found = run_plain(stack, inputs / "real.jsonl")
+                    row = {
+                        "completion_s": found["job_s"],
+                        "wall_s": found["wall_s"],
+                        "session_s": found["session_s"],
+                        "exact": found["rows"] == plain_rows,
+                        "migrated_segments": 0,
+                    }
+                else:
+                    row = run_live(
+                        stack,
+                        doc,
+                        policies[name] or {},
+                        input_path=inputs / "real.jsonl",
+                        input_bytes=shape["bytes"],
+                        plain_rows=plain_rows,
+                    )
+                row = {"arm": name, "round": round_index + 1, **row}
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    return {
+        "command": shlex.join(sys.orig_argv),
+        "quotas": dict(zip(cgroups, args.quota_list, strict=True))
+        | {"plain": sum(args.quota_list)},
+        "placement": "known" if not missing else f"unknown: {missing}",
+        "skipped": skipped,
+        "input": shape,
+        "cgroups": cgroup_check,
+        "arms": summarise(names, runs),
+        "runs": runs,
+    }
+
+
+def summarise(names: list[str], runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    medians = {}
+    for name in {r["arm"] for r in runs}:
+        medians[name] = statistics.median(r["completion_s"] for r in runs if r["arm"] == name)
+
+    def ratio(value: float, other: str) -> float | None:
+        return round(value / medians[other], 3) if medians.get(other) else None
+
+    arms: dict[str, dict[str, Any]] = {}
+    for name in names:
+        own = ARMS[name].same_as or name
+        mine = [r for r in runs if r["arm"] == own]
+        if not mine:
+            continue
+        completion = medians[own]
+        bounds = [r["ratio_to_bound"] for r in mine if r.get("ratio_to_bound") is not None]
+        arms[name] = {
+            "label": ARMS[name].label,
+            "median_s": round(completion, 2),
+            "min_s": min(r["completion_s"] for r in mine),
+            "max_s": max(r["completion_s"] for r in mine),
+            "x_plain": ratio(completion, "plain"),
+            "fluid_bound_s": (
+                statistics.median(r["fluid_bound_s"] for r in mine) if bounds else None
+            ),
+            "x_bound": round(statistics.median(bounds), 3) if bounds else None,
+            "x_static": ratio(completion, "static"),
+            "x_pooled": ratio(completion, "pooled"),
+            "migrated": statistics.median(r["migrated_segments"] for r in mine),
+            "exact": all(r["exact"] for r in mine),
+            "rounds": len(mine),
+        }
+    return arms
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"command: {report['command']}")
+    print(f"quotas (cores): {report['quotas']}; placement {report['placement']}")
+    print(f"input: {report['input']}")
+    for name, why in report["skipped"].items():
+        print(f"skipped {name}: {why}")
+
+    def shown(value: float | None, unit: str = "x") -> str:
+        return "-" if value is None else f"{value:.2f}{unit}"
+
+    print(
+        "| arm | median completion | min/max | x plain | fluid bound | x bound | "
+        "x static | x pooled | migrated | exact |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in report["arms"].items():
+        print(
+            f"| {row['label']} (`{name}`) | {row['median_s']:.2f} s | "
+            f"{row['min_s']:.2f}/{row['max_s']:.2f} | {shown(row['x_plain'])} | "
+            f"{shown(row['fluid_bound_s'], ' s')} | {shown(row['x_bound'])} | "
+            f"{shown(row['x_static'])} | {shown(row['x_pooled'])} | {row['migrated']:g} | "
+            f"{'yes' if row['exact'] else 'NO'} |"
+        )
+
+
+def quota_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"quotas are cores separated by commas: {text!r}"
+        ) from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"quotas are positive numbers of cores: {text!r}")
+    return values
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=512.0, help="input file, MB")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quotas", type=quota_list, default=[1.0, 0.5, 0.25], dest="quota_list")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--hot-share", type=float, default=0.35)
+    parser.add_argument("--hot-branch", default="task3")
+    parser.add_argument("--keys-per-branch", type=int, default=16)
+    parser.add_argument("--users", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warmup-mb", type=float, default=16.0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plain-job", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--plain-job-out", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_job:
+        plain_job_child(args.plain_job, args.plain_job_out)
+        return 0
+    print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
+    if args.hot_branch not in branches_of(real_document()):
+        parser.error(f"--hot-branch is one of {branches_of(real_document())}")
+    cgroups = [f"w{i}" for i in range(1, len(args.quota_list) + 1)]
+    cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
+    quotas = CpuQuotas(cores, prefix=f"bpconsole-bench-{os.getpid()}")
+    try:
+        quotas.__enter__()
+    except QuotaError as error:
+        print(f"bench_real_balance: no CPU quotas, nothing run: {error}", file=sys.stderr)
+        return 2
+    try:
+        report = bench(args, quotas, cgroups)
+    finally:
+        quotas.remove()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
