@@ -76,6 +76,7 @@ run was exact. ``--json`` prints every figure instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -255,20 +256,26 @@ class QuotaStack(Stack):
 
 
 def membership(stack: QuotaStack) -> dict[str, Any]:
-    """Per worker cgroup: its quota and whether the worker and all its descendants (its
-    pool process and JVM among them) are inside, and nothing else."""
+    """Per worker cgroup: its quota, the kinds of process inside, and the worker's
+    descendants (its pool process and JVM among them) found outside it, if any (a
+    process that ended meanwhile is not counted)."""
     import psutil
 
     out = {}
     for process, name in zip(stack.spark, stack.cgroups, strict=True):
         tree = {process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))}
         inside = set(stack.quotas.pids(name))
-        names = sorted({psutil.Process(p).name() for p in tree & inside})
+        outside = sorted(p for p in tree - inside if psutil.pid_exists(p))
+        outside = [p for p in outside if p not in stack.quotas.pids(name)]
+        kinds = set()
+        for pid in inside:
+            with contextlib.suppress(psutil.Error):
+                kinds.add(psutil.Process(pid).name())
         out[name] = {
             "quota_us": stack.quotas.quota_text(name),
-            "worker_tree_inside": tree <= inside,
             "processes": len(inside),
-            "kinds": names,
+            "kinds": sorted(kinds),
+            "worker_tree_outside": outside,
         }
     return out
 
