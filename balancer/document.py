@@ -67,3 +67,12 @@ class PipelineDocument(TypedDict):
 def stage_of(node: NodeDocument) -> str:
     """The node's stage: its ``stage``, or its own name when it has none."""
     return node.get("stage") or node["name"]
+
+
+def emulated(document: PipelineDocument) -> bool:
+    """Whether the pipeline sets an emulation knob (a link's ``bandwidth_mbps`` or a
+    node's ``max_rate_mbps`` above 0): its balancing then acts on declared limits, not
+    on what the machine measured, and says so wherever the run is shown."""
+    return any(float(e.get("bandwidth_mbps") or 0) > 0 for e in document["edges"]) or any(
+        float(n.get("max_rate_mbps") or 0) > 0 for n in document["nodes"]
+    )

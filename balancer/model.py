@@ -14,6 +14,9 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from balancer.topology import Topology
 
+# The resource of every node whose batches any Spark worker of a shared pool may run.
+SHARED_POOL = "spark pool"
+
 
 @dataclass(frozen=True)
 class NodeObservation:
@@ -40,6 +43,15 @@ class NodeObservation:
     # coming mix is measured, not guessed.
     head_by_route: Mapping[str, float]
     in_rate_by_route: Mapping[str, float]
+    # The node's true processing rate, bytes per second of busy time as measured from its
+    # batches (balancer/capacity.py); ``math.inf`` while unknown. A declared emulation
+    # limit (``max_rate_mbps``), where set, stands in for it (balancer/pressure.py).
+    capacity_bps: float
+    # What the node's work runs on: the Spark worker it is placed on, one name for the
+    # shared pool, or the node itself for a runtime where each node is its own resource.
+    # Nodes with one resource share its capacity: moving data between them changes
+    # nothing.
+    resource: str
 
 
 class NodeState(TypedDict):
@@ -61,6 +73,12 @@ class NodeState(TypedDict):
     # Seconds until the pool reaches its high water at the rate it fills (forecast.py);
     # 0 at or past it, None when not filling (and for a source).
     full_in_s: float | None
+    # The measured capacity (bytes per second of busy time; None while unknown), the
+    # resource the node runs on (NodeObservation), and the share of the last half
+    # minute its batches kept that resource busy (None before its first batch).
+    capacity_bps: float | None
+    resource: str
+    busy: float | None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ Kind = Literal["float", "int", "choice"]
 THROTTLING_CHOICES = ("none", "stop_resume", "credit", "watermark", "stepwise", "window")
 ROUTING_CHOICES = ("static", "water_level")
 MIGRATION_CHOICES = ("off", "pressure", "proportional")
+PLACEMENT_CHOICES = ("pooled", "placed")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,18 @@ PARAMETERS: tuple[Param, ...] = (
         "strategy",
         kind="choice",
         choices=MIGRATION_CHOICES,
+    ),
+    Param(
+        "placement",
+        "Placement",
+        "pooled",
+        "Where an operator instance's batches run. pooled: any Spark worker takes any "
+        "batch, and a stage's instances share the pool (one job may run several of "
+        "them). placed: each instance has a Spark worker of its own, its batches run "
+        "there only, and the balancer moves data between instances on different workers.",
+        "strategy",
+        kind="choice",
+        choices=PLACEMENT_CHOICES,
     ),
     Param(
         "tick_ms",
@@ -455,6 +468,7 @@ class Policy:
     throttling: str = _default("throttling")
     routing: str = _default("routing")
     migration: str = _default("migration")
+    placement: str = _default("placement")
     tick_ms: int = _default("tick_ms")
     high_water: float = _default("high_water")
     low_water: float = _default("low_water")

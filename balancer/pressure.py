@@ -10,7 +10,9 @@ branch nodes send part of a heavy branch's data through other branches:
    backpressure node is the *heavy branch*.
 3. *Scoring*: every branch leaving the branch node gets the pressure score
    ``P = (alpha*Q + (1-alpha)*gap) / b**beta`` (normalised, see :func:`pressure_score`).
-4. *Light branch*: the lowest score among the branches that are not heavy.
+4. *Light branch*: the lowest score among the branches that are not heavy and share no
+   resource with the heavy one (``NodeObservation.resource``: data moved to a branch
+   whose batches the same Spark worker runs would wait for the same cores).
 5. *Recovery*: every ``recovery_check`` ticks a backpressure node whose ``Q`` is below
    ``recovery_threshold`` gets its branch back (:class:`StopMigration`); otherwise the
    migration goes on.
@@ -20,7 +22,9 @@ branch nodes send part of a heavy branch's data through other branches:
 ``"proportional"`` is ours (:func:`proportional_plan`): every tick, from the tags of the
 data about to leave the branch node, it moves only what each branch cannot take at its
 capacity (and a queue draining in step with the others), spread over every branch with
-room; ``"off"`` ends any migration still running.
+room; ``"off"`` ends any migration still running. Branches that share a resource with a
+sibling are left out of the plan. A branch's capacity is declared (the emulation knobs)
+or measured (each node's true processing rate, balancer/capacity.py).
 
 A *branch* of a branch node ``b`` starts at one child ``c`` of ``b`` and follows the chain
 of nodes below ``c`` while each has exactly one downstream that has exactly one upstream;
@@ -149,16 +153,20 @@ def branches_of(topology: Topology, branch_node: str) -> tuple[Branch, ...]:
     return tuple(branches)
 
 
-def branch_capacity(topology: Topology, branch: Branch) -> float:
+def branch_capacity(
+    topology: Topology, branch: Branch, nodes: Mapping[str, NodeObservation] | None = None
+) -> float:
     """The branch's bottleneck in bytes per second of what enters it (``math.inf`` when
     nothing limits it).
 
     The minimum over its entry and chain links, the total of the links leaving its last
-    node, and the emulated processing limit of its nodes: a node that can process only
-    ``r`` bytes per second narrows the path exactly like a link of bandwidth ``r``. Each
-    is counted in the branch's input bytes: after a node that sends on a twentieth of
-    what it takes in (its measured ``reduction``), a link carries twenty times its
-    bandwidth of the branch's input.
+    node, and the processing capacity of its nodes: a node that can process only ``r``
+    bytes per second narrows the path exactly like a link of bandwidth ``r``. A node's
+    capacity is its declared emulation limit (``max_rate_mbps``) where one is set, else
+    what ``nodes`` (the observation) measured it to be (``capacity_bps``: its true
+    processing rate, balancer/capacity.py). Each is counted in the branch's input bytes:
+    after a node that sends on a twentieth of what it takes in (its measured
+    ``reduction``), a link carries twenty times its bandwidth of the branch's input.
     """
     shares_in, shares_out = topology.source_shares
     entering = shares_in[branch.nodes[0]]
@@ -173,10 +181,32 @@ def branch_capacity(topology: Topology, branch: Branch) -> float:
         out = sum(_bandwidth(topology, src, dst) for src, dst in exits)
         limits.append(_of_input(out, shares_out[last], entering))
     limits.extend(
-        _of_input(topology.node(n).max_rate_bps or math.inf, shares_in[n], entering)
-        for n in branch.nodes
+        _of_input(node_capacity(topology, n, nodes), shares_in[n], entering) for n in branch.nodes
     )
     return min(limits)
+
+
+def node_capacity(
+    topology: Topology, node: str, nodes: Mapping[str, NodeObservation] | None = None
+) -> float:
+    """Bytes per second of its input ``node`` can process: its declared emulation limit,
+    else its measured capacity, else ``math.inf``."""
+    declared = topology.node(node).max_rate_bps
+    if declared:
+        return declared
+    observed = nodes.get(node) if nodes is not None else None
+    return observed.capacity_bps if observed is not None else math.inf
+
+
+def branch_resources(observation: Observation, branch: Branch) -> frozenset[str]:
+    """What the branch's nodes run on (NodeObservation.resource)."""
+    return frozenset(observation.nodes[n].resource for n in branch.nodes if n in observation.nodes)
+
+
+def share_resources(observation: Observation, one: Branch, other: Branch) -> bool:
+    """Whether two branches run (in part) on one resource: data moved from one to the
+    other would be worked on by the same cores, so moving it relieves nothing."""
+    return bool(branch_resources(observation, one) & branch_resources(observation, other))
 
 
 def _of_input(capacity_bps: float, share: float, entering: float) -> float:
@@ -230,7 +260,7 @@ def score_branches(
     """
     branches = tuple(branches)
     topology = observation.topology
-    capacities = [branch_capacity(topology, b) for b in branches]
+    capacities = [branch_capacity(topology, b, observation.nodes) for b in branches]
     finite = [c for c in capacities if math.isfinite(c)]
     widest = max(finite, default=1.0)
     scores = {}
@@ -346,8 +376,13 @@ def _plan_light(
         branches = branches_of(topology, branch_node)
         scored[branch_node] = (branches, score_branches(observation, branches, policy))
     branches, scores = scored[branch_node]
+    heavy_branches = [b for b in branches if (branch_node, b.child) in heavy]
     candidates = [
-        b for b in branches if (branch_node, b.child) not in heavy and _mergeable(topology, b.nodes)
+        b
+        for b in branches
+        if (branch_node, b.child) not in heavy
+        and _mergeable(topology, b.nodes)
+        and not any(share_resources(observation, b, h) for h in heavy_branches)
     ]
     if not candidates:
         return None
@@ -460,7 +495,11 @@ def _proportional_step(
     for branch_node in topology.order:
         if len(topology.downstreams(branch_node)) < 2:
             continue
-        branches = [b for b in branches_of(topology, branch_node) if _mergeable(topology, b.nodes)]
+        branches = [
+            b
+            for b in branches_of(topology, branch_node)
+            if _mergeable(topology, b.nodes) and not _shares_any(observation, b, branch_node)
+        ]
         if len(branches) < 2:
             continue  # nothing to choose between
         plan = _plan_for(observation, branch_node, branches, policy)
@@ -494,12 +533,21 @@ def _proportional_step(
     return actions, MigrationState(tick=state.tick + 1, active=tuple(active))
 
 
+def _shares_any(observation: Observation, branch: Branch, branch_node: str) -> bool:
+    """Whether ``branch`` shares a resource with another branch of ``branch_node``: the
+    plan's capacities would count that resource once per branch."""
+    return any(
+        other.child != branch.child and share_resources(observation, branch, other)
+        for other in branches_of(observation.topology, branch_node)
+    )
+
+
 def _plan_for(
     observation: Observation, branch_node: str, branches: list[Branch], policy: Policy
 ) -> list[BranchPlan]:
     head = observation.nodes[branch_node].head_by_route
     topology = observation.topology
-    capacity = {b.child: branch_capacity(topology, b) for b in branches}
+    capacity = {b.child: branch_capacity(topology, b, observation.nodes) for b in branches}
     if not all(map(math.isfinite, capacity.values())):
         return []
     # Times in seconds of the tightest queue (the one holding the fewest seconds of its

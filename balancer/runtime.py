@@ -39,6 +39,8 @@ class Measurement:
     out_rate: float  # bytes per second processed and sent on
     head_by_route: Mapping[str, float]
     in_rate_by_route: Mapping[str, float]
+    capacity_bps: float  # bytes per second of busy time; math.inf while unknown
+    resource: str  # what the node's work runs on (NodeObservation.resource)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,5 +81,7 @@ def observe(
             in_backpressure=speed.in_backpressure,
             head_by_route=m.head_by_route,
             in_rate_by_route=m.in_rate_by_route,
+            capacity_bps=m.capacity_bps,
+            resource=m.resource,
         )
     return Observation(measured.time_s, measured.interval_s, topology, nodes)

@@ -10,6 +10,9 @@ of the fullest member to the members with lower levels:
 The freed share is split in proportion to how much lower each receiver's level is than
 the heavy node's (equal gaps, equal parts), so the emptiest peers get the most.
 
+Members that share one resource (instances whose batches the same Spark workers run)
+keep their shares: moving traffic between them moves no work off that resource.
+
 Invariants: a group's shares sum to 1; no member goes below ``min_share`` unless it is
 being drained (then its share goes to 0 at once and its peers absorb it).
 
@@ -92,14 +95,16 @@ def shares_tick(
         key = (upstream, stage)
         current = shares.get(key)
         if members not in plans:
-            if all(m in nodes for m in members):
+            if all(m in nodes for m in members) and not _one_resource(observation, members):
                 levels = {m: nodes[m].level for m in members}
                 plans[members] = _plan(members, levels, draining, policy)
             else:
                 plans[members] = None
         plan = plans[members]
         if plan is None:
-            # Unobserved members, or every member draining: keep routing as it is.
+            # Unobserved members, members that share one resource (shifting traffic
+            # between them moves no work off it), or every member draining: keep
+            # routing as it is.
             if current is not None:
                 new_shares[key] = dict(current)
             continue
@@ -110,6 +115,14 @@ def shares_tick(
         new_shares[key] = new
         actions.extend(_set_shares(upstream, stage, new, why))
     return actions, new_shares
+
+
+def _one_resource(observation: Observation, members: tuple[str, ...]) -> bool:
+    """Every member runs on the same resource and none is being drained (a drained
+    member's share goes to its peers whatever they run on)."""
+    if observation.draining & set(members):
+        return False
+    return len({observation.nodes[m].resource for m in members}) == 1
 
 
 def interchangeable_groups(topology: Topology) -> list[tuple[str, str, tuple[str, ...]]]:

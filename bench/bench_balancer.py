@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import random
 import statistics
@@ -97,6 +98,8 @@ def frames(topology: Topology, period_s: float, count: int, seed: int) -> Iterat
                 in_backpressure=False,
                 head_by_route={},
                 in_rate_by_route={},
+                capacity_bps=math.inf,
+                resource=node_id,
             )
             for node_id, level in levels.items()
         }

@@ -101,6 +101,9 @@ def bench_states(plane: ControlPlane, ticks: int, nodes: int) -> tuple[list[floa
                 origin_speed=120.0,
                 in_backpressure=(n + tick) % 5 == 0,
                 full_in_s=float(n % 60) or None,
+                capacity_bps=None,
+                resource="spark pool",
+                busy=None,
             )
             for n in range(nodes)
         }

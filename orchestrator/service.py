@@ -18,6 +18,7 @@ from balancer.document import (
     EdgeDocument,
     NodeDocument,
     PipelineDocument,
+    emulated,
 )
 from balancer.policy import (
     PARAMETERS,
@@ -124,6 +125,7 @@ __all__ = [
     "confined_files",
     "create_lab",
     "create_run",
+    "emulated",
     "lab_json",
     "live_workers",
     "operator_name",

@@ -54,6 +54,7 @@ import numpy as np
 from balancer import window as win
 from balancer.credit import RESUME_LEVEL, StopResumeState, stop_resume_step
 from balancer.model import (
+    SHARED_POOL,
     Action,
     ClearFlag,
     Observation,
@@ -698,10 +699,32 @@ class Simulator:
                 in_rate_by_route={
                     order[d]: rate(b, then.route_in.get(d, 0.0)) for d, b in node.route_in.items()
                 },
+                capacity_bps=self._capacity_bps(node),
+                resource=self._resource(node),
             )
             for node, then in zip(self.nodes, before, strict=True)
         }
         return Measured(self.now, interval, measured)
+
+    def _capacity_bps(self, node: _Node) -> float:
+        """What the node processes per second of busy time, in its input bytes: its
+        emulated rate, or on the modelled Spark workers the model's batch rate (its
+        fixed cost left out, as a long batch amortises it); ``math.inf`` when nothing
+        limits it."""
+        spec = self.topology.node(node.id)
+        if spec.max_rate_bps:
+            return spec.max_rate_bps
+        if self.pool_of.get(node.index) == _SPARK and self.model is not None:
+            return self.model.batch_bytes_per_s
+        return math.inf
+
+    def _resource(self, node: _Node) -> str:
+        """The modelled Spark workers are one pool every unemulated operator shares;
+        any other node is its own resource."""
+        spec = self.topology.node(node.id)
+        if self.pool_of.get(node.index) == _SPARK and not spec.max_rate_bps:
+            return SHARED_POOL
+        return node.id
 
     def flagged(self) -> frozenset[str]:
         return frozenset(node.id for node in self.nodes if node.flagged)

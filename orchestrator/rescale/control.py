@@ -52,8 +52,12 @@ class RescaleControl:
         epoch: int,
         source: str,
         timeout_s: float,
+        placement: str = "pooled",
     ) -> None:
         self.run_id = run_id
+        # "placed": every operator instance gets a live Spark worker of its own
+        # (:meth:`place`); "pooled": only those a hot rescale placed have one.
+        self.placement_mode = placement
         self.key = str(run_id)
         self.control = control
         self.epoch = epoch
@@ -95,6 +99,11 @@ class RescaleControl:
         if info is None:
             return None
         return worker_direct(info.get("name", worker))
+
+    def worker_of(self, node: str) -> str:
+        """The live worker ``node`` is placed on, or "" (any Spark worker)."""
+        worker = self.placement.get(node) or ""
+        return worker if worker in self.live else ""
 
     def spark_workers(self) -> dict[str, dict[str, Any]]:
         return {name: info for name, info in self.live.items() if "spark" in info.get("queues", [])}
@@ -288,6 +297,7 @@ class RescaleControl:
             self._workers_changed.clear()
             self.live = self.control.live_workers()
             changed |= self._failover()
+            self.place()
         adjustment = self.current
         if adjustment is None:
             return changed
@@ -376,6 +386,47 @@ class RescaleControl:
             record_event(self.run_id, "adjust_refused", f"failover refused: {err}")
         return True
 
-    def _is_operator(self, name: str) -> bool:
+    def place(self) -> None:
+        """In placed mode, each active operator instance without a live Spark worker
+        gets one: the worker with the fewest of its stage's instances, then the fewest
+        instances, so that a stage's instances spread over the workers. Its next batch
+        runs there; one in flight finishes where it runs (the lease says who completes
+        it). Waits while an adjustment runs: the adjustment places its own instances."""
+        workers = sorted(self.spark_workers())
+        if self.placement_mode != "placed" or self.current is not None or not workers:
+            return
+        placed = {name: w for name, w in self.placement.items() if w in workers}
+        instances = (
+            Instance.objects.filter(run_id=self.run_id, status=Instance.Status.ACTIVE)
+            .order_by("stage", "name")
+            .values_list("name", "stage")
+        )
+        operators = self._operators()
+        stage_of = {name: stage for name, stage in instances if name in operators}
+        moved: dict[str, str] = {}
+        for name, stage in stage_of.items():
+            if name in placed:
+                continue
+            peers = [w for n, w in placed.items() if stage_of.get(n) == stage]
+            load = list(placed.values())
+            worker = min(workers, key=lambda w: (peers.count(w), load.count(w), w))
+            placed[name] = moved[name] = worker
+        if not moved:
+            return
+        for name, worker in moved.items():
+            Instance.objects.filter(run_id=self.run_id, name=name).update(worker=worker)
+        self._load_placement()
+        record_event(
+            self.run_id,
+            "placed",
+            "placed on Spark workers: "
+            + ", ".join(f"{name} on {worker}" for name, worker in sorted(moved.items())),
+            data={"placement": moved},
+        )
+
+    def _operators(self) -> set[str]:
         run = Run.objects.only("topology").get(pk=self.run_id)
-        return any(n["name"] == name and n["kind"] == "operator" for n in run.topology["nodes"])
+        return {n["name"] for n in run.topology["nodes"] if n["kind"] == "operator"}
+
+    def _is_operator(self, name: str) -> bool:
+        return name in self._operators()

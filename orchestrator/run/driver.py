@@ -22,6 +22,7 @@ Each loop the driver:
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -32,15 +33,16 @@ from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 from kazoo.exceptions import LockTimeout
 
+from balancer.capacity import CapacityMeter
 from balancer.document import NodeDocument
 from balancer.forecast import Forecast
 from balancer.loop import BalancerState, forget, step
-from balancer.model import ClearFlag, NodeState, Observation
+from balancer.model import SHARED_POOL, ClearFlag, NodeState, Observation
 from balancer.policy import Policy
 from balancer.reductions import Reductions
 from balancer.runtime import Measured
 from balancer.topology import Topology
-from orchestrator.ledger import retention, segments
+from orchestrator.ledger import busy, retention, segments
 from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.coalesce import coalesce
 from orchestrator.ledger.events import record_event, thin_events
@@ -76,6 +78,8 @@ DATABASE_ERRORS = (OperationalError, InterfaceError)
 DATABASE_RETRY_S = 0.5
 # How often a source whose server is down is tried again before the run can start.
 SOURCE_RETRY_S = 2.0
+# The resource of the sink's merges: the control workers.
+CONTROL_POOL = "control pool"
 # How often merged data's segment files (and old rows) are deleted while a run goes on.
 RETENTION_S = 5.0
 
@@ -125,6 +129,11 @@ class RunDriver:
         # What each operator sends on per byte it takes in, as measured; the balancer's
         # capacities after a node count in its input bytes (balancer/reductions.py).
         self.reductions = Reductions.of(())
+        # Each node's true processing rate, from its batches (balancer/capacity.py), the
+        # latest completion read, and what each node's work last ran on.
+        self.capacities = CapacityMeter()
+        self.busy_after: dt.datetime | None = None
+        self.resources: dict[str, str] = {}
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
@@ -243,6 +252,7 @@ class RunDriver:
             epoch=self.epoch,
             source=self.source["name"],
             timeout_s=self.policy.adjust_timeout_s,
+            placement=self.policy.placement,
         )
         self.signals = SignalQueue(self.table, self.policy)
         self.commands = OperatorCommands(self.table, self.policy)
@@ -352,13 +362,42 @@ class RunDriver:
 
     def _measure(self, topology: Topology) -> Measured:
         return observer.measure(
-            topology, self.flows, self.pacer, time_s=time.monotonic(), interval_s=self.interval_s
+            topology,
+            self.flows,
+            self.pacer,
+            time_s=time.monotonic(),
+            interval_s=self.interval_s,
+            capacities=self.capacities.capacities(topology.order),
+            resources=self.resources,
         )
+
+    def _measure_capacities(self, topology: Topology) -> None:
+        """Add the batches completed since the last tick to each node's capacity; a node
+        now running on another resource starts its estimate again."""
+        resources = {node: self._resource_of(topology, node) for node in topology.order}
+        for node, resource in resources.items():
+            if self.resources.get(node, resource) != resource:
+                self.capacities.forget(node)
+        self.resources = resources
+        completed = busy.completed_since(self.run_id, self.busy_after)
+        self.capacities.add(completed.batches)
+        self.busy_after = completed.latest
+
+    def _resource_of(self, topology: Topology, node: str) -> str:
+        """What ``node``'s work runs on: an operator's live Spark worker where it is
+        placed, else the shared pool of Spark workers; the sink's merges run on the
+        control workers; the source reads in the driver."""
+        kind = topology.node(node).kind
+        if kind == "operator":
+            worker = self.rescale.worker_of(node) if self.rescale is not None else ""
+            return worker or SHARED_POOL
+        return CONTROL_POOL if kind == "sink" else node
 
     def _tick(self) -> None:
         phase = self.stats.phase
         with phase("observe"):
             self._measure_reductions()
+            self._measure_capacities(self.topology)
             observation = self.runtime.observe()
         with phase("decide"):
             # Each node as the balancer sees it now, thresholds and pacing before its
@@ -415,6 +454,9 @@ class RunDriver:
             state=self.state,
             policy=self.policy,
             full_in=full_in,
+            busy={
+                node: self.capacities.busy_share(node, time.time()) for node in observation.nodes
+            },
         )
 
     def _measure_reductions(self) -> None:

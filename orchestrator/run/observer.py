@@ -8,8 +8,10 @@ the simulator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 
+from balancer.capacity import Capacity, known_bps
 from balancer.loop import BalancerState
 from balancer.model import NodeState, Observation
 from balancer.policy import Policy
@@ -27,7 +29,12 @@ def measure(
     *,
     time_s: float,
     interval_s: float,
+    capacities: Mapping[str, Capacity],
+    resources: Mapping[str, str],
 ) -> Measured:
+    """Each node's measurement over the last interval; ``capacities``: what its batches
+    showed it can do (a capacity not yet known is ``math.inf``); ``resources``: what
+    its work runs on."""
     nodes = {}
     blocked = pacer.take_blocked()
     for node_id in topology.order:
@@ -41,6 +48,8 @@ def measure(
                 out_rate=rate,
                 head_by_route=head,
                 in_rate_by_route=arriving,
+                capacity_bps=math.inf,
+                resource=resources.get(node_id, node_id),
             )
             continue
         flow = flows.get(node_id)
@@ -51,6 +60,8 @@ def measure(
             out_rate=(flow.done_bytes if flow else 0) / interval_s,
             head_by_route={},
             in_rate_by_route={},
+            capacity_bps=known_bps(capacities, node_id),
+            resource=resources.get(node_id, node_id),
         )
     return Measured(time_s, interval_s, nodes)
 
@@ -63,9 +74,11 @@ def node_states(
     state: BalancerState,
     policy: Policy,
     full_in: Mapping[str, float | None] | None = None,
+    busy: Mapping[str, float | None] | None = None,
 ) -> dict[str, NodeState]:
     """What each node shows in the console and in ZooKeeper after a tick: the flags and
-    pacing as the tick's actions left them, and ``full_in`` (balancer.forecast)."""
+    pacing as the tick's actions left them, ``full_in`` (balancer.forecast) and ``busy``
+    (balancer.capacity.CapacityMeter.busy_share)."""
     states: dict[str, NodeState] = {}
     for node_id, obs in observation.nodes.items():
         control = controls.of(node_id)
@@ -83,8 +96,15 @@ def node_states(
             origin_speed=round(control.speed.origin_speed, 4),
             in_backpressure=control.speed.in_backpressure,
             full_in_s=_seconds((full_in or {}).get(node_id)),
+            capacity_bps=round(obs.capacity_bps, 1) if math.isfinite(obs.capacity_bps) else None,
+            resource=obs.resource,
+            busy=_share((busy or {}).get(node_id)),
         )
     return states
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _seconds(value: float | None) -> float | None:

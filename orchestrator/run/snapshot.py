@@ -13,7 +13,13 @@ from typing import Any, Literal, TypedDict
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from balancer.document import DEFAULT_BANDWIDTH_MBPS, EdgeDocument, NodeDocument, stage_of
+from balancer.document import (
+    DEFAULT_BANDWIDTH_MBPS,
+    EdgeDocument,
+    NodeDocument,
+    emulated,
+    stage_of,
+)
 from balancer.model import NodeState
 from balancer.topology import NodeSpec
 from orchestrator.ledger.coalesce import first_unfinished
@@ -72,7 +78,9 @@ class RunView(Progress):
     epoch: int
     started_at: str | None
     elapsed_s: float
-    policy: dict[str, str | None]  # throttling, routing, migration
+    policy: dict[str, str | None]  # throttling, routing, migration, placement
+    # Whether the pipeline sets emulation knobs (balancer.document.emulated).
+    emulated: bool
     error: str
 
 
@@ -226,7 +234,10 @@ def build_snapshot(
             epoch=run.epoch,
             started_at=started.isoformat() if started else None,
             elapsed_s=(ended - started).total_seconds() if started else 0.0,
-            policy={k: run.policy.get(k) for k in ("throttling", "routing", "migration")},
+            policy={
+                k: run.policy.get(k) for k in ("throttling", "routing", "migration", "placement")
+            },
+            emulated=emulated(run.topology),
             error=run.error,
             **progress(run),
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from balancer.model import NodeObservation, Observation
@@ -77,8 +78,11 @@ def node(
     in_backpressure: bool = False,
     head_by_route: Mapping[str, float] | None = None,
     in_rate_by_route: Mapping[str, float] | None = None,
+    capacity_bps: float = math.inf,
+    resource: str | None = None,
 ) -> NodeObservation:
-    """A node at full speed, out of backpressure, with no per-route figures, unless told."""
+    """A node at full speed, out of backpressure, with no per-route figures, its
+    capacity unmeasured and a resource of its own, unless told."""
     return NodeObservation(
         node=node_id,
         level=level,
@@ -91,4 +95,6 @@ def node(
         in_backpressure=in_backpressure,
         head_by_route=head_by_route or {},
         in_rate_by_route=in_rate_by_route or {},
+        capacity_bps=capacity_bps,
+        resource=node_id if resource is None else resource,
     )

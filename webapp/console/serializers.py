@@ -60,7 +60,12 @@ def run_json(run: Any) -> dict[str, Any]:
             "preparing": service.input_preparing(run),
         },
         "source": source_json(spec),
-        "policy": {k: run.policy.get(k) for k in ("throttling", "routing", "migration", "tick_ms")},
+        "policy": {
+            k: run.policy.get(k)
+            for k in ("throttling", "routing", "migration", "placement", "tick_ms")
+        },
+        # Balancing on declared limits (link bandwidths, node rates), not measured ones.
+        "emulated": service.emulated(run.topology),
         "error": run.error,
         "view": f"/runs/{run.pk}/",
     }

@@ -20,6 +20,9 @@ def state(level: float) -> NodeState:
         origin_speed=1.0,
         in_backpressure=False,
         full_in_s=None,
+        capacity_bps=None,
+        resource="spark pool",
+        busy=None,
     )
 
 

@@ -9,6 +9,7 @@ ledger's flows and the simulator's packet counters.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -62,10 +63,13 @@ def script() -> list[Measured]:
                 out_rate=10 * MB,
                 head_by_route={"a1": 3 * MB, "a2": 1 * MB},
                 in_rate_by_route=incoming,
+                capacity_bps=math.inf,
+                resource="s1",
             ),
-            "a1": Measurement(a1, 8 * MB, 4 * MB * (tick < 24), {}, {}),
-            "a2": Measurement(a2, 2 * MB, 2 * MB, {}, {}),
-            "k1": Measurement(0.0, 6 * MB, 6 * MB, {}, {}),
+            # Measured capacities, each instance on a worker of its own.
+            "a1": Measurement(a1, 8 * MB, 4 * MB * (tick < 24), {}, {}, 4 * MB, "w1"),
+            "a2": Measurement(a2, 2 * MB, 2 * MB, {}, {}, 8 * MB, "w2"),
+            "k1": Measurement(0.0, 6 * MB, 6 * MB, {}, {}, math.inf, "w1"),
         }
         measured.append(Measured(tick * TICK_S, TICK_S, nodes))
     return measured

@@ -230,7 +230,8 @@
     $("run-migrating").textContent = moves.length ? moves.join(", ") : "none";
     $("run-migrating").classList.toggle("migrating", moves.length > 0);
     const p = run.policy || {};
-    $("run-policy").textContent = [p.throttling, p.routing, p.migration].filter(Boolean).join(" · ");
+    $("run-policy").textContent = [p.throttling, p.routing, p.migration, p.placement].filter(Boolean).join(" · ");
+    $("run-emulated").hidden = !run.emulated;
     if (run.error) toast(run.error, "error", "run-error");
     const active = ACTIVE_RUN.includes(run.status);
     $("btn-pause").disabled = !(run.status === "running" || run.status === "pending");
@@ -427,7 +428,10 @@
     const instance = node.instance || {};
     const status = instance.status || "active";
     $("sel-instance").textContent = status + (instance.aligning ? " · aligning" : "");
-    $("sel-worker").textContent = instance.worker || "any worker";
+    const st = node.state || {};
+    $("sel-worker").textContent = instance.worker || (st.resource ? st.resource : "any worker");
+    $("sel-capacity").textContent = typeof st.capacity_bps === "number" ? `${BP.rate(st.capacity_bps)} measured` : "not measured yet";
+    $("sel-busy").textContent = typeof st.busy === "number" ? BP.pct(st.busy) : "–";
     $("sel-stage").textContent = node.stage;
     $("instance-actions").hidden = node.kind !== "operator";
     const active = ACTIVE_RUN.includes((state.snapshot.run || {}).status);

@@ -293,7 +293,12 @@
       node.g.classList.toggle("aligning", !!instance.aligning);
       node.g.setAttribute("data-instance", status);
       node.g.setAttribute("data-worker", instance.worker || "");
-      node.sub.textContent = node.subText + (status === "active" ? "" : ` · ${status}`) +
+      // Where an operator's batches run and how busy that kept it (measured).
+      const where = node.kind === "operator" && instance.worker ? ` · ${instance.worker.split("@")[0]}` : "";
+      const busy = node.kind === "operator" && typeof st.busy === "number" ? ` · busy ${BP.pct(st.busy)}` : "";
+      node.g.setAttribute("data-busy", typeof st.busy === "number" ? st.busy.toFixed(3) : "");
+      node.g.setAttribute("data-measured-capacity", typeof st.capacity_bps === "number" ? st.capacity_bps.toFixed(0) : "");
+      node.sub.textContent = node.subText + where + busy + (status === "active" ? "" : ` · ${status}`) +
         (instance.aligning ? " · aligning" : "");
       const k = typeof st.rate_coefficient === "number" ? st.rate_coefficient.toFixed(2) : "–";
       const speed = typeof st.speed === "number" ? st.speed.toFixed(2) : "–";

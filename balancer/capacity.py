@@ -1,0 +1,137 @@
+"""Each node's true processing rate, measured from its batches.
+
+A node's capacity is what it processes per second of busy time: the bytes of its
+completed batches over the seconds those batches ran (DS2's *true processing rate*:
+Kalavri et al., OSDI 2018). It says what the node can do on the resources it runs on,
+whatever it was offered: a node fed a trickle is idle most of the time, and its
+observed rate says nothing of its capacity, but its busy seconds do.
+
+A batch that ran several nodes' data in one job (stage siblings on one Spark worker)
+counts its whole size against its whole time at each of them: they share the resource
+that ran it, and it is the resource's rate that bounds each of them.
+
+The estimate is the ratio of the totals over the most recent batches, back to
+``window_busy_s`` seconds of busy time: long enough to smooth a batch's fixed cost and
+the jitter of a shared machine, short enough to follow a worker slowed down or added.
+``confidence`` says how much busy time the estimate rests on, from 0 (nothing
+measured) to 1 (``sure_after_s`` seconds or more); until it reaches ``MIN_CONFIDENCE``
+a decision treats the node's capacity as unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+WINDOW_BUSY_S = 60.0
+SURE_AFTER_S = 5.0
+MIN_CONFIDENCE = 0.2  # one second of busy time at the defaults
+BUSY_OVER_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSample:
+    """One completed batch: the nodes whose data it ran, its bytes taken in, how long it
+    ran (from its claim to its completion) and when it ended (seconds on the clock the
+    busy share is asked on)."""
+
+    nodes: tuple[str, ...]
+    bytes: float
+    busy_s: float
+    ended_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A node's measured capacity: bytes per second of busy time (``math.inf`` when
+    nothing was measured), and how sure the estimate is, in [0, 1]."""
+
+    bytes_per_s: float
+    confidence: float
+    busy_s: float
+
+    @property
+    def known(self) -> bool:
+        return self.confidence >= MIN_CONFIDENCE and math.isfinite(self.bytes_per_s)
+
+
+UNKNOWN = Capacity(math.inf, 0.0, 0.0)
+
+
+@dataclass
+class CapacityMeter:
+    """The recent batches of every node, and the capacity they show."""
+
+    window_busy_s: float = WINDOW_BUSY_S
+    sure_after_s: float = SURE_AFTER_S
+    busy_over_s: float = BUSY_OVER_S
+    _samples: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    # Per node, the (start, end) of its batches that ended within ``busy_over_s``.
+    _spans: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+
+    def add(self, batches: Iterable[BatchSample]) -> None:
+        """Add completed batches; a batch without time or bytes says nothing."""
+        for batch in batches:
+            if batch.busy_s <= 0 or batch.bytes <= 0:
+                continue
+            for node in batch.nodes:
+                spans = self._spans.setdefault(node, deque())
+                spans.append((batch.ended_s - batch.busy_s, batch.ended_s))
+                samples = self._samples.setdefault(node, deque())
+                samples.append((batch.bytes, batch.busy_s))
+                busy = sum(s for _, s in samples)
+                # The oldest go while the rest still cover the window.
+                while len(samples) > 1 and busy - samples[0][1] >= self.window_busy_s:
+                    busy -= samples.popleft()[1]
+
+    def forget(self, node: str) -> None:
+        """A node whose resources changed (placed elsewhere, retired): its old batches
+        say nothing of it any more."""
+        self._samples.pop(node, None)
+        self._spans.pop(node, None)
+
+    def busy_share(self, node: str, now_s: float) -> float | None:
+        """The share of the last ``busy_over_s`` seconds the node's batches ran, in
+        [0, 1] (its resource's, for batches it shared); None before any batch. A batch
+        still running counts once it ends."""
+        spans = self._spans.get(node)
+        if spans is None:
+            return None
+        start = now_s - self.busy_over_s
+        while spans and spans[0][1] <= start:
+            spans.popleft()
+        busy = sum(max(0.0, min(end, now_s) - max(begin, start)) for begin, end in spans)
+        return min(1.0, busy / self.busy_over_s)
+
+    def capacity(self, node: str) -> Capacity:
+        samples = self._samples.get(node)
+        if not samples:
+            return UNKNOWN
+        size = sum(b for b, _ in samples)
+        busy = sum(s for _, s in samples)
+        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy)
+
+    def capacities(self, nodes: Iterable[str]) -> dict[str, Capacity]:
+        return {node: self.capacity(node) for node in nodes}
+
+
+def overall(batches: Iterable[BatchSample]) -> dict[str, float]:
+    """Each node's capacity over all of ``batches`` (a whole run's): the bytes of its
+    batches over their busy seconds."""
+    size: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    for batch in batches:
+        if batch.busy_s <= 0:
+            continue
+        for node in batch.nodes:
+            size[node] = size.get(node, 0.0) + batch.bytes
+            busy[node] = busy.get(node, 0.0) + batch.busy_s
+    return {node: size[node] / busy[node] for node in size if busy[node] > 0}
+
+
+def known_bps(capacities: Mapping[str, Capacity], node: str) -> float:
+    """The node's capacity in bytes per second when it is known, else ``math.inf``."""
+    found = capacities.get(node, UNKNOWN)
+    return found.bytes_per_s if found.known else math.inf
