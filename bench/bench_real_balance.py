@@ -3,7 +3,7 @@ unequal speeds made by the operating system's CPU quotas.
 
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
-        [--hot-branch task3] [--keys-per-branch 16] [--users 400] [--seed 1]
+        [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
         [--warmup-mb 16] [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
@@ -24,7 +24,11 @@ record format (``orchestrator.pipeline.generator.record_line``: ``{"key", "value
 the generator names them, ``--keys-per-branch`` routing to each branch. One key of
 ``--hot-branch`` (its first) holds ``--hot-share`` of the records, drawn independently
 per record; the others share the rest evenly. (The generator's own skew moves whole
-packets between branches over time; it cannot put a fixed share on one key.)
+packets between branches over time; it cannot put a fixed share on one key.) With the
+default 35%, task2's share of the input is 0.35 + 0.65 x 15/47, about 56%. Placed mode
+gives the workers to the instances in name order (spark-2, spark-3, spark), so with
+three workers and the default quotas the hot task2 runs on the 0.25-core worker; each
+run's report says where its instances were placed and with what quota.
 
 The arms, each over that file, ``--rounds`` rounds, the arms' order rotating by one
 each round, after one untimed warm-up run (the first live arm over a ``--warmup-mb``
@@ -39,7 +43,8 @@ file of the same shape):
 - ``pooled``: ``{"placement": "pooled"}`` with the throughput defaults of the other
   benches (routing by water level, no migration, no throttling): any Spark worker takes
   any branch's batch;
-- ``static``: ``{"placement": "placed", "routing": "static", "migration": "off"}``;
+- ``static``: ``{"placement": "placed", "routing": "static", "migration": "off"}``, the
+  other parameters (throttling among them) at their defaults;
 - ``balancing-off``: the same policy as ``static``, so not run again: its row is
   ``static``'s;
 - ``credit``, ``pressure``, ``ours``: ``balancer.sim.control.BENCHMARK_POLICIES``'s values
@@ -338,8 +343,13 @@ def measured_capacities(run: Any) -> dict[str, float]:
     operators = [n["name"] for n in run.topology["nodes"] if n["kind"] == "operator"]
     batches = (
         Segment.objects.filter(
-            run=run, node__in=operators, state=Segment.State.DONE, claimed_at__isnull=False
+            run=run,
+            node__in=operators,
+            state=Segment.State.DONE,
+            marker=False,
+            claimed_at__isnull=False,
         )
+        .exclude(lease_owner="")
         .values("node", "lease_owner")
         .annotate(size=Sum("bytes"), began=Min("claimed_at"), done=Max("done_at"))
     )
@@ -351,6 +361,28 @@ def measured_capacities(run: Any) -> dict[str, float]:
         busy_s = (batch["done"] - batch["began"]).total_seconds()
         seconds[node] = seconds.get(node, 0.0) + busy_s
     return {node: size[node] / seconds[node] for node in size if seconds[node] > 0}
+
+
+def worker_cgroup(worker: str, cgroups: list[str]) -> str:
+    """The cgroup of a Spark worker by its Celery name: ``spark@host`` is the first,
+    ``spark-N@host`` the N-th (runconsole.spark_workers' names)."""
+    base = worker.split("@", 1)[0]
+    number = int(base.rsplit("-", 1)[1]) if "-" in base else 1
+    return cgroups[number - 1] if 0 < number <= len(cgroups) else ""
+
+
+def placement_of(run: Any, stack: QuotaStack) -> dict[str, str]:
+    """Where placed mode put each operator instance: its worker's cgroup and quota (the
+    run's ``placed`` events; empty for a pooled run)."""
+    from orchestrator.models import Event
+
+    placed: dict[str, str] = {}
+    for event in Event.objects.filter(run=run, kind="placed").order_by("pk"):
+        for node, worker in ((event.data or {}).get("placement") or {}).items():
+            name = worker_cgroup(str(worker), stack.cgroups)
+            cores = stack.quotas.cores.get(name)
+            placed[node] = f"{name} ({cores:g} cores)" if cores else str(worker)
+    return dict(sorted(placed.items()))
 
 
 def run_live(
@@ -380,6 +412,7 @@ def run_live(
         "completion_s": round(completion, 2),
         "migrated_segments": result["migrated_segments"],
         "exact": bool(exact),
+        "placement": placement_of(run, stack),
         "capacities_mb_s": {k: round(v / MB, 2) for k, v in capacities.items()},
         "fluid_bound_s": round(bound, 2),
         "ratio_to_bound": round(completion / bound, 3) if capacity else None,
@@ -539,7 +572,7 @@ def main() -> int:
     parser.add_argument("--quotas", type=quota_list, default=[1.0, 0.5, 0.25], dest="quota_list")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--hot-share", type=float, default=0.35)
-    parser.add_argument("--hot-branch", default="task3")
+    parser.add_argument("--hot-branch", default="task2")
     parser.add_argument("--keys-per-branch", type=int, default=16)
     parser.add_argument("--users", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
