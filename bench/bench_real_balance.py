@@ -87,6 +87,7 @@ import importlib
 import json
 import os
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -263,14 +264,14 @@ class QuotaStack(Stack):
 def membership(stack: QuotaStack) -> dict[str, Any]:
     """Per worker cgroup: its quota, the kinds of process inside, and the worker's
     descendants (its pool process and JVM among them) found outside it, if any (a
-    process that ended meanwhile is not counted)."""
+    process that ended meanwhile, or a zombie, which no cgroup lists, is not counted)."""
     import psutil
 
     out = {}
     for process, name in zip(stack.spark, stack.cgroups, strict=True):
         tree = {process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))}
         inside = set(stack.quotas.pids(name))
-        outside = sorted(p for p in tree - inside if psutil.pid_exists(p))
+        outside = [p for p in sorted(tree - inside) if _running(p)]
         outside = [p for p in outside if p not in stack.quotas.pids(name)]
         kinds = set()
         for pid in inside:
@@ -283,6 +284,15 @@ def membership(stack: QuotaStack) -> dict[str, Any]:
             "worker_tree_outside": outside,
         }
     return out
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def throttled(stack: QuotaStack) -> dict[str, dict[str, int]]:
@@ -364,11 +374,15 @@ def measured_capacities(run: Any) -> dict[str, float]:
 
 
 def worker_cgroup(worker: str, cgroups: list[str]) -> str:
-    """The cgroup of a Spark worker by its Celery name: ``spark@host`` is the first,
-    ``spark-N@host`` the N-th (runconsole.spark_workers' names)."""
-    base = worker.split("@", 1)[0]
-    number = int(base.rsplit("-", 1)[1]) if "-" in base else 1
-    return cgroups[number - 1] if 0 < number <= len(cgroups) else ""
+    """The cgroup of a Spark worker by the name placement gives it: its Celery name
+    (``spark@host`` the first, ``spark-N@host`` the N-th, as runconsole.spark_workers
+    names them) with ``@`` written ``-`` or not; "" for another name."""
+    host = socket.gethostname()
+    for number, name in enumerate(cgroups, start=1):
+        node = "spark" if number == 1 else f"spark-{number}"
+        if worker in {f"{node}@{host}", f"{node}-{host}"}:
+            return name
+    return ""
 
 
 def placement_of(run: Any, stack: QuotaStack) -> dict[str, str]:
