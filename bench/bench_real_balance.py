@@ -57,7 +57,10 @@ Per run: completion, the ledger's start to finish (``summary(run)["seconds"]``, 
 bench_policies measures it); segments migrated (segments whose ``migrated_from`` is set,
 ``summary(run)["migrated_segments"]``); exactness: the run completed, its rows equal the
 plain job's over the same file and its coverage is exact; each worker cgroup's CPU
-throttling meanwhile (``cpu.stat``).
+throttling meanwhile (``cpu.stat``); where placed mode put each instance (its ``placed``
+events: worker cgroup, quota, seconds from the start); and the operator batches, each
+with the cgroup of the worker that ran it (the pool process's pid in its lease owner),
+summed as MB per worker.
 
 The **fluid bound from measured capacities**: each operator node's capacity is its true
 processing rate over the run, bytes taken in per second of busy time (DS2's definition):
@@ -385,18 +388,75 @@ def worker_cgroup(worker: str, cgroups: list[str]) -> str:
     return ""
 
 
-def placement_of(run: Any, stack: QuotaStack) -> dict[str, str]:
+def placement_of(run: Any, stack: QuotaStack) -> dict[str, Any]:
     """Where placed mode put each operator instance: its worker's cgroup and quota (the
-    run's ``placed`` events; empty for a pooled run)."""
+    run's ``placed`` events; empty for a pooled run), and when, in seconds from the
+    run's start."""
     from orchestrator.models import Event
 
-    placed: dict[str, str] = {}
+    placed: dict[str, Any] = {}
     for event in Event.objects.filter(run=run, kind="placed").order_by("pk"):
+        at = round((event.time - run.started_at).total_seconds(), 2)
         for node, worker in ((event.data or {}).get("placement") or {}).items():
             name = worker_cgroup(str(worker), stack.cgroups)
             cores = stack.quotas.cores.get(name)
-            placed[node] = f"{name} ({cores:g} cores)" if cores else str(worker)
+            placed[node] = {"on": f"{name} ({cores:g} cores)" if cores else str(worker), "at_s": at}
     return dict(sorted(placed.items()))
+
+
+def operator_batches(run: Any, stack: QuotaStack) -> list[dict[str, Any]]:
+    """The run's operator batches in claim order: the nodes whose data each took, its
+    MB, the cgroup of the Spark worker that ran it (from the pool process's pid in the
+    lease owner), when it was claimed and how long it was busy (s)."""
+    from django.db.models import Max, Min, Sum
+
+    from orchestrator.models import Segment
+
+    operators = [n["name"] for n in run.topology["nodes"] if n["kind"] == "operator"]
+    pid_cgroup = {pid: name for name in stack.cgroups for pid in stack.quotas.pids(name)}
+    parts = (
+        Segment.objects.filter(
+            run=run,
+            node__in=operators,
+            state=Segment.State.DONE,
+            marker=False,
+            claimed_at__isnull=False,
+        )
+        .exclude(lease_owner="")
+        .values("lease_owner", "node")
+        .annotate(size=Sum("bytes"), began=Min("claimed_at"), done=Max("done_at"))
+    )
+    batches: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        batch = batches.setdefault(
+            part["lease_owner"],
+            {"nodes": [], "size": 0, "began": part["began"], "done": part["done"]},
+        )
+        batch["nodes"].append(part["node"])
+        batch["size"] += part["size"] or 0
+        batch["began"] = min(batch["began"], part["began"])
+        batch["done"] = max(batch["done"], part["done"])
+    out = []
+    for owner, batch in sorted(batches.items(), key=lambda item: item[1]["began"]):
+        fields = owner.split(":")
+        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+        out.append(
+            {
+                "nodes": "+".join(sorted(batch["nodes"])),
+                "mb": round(batch["size"] / MB, 2),
+                "on": pid_cgroup.get(pid, "?"),
+                "claimed_s": round((batch["began"] - run.started_at).total_seconds(), 2),
+                "busy_s": round((batch["done"] - batch["began"]).total_seconds(), 2),
+            }
+        )
+    return out
+
+
+def mb_by_worker(batches: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for batch in batches:
+        out[batch["on"]] = round(out.get(batch["on"], 0.0) + batch["mb"], 2)
+    return dict(sorted(out.items()))
 
 
 def run_live(
@@ -418,6 +478,7 @@ def run_live(
     rows = json.loads(json.dumps(result["rows"]))
     exact = rows == plain_rows and result["coverage"] == "exact" and run.status == "completed"
     capacities = measured_capacities(run)
+    batches = operator_batches(run, stack)
     capacity = sum(capacities.get(b, 0.0) for b in branches_of(doc))
     bound = input_bytes / capacity if capacity else float("nan")
     return {
@@ -427,6 +488,8 @@ def run_live(
         "migrated_segments": result["migrated_segments"],
         "exact": bool(exact),
         "placement": placement_of(run, stack),
+        "mb_by_worker": mb_by_worker(batches),
+        "batches": batches,
         "capacities_mb_s": {k: round(v / MB, 2) for k, v in capacities.items()},
         "fluid_bound_s": round(bound, 2),
         "ratio_to_bound": round(completion / bound, 3) if capacity else None,
@@ -493,7 +556,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
                     )
                 row = {"arm": name, "round": round_index + 1, **row}
                 runs.append(row)
-                print(json.dumps(row), file=sys.stderr)
+                print(json.dumps({k: v for k, v in row.items() if k != "batches"}), file=sys.stderr)
     return {
         "command": shlex.join(sys.orig_argv),
         "quotas": dict(zip(cgroups, args.quota_list, strict=True))
@@ -567,6 +630,20 @@ def print_table(report: dict[str, Any]) -> None:
         )
 
 
+def print_runs(report: dict[str, Any]) -> None:
+    for row in report["runs"]:
+        if "mb_by_worker" not in row:
+            continue
+        placed = ", ".join(
+            f"{n} on {p['on']} at {p['at_s']} s" for n, p in row["placement"].items()
+        )
+        print(
+            f"round {row['round']} {row['arm']}: {row['completion_s']:.2f} s; MB by worker "
+            f"{row['mb_by_worker']}; {len(row['batches'])} batches; throttled (s) "
+            f"{row['throttled_s']}; placed: {placed or 'none'}"
+        )
+
+
 def quota_list(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
@@ -617,6 +694,7 @@ def main() -> int:
         print(json.dumps(report, indent=1))
     else:
         print_table(report)
+        print_runs(report)
     return 0
 
 
