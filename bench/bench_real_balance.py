@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--json]
+        [--warmup-mb 16] [--batch-mb 0] [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
 aggregating branches task1..task3 of one stage, a merging sink) with every link's
@@ -73,7 +73,16 @@ the start, so no run can finish before
     bound = input bytes / (capacity(task1) + capacity(task2) + capacity(task3))
 
 (a branch with no batch in the run adds nothing). It is computed per run, from that
-run's own capacities.
+run's own capacities. A batch that ran several branches' data in one job counts its
+whole size and time at each of them (balancer/capacity.py), so when the branches shared
+one worker the sum counts that worker once per branch and the bound is that many times
+too low. Beside it, per run, each worker cgroup's MB per busy second over the batches it
+ran and ``fluid_bound_workers_s`` = input MB / their sum: the bound of the resources the
+run used, each counted once.
+
+``--batch-mb`` sets ``BPCONSOLE_BATCH_MB`` (the most one batch takes) for the stack's
+processes; by default it is the setting as configured (512 MB), with which a file all
+there at the start can go as one batch of every branch's data.
 
 The table, per arm: median completion (s), min/max over the rounds, the median over
 ``plain``'s, the median of each run's completion over its own bound, the median over
@@ -452,6 +461,16 @@ def operator_batches(run: Any, stack: QuotaStack) -> list[dict[str, Any]]:
     return out
 
 
+def worker_capacities(batches: list[dict[str, Any]]) -> dict[str, float]:
+    """Each worker cgroup's MB per second of busy time, over the batches it ran."""
+    size: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    for batch in batches:
+        size[batch["on"]] = size.get(batch["on"], 0.0) + batch["mb"]
+        busy[batch["on"]] = busy.get(batch["on"], 0.0) + batch["busy_s"]
+    return {w: round(size[w] / busy[w], 2) for w in sorted(size) if busy[w] > 0}
+
+
 def mb_by_worker(batches: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for batch in batches:
@@ -481,6 +500,7 @@ def run_live(
     batches = operator_batches(run, stack)
     capacity = sum(capacities.get(b, 0.0) for b in branches_of(doc))
     bound = input_bytes / capacity if capacity else float("nan")
+    workers = worker_capacities(batches)
     return {
         "run": run.pk,
         "status": run.status,
@@ -491,6 +511,10 @@ def run_live(
         "mb_by_worker": mb_by_worker(batches),
         "batches": batches,
         "capacities_mb_s": {k: round(v / MB, 2) for k, v in capacities.items()},
+        "worker_capacities_mb_s": workers,
+        "fluid_bound_workers_s": (
+            round(input_bytes / MB / sum(workers.values()), 2) if workers else None
+        ),
         "fluid_bound_s": round(bound, 2),
         "ratio_to_bound": round(completion / bound, 3) if capacity else None,
         "throttled_s": {
@@ -521,6 +545,9 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
     live = [n for n in timed if n != "plain"]
     branches = branches_of(doc)
     with QuotaStack(quotas, cgroups) as stack:
+        from django.conf import settings
+
+        batch_mb = float(settings.BPCONSOLE_BATCH_MB)
         inputs = stack.var / "inputs"
         shape = write_skewed(inputs / "real.jsonl", args.mb, branches, args)
         print(f"input {shape}", file=sys.stderr)
@@ -562,6 +589,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
         "quotas": dict(zip(cgroups, args.quota_list, strict=True))
         | {"plain": sum(args.quota_list)},
         "placement": "known" if not missing else f"unknown: {missing}",
+        "batch_mb": batch_mb,
         "skipped": skipped,
         "input": shape,
         "cgroups": cgroup_check,
@@ -607,7 +635,10 @@ def summarise(names: list[str], runs: list[dict[str, Any]]) -> dict[str, dict[st
 
 def print_table(report: dict[str, Any]) -> None:
     print(f"command: {report['command']}")
-    print(f"quotas (cores): {report['quotas']}; placement {report['placement']}")
+    print(
+        f"quotas (cores): {report['quotas']}; placement {report['placement']}; "
+        f"batches of at most {report['batch_mb']:g} MB"
+    )
     print(f"input: {report['input']}")
     for name, why in report["skipped"].items():
         print(f"skipped {name}: {why}")
@@ -640,7 +671,8 @@ def print_runs(report: dict[str, Any]) -> None:
         print(
             f"round {row['round']} {row['arm']}: {row['completion_s']:.2f} s; MB by worker "
             f"{row['mb_by_worker']}; {len(row['batches'])} batches; throttled (s) "
-            f"{row['throttled_s']}; placed: {placed or 'none'}"
+            f"{row['throttled_s']}; worker MB/s {row['worker_capacities_mb_s']}, bound "
+            f"{row['fluid_bound_workers_s']} s; placed: {placed or 'none'}"
         )
 
 
@@ -668,6 +700,12 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup-mb", type=float, default=16.0)
+    parser.add_argument(
+        "--batch-mb",
+        type=float,
+        default=0.0,
+        help="BPCONSOLE_BATCH_MB for the stack (0: the setting as configured)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plain-job", default="", help=argparse.SUPPRESS)
     parser.add_argument("--plain-job-out", default="", help=argparse.SUPPRESS)
@@ -679,6 +717,8 @@ def main() -> int:
     if args.hot_branch not in branches_of(real_document()):
         parser.error(f"--hot-branch is one of {branches_of(real_document())}")
     cgroups = [f"w{i}" for i in range(1, len(args.quota_list) + 1)]
+    if args.batch_mb:
+        os.environ["BPCONSOLE_BATCH_MB"] = f"{args.batch_mb:g}"  # the stack's children's
     cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
     quotas = CpuQuotas(cores, prefix=f"bpconsole-bench-{os.getpid()}")
     try:
