@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--batch-mb 0] [--json]
+        [--warmup-mb 16] [--batch-mb 32] [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
 aggregating branches task1..task3 of one stage, a merging sink) with every link's
@@ -81,8 +81,10 @@ ran and ``fluid_bound_workers_s`` = input MB / their sum: the bound of the resou
 run used, each counted once.
 
 ``--batch-mb`` sets ``BPCONSOLE_BATCH_MB`` (the most one batch takes) for the stack's
-processes; by default it is the setting as configured (512 MB), with which a file all
-there at the start can go as one batch of every branch's data.
+processes, 32 MB by default: with the setting's own 512 MB a file all there at the start
+goes as a few batches each holding every branch's data, one job on one worker, and
+where the branches' work runs is not what placement or balancing decides. 0 leaves the
+setting as configured.
 
 The table, per arm: median completion (s), min/max over the rounds, the median over
 ``plain``'s, the median of each run's completion over its own bound, the median over
@@ -703,7 +705,7 @@ def main() -> int:
     parser.add_argument(
         "--batch-mb",
         type=float,
-        default=0.0,
+        default=32.0,
         help="BPCONSOLE_BATCH_MB for the stack (0: the setting as configured)",
     )
     parser.add_argument("--json", action="store_true")
