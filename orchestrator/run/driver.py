@@ -386,8 +386,13 @@ class RunDriver:
     def _resource_of(self, topology: Topology, node: str) -> str:
         """What ``node``'s work runs on: an operator's live Spark worker where it is
         placed, else the shared pool of Spark workers; the sink's merges run on the
-        control workers; the source reads in the driver."""
-        kind = topology.node(node).kind
+        control workers; the source reads in the driver. A node at an emulated rate
+        (``max_rate_mbps``) is its own resource: its token bucket, not the cores, bounds
+        it."""
+        spec = topology.node(node)
+        kind = spec.kind
+        if spec.max_rate_bps:
+            return node
         if kind == "operator":
             worker = self.rescale.worker_of(node) if self.rescale is not None else ""
             return worker or SHARED_POOL
