@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,8 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
                 "name": name,
                 "queues": queues,
                 "concurrency": concurrency,
+                # Which worker is the newest: an elastic pool gives that one back first.
+                "started": time.time(),
             },
         )
         _registration["control"] = control

@@ -289,6 +289,7 @@ class RunDriver:
             if run.status in (Run.Status.CANCELLED, Run.Status.FAILED):
                 # Stopped by an operator, or failed by a batch (orchestrator/ledger/failures.py).
                 self._publish(run, final=True)
+                self._give_workers_back()
                 return str(run.status)
             now, sending = time.monotonic(), False
             running = run.status in (Run.Status.RUNNING, Run.Status.STOPPING)
@@ -323,6 +324,7 @@ class RunDriver:
                 self.stats.ticks.append(time.perf_counter() - began)
                 next_tick = now + tick_s
                 if self._finished(run):
+                    self._give_workers_back()
                     return run.status
             if now >= next_sweep:
                 self._retain()
@@ -417,6 +419,10 @@ class RunDriver:
             self.signals.handle()
             with phase("adjust"):
                 if self.rescale is not None and self.rescale.tick():
+                    self._reload_topology()
+                if self.rescale is not None and self.rescale.consider_scale_in(
+                    {n: s.get("busy") for n, s in self.node_states.items()}, time.monotonic()
+                ):
                     self._reload_topology()
             with phase("flags"):
                 self.table.flags.flush(self.control, self.key)
@@ -541,6 +547,14 @@ class RunDriver:
         while self._retain().files_deleted:
             pass
         return True
+
+    def _give_workers_back(self) -> None:
+        """The run ended: the Spark workers it asked of the elastic pool go back."""
+        if self.rescale is not None:
+            try:
+                self.rescale.ended()
+            except Exception:  # the run has ended either way
+                log.warning("run %s: its workers' ask was not cleared", self.run_id, exc_info=True)
 
     def _retain(self) -> retention.Swept:
         """Delete what merged data no longer needs: segment files always; for a run
