@@ -81,6 +81,9 @@ class RescaleControl:
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
         self._load_placement()
+        # Placed before the run's first batch is sent, so that none runs elsewhere.
+        self.live = control.live_workers()
+        self.place()
 
     def close(self) -> None:
         self.subscription.cancel()

@@ -134,18 +134,25 @@ class WorkerZnodes(Znodes):
         return self._watch_children(self._workers_path(), callback)
 
     def _create_worker(self, path: str, payload: bytes) -> None:
-        try:
-            self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
-            return
-        except NodeExistsError:
-            pass
-        # Ours already (a retried create that had succeeded, or re-registration)? Update it.
-        data, stat = self.client.retry(self.client.get, path)
+        name = path.rsplit("/", 1)[1]
+        for _attempt in range(3):
+            try:
+                self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            # Ours already (a retried create that had succeeded, or re-registration)?
+            # Update it. Gone meanwhile (its session just ended)? Create it again.
+            try:
+                data, stat = self.client.retry(self.client.get, path)
+                break
+            except NoNodeError:
+                continue
+        else:
+            raise WorkerNameTakenError(f"worker {name} keeps being registered and dropped")
         session_id = self.client.client_id[0] if self.client.client_id else None
         if stat.ephemeralOwner != session_id:
-            raise WorkerNameTakenError(
-                f"worker {path.rsplit('/', 1)[1]} is registered by another session"
-            )
+            raise WorkerNameTakenError(f"worker {name} is registered by another session")
         if data != payload:
             self.client.retry(self.client.set, path, payload, version=stat.version)
 
