@@ -67,7 +67,7 @@ def test_placed_instances_run_on_workers_of_their_own_and_their_capacity_is_meas
         run = start(
             doc,
             policy(placement="placed", routing="water_level", migration="proportional"),
-            generator="seed=7,volume_mb=48,dominance=0.6,skew_mean_s=1000",
+            generator="seed=7,volume_mb=32,dominance=0.6,skew_mean_s=1000",
         )
         # When it runs, each task is placed on a live worker, the stage spread over both
         deadline = time.monotonic() + 120
