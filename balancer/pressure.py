@@ -199,7 +199,14 @@ def node_capacity(
 
 
 def branch_resources(observation: Observation, branch: Branch) -> frozenset[str]:
-    """What the branch's nodes run on (NodeObservation.resource)."""
+    """What the branch's nodes run on (NodeObservation.resource). A branch with an
+    emulation knob (a node rate or a link bandwidth) is bounded by it, a resource of
+    its own, whatever its nodes run on."""
+    topology = observation.topology
+    if any(topology.node(n).max_rate_bps for n in branch.nodes) or any(
+        topology.link(src, dst).bandwidth_bps for src, dst in branch.links
+    ):
+        return frozenset({f"emulated {branch.branch_node}->{branch.child}"})
     return frozenset(observation.nodes[n].resource for n in branch.nodes if n in observation.nodes)
 
 

@@ -118,9 +118,17 @@ def shares_tick(
 
 
 def _one_resource(observation: Observation, members: tuple[str, ...]) -> bool:
-    """Every member runs on the same resource and none is being drained (a drained
-    member's share goes to its peers whatever they run on)."""
+    """Every member runs on the same resource, none is being drained (a drained
+    member's share goes to its peers whatever they run on) and none is bounded by an
+    emulation knob of its own (its rate, or the bandwidth of a link into it)."""
+    topology = observation.topology
     if observation.draining & set(members):
+        return False
+    if any(
+        topology.node(m).max_rate_bps
+        or any(topology.link(u, m).bandwidth_bps for u in topology.upstreams(m))
+        for m in members
+    ):
         return False
     return len({observation.nodes[m].resource for m in members}) == 1
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -262,6 +264,9 @@ def died_here(holder: str) -> bool:
 
 
 _registration: dict[str, ControlPlane] = {}
+# How long a worker waits for its name to be free in ZooKeeper (a dead process's
+# session lasts up to its timeout, plus a restarted server's time to expire it).
+REGISTRATION_WAIT_S = 120.0
 _worker: dict[str, Any] = {}
 
 
@@ -329,17 +334,34 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
         # How many batches it runs at once: the driver sends no more of a stage's
         # fusable batches than the Spark workers can run (orchestrator/run/dispatch.py).
         concurrency = int(getattr(getattr(sender, "controller", None), "concurrency", 0) or 1)
-        control.register_worker(
-            name.replace("@", "-"),
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "name": name,
-                "queues": queues,
-                "concurrency": concurrency,
-            },
-        )
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "name": name,
+            "queues": queues,
+            "concurrency": concurrency,
+            # Which worker is the newest: an elastic pool gives that one back first.
+            "started": time.time(),
+        }
         _registration["control"] = control
+    except Exception:
+        log.warning("could not register worker %s in ZooKeeper", name, exc_info=True)
+        return
+    # A worker started again right after it was killed waits, beside its work, for
+    # ZooKeeper to expire its dead process's session, which still holds its name.
+    threading.Thread(
+        target=_register_when_free,
+        args=(control, name, info),
+        name="zk-registration",
+        daemon=True,
+    ).start()
+
+
+def _register_when_free(control: ControlPlane, name: str, info: dict[str, Any]) -> None:
+    try:
+        control.register_worker_when_free(
+            name.replace("@", "-"), info, timeout_s=REGISTRATION_WAIT_S
+        )
     except Exception:
         log.warning("could not register worker %s in ZooKeeper", name, exc_info=True)
 

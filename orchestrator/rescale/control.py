@@ -24,6 +24,7 @@ from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
 from orchestrator.rescale.alignment import align_waiting, tails_reported
 from orchestrator.rescale.completion import complete, rollback
+from orchestrator.rescale.elastic import IDLE_BUSY, IDLE_FOR_S, ElasticAsk, Idle, newest
 from orchestrator.rescale.plan import Change, NewInstance, RescaleError, stage_members
 from orchestrator.rescale.start import begin
 from orchestrator.zk.control_plane import ControlPlane
@@ -71,9 +72,18 @@ class RescaleControl:
         self.current: Adjustment | None = Adjustment.objects.filter(
             run_id=run_id, status=Adjustment.Status.RUNNING
         ).first()
+        # Placed mode: the run's own workers, asked of the elastic pool; a scale-out
+        # waiting for its worker (its stage and reason); how long the run was idle.
+        self.elastic = ElasticAsk(run_id, control)
+        self.waiting_for_worker: tuple[str, str] | None = None
+        self.idle = Idle()
+        self.releasing = False  # a scale-in under way gives a worker back when it completes
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
         self._load_placement()
+        # Placed before the run's first batch is sent, so that none runs elsewhere.
+        self.live = control.live_workers()
+        self.place()
 
     def close(self) -> None:
         self.subscription.cancel()
@@ -139,11 +149,16 @@ class RescaleControl:
                     f"{who} asked to hot-migrate {command['node']}",
                 )
             elif kind == "add_instance":
-                change = self._add(
-                    command["stage"],
-                    command.get("worker", ""),
-                    f"{who} asked for one more instance",
-                )
+                reason = f"{who} asked for one more instance"
+                if self.placement_mode == "placed" and not command.get("worker"):
+                    # Placed: the new instance gets a worker of its own, a live one
+                    # or one asked of the elastic pool.
+                    self._check_stage(command["stage"])
+                    free = self._free_worker(command["stage"])
+                    if not free:
+                        return self._ask_for_worker(command["stage"], reason)
+                    command = {**command, "worker": free}
+                change = self._add(command["stage"], command.get("worker", ""), reason)
             else:
                 change = Change(
                     "scale_in",
@@ -163,10 +178,17 @@ class RescaleControl:
             return False
 
     def scale_out(self, stage: str, reason: str, now: float) -> bool:
-        """The balancer's scale-out request: at most one per timeout, a bounded stage."""
+        """The balancer's scale-out request: at most one per timeout, a bounded stage.
+        In placed mode the new instance needs a worker none of its stage runs on: the
+        first live one, else one asked of the elastic pool (:meth:`_ask_for_worker`)."""
         if now - self.last_auto_scale < self.timeout_s or self.current is not None:
             return False
         self.last_auto_scale = now
+        if self.placement_mode == "placed":
+            free = self._free_worker(stage)
+            if not free:
+                return self._ask_for_worker(stage, reason)
+            return self._scale_out_on(stage, free, reason)
         try:
             return self._begin(self._add(stage, "", reason, kind="scale_out", actor="balancer"))
         except RescaleError as err:
@@ -178,6 +200,124 @@ class RescaleControl:
                 actor=Event.Actor.BALANCER,
             )
             return False
+
+    def _check_stage(self, stage: str) -> list[str]:
+        """``stage``'s members; a stage the pipeline does not have is refused."""
+        members = self._members(stage)
+        if not members:
+            raise RescaleError(f"the pipeline has no stage {stage!r}")
+        return members
+
+    def _free_worker(self, stage: str) -> str:
+        """A live Spark worker that runs none of ``stage``'s instances, or ""."""
+        members = set(self._members(stage))
+        taken = {w for name, w in self.placement.items() if name in members}
+        free = sorted(set(self.spark_workers()) - taken)
+        return free[0] if free else ""
+
+    def _scale_out_on(self, stage: str, worker: str, reason: str) -> bool:
+        try:
+            return self._begin(self._add(stage, worker, reason, kind="scale_out", actor="balancer"))
+        except RescaleError as err:
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"scale out refused: {err}",
+                node=stage,
+                actor=Event.Actor.BALANCER,
+            )
+            return False
+
+    def _ask_for_worker(self, stage: str, reason: str) -> bool:
+        """Every live worker runs one of the stage's instances: ask the elastic pool for
+        one more, and add the instance once it is live (:meth:`tick`); or say why not."""
+        if self.waiting_for_worker is not None:
+            return False
+        refused = self.elastic.refusal()
+        if refused is not None:
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"scale out of {stage} refused: {refused}; nothing was started",
+                node=stage,
+                actor=Event.Actor.BALANCER,
+                data={"reason": reason},
+            )
+            return False
+        self.elastic.grow(f"scale out of {stage}: {reason}")
+        self.waiting_for_worker = (stage, reason)
+        record_event(
+            self.run_id,
+            "worker_asked",
+            f"{reason}; every live Spark worker runs an instance of {stage}: one more "
+            f"worker asked of the pool ({self.elastic.extra} for this run)",
+            node=stage,
+            actor=Event.Actor.BALANCER,
+            data={"stage": stage, "extra": self.elastic.extra, "workers": sorted(self.live)},
+        )
+        return True
+
+    def _scale_out_waiting(self) -> bool:
+        """The scale-out waiting for a worker, once a free one is live."""
+        if self.waiting_for_worker is None or self.current is not None:
+            return False
+        stage, reason = self.waiting_for_worker
+        free = self._free_worker(stage)
+        if not free:
+            return False
+        self.waiting_for_worker = None
+        return self._scale_out_on(stage, free, f"{reason}; on the new worker {free}")
+
+    def consider_scale_in(self, busy: Mapping[str, float | None], now: float) -> bool:
+        """After ``IDLE_FOR_S`` with every operator instance under ``IDLE_BUSY``, a run
+        with workers of its own removes the instance on the newest of them; its ask goes
+        down once that adjustment completes (:meth:`poll`). True when one began."""
+        operators = self._operators()
+        idle_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
+        if (
+            self.placement_mode != "placed"
+            or self.elastic.extra <= 0
+            or self.current is not None
+            or idle_s < IDLE_FOR_S
+        ):
+            return False
+        placed = {n: w for n, w in self.placement.items() if n in operators and w in self.live}
+        if not placed:
+            return False
+        worker = newest(self.live, set(placed.values()))
+        name = sorted(n for n, w in placed.items() if w == worker)[0]
+        if len(self._members(self._stage_of(name))) < 2:
+            return False
+        self.idle = Idle()
+        change = Change(
+            "scale_in",
+            removed=(name,),
+            reason=(
+                f"every instance under {IDLE_BUSY:.0%} busy for {idle_s:.0f} s: {name} "
+                f"leaves {worker}, which goes back to the pool"
+            ),
+            actor=Event.Actor.BALANCER,
+        )
+        try:
+            began = self._begin(change)
+        except RescaleError as err:
+            record_event(self.run_id, "adjust_refused", f"scale in refused: {err}", node=name)
+            return False
+        self.releasing = began
+        return began
+
+    def _stage_of(self, name: str) -> str:
+        return str(
+            Instance.objects.filter(run_id=self.run_id, name=name)
+            .values_list("stage", flat=True)
+            .first()
+            or name
+        )
+
+    def ended(self) -> None:
+        """The run ended: its workers go back to the pool."""
+        if self.elastic.extra:
+            self.elastic.clear()
 
     def _members(self, stage: str) -> list[str]:
         return stage_members(Run.objects.only("topology").get(pk=self.run_id).topology, stage)
@@ -206,9 +346,7 @@ class RescaleControl:
         kind: str = "scale_out",
         actor: str = Event.Actor.USER,
     ) -> Change:
-        members = self._members(stage)
-        if not members:
-            raise RescaleError(f"the pipeline has no stage {stage!r}")
+        members = self._check_stage(stage)
         if len(members) >= MAX_INSTANCES_PER_STAGE:
             raise RescaleError(
                 f"stage {stage} already has {len(members)} instances "
@@ -287,6 +425,9 @@ class RescaleControl:
         self.current = None
         self._record_state(done)
         self._load_placement()
+        if self.releasing:
+            self.releasing = False
+            self.elastic.shrink(f"{', '.join(done.plan['removed'])} removed after underload")
         return True
 
     def tick(self) -> bool:
@@ -298,6 +439,7 @@ class RescaleControl:
             self.live = self.control.live_workers()
             changed |= self._failover()
             self.place()
+        changed |= self._scale_out_waiting()
         adjustment = self.current
         if adjustment is None:
             return changed
@@ -307,6 +449,7 @@ class RescaleControl:
         missing = sorted(set(adjustment.plan["tails"]) - self._tails(adjustment))
         if not missing:
             return self.poll()  # the last tail reported just now
+        self.releasing = False
         done = rollback(
             adjustment.pk,
             f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "

@@ -289,6 +289,7 @@ class RunDriver:
             if run.status in (Run.Status.CANCELLED, Run.Status.FAILED):
                 # Stopped by an operator, or failed by a batch (orchestrator/ledger/failures.py).
                 self._publish(run, final=True)
+                self._give_workers_back()
                 return str(run.status)
             now, sending = time.monotonic(), False
             running = run.status in (Run.Status.RUNNING, Run.Status.STOPPING)
@@ -323,6 +324,7 @@ class RunDriver:
                 self.stats.ticks.append(time.perf_counter() - began)
                 next_tick = now + tick_s
                 if self._finished(run):
+                    self._give_workers_back()
                     return run.status
             if now >= next_sweep:
                 self._retain()
@@ -386,8 +388,13 @@ class RunDriver:
     def _resource_of(self, topology: Topology, node: str) -> str:
         """What ``node``'s work runs on: an operator's live Spark worker where it is
         placed, else the shared pool of Spark workers; the sink's merges run on the
-        control workers; the source reads in the driver."""
-        kind = topology.node(node).kind
+        control workers; the source reads in the driver. A node at an emulated rate
+        (``max_rate_mbps``) is its own resource: its token bucket, not the cores, bounds
+        it."""
+        spec = topology.node(node)
+        kind = spec.kind
+        if spec.max_rate_bps:
+            return node
         if kind == "operator":
             worker = self.rescale.worker_of(node) if self.rescale is not None else ""
             return worker or SHARED_POOL
@@ -412,6 +419,10 @@ class RunDriver:
             self.signals.handle()
             with phase("adjust"):
                 if self.rescale is not None and self.rescale.tick():
+                    self._reload_topology()
+                if self.rescale is not None and self.rescale.consider_scale_in(
+                    {n: s.get("busy") for n, s in self.node_states.items()}, time.monotonic()
+                ):
                     self._reload_topology()
             with phase("flags"):
                 self.table.flags.flush(self.control, self.key)
@@ -536,6 +547,14 @@ class RunDriver:
         while self._retain().files_deleted:
             pass
         return True
+
+    def _give_workers_back(self) -> None:
+        """The run ended: the Spark workers it asked of the elastic pool go back."""
+        if self.rescale is not None:
+            try:
+                self.rescale.ended()
+            except Exception:  # the run has ended either way
+                log.warning("run %s: its workers' ask was not cleared", self.run_id, exc_info=True)
 
     def _retain(self) -> retention.Swept:
         """Delete what merged data no longer needs: segment files always; for a run

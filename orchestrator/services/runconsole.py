@@ -21,7 +21,9 @@ from types import FrameType
 
 from orchestrator.services.embedded import ServiceError, die_with_parent
 from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_env
+from orchestrator.services.spark_pool import SparkPool
 from orchestrator.services.supervisor import Supervisor
+from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs import task_settings
 
 STOP_GRACE_S = 20.0
@@ -62,6 +64,15 @@ class Child:
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
+
+
+def _pool_tick(pool: SparkPool) -> None:
+    """The elastic workers' pass; ZooKeeper being away (it is restarted like any
+    service) delays it to a later pass, it never stops the console."""
+    try:
+        pool.tick()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        print(f"elastic Spark workers: {type(exc).__name__}: {exc}", flush=True)
 
 
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -131,6 +142,22 @@ def spark_worker_count(environ: Mapping[str, str]) -> int:
     return int(raw)
 
 
+def spark_worker_maximum(environ: Mapping[str, str], base: int) -> int:
+    """``BPCONSOLE_SPARK_WORKERS_MAX``: how many Spark workers the runs' scale-outs may
+    bring the pool to (default: the base count, no elastic workers); from the base to
+    MAX_SPARK_WORKERS."""
+    raw = environ.get("BPCONSOLE_SPARK_WORKERS_MAX", str(base))
+    if (
+        not (raw.isascii() and raw.isdigit() and len(raw) <= 2)
+        or not base <= int(raw) <= MAX_SPARK_WORKERS
+    ):
+        raise ServiceError(
+            f"BPCONSOLE_SPARK_WORKERS_MAX={raw[:20]!r}{'...' if len(raw) > 20 else ''}: "
+            f"a whole number from BPCONSOLE_SPARK_WORKERS ({base}) to {MAX_SPARK_WORKERS}"
+        )
+    return int(raw)
+
+
 def check_spark_settings(environ: Mapping[str, str]) -> None:
     """The Spark task sizes a batch will read (``sparkjobs/task_settings.py``), refused
     before anything starts rather than by the first batch."""
@@ -145,18 +172,18 @@ def spark_workers(count: int, python: str, env: Mapping[str, str], logs: Path) -
     Spark JVM of its own (docs/adr/0007): a JVM that dies stops only its worker's
     batches, and the others go on while it comes back cold, as separate workers do on a
     cluster."""
-    workers = []
-    for number in range(1, count + 1):
-        suffix = "" if number == 1 else f"-{number}"
-        workers.append(
-            Child(
-                f"spark worker{suffix}",
-                _celery_worker(python, "spark", f"spark{suffix}@%h", "--concurrency", "1"),
-                env,
-                logs / f"celery-spark{suffix}.log",
-            )
-        )
-    return workers
+    return [spark_worker(number, python, env, logs) for number in range(1, count + 1)]
+
+
+def spark_worker(number: int, python: str, env: Mapping[str, str], logs: Path) -> Child:
+    """The Spark worker numbered ``number`` (``spark@host``, then ``spark-2@host``...)."""
+    suffix = "" if number == 1 else f"-{number}"
+    return Child(
+        f"spark worker{suffix}",
+        _celery_worker(python, "spark", f"spark{suffix}@%h", "--concurrency", "1"),
+        env,
+        logs / f"celery-spark{suffix}.log",
+    )
 
 
 def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
@@ -201,9 +228,11 @@ def main() -> int:
     port = os.environ.get("BPCONSOLE_PORT", "8000")
     launcher = Launcher(var_dir)
     children: list[Child] = []
+    pool: SparkPool | None = None
     try:
         # Settings a worker reads are refused before anything starts.
         spark_worker_total = spark_worker_count(os.environ)
+        spark_worker_max = spark_worker_maximum(os.environ, spark_worker_total)
         check_spark_settings(os.environ)
         began = time.monotonic()
         endpoints = launcher.start()
@@ -284,7 +313,16 @@ def main() -> int:
             supervisor.watch(service)
         for child in children:
             supervisor.watch(child)
-        supervisor.run()
+        control = ControlPlane.connect(env["ZK_HOSTS"], env.get("BPCONSOLE_ZK_ROOT"))
+        pool = SparkPool(
+            spark_worker_total,
+            spark_worker_max,
+            lambda number: spark_worker(number, python, env, logs),
+            control,
+            supervisor,
+            lambda line: print(line, flush=True),
+        )
+        supervisor.run(also=lambda: _pool_tick(pool))
     except Stop as stop:
         print(f"\n{stop}: stopping the console and its services...", flush=True)
         return 0
@@ -300,7 +338,9 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop_children(children)
+        _stop_children(
+            children + [w for w in (pool.extras if pool else []) if isinstance(w, Child)]
+        )
         launcher.stop()
 
 

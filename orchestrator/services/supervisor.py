@@ -92,6 +92,10 @@ class Supervisor:
         """Supervise ``target``, already started."""
         self._watches.append(_Watch(target, started_at=self.clock()))
 
+    def forget(self, target: Supervised) -> None:
+        """Stop supervising ``target`` (a process stopped on purpose stays down)."""
+        self._watches = [w for w in self._watches if w.target is not target]
+
     def tick(self) -> None:
         """One pass: note exits, and start the processes whose delay has passed."""
         for watch in self._watches:
@@ -117,8 +121,10 @@ class Supervisor:
                     # attempt, with a longer delay.
                     self.say(f"{watch.target.name} did not start again: {exc}")
 
-    def run(self, interval_s: float = 0.5) -> NoReturn:
-        """Supervise until interrupted (runconsole's signal handlers raise out of here)."""
+    def run(self, interval_s: float = 0.5, also: Callable[[], None] = lambda: None) -> NoReturn:
+        """Supervise until interrupted (runconsole's signal handlers raise out of here),
+        calling ``also`` after each pass (the elastic Spark workers' own pass)."""
         while True:
             self.tick()
+            also()
             time.sleep(interval_s)

@@ -41,11 +41,14 @@ from orchestrator.zk.session import (
     default_root,
     encode,
 )
+from orchestrator.zk.spark_pool import PoolState, SparkPoolZnodes
 from orchestrator.zk.workers import WorkerNameTakenError, WorkerZnodes
 from orchestrator.zk.znodes import Subscription
 
 
-class ControlPlane(NodeStateZnodes, RouteZnodes, QueueZnodes, RescaleZnodes, WorkerZnodes):
+class ControlPlane(
+    NodeStateZnodes, RouteZnodes, QueueZnodes, RescaleZnodes, WorkerZnodes, SparkPoolZnodes
+):
     """The znodes of every run under one root, through one kazoo client.
 
     Pass a started client (the caller keeps ownership) or use :meth:`connect` (the
@@ -58,6 +61,7 @@ __all__ = [
     "DEFAULT_ROOT",
     "ControlPlane",
     "ControlPlaneError",
+    "PoolState",
     "SessionGuard",
     "StaleEpochError",
     "Subscription",

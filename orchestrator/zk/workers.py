@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,6 +94,27 @@ class WorkerZnodes(Znodes):
         with self._workers_lock:
             self._workers[name] = payload
 
+    def register_worker_when_free(
+        self, name: str, info: Mapping[str, Any], *, timeout_s: float
+    ) -> None:
+        """:meth:`register_worker`, waiting while the name is held by another session:
+        a worker killed and started again at once finds its old registration there
+        until ZooKeeper expires the dead process's session. Raises
+        :class:`WorkerNameTakenError` if the name is still held after ``timeout_s``."""
+        path = f"{self._workers_path()}/{check_name('worker', name)}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.register_worker(name, info)
+                return
+            except WorkerNameTakenError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                gone = threading.Event()
+                if self.client.retry(self.client.exists, path, watch=_setter(gone)):
+                    gone.wait(min(left, 1.0))
+
     def unregister_worker(self, name: str) -> bool:
         with self._workers_lock:
             self._workers.pop(name, None)
@@ -112,18 +134,25 @@ class WorkerZnodes(Znodes):
         return self._watch_children(self._workers_path(), callback)
 
     def _create_worker(self, path: str, payload: bytes) -> None:
-        try:
-            self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
-            return
-        except NodeExistsError:
-            pass
-        # Ours already (a retried create that had succeeded, or re-registration)? Update it.
-        data, stat = self.client.retry(self.client.get, path)
+        name = path.rsplit("/", 1)[1]
+        for _attempt in range(3):
+            try:
+                self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            # Ours already (a retried create that had succeeded, or re-registration)?
+            # Update it. Gone meanwhile (its session just ended)? Create it again.
+            try:
+                data, stat = self.client.retry(self.client.get, path)
+                break
+            except NoNodeError:
+                continue
+        else:
+            raise WorkerNameTakenError(f"worker {name} keeps being registered and dropped")
         session_id = self.client.client_id[0] if self.client.client_id else None
         if stat.ephemeralOwner != session_id:
-            raise WorkerNameTakenError(
-                f"worker {path.rsplit('/', 1)[1]} is registered by another session"
-            )
+            raise WorkerNameTakenError(f"worker {name} is registered by another session")
         if data != payload:
             self.client.retry(self.client.set, path, payload, version=stat.version)
 
@@ -146,3 +175,12 @@ class WorkerZnodes(Znodes):
                 self._create_worker(f"{self._workers_path()}/{name}", payload)
             except Exception:
                 log.exception("could not re-register worker %s after a lost session", name)
+
+
+def _setter(event: threading.Event) -> Callable[[Any], None]:
+    """A kazoo watch that sets ``event``."""
+
+    def watch(_change: Any) -> None:
+        event.set()
+
+    return watch

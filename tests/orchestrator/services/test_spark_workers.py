@@ -18,6 +18,7 @@ from orchestrator.services.runconsole import (
     MAX_SPARK_WORKERS,
     check_spark_settings,
     spark_worker_count,
+    spark_worker_maximum,
     spark_workers,
 )
 
@@ -38,6 +39,17 @@ def test_one_spark_worker_unless_told_otherwise() -> None:
 def test_a_count_that_is_not_one_to_sixteen_is_refused_and_says_so(raw: str) -> None:
     with pytest.raises(ServiceError, match=r"BPCONSOLE_SPARK_WORKERS=.*from 1 to 16"):
         spark_worker_count({"BPCONSOLE_SPARK_WORKERS": raw})
+
+
+def test_the_elastic_maximum_is_the_base_unless_told_otherwise() -> None:
+    assert spark_worker_maximum({}, 2) == 2
+    assert spark_worker_maximum({"BPCONSOLE_SPARK_WORKERS_MAX": "5"}, 2) == 5
+
+
+@pytest.mark.parametrize("raw", ["1", "17", "9" * 5000, "-3", "four", "", "3.5"])
+def test_a_maximum_below_the_base_or_past_sixteen_is_refused_and_says_so(raw: str) -> None:
+    with pytest.raises(ServiceError, match=r"BPCONSOLE_SPARK_WORKERS_MAX=.*\(2\) to 16"):
+        spark_worker_maximum({"BPCONSOLE_SPARK_WORKERS_MAX": raw}, 2)
 
 
 def test_each_spark_worker_is_a_pool_of_one_with_its_own_name_and_log(tmp_path: Path) -> None:

@@ -471,6 +471,25 @@ def test_workers_are_ephemeral(connect: Callable[..., ControlPlane]) -> None:
     assert console.live_workers() == {}
 
 
+def test_a_worker_started_again_takes_its_name_once_the_dead_session_lets_go(
+    connect: Callable[..., ControlPlane],
+) -> None:
+    old, new = connect(), connect()
+    old.register_worker("w1", {"pid": 1})
+    # The new process waits while the old session still holds the name ...
+    with pytest.raises(WorkerNameTakenError):
+        new.register_worker_when_free("w1", {"pid": 2}, timeout_s=0.5)
+    # ... and registers as soon as it lets go.
+    registered = threading.Thread(
+        target=new.register_worker_when_free, args=("w1", {"pid": 2}), kwargs={"timeout_s": WAIT_S}
+    )
+    registered.start()
+    old.close()
+    registered.join(WAIT_S + 1)
+    assert not registered.is_alive(), "the new worker never registered"
+    assert new.live_workers() == {"w1": {"pid": 2}}
+
+
 def test_unregister_worker(plane: ControlPlane) -> None:
     plane.register_worker("w", {"host": "h"})
     assert plane.unregister_worker("w") is True
