@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--batch-mb 32] [--json]
+        [--warmup-mb 16] [--batch-mb 32] [--run-timeout-s 900] [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
 aggregating branches task1..task3 of one stage, a merging sink) with every link's
@@ -117,6 +117,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # This script's own folder is first on sys.path.
+import bench_runtime  # noqa: E402
 from bench_runtime import Stack, run_to_end  # noqa: E402
 from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
 
@@ -267,6 +268,24 @@ class QuotaStack(Stack):
     def __enter__(self) -> QuotaStack:
         super().__enter__()
         return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        # A worker stuck in a batch does not end on SIGTERM (a warm shutdown waits for
+        # the batch): killed after a grace, so that its cgroup can go.
+        for child in self.children:
+            child.terminate()
+        deadline = time.monotonic() + 30
+        for child in self.children:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(
+                    f"killed worker pid {child.pid}: still running 30 s after SIGTERM",
+                    file=sys.stderr,
+                )
+                child.kill()
+                child.wait()
+        super().__exit__(exc_type, *rest)
 
     def spark_children(self) -> list[Child]:
         return [
@@ -708,6 +727,9 @@ def main() -> int:
         default=32.0,
         help="BPCONSOLE_BATCH_MB for the stack (0: the setting as configured)",
     )
+    parser.add_argument(
+        "--run-timeout-s", type=float, default=900.0, help="give up on a run after this long"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plain-job", default="", help=argparse.SUPPRESS)
     parser.add_argument("--plain-job-out", default="", help=argparse.SUPPRESS)
@@ -719,6 +741,7 @@ def main() -> int:
     if args.hot_branch not in branches_of(real_document()):
         parser.error(f"--hot-branch is one of {branches_of(real_document())}")
     cgroups = [f"w{i}" for i in range(1, len(args.quota_list) + 1)]
+    bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
     if args.batch_mb:
         os.environ["BPCONSOLE_BATCH_MB"] = f"{args.batch_mb:g}"  # the stack's children's
     cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
