@@ -84,7 +84,8 @@ run used, each counted once.
 processes, 32 MB by default: with the setting's own 512 MB a file all there at the start
 goes as a few batches each holding every branch's data, one job on one worker, and
 where the branches' work runs is not what placement or balancing decides. 0 leaves the
-setting as configured.
+setting as configured. A run not ended after ``--run-timeout-s`` stops the bench (a
+Spark worker stuck in a batch holds its instance's data for good in placed mode).
 
 The table, per arm: median completion (s), min/max over the rounds, the median over
 ``plain``'s, the median of each run's completion over its own bound, the median over
