@@ -1,9 +1,19 @@
 """Every upstream's routing table: applied at once in the driver (the source and the
 dispatch read it), written to ZooKeeper by the reporter thread, fenced by the epoch,
-and read back by the next driver."""
+and read back by the next driver.
+
+The next driver takes over the traffic shares, not the migrations. A migration lasts
+only while the balancer that started it watches its heavy branch and ends it (or an
+operator who pinned it stops it); a new driver's balancer starts with none of that
+state, so a migration read back would go on unwatched, whatever the branches' levels:
+a light branch that has since filled keeps taking a peer's data, and the peer idles.
+The new balancer migrates again what its own observation says is heavy. Shares carry
+no such state: every water-level tick sets them from the levels it sees.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from balancer.topology import Topology
@@ -34,12 +44,19 @@ class RouteStore:
     def tables(self) -> RouteTables:
         return {node: routes.to_json() for node, routes in self.routes.items()}
 
-    def restore(self, topology: Topology) -> None:
-        """What the previous driver of the run left in ZooKeeper."""
+    def restore(self, topology: Topology) -> dict[str, Mapping[str, Mapping[str, float]]]:
+        """The shares the previous driver of the run left in ZooKeeper; returns the
+        migrations it left, by upstream, which end here (see the module docstring)."""
+        ended: dict[str, Mapping[str, Mapping[str, float]]] = {}
         for node in topology.order:
             stored = self.control.read_routes(self.run_key, node)
-            if stored is not None:
-                self.routes[node] = Routes.from_json(stored[0])
+            if stored is None:
+                continue
+            left = Routes.from_json(stored[0])
+            self.routes[node] = Routes(left.shares)
+            if left.migrations:
+                ended[node] = left.migrations
+        return ended
 
     def store(self, tables: RouteTables) -> None:
         """In the reporter thread: write the tables that changed since the last write."""
