@@ -2,13 +2,14 @@
 dispatch read it), written to ZooKeeper by the reporter thread, fenced by the epoch,
 and read back by the next driver.
 
-The next driver takes over the traffic shares, not the migrations. A migration lasts
-only while the balancer that started it watches its heavy branch and ends it (or an
-operator who pinned it stops it); a new driver's balancer starts with none of that
-state, so a migration read back would go on unwatched, whatever the branches' levels:
-a light branch that has since filled keeps taking a peer's data, and the peer idles.
-The new balancer migrates again what its own observation says is heavy. Shares carry
-no such state: every water-level tick sets them from the levels it sees.
+The next driver takes over the traffic shares, not the migrations. A migration is kept
+by the balancer that decided it, which ends it once its heavy branch is relieved (an
+operator's, pinned here, by the operator); a new driver's balancer starts without that
+state, so a migration read back would never end, whatever the branches' levels: a light
+branch that has since filled keeps taking its peer's data while the peer idles. The new
+balancer migrates what its own observation finds heavy; an operator asks again. Shares
+need no such watching: they give every branch its part, and the water level moves them
+on from the levels it sees.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ IDLE = ("task2", "task3")
 # Segments (64 KB) each idle branch must process of what the new driver sends: a fair
 # part of it, against the trickle a branch gets through a peer's migration.
 TAKEN = 10
-# What the dead driver had last written for the source, as the demo's run page showed it
-# after restarts: the hot branch's peers migrated into it, the full node.
+# What a dead driver may leave for the source: the shares the demo's run page showed
+# after restarts, and the hot branch's peers migrated into it, the full node (the page
+# showed task2 -> task1).
 LEFT_BEHIND = {
     "shares": {"task1": 0.05, "task2": 0.46, "task3": 0.49},
     "migrations": {"task2": {"task1": 1.0}, "task3": {"task1": 1.0}},

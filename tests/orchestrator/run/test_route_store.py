@@ -19,8 +19,8 @@ from tests.balancer.builders import node, observe
 
 DEMO = Path(__file__).resolve().parents[3] / "webapp/console/topologies/landing-demo.yaml"
 BRANCHES = ["task1", "task2", "task3"]
-# The source's table on the demo's run page after restarts: the hot branch's peers
-# migrated into it, the full node.
+# What a dead driver may leave for the source: the shares the demo's run page showed
+# after restarts, and the hot branch's peers migrated into it, the full node.
 LEFT = {
     "shares": {"task1": 0.05, "task2": 0.46, "task3": 0.49},
     "migrations": {"task2": {"task1": 1.0}, "task3": {"task1": 1.0}},
