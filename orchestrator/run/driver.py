@@ -244,7 +244,7 @@ class RunDriver:
             run, self.epoch, self.source, self.table.controls, self.table.routes
         )
         self.pacer.reconfigure(self.topology, self.source_graph)
-        self.table.routes.restore(self.topology)
+        ended = self.table.routes.restore(self.topology)
         self.table.flags.flagged = set(self.control.flags(self.key))
         self.rescale = self.table.rescale = RescaleControl(
             self.run_id,
@@ -266,7 +266,16 @@ class RunDriver:
             Run.objects.filter(pk=self.run_id).update(
                 status=Run.Status.RUNNING, started_at=timezone.now()
             )
-        record_event(self.run_id, "driver", f"driver {self.identity} took over, epoch {self.epoch}")
+        took = f"driver {self.identity} took over, epoch {self.epoch}"
+        if ended:
+            moves = ", ".join(
+                f"{heavy} -> {light}"
+                for migrations in ended.values()
+                for heavy, lights in sorted(migrations.items())
+                for light in sorted(lights)
+            )
+            took += f"; migrations the last driver left end ({moves}): this one decides its own"
+        record_event(self.run_id, "driver", took)
 
     def _loop(self, run: Run) -> str:
         self.interval_s = max(self.policy.tick_ms / 1000, 0.1)

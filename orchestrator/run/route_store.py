@@ -1,9 +1,20 @@
 """Every upstream's routing table: applied at once in the driver (the source and the
 dispatch read it), written to ZooKeeper by the reporter thread, fenced by the epoch,
-and read back by the next driver."""
+and read back by the next driver.
+
+The next driver takes over the traffic shares, not the migrations. A migration is kept
+by the balancer that decided it, which ends it once its heavy branch is relieved (an
+operator's, pinned here, by the operator); a new driver's balancer starts without that
+state, so a migration read back would never end, whatever the branches' levels: a light
+branch that has since filled keeps taking its peer's data while the peer idles. The new
+balancer migrates what its own observation finds heavy; an operator asks again. Shares
+need no such watching: they give every branch its part, and the water level moves them
+on from the levels it sees.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from balancer.topology import Topology
@@ -34,12 +45,19 @@ class RouteStore:
     def tables(self) -> RouteTables:
         return {node: routes.to_json() for node, routes in self.routes.items()}
 
-    def restore(self, topology: Topology) -> None:
-        """What the previous driver of the run left in ZooKeeper."""
+    def restore(self, topology: Topology) -> dict[str, Mapping[str, Mapping[str, float]]]:
+        """The shares the previous driver of the run left in ZooKeeper; returns the
+        migrations it left, by upstream, which end here (see the module docstring)."""
+        ended: dict[str, Mapping[str, Mapping[str, float]]] = {}
         for node in topology.order:
             stored = self.control.read_routes(self.run_key, node)
-            if stored is not None:
-                self.routes[node] = Routes.from_json(stored[0])
+            if stored is None:
+                continue
+            left = Routes.from_json(stored[0])
+            self.routes[node] = Routes(left.shares)
+            if left.migrations:
+                ended[node] = left.migrations
+        return ended
 
     def store(self, tables: RouteTables) -> None:
         """In the reporter thread: write the tables that changed since the last write."""
