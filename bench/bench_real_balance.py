@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--batch-mb 32] [--run-timeout-s 900] [--json]
+        [--warmup-mb 16] [--buffer-mb 8] [--batch-mb 32] [--run-timeout-s 900] [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
 aggregating branches task1..task3 of one stage, a merging sink) with every link's
@@ -79,6 +79,11 @@ one worker the sum counts that worker once per branch and the bound is that many
 too low. Beside it, per run, each worker cgroup's MB per busy second over the batches it
 ran and ``fluid_bound_workers_s`` = input MB / their sum: the bound of the resources the
 run used, each counted once.
+
+``--buffer-mb`` sets each branch's pool (8 MB by default, the reference's own 64 MB
+held most of a small input at once): the source sends a branch no more than its pool
+takes, so most of the input waits at the source, where routing and migration decide
+which branch takes it.
 
 ``--batch-mb`` sets ``BPCONSOLE_BATCH_MB`` (the most one batch takes) for the stack's
 processes, 32 MB by default: with the setting's own 512 MB a file all there at the start
@@ -550,6 +555,9 @@ def run_live(
 
 def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> dict[str, Any]:
     doc = real_document()
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["buffer_mb"] = args.buffer_mb
     names = [n.strip() for n in args.arms.split(",") if n.strip()]
     unknown = sorted(set(names) - set(ARMS))
     if unknown:
@@ -722,6 +730,12 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup-mb", type=float, default=16.0)
+    parser.add_argument(
+        "--buffer-mb",
+        type=float,
+        default=8.0,
+        help="each branch's pool, MB: the source holds the rest back, for the balancer to route",
+    )
     parser.add_argument(
         "--batch-mb",
         type=float,
