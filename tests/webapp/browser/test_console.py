@@ -110,6 +110,16 @@ def test_an_operator_starts_a_skewed_run_and_watches_the_balancer_act(
     assert sum(len(v - {""}) for v in seen.values()) >= 6, seen
     assert page.evaluate("window.sameDocument") is True
     assert page.evaluate("bpConsole.state.messages") > 3
+    # ...the run is labelled emulated (its links and two nodes have declared limits),
+    # and an operator's node shows its capacity measured from its batches and how busy
+    # they kept the Spark workers
+    assert page.locator("#run-emulated").is_visible()
+    measured = page.wait_for_selector(
+        'g.node.kind-operator[data-measured-capacity]:not([data-measured-capacity=""])',
+        timeout=60_000,
+    )
+    assert measured is not None and float(measured.get_attribute("data-measured-capacity")) > 0
+    assert "busy" in measured.query_selector("text.sub").text_content()
 
     # ...a filling node says when it will reach its high water
     full_in, text = page.wait_for_function(
