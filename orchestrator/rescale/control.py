@@ -272,14 +272,12 @@ class RescaleControl:
         """After ``IDLE_FOR_S`` with every operator instance under ``IDLE_BUSY``, a run
         with workers of its own removes the instance on the newest of them; its ask goes
         down once that adjustment completes (:meth:`poll`). True when one began."""
+        if self.placement_mode != "placed" or self.elastic.extra <= 0:
+            self.idle = Idle()
+            return False
         operators = self._operators()
         idle_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
-        if (
-            self.placement_mode != "placed"
-            or self.elastic.extra <= 0
-            or self.current is not None
-            or idle_s < IDLE_FOR_S
-        ):
+        if self.current is not None or idle_s < IDLE_FOR_S:
             return False
         placed = {n: w for n, w in self.placement.items() if n in operators and w in self.live}
         if not placed:
