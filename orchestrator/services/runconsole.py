@@ -9,10 +9,12 @@ service, is restarted in place with backoff (``supervisor``), with a line on std
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,13 +68,40 @@ class Child:
         return None if self.process is None else self.process.poll()
 
 
-def _pool_tick(pool: SparkPool) -> None:
-    """The elastic workers' pass; ZooKeeper being away (it is restarted like any
-    service) delays it to a later pass, it never stops the console."""
-    try:
-        pool.tick()
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        print(f"elastic Spark workers: {type(exc).__name__}: {exc}", flush=True)
+def _start_elastic_pool(
+    base: int, maximum: int, *, python: str, env: Mapping[str, str], logs: Path
+) -> SparkPool:
+    """The elastic Spark workers, in a thread of their own with a supervisor of their
+    own: waiting on a ZooKeeper that is down must never hold up the loop that restarts
+    it."""
+    # kazoo says so at each retry while ZooKeeper is down; the pool says it once.
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    control = ControlPlane.connect(env["ZK_HOSTS"], env.get("BPCONSOLE_ZK_ROOT"))
+    pool = SparkPool(
+        base,
+        maximum,
+        lambda number: spark_worker(number, python, env, logs),
+        control,
+        Supervisor(),
+        lambda line: print(line, flush=True),
+    )
+    threading.Thread(
+        target=_run_pool, args=(pool,), name="elastic-spark-workers", daemon=True
+    ).start()
+    return pool
+
+
+def _run_pool(pool: SparkPool, interval_s: float = 0.5) -> None:
+    """The elastic workers' loop, for as long as the console runs: restart those that
+    exited, match the runs' asks. ZooKeeper being away (it is restarted like any
+    service) delays a pass; it never stops the console."""
+    while True:
+        pool.supervisor.tick()
+        try:
+            pool.tick()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            print(f"elastic Spark workers: {type(exc).__name__}: {exc}", flush=True)
+        time.sleep(interval_s)
 
 
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -313,16 +342,10 @@ def main() -> int:
             supervisor.watch(service)
         for child in children:
             supervisor.watch(child)
-        control = ControlPlane.connect(env["ZK_HOSTS"], env.get("BPCONSOLE_ZK_ROOT"))
-        pool = SparkPool(
-            spark_worker_total,
-            spark_worker_max,
-            lambda number: spark_worker(number, python, env, logs),
-            control,
-            supervisor,
-            lambda line: print(line, flush=True),
+        pool = _start_elastic_pool(
+            spark_worker_total, spark_worker_max, python=python, env=env, logs=logs
         )
-        supervisor.run(also=lambda: _pool_tick(pool))
+        supervisor.run()
     except Stop as stop:
         print(f"\n{stop}: stopping the console and its services...", flush=True)
         return 0

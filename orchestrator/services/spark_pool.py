@@ -49,9 +49,13 @@ class Asks(Protocol):
 
 
 class Watcher(Protocol):
+    """What restarts a worker that exits (the pool's own supervisor)."""
+
     def watch(self, target: Worker) -> None: ...
 
     def forget(self, target: Worker) -> None: ...
+
+    def tick(self) -> None: ...
 
 
 @dataclass

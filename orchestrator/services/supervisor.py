@@ -121,10 +121,8 @@ class Supervisor:
                     # attempt, with a longer delay.
                     self.say(f"{watch.target.name} did not start again: {exc}")
 
-    def run(self, interval_s: float = 0.5, also: Callable[[], None] = lambda: None) -> NoReturn:
-        """Supervise until interrupted (runconsole's signal handlers raise out of here),
-        calling ``also`` after each pass (the elastic Spark workers' own pass)."""
+    def run(self, interval_s: float = 0.5) -> NoReturn:
+        """Supervise until interrupted (runconsole's signal handlers raise out of here)."""
         while True:
             self.tick()
-            also()
             time.sleep(interval_s)

@@ -36,14 +36,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(
 class RunningPool:
     """The elastic pool and its supervisor, ticked in a thread as ``make run`` does."""
 
-    def __init__(self, pool: SparkPool, supervisor: Supervisor) -> None:
-        self.pool, self.supervisor = pool, supervisor
+    def __init__(self, pool: SparkPool) -> None:
+        self.pool = pool
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self.stop.wait(0.2):
-            self.supervisor.tick()
+            self.pool.supervisor.tick()
             self.pool.tick()
 
 
@@ -76,7 +76,7 @@ def elastic_pool(workers, control: ControlPlane, base: int) -> Iterator[RunningP
     # Their lines are printed: pytest shows them when the test fails.
     supervisor = Supervisor(say=print)
     pool = SparkPool(base, base + 1, make, control, supervisor, print)
-    running = RunningPool(pool, supervisor)
+    running = RunningPool(pool)
     running.thread.start()
     try:
         yield running

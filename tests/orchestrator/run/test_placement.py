@@ -40,14 +40,19 @@ def unemulated_reference() -> PipelineDocument:
     return doc
 
 
-def _wait_for_spark_workers(count: int) -> list[str]:
-    deadline = time.monotonic() + 60
+def _wait_for_spark_workers(*prefixes: str) -> list[str]:
+    """The live Spark workers once they are exactly those named ``prefixes``: a worker
+    an earlier test killed stays registered until ZooKeeper expires its session."""
+    deadline = time.monotonic() + 90
+    names: list[str] = []
     while time.monotonic() < deadline:
         names = sorted(live_workers())
-        if len(names) >= count:
+        if len(names) == len(prefixes) and all(
+            any(n.startswith(f"{p}-") for n in names) for p in prefixes
+        ):
             return names
         time.sleep(0.2)
-    raise AssertionError(f"fewer than {count} Spark workers registered in ZooKeeper")
+    raise AssertionError(f"the live Spark workers are {names}, not {list(prefixes)}")
 
 
 def _states(run_id: int) -> dict[str, dict[str, Any]]:
@@ -62,7 +67,7 @@ def test_placed_instances_run_on_workers_of_their_own_and_their_capacity_is_meas
     second = workers.start("spark7")
     try:
         workers.wait_ready(["spark7"])
-        names = _wait_for_spark_workers(2)
+        names = _wait_for_spark_workers("spark1", "spark7")
         doc = unemulated_reference()
         run = start(
             doc,

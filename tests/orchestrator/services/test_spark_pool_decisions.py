@@ -61,6 +61,9 @@ class FakeSupervisor:
     def forget(self, target: FakeWorker) -> None:
         self.watched.remove(target)
 
+    def tick(self) -> None:
+        """Restarts nothing: these workers never exit on their own."""
+
 
 def pool(base: int = 1, maximum: int = 3) -> tuple[SparkPool, FakeAsks, FakeSupervisor]:
     asks, supervisor = FakeAsks(), FakeSupervisor()
