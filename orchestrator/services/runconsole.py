@@ -9,12 +9,10 @@ service, is restarted in place with backoff (``supervisor``), with a line on std
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,9 +21,7 @@ from types import FrameType
 
 from orchestrator.services.embedded import ServiceError, die_with_parent
 from orchestrator.services.launcher import PROJECT_ROOT, Launcher, var_dir_from_env
-from orchestrator.services.spark_pool import SparkPool
 from orchestrator.services.supervisor import Supervisor
-from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs import task_settings
 
 STOP_GRACE_S = 20.0
@@ -66,42 +62,6 @@ class Child:
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
-
-
-def _start_elastic_pool(
-    base: int, maximum: int, *, python: str, env: Mapping[str, str], logs: Path
-) -> SparkPool:
-    """The elastic Spark workers, in a thread of their own with a supervisor of their
-    own: waiting on a ZooKeeper that is down must never hold up the loop that restarts
-    it."""
-    # kazoo says so at each retry while ZooKeeper is down; the pool says it once.
-    logging.getLogger("kazoo").setLevel(logging.ERROR)
-    control = ControlPlane.connect(env["ZK_HOSTS"], env.get("BPCONSOLE_ZK_ROOT"))
-    pool = SparkPool(
-        base,
-        maximum,
-        lambda number: spark_worker(number, python, env, logs),
-        control,
-        Supervisor(),
-        lambda line: print(line, flush=True),
-    )
-    threading.Thread(
-        target=_run_pool, args=(pool,), name="elastic-spark-workers", daemon=True
-    ).start()
-    return pool
-
-
-def _run_pool(pool: SparkPool, interval_s: float = 0.5) -> None:
-    """The elastic workers' loop, for as long as the console runs: restart those that
-    exited, match the runs' asks. ZooKeeper being away (it is restarted like any
-    service) delays a pass; it never stops the console."""
-    while True:
-        pool.supervisor.tick()
-        try:
-            pool.tick()
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            print(f"elastic Spark workers: {type(exc).__name__}: {exc}", flush=True)
-        time.sleep(interval_s)
 
 
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -257,7 +217,6 @@ def main() -> int:
     port = os.environ.get("BPCONSOLE_PORT", "8000")
     launcher = Launcher(var_dir)
     children: list[Child] = []
-    pool: SparkPool | None = None
     try:
         # Settings a worker reads are refused before anything starts.
         spark_worker_total = spark_worker_count(os.environ)
@@ -342,9 +301,23 @@ def main() -> int:
             supervisor.watch(service)
         for child in children:
             supervisor.watch(child)
-        pool = _start_elastic_pool(
-            spark_worker_total, spark_worker_max, python=python, env=env, logs=logs
-        )
+        if spark_worker_max > spark_worker_total:
+            children.append(
+                _spawn(
+                    "elastic Spark workers",
+                    [
+                        python,
+                        "manage.py",
+                        "elastic_workers",
+                        "--base",
+                        str(spark_worker_total),
+                        "--maximum",
+                        str(spark_worker_max),
+                    ],
+                    env,
+                    logs / "elastic-workers.log",
+                )
+            )
         supervisor.run()
     except Stop as stop:
         print(f"\n{stop}: stopping the console and its services...", flush=True)
@@ -361,9 +334,7 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop_children(
-            children + [w for w in (pool.extras if pool else []) if isinstance(w, Child)]
-        )
+        _stop_children(children)
         launcher.stop()
 
 

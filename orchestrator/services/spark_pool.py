@@ -18,9 +18,15 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypedDict
 
-from orchestrator.zk.spark_pool import PoolState
+
+class PoolState(TypedDict):
+    """What the pool allows and keeps, as it writes it for the drivers."""
+
+    base: int
+    maximum: int
+    extra: int  # workers started beyond the base, running now
 
 
 def extra_wanted(base: int, maximum: int, asked: Mapping[str, int]) -> int:

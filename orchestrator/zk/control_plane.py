@@ -29,6 +29,7 @@ scripts and benchmarks use it with a bare ``KazooClient``.
 
 from __future__ import annotations
 
+from orchestrator.services.spark_pool import PoolState
 from orchestrator.zk.node_state import NodeStateZnodes
 from orchestrator.zk.queues import QueueZnodes
 from orchestrator.zk.rescale_rounds import RescaleZnodes
@@ -41,7 +42,7 @@ from orchestrator.zk.session import (
     default_root,
     encode,
 )
-from orchestrator.zk.spark_pool import PoolState, SparkPoolZnodes
+from orchestrator.zk.spark_pool import SparkPoolZnodes
 from orchestrator.zk.workers import WorkerNameTakenError, WorkerZnodes
 from orchestrator.zk.znodes import Subscription
 

@@ -12,18 +12,13 @@ cluster manager's own) writes no ``spark/pool``, and a scale-out then adds no wo
 from __future__ import annotations
 
 import contextlib
-from typing import Any, TypedDict
+from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
+from orchestrator.services.spark_pool import PoolState
 from orchestrator.zk.session import encode
 from orchestrator.zk.znodes import Znodes, check_name
-
-
-class PoolState(TypedDict):
-    base: int
-    maximum: int
-    extra: int  # workers started beyond the base, running now
 
 
 class SparkPoolZnodes(Znodes):

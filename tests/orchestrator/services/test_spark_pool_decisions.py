@@ -8,10 +8,11 @@ import subprocess
 from dataclasses import dataclass, field
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from orchestrator.rescale.elastic import IDLE_BUSY, Idle, newest
-from orchestrator.services.spark_pool import SparkPool, extra_wanted
-from orchestrator.zk.spark_pool import PoolState
+from orchestrator.services.spark_pool import PoolState, SparkPool, extra_wanted
 
 
 @dataclass
@@ -136,3 +137,11 @@ def test_the_newest_worker_is_the_last_registered() -> None:
     workers = {"w1": {"started": 5.0}, "w2": {"started": 9.0}, "w3": {}}
     assert newest(workers, {"w1", "w2", "w3"}) == "w2"
     assert newest(workers, {"w1", "w3"}) == "w1"
+
+
+@pytest.mark.parametrize(("base", "maximum"), [(2, 1), (0, 3), (1, 17)])
+def test_the_pool_process_refuses_counts_out_of_range_before_it_starts(
+    base: int, maximum: int
+) -> None:
+    with pytest.raises(CommandError, match=r"1 <= --base <= --maximum <= 16"):
+        call_command("elastic_workers", "--base", str(base), "--maximum", str(maximum))
