@@ -39,6 +39,9 @@ class NodeDocument(TypedDict):
     params: NotRequired[OperatorParams]
     buffer_mb: NotRequired[float]
     max_rate_mbps: NotRequired[float]
+    # A keyed member's key slots ``[low, high)`` after a key-group move: set by the
+    # orchestrator in a run's graph only, never accepted from a user's document.
+    key_slots: NotRequired[list[int]]
 
 
 # One entry of ``edges`` ("from" is a keyword, hence the functional form).

@@ -2,17 +2,18 @@
 
 ::
 
-    observation ──► throttling ──► routing ──► migration ──► actions, next state
-                    (one of)       (one of)    (one of)
-                    none           static      off
-                    stop_resume    water_level pressure
+    observation ──► throttling ──► routing ──► migration ──► key moves ──► actions, next state
+                    (one of)       (one of)    (one of)      (one of)
+                    none           static      off           off
+                    stop_resume    water_level pressure      auto
                     credit                     proportional
                     watermark (flags, then the rate coefficient on the new flags)
                     stepwise
                     window
 
 The layers are independent: throttling slows upstreams, routing splits an upstream's
-traffic inside a stage, migration reroutes a heavy branch's data through light branches.
+traffic inside a stage, migration reroutes a heavy branch's data through light branches,
+key moves cut a keyed stage's key space again when a hot key group backpressures it.
 Each keeps its own state in :class:`BalancerState`, carried over while the layer is off.
 
 ``window`` has no tick-level decision: its state machine (:mod:`balancer.window`) runs
@@ -115,6 +116,11 @@ def step(observation: Observation, state: BalancerState, policy: Policy) -> Deci
         migration_actions, migration = migration_step(observation, current, policy)
         actions.extend(migration_actions)
         state = replace(state, migration=migration)
+
+    if policy.key_moves == "auto" and observation.key_loads:
+        from balancer.key_moves import key_move_step
+
+        actions.extend(key_move_step(observation, policy))
     return Decision(actions, state)
 
 

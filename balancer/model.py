@@ -82,6 +82,23 @@ class NodeState(TypedDict):
 
 
 @dataclass(frozen=True)
+class KeyLoad:
+    """A keyed stage's key space as measured: each member's contiguous key slots
+    ``(low, high)`` in declaration order, and the records each slot took (from the
+    stage's state, so it counts records, not the bytes every member reads)."""
+
+    groups: Mapping[str, tuple[int, int]]
+    records: tuple[float, ...]  # per key slot
+
+    def shares(self) -> dict[str, float]:
+        """Each member's share of the records (even shares before any record)."""
+        total = sum(self.records)
+        if total <= 0:
+            return {m: 1 / len(self.groups) for m in self.groups}
+        return {m: sum(self.records[low:high]) / total for m, (low, high) in self.groups.items()}
+
+
+@dataclass(frozen=True)
 class Observation:
     """One tick's view of a whole run. ``time_s`` is the only clock decisions use."""
 
@@ -91,6 +108,8 @@ class Observation:
     nodes: Mapping[str, NodeObservation]
     # Nodes a hot scale-in is emptying: their traffic share may go to zero.
     draining: frozenset[str] = frozenset()
+    # Per keyed stage of two instances or more whose load was measured this tick.
+    key_loads: Mapping[str, KeyLoad] = field(default_factory=dict)
 
     def level(self, node: str) -> float:
         return self.nodes[node].level
@@ -258,6 +277,23 @@ class StopMigration(Action):
     @property
     def subject(self) -> str:
         return self.branch_node
+
+
+@dataclass(frozen=True)
+class MoveKeyGroups(Action):
+    """Give keyed ``stage``'s members these key slots, state with them (hot rescale)."""
+
+    kind: ClassVar[str] = "move_key_groups"
+    stage: str = ""
+    groups: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    backpressure_node: str = ""
+    # Each member's share of the records before and (as measured so far) after.
+    shares_before: Mapping[str, float] = field(default_factory=dict)
+    shares_after: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return self.backpressure_node
 
 
 @dataclass(frozen=True)

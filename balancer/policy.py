@@ -22,6 +22,7 @@ THROTTLING_CHOICES = ("none", "stop_resume", "credit", "watermark", "stepwise", 
 ROUTING_CHOICES = ("static", "water_level")
 MIGRATION_CHOICES = ("off", "pressure", "proportional")
 PLACEMENT_CHOICES = ("pooled", "placed")
+KEY_MOVE_CHOICES = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,18 @@ PARAMETERS: tuple[Param, ...] = (
         "strategy",
         kind="choice",
         choices=PLACEMENT_CHOICES,
+    ),
+    Param(
+        "key_moves",
+        "Key-group moves",
+        "auto",
+        "A keyed stage whose backpressured instance holds a hot key group. auto: the "
+        "balancer moves key groups, with their state, so that each instance takes as "
+        "many records as its peers (by hot rescale, exactly); off: key groups stay even. "
+        "Instances that share a resource never move key groups between them.",
+        "strategy",
+        kind="choice",
+        choices=KEY_MOVE_CHOICES,
     ),
     Param(
         "tick_ms",
@@ -469,6 +482,7 @@ class Policy:
     routing: str = _default("routing")
     migration: str = _default("migration")
     placement: str = _default("placement")
+    key_moves: str = _default("key_moves")
     tick_ms: int = _default("tick_ms")
     high_water: float = _default("high_water")
     low_water: float = _default("low_water")

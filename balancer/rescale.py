@@ -61,13 +61,22 @@ class AdjustmentPlan:
 
 
 def plan_adjustment(
-    topology: Topology, added: Iterable[NodeSpec], removed: Iterable[str]
+    topology: Topology,
+    added: Iterable[NodeSpec],
+    removed: Iterable[str],
+    regrouped: Iterable[str] = (),
 ) -> AdjustmentPlan:
     """Plan adding the ``added`` instances to their (existing) stages and removing
-    ``removed``; a hot migration is one of each in the same stage."""
+    ``removed``; a hot migration is one of each in the same stage. The ``regrouped``
+    stages keep their instances and change their key groups (a key-group move): they
+    take part like a changed stage, with no connection opened or closed."""
     new_nodes = tuple(added)
     gone = frozenset(removed)
+    moved = frozenset(regrouped)
     _check_change(topology, new_nodes, gone)
+    strays = sorted(moved - set(topology.stages))
+    if strays:
+        raise ValueError(f"no stage {', '.join(strays)} to move key groups in")
     new_ids = frozenset(n.id for n in new_nodes)
 
     after_members: dict[str, list[str]] = {
@@ -98,7 +107,11 @@ def plan_adjustment(
     union = Topology.build((*topology.nodes, *new_nodes), (*topology.links, *connect.values()))
 
     changed_stages = tuple(
-        dict.fromkeys(union.node(n).stage_name for n in union.order if n in new_ids | gone)
+        dict.fromkeys(
+            union.node(n).stage_name
+            for n in union.order
+            if n in new_ids | gone or union.node(n).stage_name in moved
+        )
     )
     v_changed = frozenset(m for stage in changed_stages for m in union.stage_members(stage))
     v_up = frozenset(u for v in v_changed for u in union.upstreams(v))

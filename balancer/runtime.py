@@ -13,10 +13,10 @@ benchmark of the simulator says something about a live run.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from balancer.model import Action, NodeObservation, Observation
+from balancer.model import Action, KeyLoad, NodeObservation, Observation
 from balancer.stepwise import TaskSpeed
 from balancer.topology import Topology
 
@@ -50,6 +50,8 @@ class Measured:
     time_s: float
     interval_s: float
     nodes: Mapping[str, Measurement]
+    # Keyed stages' key loads, where the runtime measured them (Observation.key_loads).
+    key_loads: Mapping[str, KeyLoad] = field(default_factory=dict)
 
 
 def observe(
@@ -84,4 +86,6 @@ def observe(
             capacity_bps=m.capacity_bps,
             resource=m.resource,
         )
-    return Observation(measured.time_s, measured.interval_s, topology, nodes)
+    return Observation(
+        measured.time_s, measured.interval_s, topology, nodes, key_loads=measured.key_loads
+    )

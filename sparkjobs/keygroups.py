@@ -2,13 +2,16 @@
 
 A key's slot is ``crc32(utf-8 key) mod KEY_SLOTS`` — the same number in Python (the
 state table) and in Spark (the filter a part applies), so an instance keeps exactly the
-keys its key group owns. Parts own even contiguous slot ranges, as the planner assigns
-them (``balancer.rescale.even_key_groups``).
+keys its key group owns. Parts own contiguous slot ranges in their stage's declaration
+order: even ones (``balancer.rescale.even_key_groups``), unless a key-group move gave
+each member its own range (``key_slots`` on the node in a run's graph,
+:func:`stage_key_groups`).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from balancer.rescale import key_group
@@ -48,3 +51,22 @@ class KeyGroup:
     def intersect(self, other: KeyGroup) -> KeyGroup | None:
         low, high = max(self.low, other.low), min(self.high, other.high)
         return KeyGroup(low, high) if low < high else None
+
+
+def stage_key_groups(
+    members: Sequence[str], declared: Mapping[str, Sequence[int]]
+) -> dict[str, KeyGroup]:
+    """Each member's key group: its declared ``[low, high)`` when the members' declared
+    ranges, in order, split the whole slot space into non-empty contiguous parts; even
+    ranges otherwise (a stage whose members changed since its last key-group move)."""
+    groups: dict[str, KeyGroup] = {}
+    low = 0
+    for member in members:
+        slots = declared.get(member)
+        if slots is None or len(slots) != 2 or slots[0] != low or not low < slots[1]:
+            break
+        groups[member] = KeyGroup(low, slots[1])
+        low = slots[1]
+    if len(groups) == len(members) and low == KEY_SLOTS:
+        return groups
+    return {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}

@@ -129,6 +129,42 @@ def totals(run_id: int, stage: str) -> dict[StateKey, Totals]:
         }
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A keyed stage's state and progress at one moment (one snapshot of the ledger)."""
+
+    records: dict[tuple[str, int], int]  # (holder, key slot) -> records in its state
+    done_bytes: dict[str, int]  # member -> input bytes of its done segments
+
+
+_PROGRESS = """
+    SELECT 'r', holder, slot, SUM(count) FROM orchestrator_keystate
+    WHERE run_id = %s AND stage = %s GROUP BY holder, slot
+    UNION ALL
+    SELECT 'd', node, 0, SUM(bytes) FROM orchestrator_segment
+    WHERE run_id = %s AND node = ANY(%s) AND state = 'done' AND NOT marker
+    GROUP BY node
+"""
+
+
+def progress(run_id: int, stage: str, members: list[str]) -> Progress:
+    """How many records the stage's state holds per holder and key slot (of the windows
+    still open, for a windowed pipeline) and the input bytes of each member's done
+    segments, in one statement: a batch folds its records and marks its segments done
+    in one transaction, so both count the same batches. What a key-group move weighs
+    slots by."""
+    records: dict[tuple[str, int], int] = {}
+    done: dict[str, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_PROGRESS, [run_id, stage, run_id, members])
+        for what, name, slot, value in cursor.fetchall():
+            if what == "r":
+                records[(name, slot)] = int(value or 0)
+            else:
+                done[name] = int(value or 0)
+    return Progress(records, done)
+
+
 def holders(run_id: int, stage: str) -> dict[StateKey, list[str]]:
     """Who holds each key's state (exactly one holder after a completed hand-off)."""
     result: dict[StateKey, list[str]] = {}

@@ -28,7 +28,7 @@ from balancer.topology import Topology
 from orchestrator.pipeline.inputs import InputFile
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of, validate_params
 from sparkjobs.event_time import WindowSpec
-from sparkjobs.keygroups import KeyGroup
+from sparkjobs.keygroups import KeyGroup, stage_key_groups
 
 # Graphs kept per process: a run has one per configuration in use (two while a hot
 # rescale is under way), and a process serves a few runs at a time.
@@ -134,7 +134,7 @@ class RunGraph:
         return name in self.keyed
 
     def key_groups(self, stage: str) -> Mapping[str, KeyGroup]:
-        """Each member's key group: even slot ranges in the stage's declaration order."""
+        """Each member's key group (:func:`sparkjobs.keygroups.stage_key_groups`)."""
         return self._key_groups.get(stage, {})
 
     def fusable_with(self, name: str) -> tuple[str, ...]:
@@ -173,7 +173,10 @@ class RunGraph:
     @cached_property
     def _key_groups(self) -> Mapping[str, Mapping[str, KeyGroup]]:
         return {
-            stage: {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
+            stage: stage_key_groups(
+                members,
+                {m: self.nodes[m]["key_slots"] for m in members if "key_slots" in self.nodes[m]},
+            )
             for stage, members in self.stages.items()
         }
 

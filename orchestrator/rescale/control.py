@@ -1,12 +1,12 @@
 """The control side of hot rescale, run by a run's driver (shared/spec/hot-rescale.md).
 
 It turns requests into adjustments (an operator's "hot-migrate to worker", "add
-instance", "remove instance"; the balancer's scale-out request; a worker that vanished
-from ZooKeeper), records every step under ``runs/<run>/adjust/<version>/`` in ZooKeeper,
-completes an adjustment once every tail has reported, and rolls it back when it
-outlives the policy's ``adjust_timeout_s``. The steps themselves are ledger transactions
-(``start``, ``alignment``, ``completion``); instances align in their own workers'
-claims.
+instance", "remove instance"; the balancer's scale-out request and key-group move; a
+worker that vanished from ZooKeeper), records every step under
+``runs/<run>/adjust/<version>/`` in ZooKeeper, completes an adjustment once every tail
+has reported, and rolls it back when it outlives the policy's ``adjust_timeout_s``. The
+steps themselves are ledger transactions (``start``, ``alignment``, ``completion``);
+instances align in their own workers' claims.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class RescaleControl:
         self._workers_changed = threading.Event()
         self.placement: dict[str, str] = {}
         self.last_auto_scale = float("-inf")
+        self.last_key_move = float("-inf")
         # An adjustment a previous driver of the run began goes on under this one.
         self.current: Adjustment | None = Adjustment.objects.filter(
             run_id=run_id, status=Adjustment.Status.RUNNING
@@ -196,6 +197,33 @@ class RescaleControl:
                 self.run_id,
                 "adjust_refused",
                 f"scale out refused: {err}",
+                node=stage,
+                actor=Event.Actor.BALANCER,
+            )
+            return False
+
+    def move_key_groups(
+        self, stage: str, groups: Mapping[str, tuple[int, int]], reason: str, now: float
+    ) -> bool:
+        """The balancer's key-group move (balancer/key_moves.py): at most one per
+        timeout, none while another adjustment runs; a move the graph no longer fits
+        (its members changed meanwhile) is refused with why."""
+        if now - self.last_key_move < self.timeout_s or self.current is not None:
+            return False
+        self.last_key_move = now
+        change = Change(
+            "key_move",
+            regroup={stage: dict(groups)},
+            reason=reason,
+            actor=Event.Actor.BALANCER,
+        )
+        try:
+            return self._begin(change)
+        except RescaleError as err:
+            record_event(
+                self.run_id,
+                "adjust_refused",
+                f"key-group move refused: {err}",
                 node=stage,
                 actor=Event.Actor.BALANCER,
             )

@@ -3,7 +3,8 @@ where data goes while a run's graph changes.
 
 Owns: the request (:class:`Change`, :class:`NewInstance`) and its refusal
 (:class:`RescaleError`); the graph document's stages and key groups (``stage_of``,
-``stage_members``, ``is_keyed``, ``key_groups``); the plan of one change
+``stage_members``, ``is_keyed``, ``key_groups``: even ranges, or each member's
+``key_slots`` after a key-group move); the plan of one change
 (:func:`plan_change`: the subgraph from ``balancer.rescale``, the graph after it, every
 instance's graph-state update and the stateful stages' hand-off); and routing under a
 changing graph: the graph a node routes with (:func:`topology_at`), the copies of one
@@ -15,18 +16,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import QuerySet
 
 from balancer.document import PipelineDocument
-from balancer.rescale import AdjustmentPlan, even_key_groups, plan_adjustment, plan_handoff
+from balancer.rescale import AdjustmentPlan, plan_adjustment, plan_handoff
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.graph import balancer_topology, downstreams_of
 from orchestrator.pipeline.routes import Routes, route
 from sparkjobs.catalog import OPERATORS
-from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, stage_key_groups
 
 
 class RescaleError(ValueError):
@@ -45,6 +46,9 @@ class Change:
     kind: str
     added: tuple[NewInstance, ...] = ()
     removed: tuple[str, ...] = ()
+    # A key-group move: per keyed stage, each member's new slots ``(low, high)``; the
+    # stage keeps its instances.
+    regroup: Mapping[str, Mapping[str, tuple[int, int]]] = field(default_factory=dict)
     reason: str = ""
     actor: str = Event.Actor.USER
     user: Any = None
@@ -73,9 +77,12 @@ def is_keyed(doc: Mapping[str, Any], name: str) -> bool:
 
 
 def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:
-    """Each member's key group: even slot ranges in the stage's declaration order."""
+    """Each member's key group (:func:`sparkjobs.keygroups.stage_key_groups`)."""
     members = stage_members(doc, stage)
-    return {m: KeyGroup.even(i, len(members)) for i, m in enumerate(members)}
+    nodes = _nodes(doc)
+    return stage_key_groups(
+        members, {m: nodes[m]["key_slots"] for m in members if "key_slots" in nodes[m]}
+    )
 
 
 # -- where data goes ------------------------------------------------------------------
@@ -159,6 +166,7 @@ def _after_doc(
     added: Sequence[NewInstance],
     removed: Sequence[str],
     plan: AdjustmentPlan,
+    regroup: Mapping[str, Mapping[str, tuple[int, int]]],
 ) -> dict[str, Any]:
     nodes = _nodes(before)
     doc = copy.deepcopy(dict(before))
@@ -168,6 +176,14 @@ def _after_doc(
         node = copy.deepcopy(dict(template))
         node["name"], node["stage"] = item.name, item.stage
         new_nodes.append(node)
+    for node in new_nodes:
+        # A stage whose members change starts again from even key groups.
+        if (node.get("stage") or node["name"]) in plan.changed_stages:
+            node.pop("key_slots", None)
+    for groups in regroup.values():
+        for node in new_nodes:
+            if node["name"] in groups:
+                node["key_slots"] = list(groups[node["name"]])
     doc["nodes"] = new_nodes
     edges = [e for e in doc["edges"] if (e["from"], e["to"]) not in plan.disconnect]
     union_stage = {**{n: stage_of(before, n) for n in nodes}, **{a.name: a.stage for a in added}}
@@ -213,24 +229,24 @@ def plan_change(
             ),
         ],
     }
+    _check_regroup(before, change)
     union_topology = balancer_topology(probe)
     try:
         plan = plan_adjustment(
             balancer_topology(before),
             [union_topology.node(a.name) for a in change.added],
             change.removed,
+            regrouped=change.regroup,
         )
     except ValueError as err:
         raise RescaleError(str(err)) from None
-    after = _after_doc(before, change.added, change.removed, plan)
+    after = _after_doc(before, change.added, change.removed, plan, change.regroup)
     handoff: dict[str, Any] = {}
     for stage in plan.changed_stages:
         members_before = stage_members(before, stage)
         if not is_keyed(before, members_before[0]):
             continue
-        original = even_key_groups(range(KEY_SLOTS), members_before)
-        new = even_key_groups(range(KEY_SLOTS), stage_members(after, stage))
-        hand = plan_handoff(original, new)
+        hand = plan_handoff(_slot_sets(before, stage), _slot_sets(after, stage))
         handoff[stage] = {
             "takeovers": [[t.source, t.target, sorted(t.keys)] for t in hand.takeovers],
             "fetches": [[t.source, t.target, sorted(t.keys)] for t in hand.fetches],
@@ -256,5 +272,41 @@ def plan_change(
             for name, u in plan.updates.items()
         },
         "handoff": handoff,
+        "regroup": {
+            stage: {m: list(slots) for m, slots in groups.items()}
+            for stage, groups in change.regroup.items()
+        },
     }
     return plan, after, plan_json
+
+
+def _slot_sets(doc: Mapping[str, Any], stage: str) -> dict[str, frozenset[int]]:
+    return {m: frozenset(g.slots) for m, g in key_groups(doc, stage).items()}
+
+
+def _check_regroup(before: Mapping[str, Any], change: Change) -> None:
+    """A key-group move names a keyed stage's every member, in order, with non-empty
+    contiguous slot ranges that split the whole slot space, and nothing else changes."""
+    if change.regroup and (change.added or change.removed):
+        raise RescaleError("a key-group move changes no instance; add or remove in another")
+    for stage, groups in change.regroup.items():
+        members = stage_members(before, stage)
+        if not members:
+            raise RescaleError(f"the pipeline has no stage {stage!r}")
+        if not is_keyed(before, members[0]):
+            raise RescaleError(f"stage {stage!r} is not keyed; it has no key groups to move")
+        if list(groups) != members:
+            raise RescaleError(
+                f"a key-group move of {stage} names {', '.join(groups) or 'nobody'}; "
+                f"it must name its members {', '.join(members)} in that order"
+            )
+        low = 0
+        for member, (start, end) in groups.items():
+            if start != low or not start < end <= KEY_SLOTS:
+                raise RescaleError(
+                    f"{member}'s key slots [{start}, {end}) do not continue [0, {low}) "
+                    f"with at least one slot, within {KEY_SLOTS}"
+                )
+            low = end
+        if low != KEY_SLOTS:
+            raise RescaleError(f"the key slots of {stage} end at {low}, not {KEY_SLOTS}")

@@ -138,6 +138,11 @@ def _describe(change: Change, plan: AdjustmentPlan) -> str:
         parts.append(f"add {', '.join(sorted(plan.added))}")
     if plan.removed:
         parts.append(f"remove {', '.join(sorted(plan.removed))}")
+    for stage, groups in change.regroup.items():
+        parts.append(
+            f"key slots of {stage} to "
+            + ", ".join(f"{m} [{low}, {high})" for m, (low, high) in groups.items())
+        )
     return (
         f"{change.kind.replace('_', ' ')}: {' and '.join(parts)}"
         f" ({change.reason or 'no reason given'}); subgraph {', '.join(plan.subgraph)}"

@@ -3,9 +3,9 @@
 Flags and signals go to ZooKeeper (flags in one pipelined write per tick, by
 orchestrator.run.flags), routing tables to the route store (written to ZooKeeper by the
 reporter thread), pacing to the source's controls, a scale-out request to the hot
-rescale control. Every action but the periodic credit grant becomes an event on the
-node it concerns (``Action.subject``), with what it changed and, for the balancer's, the
-observation it was decided on (orchestrator.run.evidence).
+rescale control, as is a key-group move. Every action but the periodic credit grant
+becomes an event on the node it concerns (``Action.subject``), with what it changed
+and, for the balancer's, the observation it was decided on (orchestrator.run.evidence).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from balancer.forecast import Pacing
 from balancer.model import (
     Action,
     ClearFlag,
+    MoveKeyGroups,
     NodeState,
     ScaleOutRequest,
     SetCredits,
@@ -76,6 +77,7 @@ class ActionTable:
             StartMigration: self._start_migration,
             StopMigration: self._stop_migration,
             ScaleOutRequest: self._scale_out,
+            MoveKeyGroups: self._move_key_groups,
         }
 
     def pacing(self, nodes: Iterable[str]) -> dict[str, Pacing]:
@@ -124,6 +126,12 @@ class ActionTable:
         old = self.routes.get(action.branch_node)
         migrations = {k: v for k, v in old.migrations.items() if k != action.heavy[0]}
         self.routes.set(action.branch_node, Routes(old.shares, migrations))
+
+    def _move_key_groups(self, action: MoveKeyGroups) -> None:
+        if self.rescale is not None and self.rescale.move_key_groups(
+            action.stage, action.groups, action.reason, time.monotonic()
+        ):
+            self.on_graph_change()
 
     def _scale_out(self, action: ScaleOutRequest) -> None:
         if self.rescale is not None and self.rescale.scale_out(

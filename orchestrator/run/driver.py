@@ -59,6 +59,7 @@ from orchestrator.run.actions import ActionTable
 from orchestrator.run.commands import OperatorCommands, SignalQueue
 from orchestrator.run.completion import TickStats, settle
 from orchestrator.run.dispatch import BatchDispatch, Dispatcher
+from orchestrator.run.key_loads import KeyLoads
 from orchestrator.run.pacer import SourceGraph, SourcePacer, source_graph
 from orchestrator.run.publisher import Publisher
 from orchestrator.run.reporter import Report, Reporter
@@ -134,6 +135,7 @@ class RunDriver:
         self.capacities = CapacityMeter()
         self.busy_after: dt.datetime | None = None
         self.resources: dict[str, str] = {}
+        self.key_loads = KeyLoads(self.run_id)
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
@@ -380,7 +382,23 @@ class RunDriver:
             interval_s=self.interval_s,
             capacities=self.capacities.capacities(topology.order),
             resources=self.resources,
+            key_loads=self.key_loads.read(
+                self.graph,
+                self._pressed(topology),
+                adjusting=self.rescale is not None and self.rescale.current is not None,
+                now=time.monotonic(),
+            ),
         )
+
+    def _pressed(self, topology: Topology) -> set[str]:
+        """Nodes flagged, or whose pool is past the policy's ``bp_threshold``."""
+        full = {
+            node
+            for node, flow in self.flows.items()
+            if topology.has_node(node)
+            and flow.queued_bytes > self.policy.bp_threshold * topology.node(node).capacity_bytes
+        }
+        return full | set(self.table.flags.flagged)
 
     def _measure_capacities(self, topology: Topology) -> None:
         """Add the batches completed since the last tick to each node's capacity; a node

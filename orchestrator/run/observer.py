@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 
 from balancer.capacity import Capacity, known_bps
 from balancer.loop import BalancerState
-from balancer.model import NodeState, Observation
+from balancer.model import KeyLoad, NodeState, Observation
 from balancer.policy import Policy
 from balancer.runtime import Measured, Measurement
 from balancer.topology import Topology
@@ -31,10 +31,12 @@ def measure(
     interval_s: float,
     capacities: Mapping[str, Capacity],
     resources: Mapping[str, str],
+    key_loads: Mapping[str, KeyLoad],
 ) -> Measured:
     """Each node's measurement over the last interval; ``capacities``: what its batches
     showed it can do (a capacity not yet known is ``math.inf``); ``resources``: what
-    its work runs on."""
+    its work runs on; ``key_loads``: the keyed stages' records per key slot, where read
+    this tick."""
     nodes = {}
     blocked = pacer.take_blocked()
     for node_id in topology.order:
@@ -63,7 +65,7 @@ def measure(
             capacity_bps=known_bps(capacities, node_id),
             resource=resources.get(node_id, node_id),
         )
-    return Measured(time_s, interval_s, nodes)
+    return Measured(time_s, interval_s, nodes, key_loads=key_loads)
 
 
 def node_states(

@@ -276,6 +276,91 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
         assert slot_of(state.key) in old_groups[holders[0]].slots and len(holders) == 1
 
 
+def test_a_key_group_move_hands_the_moved_slots_state_over_and_a_scale_out_starts_even() -> None:
+    # Given two stateful instances holding their even key groups' state
+    run = pending_run("running-totals")
+    before = _seed_state(run)
+    # When the balancer moves slots 20 to 63 from totals1 to totals2
+    move = Change("key_move", regroup={"totals": {"totals1": (0, 20), "totals2": (20, 128)}})
+    adjustment = begin(run.pk, move, epoch=1, source="source")
+    # Then the stage takes part with no connection opened or closed, behind a barrier
+    assert adjustment.plan["changed_stages"] == ["totals"]
+    assert adjustment.plan["connect"] == adjustment.plan["disconnect"] == []
+    assert Instance.objects.get(run=run, name="totals1").barrier is True
+    planned = Event.objects.get(run=run, kind="adjust_planned").reason
+    assert "key slots of totals to totals1 [0, 20), totals2 [20, 128)" in planned
+    for node in adjustment.plan["subgraph"][1:]:
+        _claim(run, node)
+    done = complete(adjustment.pk)
+    # and every key's state is what it was, held once, by the owner of its slot now
+    assert done.status == Adjustment.Status.COMPLETE
+    assert keystate.totals(run.pk, "totals") == before
+    owners = key_groups(done.after, "totals")
+    assert owners == {"totals1": KeyGroup(0, 20), "totals2": KeyGroup(20, KEY_SLOTS)}
+    for state, holders in keystate.holders(run.pk, "totals").items():
+        (holder,) = holders
+        assert slot_of(state.key) in owners[holder].slots
+    assert done.outcome["state"]["totals"]["misplaced_keys"] == []
+    # When a third instance joins afterwards, the stage starts again from even groups
+    grown = begin(
+        run.pk,
+        Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
+        epoch=1,
+        source="source",
+    )
+    for node in grown.plan["subgraph"][1:]:
+        _claim(run, node)
+    grown = complete(grown.pk)
+    assert key_groups(grown.after, "totals") == {
+        m: KeyGroup.even(i, 3) for i, m in enumerate(("totals1", "totals2", "totals-4"))
+    }
+    assert keystate.totals(run.pk, "totals") == before
+    assert grown.outcome["state"]["totals"]["misplaced_keys"] == []
+
+
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ({"totals1": (0, 64)}, "must name its members totals1, totals2"),
+        ({"totals2": (0, 64), "totals1": (64, 128)}, "must name its members"),
+        ({"totals1": (0, 0), "totals2": (0, 128)}, r"totals1's key slots \[0, 0\)"),
+        ({"totals1": (0, 70), "totals2": (60, 128)}, r"totals2's key slots \[60, 128\)"),
+        ({"totals1": (0, 64), "totals2": (64, 100)}, "end at 100, not 128"),
+        ({"totals1": (0, 64), "totals2": (64, 999)}, "within 128"),
+    ],
+)
+def test_a_bad_key_group_move_is_refused_and_changes_nothing(
+    groups: dict[str, tuple[int, int]], message: str
+) -> None:
+    run = pending_run("running-totals")
+    before = copy.deepcopy(run.topology)
+    with pytest.raises(RescaleError, match=message):
+        begin(run.pk, Change("key_move", regroup={"totals": groups}), epoch=1, source="source")
+    run.refresh_from_db()
+    assert run.topology == before and run.config_version == 0
+    assert not Adjustment.objects.filter(run=run).exists()
+
+
+def test_key_groups_move_only_in_a_keyed_stage_and_never_beside_another_change() -> None:
+    run = pending_run("reference")
+    with pytest.raises(RescaleError, match="'agg' is not keyed"):
+        begin(
+            run.pk,
+            Change("key_move", regroup={"agg": {"task1": (0, 128)}}),
+            epoch=1,
+            source="source",
+        )
+    with pytest.raises(RescaleError, match="no stage 'nope'"):
+        begin(run.pk, Change("key_move", regroup={"nope": {}}), epoch=1, source="source")
+    with pytest.raises(RescaleError, match="changes no instance"):
+        begin(
+            run.pk,
+            Change("key_move", removed=("task1",), regroup={"agg": {"task1": (0, 128)}}),
+            epoch=1,
+            source="source",
+        )
+
+
 def test_a_retired_instance_that_wakes_up_late_cannot_write() -> None:
     run = pending_run("reference")
     seg = segments.NewSegment(
