@@ -338,8 +338,9 @@ def throttled(stack: QuotaStack) -> dict[str, dict[str, int]]:
     return {name: stack.quotas.stat(name) for name in stack.cgroups}
 
 
-def plain_job_child(input_path: str, out: str) -> None:
-    """The ``plain`` arm's process: build the SparkSession, then time the job."""
+def plain_job_child(input_path: str, out: str, topology: str = "") -> None:
+    """The ``plain`` arm's process: build the SparkSession, then time the job (of the
+    pipeline in the YAML file ``topology``, the unemulated reference when none)."""
     import django
 
     django.setup()
@@ -349,15 +350,18 @@ def plain_job_child(input_path: str, out: str) -> None:
     began = time.monotonic()
     spark_session()
     session_s = time.monotonic() - began
-    result = batch_summary(topology=real_document(), input_path=input_path, generator=None)
+    doc = yaml.safe_load(Path(topology).read_text()) if topology else real_document()
+    result = batch_summary(topology=doc, input_path=input_path, generator=None)
     found = {"job_s": result["seconds"], "session_s": round(session_s, 3), "rows": result["rows"]}
     Path(out).write_text(json.dumps(found), encoding="utf-8")
 
 
-def run_plain(stack: QuotaStack, input_path: Path) -> dict[str, Any]:
+def run_plain(stack: QuotaStack, input_path: Path, topology: Path | None = None) -> dict[str, Any]:
     out = stack.var / "plain-job.json"
     argv = [sys.executable, str(Path(__file__).resolve()), "--plain-job", str(input_path)]
     argv += ["--plain-job-out", str(out)]
+    if topology is not None:
+        argv += ["--plain-topology", str(topology)]
     began = time.monotonic()
     with (stack.var / "plain-job.log").open("ab") as log:
         done = subprocess.run(
@@ -748,9 +752,10 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plain-job", default="", help=argparse.SUPPRESS)
     parser.add_argument("--plain-job-out", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--plain-topology", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_job:
-        plain_job_child(args.plain_job, args.plain_job_out)
+        plain_job_child(args.plain_job, args.plain_job_out, args.plain_topology)
         return 0
     print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
     if args.hot_branch not in branches_of(real_document()):

@@ -1,0 +1,217 @@
+"""Scenario S3: a keyed ``running`` stage with one hot key group, its key groups moved by
+the balancer or left even, every emulation knob at 0, on Spark workers the operating
+system caps.
+
+    .venv/bin/python bench/bench_key_moves.py [--records 2000000] [--rounds 2]
+        [--quotas 1.0,1.0] [--hot-key hot8] [--hot-share 0.4] [--keys 300] [--seed 1]
+        [--buffer-mb 1] [--segment-mb 0.25] [--run-timeout-s 900] [--json]
+
+The pipeline: webapp/console/topologies/running-totals.yaml (a source, a keyed
+``running`` stage of two instances totals1 and totals2, a merging sink) with no knob
+set, ``--segment-mb`` segments and ``--buffer-mb`` pools, in placed mode: each instance
+on a Spark worker of its own, worker N in a cgroup whose CFS quota is the N-th of
+``--quotas`` cores (bench/cpu_quota.py; not root, or no cpu controller: one line says
+why and the bench exits with code 2 having made nothing).
+
+The input: ``--records`` JSON lines over ``--keys`` keys ``k0``.. plus ``--hot-key``,
+which takes ``--hot-share`` of the records (drawn independently per record); values
+are whole cents below 1,000. The default hot key's slot is 1: key groups are
+contiguous slot ranges, so a move can isolate a hot slot near either end of the slot
+space with two instances (one in the middle needs three). Even groups give totals1
+the hot key and about half the rest: 70% of the records at a 40% hot share.
+
+The arms, over that file, ``--rounds`` rounds in alternating order, after one untimed
+warm-up run of a tenth of the records:
+
+- ``plain``: the plain Spark batch job over the file, in one cgroup holding the sum of
+  the quotas (bench_real_balance's ``run_plain``), timed from the call of the job;
+- ``even``: ``key_moves = off``: the key groups stay even;
+- ``moved``: ``key_moves = auto``: the balancer moves key groups when the instance
+  holding the hot one is backpressured (balancer/key_moves.py).
+
+Both live arms use ``routing = static``, ``migration = off`` and the default watermark
+throttling. Per run: completion (the ledger's start to finish), throughput (records per
+second of it), the key-group moves (each with the shares before and after), exactness
+(rows equal to the plain job's, coverage exact). The table: median completion and
+throughput per arm, ``moved`` over ``even`` (the S3 target is 1.5x), each arm over
+``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import bench_runtime  # noqa: E402
+from bench_real_balance import QuotaStack, quota_list, run_plain  # noqa: E402
+from bench_runtime import run_to_end  # noqa: E402
+from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
+
+from balancer.document import PipelineDocument, emulated  # noqa: E402
+from balancer.policy import Policy  # noqa: E402
+
+TOPOLOGY = ROOT / "webapp" / "console" / "topologies" / "running-totals.yaml"
+ARMS = {"even": "off", "moved": "auto"}
+
+
+def keyed_document(args: argparse.Namespace) -> PipelineDocument:
+    doc: PipelineDocument = yaml.safe_load(TOPOLOGY.read_text())
+    doc["name"] = "running-totals-real"
+    for node in doc["nodes"]:
+        node.pop("max_rate_mbps", None)
+        if node["kind"] == "source":
+            node["params"] = {**node["params"], "segment_mb": args.segment_mb}
+        elif node["kind"] == "operator":
+            node["buffer_mb"] = args.buffer_mb
+    for edge in doc["edges"]:
+        edge["bandwidth_mbps"] = 0.0
+    if emulated(doc):
+        raise SystemExit("an emulation knob is left in the keyed pipeline")
+    return doc
+
+
+def write_input(path: Path, records: int, args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)  # noqa: S311 - a benchmark input, not a secret
+    hot = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for i in range(records):
+            is_hot = rng.random() < args.hot_share
+            hot += is_hot
+            key = args.hot_key if is_hot else f"k{rng.randrange(args.keys)}"
+            line = {"key": key, "value": rng.randrange(100_000) / 100, "user": f"u{i % 997}"}
+            out.write(json.dumps(line) + "\n")
+    return {
+        "records": records,
+        "mb": round(path.stat().st_size / 2**20, 2),
+        "hot_key": args.hot_key,
+        "hot_share": round(hot / records, 4),
+    }
+
+
+def run_arm(doc: PipelineDocument, arm: str, path: Path, plain_rows: Any) -> dict[str, Any]:
+    from orchestrator.ledger.results import summary
+    from orchestrator.models import Adjustment, Event
+
+    values = {"placement": "placed", "routing": "static", "migration": "off"}
+    policy = Policy.from_mapping({**values, "key_moves": ARMS[arm]}).to_dict()
+    run = run_to_end(doc, policy, None, input_path=str(path))
+    result = summary(run)
+    rows = json.loads(json.dumps(result["rows"]))
+    seconds = float(result["seconds"] or 0.0)
+    moves = [
+        {
+            "groups": e.data["groups"],
+            "before": e.data["shares_before"],
+            "after": e.data["shares_after"],
+        }
+        for e in Event.objects.filter(run=run, kind="move_key_groups").order_by("pk")
+    ]
+    return {
+        "run": run.pk,
+        "completion_s": round(seconds, 2),
+        "exact": rows == plain_rows and result["coverage"] == "exact" and run.status == "completed",
+        "moves": moves,
+        "moves_completed": Adjustment.objects.filter(
+            run=run, kind="key_move", status="complete"
+        ).count(),
+    }
+
+
+def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> dict[str, Any]:
+    doc = keyed_document(args)
+    with QuotaStack(quotas, cgroups) as stack:
+        inputs = stack.var / "inputs"
+        shape = write_input(inputs / "keyed.jsonl", args.records, args)
+        warm = write_input(inputs / "warmup.jsonl", max(1000, args.records // 10), args)
+        print(f"input {shape}; warm-up {warm}", file=sys.stderr)
+        run_to_end(
+            doc,
+            Policy.from_mapping({"placement": "placed"}).to_dict(),
+            None,
+            input_path=str(inputs / "warmup.jsonl"),
+        )
+        topology = stack.var / "keyed.yaml"
+        topology.write_text(yaml.safe_dump(dict(doc)))
+        reference = run_plain(stack, inputs / "keyed.jsonl", topology)
+        runs: list[dict[str, Any]] = [
+            {"arm": "plain", "round": 1, "completion_s": reference["job_s"], "exact": True}
+        ]
+        for index in range(args.rounds):
+            order = list(ARMS) if index % 2 == 0 else list(reversed(ARMS))
+            for arm in order:
+                row = {"arm": arm, "round": index + 1}
+                row |= run_arm(doc, arm, inputs / "keyed.jsonl", reference["rows"])
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    for row in runs:
+        row["records_per_s"] = (
+            round(args.records / row["completion_s"]) if row["completion_s"] else None
+        )
+    medians = {
+        arm: statistics.median(r["completion_s"] for r in runs if r["arm"] == arm)
+        for arm in ("plain", *ARMS)
+    }
+    return {
+        "command": shlex.join(sys.orig_argv),
+        "quotas": dict(zip(cgroups, args.quota_list, strict=True)),
+        "input": shape,
+        "median_completion_s": medians,
+        "moved_over_even": round(medians["even"] / medians["moved"], 3),
+        "over_plain": {arm: round(medians[arm] / medians["plain"], 3) for arm in ARMS},
+        "all_exact": all(r["exact"] for r in runs),
+        "runs": runs,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quotas", type=quota_list, default=[1.0, 1.0], dest="quota_list")
+    parser.add_argument("--hot-key", default="hot8")
+    parser.add_argument("--hot-share", type=float, default=0.4)
+    parser.add_argument("--keys", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--buffer-mb", type=float, default=1.0)
+    parser.add_argument("--segment-mb", type=float, default=0.25)
+    parser.add_argument("--run-timeout-s", type=float, default=900.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if len(args.quota_list) != 2:
+        parser.error("--quotas takes two values: the keyed stage has two instances")
+    print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
+    bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
+    cgroups = ["w1", "w2"]
+    cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
+    quotas = CpuQuotas(cores, prefix=f"bpconsole-keys-{os.getpid()}")
+    try:
+        quotas.__enter__()
+    except QuotaError as error:
+        print(f"bench_key_moves: no CPU quotas, nothing run: {error}", file=sys.stderr)
+        return 2
+    try:
+        report = bench(args, quotas, cgroups)
+    finally:
+        quotas.remove()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
