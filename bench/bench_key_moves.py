@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shlex
 import statistics
@@ -55,9 +54,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench_runtime  # noqa: E402
-from bench_real_balance import QuotaStack, quota_list, run_plain  # noqa: E402
+from bench_real_balance import QuotaStack, quota_list, run_plain, with_quotas  # noqa: E402
 from bench_runtime import run_to_end  # noqa: E402
-from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
+from cpu_quota import CpuQuotas  # noqa: E402
 
 from balancer.document import PipelineDocument, emulated  # noqa: E402
 from balancer.policy import Policy  # noqa: E402
@@ -194,18 +193,9 @@ def main() -> int:
         parser.error("--quotas takes two values: the keyed stage has two instances")
     print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
     bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
-    cgroups = ["w1", "w2"]
-    cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
-    quotas = CpuQuotas(cores, prefix=f"bpconsole-keys-{os.getpid()}")
-    try:
-        quotas.__enter__()
-    except QuotaError as error:
-        print(f"bench_key_moves: no CPU quotas, nothing run: {error}", file=sys.stderr)
+    report = with_quotas("bench_key_moves", args.quota_list, lambda q, c: bench(args, q, c))
+    if report is None:
         return 2
-    try:
-        report = bench(args, quotas, cgroups)
-    finally:
-        quotas.remove()
     if args.json:
         print(json.dumps(report, indent=1))
     else:

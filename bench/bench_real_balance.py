@@ -112,7 +112,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -710,6 +710,28 @@ def print_runs(report: dict[str, Any]) -> None:
         )
 
 
+def with_quotas(
+    name: str,
+    quota_list: list[float],
+    run: Callable[[CpuQuotas, list[str]], dict[str, Any]],
+) -> dict[str, Any] | None:
+    """``run(quotas, cgroups)`` with a worker cgroup ``w1``.. per quota and one for the
+    plain job holding their sum, removed afterwards; None, having said why and made
+    nothing, when the quotas cannot be made."""
+    cgroups = [f"w{i}" for i in range(1, len(quota_list) + 1)]
+    cores = dict(zip(cgroups, quota_list, strict=True)) | {"plain": sum(quota_list)}
+    quotas = CpuQuotas(cores, prefix=f"bpconsole-{name}-{os.getpid()}")
+    try:
+        quotas.__enter__()
+    except QuotaError as error:
+        print(f"{name}: no CPU quotas, nothing run: {error}", file=sys.stderr)
+        return None
+    try:
+        return run(quotas, cgroups)
+    finally:
+        quotas.remove()
+
+
 def quota_list(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
@@ -760,21 +782,12 @@ def main() -> int:
     print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
     if args.hot_branch not in branches_of(real_document()):
         parser.error(f"--hot-branch is one of {branches_of(real_document())}")
-    cgroups = [f"w{i}" for i in range(1, len(args.quota_list) + 1)]
     bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
     if args.batch_mb:
         os.environ["BPCONSOLE_BATCH_MB"] = f"{args.batch_mb:g}"  # the stack's children's
-    cores = dict(zip(cgroups, args.quota_list, strict=True)) | {"plain": sum(args.quota_list)}
-    quotas = CpuQuotas(cores, prefix=f"bpconsole-bench-{os.getpid()}")
-    try:
-        quotas.__enter__()
-    except QuotaError as error:
-        print(f"bench_real_balance: no CPU quotas, nothing run: {error}", file=sys.stderr)
+    report = with_quotas("bench_real_balance", args.quota_list, lambda q, c: bench(args, q, c))
+    if report is None:
         return 2
-    try:
-        report = bench(args, quotas, cgroups)
-    finally:
-        quotas.remove()
     if args.json:
         print(json.dumps(report, indent=1))
     else:
