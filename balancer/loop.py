@@ -2,11 +2,11 @@
 
 ::
 
-    observation ──► throttling ──► routing ──► migration ──► key moves ──► actions, next state
-                    (one of)       (one of)    (one of)      (one of)
-                    none           static      off           off
-                    stop_resume    water_level pressure      auto
-                    credit                     proportional
+    observation ──► throttling ──► scale-out ──► routing ──► migration ──► key moves ──► actions
+                    (one of)       (one of)      (one of)    (one of)      (one of)
+                    none           flags         static      off           off
+                    stop_resume    measured      water_level pressure      auto
+                    credit         off                       proportional
                     watermark (flags, then the rate coefficient on the new flags)
                     stepwise
                     window
@@ -14,6 +14,9 @@
 The layers are independent: throttling slows upstreams, routing splits an upstream's
 traffic inside a stage, migration reroutes a heavy branch's data through light branches,
 key moves cut a keyed stage's key space again when a hot key group backpressures it.
+Scale-out asks for more instances, sized from measured rates (:mod:`balancer.sizing`):
+on the flags the watermark layer raised (``flags``), or when a stage's measured
+capacity falls short of its input for some ticks (``measured``).
 Each keeps its own state in :class:`BalancerState`, carried over while the layer is off.
 
 ``window`` has no tick-level decision: its state machine (:mod:`balancer.window`) runs
@@ -27,10 +30,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from balancer.credit import CreditState, StopResumeState, credit_step, stop_resume_step
-from balancer.model import Action, Observation
+from balancer.model import Action, Observation, ScaleOutRequest
 from balancer.policy import Policy
 from balancer.rate import RateState, rate_tick
 from balancer.shares import GroupKey, shares_tick
+from balancer.sizing import ScalingState, scaling_step, sized
 from balancer.stepwise import StepwiseState, stepwise_step
 from balancer.watermark import WatermarkState, flags_after, watermark_tick
 
@@ -50,6 +54,7 @@ class BalancerState:
     stepwise: StepwiseState = field(default_factory=StepwiseState)
     credit: CreditState = field(default_factory=CreditState)
     stop_resume: StopResumeState = field(default_factory=StopResumeState)
+    scaling: ScalingState = field(default_factory=ScalingState)
     # None until migration first runs: balancer.pressure is only imported when needed.
     migration: MigrationState | None = None
 
@@ -99,8 +104,10 @@ def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerSt
 
 
 def step(observation: Observation, state: BalancerState, policy: Policy) -> Decision:
-    """Decide one tick: throttling actions first, then routing, then migration."""
+    """Decide one tick: throttling actions first, then scale-out, routing, migration and
+    key moves."""
     actions, state = _throttle(observation, state, policy)
+    actions, state = _scale_out(observation, actions, state, policy)
 
     if policy.routing == "water_level":
         share_actions, shares = shares_tick(observation, state.shares, policy)
@@ -122,6 +129,21 @@ def step(observation: Observation, state: BalancerState, policy: Policy) -> Deci
 
         actions.extend(key_move_step(observation, policy))
     return Decision(actions, state)
+
+
+def _scale_out(
+    observation: Observation, actions: list[Action], state: BalancerState, policy: Policy
+) -> tuple[list[Action], BalancerState]:
+    """The throttling layer's scale-out requests sized from measured rates (``flags``),
+    or replaced by the measured trigger's (``measured``), or dropped (``off``)."""
+    others = [a for a in actions if not isinstance(a, ScaleOutRequest)]
+    if policy.scale_out == "flags":
+        requests = [a for a in actions if isinstance(a, ScaleOutRequest)]
+        return others + [sized(r, observation, policy) for r in requests], state
+    if policy.scale_out == "measured":
+        measured, scaling = scaling_step(observation, state.scaling, policy)
+        return [*others, *measured], replace(state, scaling=scaling)
+    return others, state
 
 
 def _throttle(

@@ -99,6 +99,17 @@ class KeyLoad:
 
 
 @dataclass(frozen=True)
+class SourceLoad:
+    """What waits to enter a run and how fast more comes: the bytes not yet read into
+    it (files or stream entries waiting outside, and the source's read-ahead), and the
+    bytes per second arriving from outside (None where the runtime cannot tell, as for
+    a bounded input, all there from the start)."""
+
+    backlog_bytes: float
+    arrival_bps: float | None
+
+
+@dataclass(frozen=True)
 class Observation:
     """One tick's view of a whole run. ``time_s`` is the only clock decisions use."""
 
@@ -110,6 +121,9 @@ class Observation:
     draining: frozenset[str] = frozenset()
     # Per keyed stage of two instances or more whose load was measured this tick.
     key_loads: Mapping[str, KeyLoad] = field(default_factory=dict)
+    # The source's backlog and arrival rate, where the runtime measures them
+    # (balancer/sizing.py sizes stages from them).
+    source: SourceLoad | None = None
 
     def level(self, node: str) -> float:
         return self.nodes[node].level
@@ -298,11 +312,16 @@ class MoveKeyGroups(Action):
 
 @dataclass(frozen=True)
 class ScaleOutRequest(Action):
-    """Ask the management side for one more parallel instance of ``stage``."""
+    """Ask the management side for ``instances`` more parallel instances of ``stage``;
+    with the stage's measured capacity and the input it must take (bytes per second;
+    0 where it is not measured) that sized the request (balancer/sizing.py)."""
 
     kind: ClassVar[str] = "scale_out_request"
     stage: str = ""
     upstream: str = ""
+    instances: int = 1
+    capacity_bps: float = 0.0
+    target_bps: float = 0.0
 
     @property
     def subject(self) -> str:

@@ -23,6 +23,7 @@ ROUTING_CHOICES = ("static", "water_level")
 MIGRATION_CHOICES = ("off", "pressure", "proportional")
 PLACEMENT_CHOICES = ("pooled", "placed")
 KEY_MOVE_CHOICES = ("auto", "off")
+SCALE_OUT_CHOICES = ("flags", "measured", "off")
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,43 @@ PARAMETERS: tuple[Param, ...] = (
         minimum=0.0,
         maximum=1.0,
         min_inclusive=False,
+    ),
+    Param(
+        "scale_out",
+        "Scale-out trigger",
+        "flags",
+        "When the balancer asks for more instances of a stage. flags: when the rate "
+        "coefficient is at its floor and S of the stage is flagged (watermark "
+        "throttling); measured: when the input the stage must take (the source's "
+        "arrival rate plus its backlog over the horizon) has exceeded its measured "
+        "capacity for the ticks below; off: never. Either way the request asks, in one "
+        "step, for as many instances as the measured rates need (one while they are "
+        "not measured), and only instances on resources of their own are counted.",
+        "scaling",
+        kind="choice",
+        choices=SCALE_OUT_CHOICES,
+    ),
+    Param(
+        "scale_out_horizon_s",
+        "Backlog horizon (H)",
+        60.0,
+        "Seconds over which a scale-out sized from measured rates plans to drain the "
+        "source's backlog.",
+        "scaling",
+        unit="s",
+        minimum=1.0,
+        maximum=3600.0,
+    ),
+    Param(
+        "scale_out_ticks",
+        "Overloaded ticks",
+        3,
+        "Ticks in a row a stage must be overloaded before the measured trigger asks "
+        "for more instances.",
+        "scaling",
+        kind="int",
+        minimum=1,
+        maximum=100,
     ),
     Param(
         "balance_step",
@@ -495,6 +533,9 @@ class Policy:
     rate_min: float = _default("rate_min")
     rate_floor: float = _default("rate_floor")
     scale_out_ratio: float = _default("scale_out_ratio")
+    scale_out: str = _default("scale_out")
+    scale_out_horizon_s: float = _default("scale_out_horizon_s")
+    scale_out_ticks: int = _default("scale_out_ticks")
     balance_step: float = _default("balance_step")
     min_share: float = _default("min_share")
     overload_mb: float = _default("overload_mb")

@@ -24,6 +24,9 @@ from balancer.model import Action, Observation, ScaleOutRequest, SetRate
 from balancer.policy import Policy
 from balancer.topology import Topology
 
+# How a request's reason ends; a request sized from measured rates says its own count.
+ONE_MORE = "one more instance requested"
+
 # See balancer.watermark: float tick times may land a hair before a period boundary.
 _TIME_SLACK_S = 1e-9
 
@@ -136,7 +139,7 @@ def _scale_out_requests(
                 ScaleOutRequest(
                     reason=(
                         f"{why} and {flagged_count}/{members} of stage {stage} flagged "
-                        f">= {policy.scale_out_ratio:.2f}: one more instance requested"
+                        f">= {policy.scale_out_ratio:.2f}: {ONE_MORE}"
                     ),
                     stage=stage,
                     upstream=upstream,

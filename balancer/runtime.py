@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from balancer.model import Action, KeyLoad, NodeObservation, Observation
+from balancer.model import Action, KeyLoad, NodeObservation, Observation, SourceLoad
 from balancer.stepwise import TaskSpeed
 from balancer.topology import Topology
 
@@ -52,6 +52,8 @@ class Measured:
     nodes: Mapping[str, Measurement]
     # Keyed stages' key loads, where the runtime measured them (Observation.key_loads).
     key_loads: Mapping[str, KeyLoad] = field(default_factory=dict)
+    # The source's backlog and arrival rate, where the runtime measured them.
+    source: SourceLoad | None = None
 
 
 def observe(
@@ -87,5 +89,10 @@ def observe(
             resource=m.resource,
         )
     return Observation(
-        measured.time_s, measured.interval_s, topology, nodes, key_loads=measured.key_loads
+        measured.time_s,
+        measured.interval_s,
+        topology,
+        nodes,
+        key_loads=measured.key_loads,
+        source=measured.source,
     )

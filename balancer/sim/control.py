@@ -136,8 +136,14 @@ BENCHMARK_POLICIES: Mapping[str, BenchmarkPolicy] = {
             "Credit-based flow control plus proportional migration: every tick, from the "
             "tags arriving and at the head of the source's queue, only what a branch "
             "cannot take at its capacity moves, spread over every branch with room; queues "
-            "are kept at equal drain times so that all branches finish together.",
-            {"throttling": "credit", "routing": "static", "migration": "proportional"},
+            "are kept at equal drain times so that all branches finish together; a "
+            "stream whose arrival outgrows a stage's measured capacity scales it out.",
+            {
+                "throttling": "credit",
+                "routing": "static",
+                "migration": "proportional",
+                "scale_out": "measured",
+            },
         ),
     )
 }

@@ -20,6 +20,8 @@ from celery.utils import worker_direct
 from django.utils import timezone
 from kombu import Queue
 
+from balancer.model import ScaleOutRequest
+from balancer.sizing import MAX_INSTANCES_PER_STAGE
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
 from orchestrator.rescale.alignment import align_waiting, tails_reported
@@ -31,7 +33,6 @@ from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
 
-MAX_INSTANCES_PER_STAGE = 8
 COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
 
 
@@ -76,7 +77,7 @@ class RescaleControl:
         # Placed mode: the run's own workers, asked of the elastic pool; a scale-out
         # waiting for its worker (its stage and reason); how long the run was idle.
         self.elastic = ElasticAsk(run_id, control)
-        self.waiting_for_worker: tuple[str, str] | None = None
+        self.waiting_for_worker: tuple[str, str, int] | None = None
         self.idle = Idle()
         self.releasing = False  # a scale-in under way gives a worker back when it completes
         self.subscription = control.watch_workers(self._note_workers)
@@ -155,11 +156,11 @@ class RescaleControl:
                     # Placed: the new instance gets a worker of its own, a live one
                     # or one asked of the elastic pool.
                     self._check_stage(command["stage"])
-                    free = self._free_worker(command["stage"])
+                    free = self._free_workers(command["stage"])
                     if not free:
-                        return self._ask_for_worker(command["stage"], reason)
-                    command = {**command, "worker": free}
-                change = self._add(command["stage"], command.get("worker", ""), reason)
+                        return self._ask_for_workers(command["stage"], reason, 1)
+                    command = {**command, "worker": free[0]}
+                change = self._add(command["stage"], [command.get("worker", "")], reason)
             else:
                 change = Change(
                     "scale_in",
@@ -178,29 +179,31 @@ class RescaleControl:
             )
             return False
 
-    def scale_out(self, stage: str, reason: str, now: float) -> bool:
-        """The balancer's scale-out request: at most one per timeout, a bounded stage.
-        In placed mode the new instance needs a worker none of its stage runs on: the
-        first live one, else one asked of the elastic pool (:meth:`_ask_for_worker`)."""
+    def scale_out(self, request: ScaleOutRequest, now: float) -> bool:
+        """The balancer's scale-out request, of as many instances as it sized
+        (balancer/sizing.py), up to the stage's maximum: at most one per timeout, none
+        while another adjustment runs. In placed mode each new instance needs a worker
+        none of its stage runs on: the free live ones first, the rest asked of the
+        elastic pool at once (:meth:`_ask_for_workers`)."""
         if now - self.last_auto_scale < self.timeout_s or self.current is not None:
             return False
         self.last_auto_scale = now
-        if self.placement_mode == "placed":
-            free = self._free_worker(stage)
-            if not free:
-                return self._ask_for_worker(stage, reason)
-            return self._scale_out_on(stage, free, reason)
+        stage, reason = request.stage, request.reason
         try:
-            return self._begin(self._add(stage, "", reason, kind="scale_out", actor="balancer"))
+            room = MAX_INSTANCES_PER_STAGE - len(self._check_stage(stage))
+            if room <= 0:
+                raise RescaleError(
+                    f"stage {stage} already has {MAX_INSTANCES_PER_STAGE} instances (at most)"
+                )
+            count = min(max(1, request.instances), room)
+            if self.placement_mode != "placed":
+                return self._scale_out_on(stage, [""] * count, reason)
         except RescaleError as err:
-            record_event(
-                self.run_id,
-                "adjust_refused",
-                f"scale out refused: {err}",
-                node=stage,
-                actor=Event.Actor.BALANCER,
-            )
-            return False
+            return self._refused(stage, f"scale out refused: {err}", reason)
+        free = self._free_workers(stage)
+        if len(free) >= count:
+            return self._scale_out_on(stage, free[:count], reason)
+        return self._ask_for_workers(stage, reason, count)
 
     def move_key_groups(
         self, stage: str, groups: Mapping[str, tuple[int, int]], reason: str, now: float
@@ -236,65 +239,82 @@ class RescaleControl:
             raise RescaleError(f"the pipeline has no stage {stage!r}")
         return members
 
-    def _free_worker(self, stage: str) -> str:
-        """A live Spark worker that runs none of ``stage``'s instances, or ""."""
+    def _free_workers(self, stage: str) -> list[str]:
+        """The live Spark workers that run none of ``stage``'s instances, by name."""
         members = set(self._members(stage))
         taken = {w for name, w in self.placement.items() if name in members}
-        free = sorted(set(self.spark_workers()) - taken)
-        return free[0] if free else ""
+        return sorted(set(self.spark_workers()) - taken)
 
-    def _scale_out_on(self, stage: str, worker: str, reason: str) -> bool:
+    def _scale_out_on(self, stage: str, workers: list[str], reason: str) -> bool:
+        """One adjustment adding an instance of ``stage`` on each of ``workers`` ("":
+        any Spark worker)."""
         try:
-            return self._begin(self._add(stage, worker, reason, kind="scale_out", actor="balancer"))
+            return self._begin(self._add(stage, workers, reason, actor=Event.Actor.BALANCER))
         except RescaleError as err:
-            record_event(
-                self.run_id,
-                "adjust_refused",
-                f"scale out refused: {err}",
-                node=stage,
-                actor=Event.Actor.BALANCER,
-            )
-            return False
+            return self._refused(stage, f"scale out refused: {err}", reason)
 
-    def _ask_for_worker(self, stage: str, reason: str) -> bool:
-        """Every live worker runs one of the stage's instances: ask the elastic pool for
-        one more, and add the instance once it is live (:meth:`tick`); or say why not."""
+    def _refused(self, stage: str, message: str, reason: str) -> bool:
+        record_event(
+            self.run_id,
+            "adjust_refused",
+            message,
+            node=stage,
+            actor=Event.Actor.BALANCER,
+            data={"reason": reason},
+        )
+        return False
+
+    def _ask_for_workers(self, stage: str, reason: str, count: int) -> bool:
+        """Fewer live workers run none of the stage's instances than ``count`` new
+        instances need: ask the elastic pool for the rest at once (as many as it has
+        room for), and add the instances once they are live (:meth:`tick`); or say
+        why not and start nothing."""
         if self.waiting_for_worker is not None:
             return False
-        refused = self.elastic.refusal()
-        if refused is not None:
-            record_event(
-                self.run_id,
-                "adjust_refused",
-                f"scale out of {stage} refused: {refused}; nothing was started",
-                node=stage,
-                actor=Event.Actor.BALANCER,
-                data={"reason": reason},
-            )
-            return False
-        self.elastic.grow(f"scale out of {stage}: {reason}")
-        self.waiting_for_worker = (stage, reason)
+        free = self._free_workers(stage)
+        room = self.elastic.room()
+        if room <= 0:
+            refused = self.elastic.refusal() or "the pool has no room"
+            if free:
+                return self._scale_out_on(
+                    stage, free, f"{reason}; {len(free)} of {count} on free workers: {refused}"
+                )
+            message = f"scale out of {stage} refused: {refused}; nothing was started"
+            return self._refused(stage, message, reason)
+        asked = min(count - len(free), room)
+        self.elastic.grow(f"scale out of {stage}: {reason}", asked)
+        self.waiting_for_worker = (stage, reason, len(free) + asked)
+        short = f" (the pool had room for {room} only)" if asked < count - len(free) else ""
         record_event(
             self.run_id,
             "worker_asked",
-            f"{reason}; every live Spark worker runs an instance of {stage}: one more "
-            f"worker asked of the pool ({self.elastic.extra} for this run)",
+            f"{reason}; {count} new instance(s) of {stage} need workers of their own, "
+            f"{len(free)} free: {asked} more worker(s) asked of the pool{short} "
+            f"({self.elastic.extra} for this run)",
             node=stage,
             actor=Event.Actor.BALANCER,
-            data={"stage": stage, "extra": self.elastic.extra, "workers": sorted(self.live)},
+            data={
+                "stage": stage,
+                "asked": asked,
+                "instances": len(free) + asked,
+                "extra": self.elastic.extra,
+                "workers": sorted(self.live),
+            },
         )
         return True
 
     def _scale_out_waiting(self) -> bool:
-        """The scale-out waiting for a worker, once a free one is live."""
+        """The scale-out waiting for workers, once enough free ones are live."""
         if self.waiting_for_worker is None or self.current is not None:
             return False
-        stage, reason = self.waiting_for_worker
-        free = self._free_worker(stage)
-        if not free:
+        stage, reason, count = self.waiting_for_worker
+        free = self._free_workers(stage)
+        if len(free) < count:
             return False
         self.waiting_for_worker = None
-        return self._scale_out_on(stage, free, f"{reason}; on the new worker {free}")
+        return self._scale_out_on(
+            stage, free[:count], f"{reason}; on the new worker(s) {', '.join(free[:count])}"
+        )
 
     def consider_scale_in(self, busy: Mapping[str, float | None], now: float) -> bool:
         """After ``IDLE_FOR_S`` with every operator instance under ``IDLE_BUSY``, a run
@@ -366,20 +386,24 @@ class RescaleControl:
     def _add(
         self,
         stage: str,
-        worker: str,
+        workers: list[str],
         reason: str,
         *,
-        kind: str = "scale_out",
         actor: str = Event.Actor.USER,
     ) -> Change:
+        """A scale-out adding an instance of ``stage`` on each of ``workers`` ("": any
+        Spark worker), within the stage's maximum."""
         members = self._check_stage(stage)
-        if len(members) >= MAX_INSTANCES_PER_STAGE:
+        if len(members) + len(workers) > MAX_INSTANCES_PER_STAGE:
             raise RescaleError(
-                f"stage {stage} already has {len(members)} instances "
-                f"(at most {MAX_INSTANCES_PER_STAGE})"
+                f"stage {stage} has {len(members)} instances and {len(workers)} more "
+                f"would pass its maximum of {MAX_INSTANCES_PER_STAGE}"
             )
-        new = NewInstance(self._new_name(stage), stage, self._check_worker(worker))
-        return Change(kind, added=(new,), reason=reason, actor=actor)
+        added: list[NewInstance] = []
+        for worker in workers:
+            name = self._new_name(stage, tuple(added))
+            added.append(NewInstance(name, stage, self._check_worker(worker)))
+        return Change("scale_out", added=tuple(added), reason=reason, actor=actor)
 
     def _migrate(self, node: str, worker: str, who: str, kind: str, reason: str) -> Change:
         instance = Instance.objects.filter(run_id=self.run_id, name=node).first()

@@ -59,13 +59,20 @@ class ElasticAsk:
                 "no elastic Spark pool runs (make run starts one; its maximum is "
                 "BPCONSOLE_SPARK_WORKERS_MAX)"
             )
-        asked = sum(self.control.spark_workers_asked().values())
-        if pool["base"] + max(asked, pool["extra"]) >= pool["maximum"]:
+        if self.room() <= 0:
             return f"the pool is at its maximum of {pool['maximum']} Spark workers"
         return None
 
-    def grow(self, reason: str) -> None:
-        self.extra += 1
+    def room(self) -> int:
+        """How many more workers the pool may start for anyone (0 without a pool)."""
+        pool = self.control.spark_pool()
+        if pool is None:
+            return 0
+        asked = sum(self.control.spark_workers_asked().values())
+        return max(0, pool["maximum"] - pool["base"] - max(asked, pool["extra"]))
+
+    def grow(self, reason: str, count: int = 1) -> None:
+        self.extra += count
         self.control.ask_spark_workers(self.key, self.extra, reason)
 
     def shrink(self, reason: str) -> None:

@@ -134,8 +134,6 @@ class ActionTable:
             self.on_graph_change()
 
     def _scale_out(self, action: ScaleOutRequest) -> None:
-        if self.rescale is not None and self.rescale.scale_out(
-            action.stage, action.reason, time.monotonic()
-        ):
+        if self.rescale is not None and self.rescale.scale_out(action, time.monotonic()):
             # The request is recorded as an event; the hot rescale records its own steps.
             self.on_graph_change()

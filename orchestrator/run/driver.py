@@ -41,6 +41,7 @@ from balancer.model import SHARED_POOL, ClearFlag, NodeState, Observation
 from balancer.policy import Policy
 from balancer.reductions import Reductions
 from balancer.runtime import Measured
+from balancer.sizing import ArrivalMeter
 from balancer.topology import Topology
 from orchestrator.ledger import busy, retention, segments
 from orchestrator.ledger import windows as window_ledger
@@ -56,6 +57,7 @@ from orchestrator.rescale.plan import topology_at
 from orchestrator.rescale.start import ensure_instances
 from orchestrator.run import generation, observer
 from orchestrator.run.actions import ActionTable
+from orchestrator.run.capacity_log import CapacityLog
 from orchestrator.run.commands import OperatorCommands, SignalQueue
 from orchestrator.run.completion import TickStats, settle
 from orchestrator.run.dispatch import BatchDispatch, Dispatcher
@@ -136,6 +138,10 @@ class RunDriver:
         self.busy_after: dt.datetime | None = None
         self.resources: dict[str, str] = {}
         self.key_loads = KeyLoads(self.run_id)
+        # The source's arrival rate from outside the run (balancer/sizing.py), and what
+        # each adjustment did to its stages' capacity.
+        self.arrivals = ArrivalMeter()
+        self.capacity_log = CapacityLog(self.run_id)
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
@@ -382,6 +388,7 @@ class RunDriver:
             interval_s=self.interval_s,
             capacities=self.capacities.capacities(topology.order),
             resources=self.resources,
+            arrivals=self.arrivals,
             key_loads=self.key_loads.read(
                 self.graph,
                 self._pressed(topology),
@@ -451,6 +458,8 @@ class RunDriver:
                     {n: s.get("busy") for n, s in self.node_states.items()}, time.monotonic()
                 ):
                     self._reload_topology()
+                if self.rescale is not None:
+                    self.capacity_log.update(observation, self.rescale.current, time.monotonic())
             with phase("flags"):
                 self.table.flags.flush(self.control, self.key)
             with phase("events"):
@@ -467,7 +476,8 @@ class RunDriver:
                 after=self.table.pacing(observation.topology.order),
             )
             self.node_states = self._node_states(observation, self.full_in)
-            lag = self.pacer.lag().to_json() if self.pacer.input.unbounded else None
+            # Read this tick by the observation (orchestrator/run/observer.py).
+            lag = self.pacer.last_lag.to_json() if self.pacer.input.unbounded else None
             self.reporter.submit(Report(self.node_states, self.table.routes.tables(), lag))
 
     def _close_windows(self, *, final: bool = False) -> bool:

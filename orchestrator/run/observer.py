@@ -13,9 +13,10 @@ from collections.abc import Collection, Mapping
 
 from balancer.capacity import Capacity, known_bps
 from balancer.loop import BalancerState
-from balancer.model import KeyLoad, NodeState, Observation
+from balancer.model import KeyLoad, NodeState, Observation, SourceLoad
 from balancer.policy import Policy
 from balancer.runtime import Measured, Measurement
+from balancer.sizing import ArrivalMeter
 from balancer.topology import Topology
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.run.controls import Controls
@@ -32,18 +33,24 @@ def measure(
     capacities: Mapping[str, Capacity],
     resources: Mapping[str, str],
     key_loads: Mapping[str, KeyLoad],
+    arrivals: ArrivalMeter,
 ) -> Measured:
     """Each node's measurement over the last interval; ``capacities``: what its batches
     showed it can do (a capacity not yet known is ``math.inf``); ``resources``: what
     its work runs on; ``key_loads``: the keyed stages' records per key slot, where read
-    this tick."""
+    this tick. An unbounded source's backlog (what waits outside the run and its
+    read-ahead) and arrival rate (``arrivals``, fed here once a tick) go with them."""
     nodes = {}
+    load: SourceLoad | None = None
     blocked = pacer.take_blocked()
     for node_id in topology.order:
         if topology.node(node_id).kind == "source":
             head = pacer.head_by_route()
             arriving = {r: b / interval_s for r, b in pacer.take_sent_by_route().items()}
             rate = sum(arriving.values())
+            if pacer.input.unbounded:
+                backlog = float(pacer.lag().bytes) + sum(head.values())
+                load = SourceLoad(backlog, arrivals.add(time_s, rate * interval_s, backlog))
             nodes[node_id] = Measurement(
                 buffered_bytes=float(int(sum(head.values()))),
                 in_rate=rate,
@@ -65,7 +72,7 @@ def measure(
             capacity_bps=known_bps(capacities, node_id),
             resource=resources.get(node_id, node_id),
         )
-    return Measured(time_s, interval_s, nodes, key_loads=key_loads)
+    return Measured(time_s, interval_s, nodes, key_loads=key_loads, source=load)
 
 
 def node_states(

@@ -64,6 +64,7 @@ def _policy_fieldsets() -> _FieldsetSpec:
         "loop": "Load-balance loop",
         "watermark": "Watermark flags (adaptive high/low water)",
         "rate": "Upstream rate coefficient and scale-out trigger",
+        "scaling": "Scale-out sized from measured rates",
         "routing": "Water-level rebalancing of traffic shares",
         "stepwise": "Stepwise backpressure",
         "window": "Adaptive send windows",

@@ -23,13 +23,16 @@ from orchestrator.ledger import busy, keystate
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment
 from orchestrator.rescale.plan import key_groups
-from orchestrator.run.lifecycle import live_workers
+from orchestrator.run.lifecycle import live_workers, set_status
+from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.keygroups import KEY_SLOTS, slot_of
 from tests.orchestrator.run.scenarios import (
     REFERENCE,
+    SEGMENT_MB,
     TOPOLOGIES,
+    landed_at_once,
     policy,
     start,
     wait_until_done,
@@ -214,3 +217,61 @@ def test_a_hot_key_group_moves_by_itself_between_placed_instances_and_the_result
     assert held, "no key state"
     for state, holders in held.items():
         assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
+
+
+def two_branches() -> PipelineDocument:
+    """The unemulated reference with two branches, task1 and task2: on two workers each
+    runs on a resource of its own."""
+    doc = unemulated_reference()
+    doc["nodes"] = [n for n in doc["nodes"] if n["name"] != "task3"]
+    doc["edges"] = [e for e in doc["edges"] if "task3" not in (e["from"], e["to"])]
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"] = {**node["params"], "segment_mb": SEGMENT_MB}
+    return doc
+
+
+def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_measurement(
+    two_spark_workers: list[str], tmp_path: Path
+) -> None:
+    # Given two placed branches on two workers, and a landing folder holding far more
+    # than they take in a second (the backlog is to be drained within a second)
+    doc = two_branches()
+    source = landed_at_once(tmp_path / "landing", mb=12, seed=5, file_kb=256)
+    values = policy(
+        placement="placed",
+        throttling="credit",
+        scale_out="measured",
+        scale_out_ticks=2,
+        scale_out_horizon_s=1,
+    )
+    run = start(doc, values, source=source)
+    # When the balancer has measured both branches' capacities and the source's backlog
+    deadline = time.monotonic() + 120
+    while (request := Event.objects.filter(run=run, kind="scale_out_request").first()) is None:
+        assert time.monotonic() < deadline, f"no scale-out was requested: {_told(run.pk)}"
+        time.sleep(0.2)
+    # Then it asks for the instances the measured rates need, in one request
+    assert request.actor == "balancer" and request.node == "source"
+    assert request.data["stage"] == "agg"
+    assert request.data["target_bps"] > request.data["capacity_bps"] > 0, request.data
+    assert request.data["instances"] >= 1
+    assert "overloaded 2 ticks in a row: stage agg: needs" in request.reason
+    # and the request is carried out or refused with why (both workers run the stage,
+    # so they must come from an elastic pool), never silently dropped
+    while not Event.objects.filter(
+        run=run, kind__in=("worker_asked", "adjust_refused"), node="agg"
+    ).exists():
+        assert time.monotonic() < deadline, f"the request went nowhere: {_told(run.pk)}"
+        time.sleep(0.2)
+    # and, stopped, the run equals the plain Spark job over what it took in
+    set_status(run.pk, "stopping", reason="test: the scale-out was requested")
+    run = wait_until_done(run, timeout_s=180)
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    taken = tmp_path / "ingested.jsonl"
+    write_ingested(run, taken)
+    assert (
+        result["rows"] == batch_summary(topology=doc, input_path=str(taken), generator=None)["rows"]
+    )

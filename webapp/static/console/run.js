@@ -503,7 +503,8 @@
     operator_migrate: "operator", operator_stop_migrating: "operator", operator_refused: "refused",
     action_refused: "refused", scale_out_request: "rate", move_key_groups: "adjustment",
     operator_hot_migrate: "operator", operator_add_instance: "operator", operator_remove_instance: "operator",
-    worker_lost: "adjustment",
+    worker_lost: "adjustment", worker_asked: "adjustment", placed: "adjustment",
+    capacity_measured: "adjustment",
   };
 
   function category(kind) {
