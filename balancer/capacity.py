@@ -1,7 +1,7 @@
 """Each node's true processing rate, measured from its batches.
 
-A node's capacity is what it processes per second of busy time: the bytes of its
-completed batches over the seconds those batches ran (DS2's *true processing rate*:
+A node's capacity is what it processes per second of busy time: the bytes (and the
+records) of its completed batches over the seconds those batches ran (DS2's *true processing rate*:
 Kalavri et al., OSDI 2018). It says what the node can do on the resources it runs on,
 whatever it was offered: a node fed a trickle is idle most of the time, and its
 observed rate says nothing of its capacity, but its busy seconds do.
@@ -34,23 +34,26 @@ BUSY_OVER_S = 30.0
 @dataclass(frozen=True, slots=True)
 class BatchSample:
     """One completed batch: the nodes whose data it ran, its bytes taken in, how long it
-    ran (from its claim to its completion) and when it ended (seconds on the clock the
-    busy share is asked on)."""
+    ran (from its claim to its completion), when it ended (seconds on the clock the
+    busy share is asked on) and the records it took in (0 where not counted)."""
 
     nodes: tuple[str, ...]
     bytes: float
     busy_s: float
     ended_s: float = 0.0
+    records: float = 0.0  # records its operator counted in what it took in
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """A node's measured capacity: bytes per second of busy time (``math.inf`` when
-    nothing was measured), and how sure the estimate is, in [0, 1]."""
+    nothing was measured), and how sure the estimate is, in [0, 1]; records per second
+    of busy time over the same batches (0 where its batches counted none)."""
 
     bytes_per_s: float
     confidence: float
     busy_s: float
+    records_per_s: float = 0.0
 
     @property
     def known(self) -> bool:
@@ -67,7 +70,8 @@ class CapacityMeter:
     window_busy_s: float = WINDOW_BUSY_S
     sure_after_s: float = SURE_AFTER_S
     busy_over_s: float = BUSY_OVER_S
-    _samples: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    # Per node, the (bytes, records, busy seconds) of its recent batches.
+    _samples: dict[str, deque[tuple[float, float, float]]] = field(default_factory=dict)
     # Per node, the (start, end) of its batches that ended within ``busy_over_s``.
     _spans: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
 
@@ -80,11 +84,11 @@ class CapacityMeter:
                 spans = self._spans.setdefault(node, deque())
                 spans.append((batch.ended_s - batch.busy_s, batch.ended_s))
                 samples = self._samples.setdefault(node, deque())
-                samples.append((batch.bytes, batch.busy_s))
-                busy = sum(s for _, s in samples)
+                samples.append((batch.bytes, batch.records, batch.busy_s))
+                busy = sum(s for _, _, s in samples)
                 # The oldest go while the rest still cover the window.
-                while len(samples) > 1 and busy - samples[0][1] >= self.window_busy_s:
-                    busy -= samples.popleft()[1]
+                while len(samples) > 1 and busy - samples[0][2] >= self.window_busy_s:
+                    busy -= samples.popleft()[2]
 
     def forget(self, node: str) -> None:
         """A node whose resources changed (placed elsewhere, retired): its old batches
@@ -109,9 +113,10 @@ class CapacityMeter:
         samples = self._samples.get(node)
         if not samples:
             return UNKNOWN
-        size = sum(b for b, _ in samples)
-        busy = sum(s for _, s in samples)
-        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy)
+        size = sum(b for b, _, _ in samples)
+        records = sum(r for _, r, _ in samples)
+        busy = sum(s for _, _, s in samples)
+        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy, records / busy)
 
     def capacities(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         return {node: self.capacity(node) for node in nodes}

@@ -6,7 +6,7 @@
                     (one of)       (one of)      (one of)    (one of)      (one of)
                     none           flags         static      off           off
                     stop_resume    measured      water_level pressure      auto
-                    credit         off                       proportional
+                    credit         off           measured    proportional
                     watermark (flags, then the rate coefficient on the new flags)
                     stepwise
                     window
@@ -33,7 +33,7 @@ from balancer.credit import CreditState, StopResumeState, credit_step, stop_resu
 from balancer.model import Action, Observation, ScaleOutRequest
 from balancer.policy import Policy
 from balancer.rate import RateState, rate_tick
-from balancer.shares import GroupKey, shares_tick
+from balancer.shares import GroupKey, measured_tick, shares_tick
 from balancer.sizing import ScalingState, scaling_step, sized
 from balancer.stepwise import StepwiseState, stepwise_step
 from balancer.watermark import WatermarkState, flags_after, watermark_tick
@@ -109,8 +109,9 @@ def step(observation: Observation, state: BalancerState, policy: Policy) -> Deci
     actions, state = _throttle(observation, state, policy)
     actions, state = _scale_out(observation, actions, state, policy)
 
-    if policy.routing == "water_level":
-        share_actions, shares = shares_tick(observation, state.shares, policy)
+    if policy.routing in ("water_level", "measured"):
+        tick = shares_tick if policy.routing == "water_level" else measured_tick
+        share_actions, shares = tick(observation, state.shares, policy)
         actions.extend(share_actions)
         state = replace(state, shares=shares)
 

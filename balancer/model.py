@@ -79,6 +79,9 @@ class NodeState(TypedDict):
     capacity_bps: float | None
     resource: str
     busy: float | None
+    # Records per second of busy time over the same batches (None while unknown or
+    # where its batches count no records: the source, the sink).
+    capacity_rps: float | None
 
 
 @dataclass(frozen=True)

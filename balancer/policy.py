@@ -19,7 +19,7 @@ from balancer.units import KB, MB
 Kind = Literal["float", "int", "choice"]
 
 THROTTLING_CHOICES = ("none", "stop_resume", "credit", "watermark", "stepwise", "window")
-ROUTING_CHOICES = ("static", "water_level")
+ROUTING_CHOICES = ("static", "water_level", "measured")
 MIGRATION_CHOICES = ("off", "pressure", "proportional")
 PLACEMENT_CHOICES = ("pooled", "placed")
 KEY_MOVE_CHOICES = ("auto", "off")
@@ -94,7 +94,9 @@ PARAMETERS: tuple[Param, ...] = (
         "routing",
         "Routing",
         "water_level",
-        "How an upstream splits traffic among interchangeable downstreams.",
+        "How an upstream splits traffic among interchangeable downstreams. static: by "
+        "the data's tag; water_level: shares move from the fullest to emptier peers; "
+        "measured: shares in proportion to the instances' measured capacities.",
         "strategy",
         kind="choice",
         choices=ROUTING_CHOICES,

@@ -1,4 +1,5 @@
-"""Water-level rebalancing of traffic shares (shared/spec/watermark-flags.md, last part).
+"""Traffic shares inside a stage: water-level rebalancing (shared/spec/watermark-flags.md,
+last part), or shares in proportion to measured capacities.
 
 Each balancer tick, every upstream looks at each group of its direct downstreams that are
 interchangeable (same stage, mergeable operator) and moves ``balance_step`` of the share
@@ -12,6 +13,13 @@ the heavy node's (equal gaps, equal parts), so the emptiest peers get the most.
 
 Members that share one resource (instances whose batches the same Spark workers run)
 keep their shares: moving traffic between them moves no work off that resource.
+
+With ``routing = measured`` (:func:`measured_tick`) each member's share is instead its
+resource's measured true rate over the stage's (balancer/sizing.py; members sharing a
+resource split its share evenly): what DS2 gives each instance, so that every member
+takes new data as fast as it works it off. It waits, keeping the shares in force, until
+every member's rate is known, and moves them only when one has changed by more than
+:data:`MEASURED_MOVE`, so that the noise of the estimates does not churn the routes.
 
 Invariants: a group's shares sum to 1; no member goes below ``min_share`` unless it is
 being drained (then its share goes to 0 at once and its peers absorb it).
@@ -29,10 +37,14 @@ from dataclasses import dataclass
 
 from balancer.model import Action, Observation, SetShares
 from balancer.policy import Policy
+from balancer.sizing import stage_capacity
 from balancer.topology import Topology
 
 # Key of one upstream's shares towards one downstream stage.
 GroupKey = tuple[str, str]
+
+# How far (in share) a member's measured share must move before the routes do.
+MEASURED_MOVE = 0.02
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,61 @@ def shares_tick(
         new_shares[key] = new
         actions.extend(_set_shares(upstream, stage, new, why))
     return actions, new_shares
+
+
+def measured_tick(
+    observation: Observation,
+    shares: Mapping[GroupKey, Mapping[str, float]],
+    policy: Policy,
+) -> tuple[list[Action], dict[GroupKey, dict[str, float]]]:
+    """Every interchangeable group's shares in proportion to its members' measured
+    capacities (a drained member's at 0, every other at least the floor); a group with
+    a member not observed or not measured yet keeps the shares in force."""
+    actions: list[Action] = []
+    new_shares: dict[GroupKey, dict[str, float]] = {}
+    targets: dict[tuple[str, ...], dict[str, float] | None] = {}
+    for upstream, stage, members in interchangeable_groups(observation.topology):
+        key = (upstream, stage)
+        current = shares.get(key)
+        if members not in targets:
+            targets[members] = _measured_shares(observation, members, policy)
+        target = targets[members]
+        previous = _in_force(members, current)
+        if target is None or (
+            previous.keys() == target.keys()
+            and all(abs(target[m] - previous[m]) <= MEASURED_MOVE for m in members)
+        ):
+            if current is not None:
+                new_shares[key] = dict(current)
+            continue
+        new_shares[key] = target
+        found = stage_capacity(observation, members)
+        rates = ", ".join(f"{m} {found.rate_of[found.resource_of[m]] / 2**20:.2f}" for m in members)
+        why = f"shares of stage {stage} follow the measured capacities (MB/s: {rates})"
+        actions.extend(_set_shares(upstream, stage, target, why))
+    return actions, new_shares
+
+
+def _measured_shares(
+    observation: Observation, members: tuple[str, ...], policy: Policy
+) -> dict[str, float] | None:
+    if not all(m in observation.nodes for m in members):
+        return None
+    found = stage_capacity(observation, members)
+    active = tuple(m for m in members if m not in observation.draining)
+    if not found.known or not active:
+        return None
+    together = {r: sum(1 for m in active if found.resource_of[m] == r) for r in found.rate_of}
+    weights = {
+        m: found.rate_of[found.resource_of[m]] / together[found.resource_of[m]] for m in active
+    }
+    total = sum(weights.values())
+    new = {m: weights.get(m, 0.0) / total for m in members}
+    floor = _floor(len(members), policy.min_share)
+    lifted = [m for m in active if new[m] < floor]
+    if lifted:
+        _lift(new, lifted, active, floor)
+    return new
 
 
 def _one_resource(observation: Observation, members: tuple[str, ...]) -> bool:

@@ -104,6 +104,7 @@ def bench_states(plane: ControlPlane, ticks: int, nodes: int) -> tuple[list[floa
                 capacity_bps=None,
                 resource="spark pool",
                 busy=None,
+                capacity_rps=None,
             )
             for n in range(nodes)
         }

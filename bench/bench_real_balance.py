@@ -2,7 +2,7 @@
 unequal speeds made by the operating system's CPU quotas.
 
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
-        [--arms plain,pooled,static,balancing-off,credit,pressure,ours] [--hot-share 0.35]
+        [--arms plain,pooled,static,balancing-off,credit,pressure,ours,measured] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
         [--warmup-mb 16] [--buffer-mb 8] [--batch-mb 32] [--run-timeout-s 900] [--json]
 
@@ -48,7 +48,9 @@ file of the same shape):
 - ``balancing-off``: the same policy as ``static``, so not run again: its row is
   ``static``'s;
 - ``credit``, ``pressure``, ``ours``: ``balancer.sim.control.BENCHMARK_POLICIES``'s values
-  with ``"placement": "placed"``.
+  with ``"placement": "placed"``;
+- ``measured``: ``ours`` with ``"routing": "measured"``: the source splits the input in
+  proportion to the instances' measured capacities (balancer/shares.py).
 
 A checkout whose policies have no ``placement`` parameter runs ``pooled`` without it
 (what every run does there) and skips the ``placed`` arms, saying so.
@@ -173,6 +175,11 @@ ARMS: dict[str, Arm] = {
         *(
             Arm(n, f"placed, {BENCHMARK_POLICIES[n].label}", _placed(n))
             for n in ("credit", "pressure", "ours")
+        ),
+        Arm(
+            "measured",
+            "placed, ours with shares by measured capacity",
+            {**_placed("ours"), "routing": "measured"},
         ),
     )
 }

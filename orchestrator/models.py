@@ -194,6 +194,11 @@ class Segment(models.Model):
     late = models.IntegerField(
         default=0, help_text="(record, window) pairs its operator found late."
     )
+    records = models.IntegerField(
+        default=0,
+        help_text="Records its operator took from it, malformed ones included (0 until "
+        "done): what a node's capacity in records per second is made of.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True)

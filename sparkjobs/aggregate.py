@@ -78,7 +78,8 @@ _IN_DECIMALS: set[AggregateParams] = set()
 
 @dataclass
 class PartialOutput:
-    """What one input segment produced."""
+    """What one input segment produced: ``records``, the good records its operator took
+    from it (malformed ones are counted apart)."""
 
     segment: str
     path: Path

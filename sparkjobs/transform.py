@@ -58,14 +58,16 @@ def record_batch(
             if has_corrupt
             else []
         )
+        taken = collect_all(good.groupBy(SEGMENT_COL).count())
     finally:
         frame.unpersist()
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
+    for row in taken:
+        results[segment_of(row[SEGMENT_COL])].records += row["count"]
     lines: dict[str, list[str]] = {seg: [] for seg in inputs}
     for row in rows:
         seg = segment_of(row[SEGMENT_COL])
         lines[seg].append(row["j"])
-        results[seg].records += 1
     for row in bad:
         seg = segment_of(row[SEGMENT_COL])
         results[seg].malformed += 1

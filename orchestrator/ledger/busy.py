@@ -4,7 +4,8 @@ measured capacities (balancer/capacity.py) are made of.
 A batch is the segments one lease owner completed: at one node, or at several stage
 siblings whose data one job ran (``orchestrator/worker/batch.py``). It was busy from its
 claim to its completion, both stamped by the worker that ran it (so a batch waiting in
-a queue is not busy); its size is the bytes it took in.
+a queue is not busy); its size is the bytes it took in, and the records its operator
+counted in them.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def completed_since(run_id: int, after: dt.datetime | None) -> Completed:
         cursor.execute(
             f"""
             SELECT array_agg(DISTINCT node ORDER BY node), SUM(bytes),
-                   EXTRACT(EPOCH FROM MAX(done_at) - MIN(claimed_at)), MAX(done_at)
+                   EXTRACT(EPOCH FROM MAX(done_at) - MIN(claimed_at)), MAX(done_at),
+                   SUM(records)
             FROM {_TABLE}
             WHERE run_id = %s AND state = 'done' AND NOT marker
               AND claimed_at IS NOT NULL AND lease_owner <> '' {window}
@@ -51,8 +53,8 @@ def completed_since(run_id: int, after: dt.datetime | None) -> Completed:
         )
         rows = cursor.fetchall()
     batches = [
-        BatchSample(tuple(nodes), float(size), float(busy), ended.timestamp())
-        for nodes, size, busy, ended in rows
+        BatchSample(tuple(nodes), float(size), float(busy), ended.timestamp(), float(records))
+        for nodes, size, busy, ended, records in rows
     ]
     latest = max((row[3] for row in rows), default=after)
     return Completed(batches, latest)

@@ -286,12 +286,23 @@ def _finish_inputs(
     inputs: Sequence[Segment],
     malformed: dict[str, int],
     late: Mapping[str, int] | None = None,
+    records: Mapping[str, int] | None = None,
 ) -> None:
     now = timezone.now()
     ids = [s.pk for s in inputs]
-    done = Segment.objects.filter(
-        pk__in=ids, state=Segment.State.CLAIMED, lease_owner=owner
-    ).update(state=Segment.State.DONE, done_at=now)
+    counted = [int((records or {}).get(i, 0)) for i in ids]
+    # One statement for the whole batch, its records counts with it.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Segment._meta.db_table} AS s
+            SET state = %s, done_at = %s, records = u.records
+            FROM unnest(%s::text[], %s::int[]) AS u(id, records)
+            WHERE s.id = u.id AND s.state = %s AND s.lease_owner = %s
+            """,  # noqa: S608 - the model's own table; values are parameters
+            [Segment.State.DONE, now, ids, counted, Segment.State.CLAIMED, owner],
+        )
+        done = cursor.rowcount
     if done != len(ids):
         raise LeaseLostError(f"lease of {len(ids) - done} of {len(ids)} segments was lost")
     for seg_id, count in malformed.items():
@@ -311,16 +322,18 @@ def complete_batch(
     *,
     fold: Callable[[], None] | None = None,
     late: Mapping[str, int] | None = None,
+    records: Mapping[str, int] | None = None,
 ) -> None:
     """Outputs in, inputs done (and a stateful operator's state folded), in one
     transaction; refused if the lease was lost or an instance whose inputs these are
     (a batch may hold its stage siblings', ``orchestrator/worker/batch.py``) was retired
-    meanwhile."""
+    meanwhile. ``malformed``, ``late`` and ``records``: per input segment, what its
+    operator counted in it."""
     now = timezone.now()
     with transaction.atomic():
         for node in sorted({s.node for s in inputs}):
             _fence_retired(run_id, node)
-        _finish_inputs(owner, inputs, malformed, late)
+        _finish_inputs(owner, inputs, malformed, late, records)
         if fold is not None:
             fold()
         epoch = Run.objects.values_list("epoch", flat=True).get(pk=run_id)

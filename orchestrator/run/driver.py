@@ -505,6 +505,7 @@ class RunDriver:
             busy={
                 node: self.capacities.busy_share(node, time.time()) for node in observation.nodes
             },
+            capacities=self.capacities.capacities(observation.nodes),
         )
 
     def _measure_reductions(self) -> None:

@@ -84,10 +84,12 @@ def node_states(
     policy: Policy,
     full_in: Mapping[str, float | None] | None = None,
     busy: Mapping[str, float | None] | None = None,
+    capacities: Mapping[str, Capacity] | None = None,
 ) -> dict[str, NodeState]:
     """What each node shows in the console and in ZooKeeper after a tick: the flags and
-    pacing as the tick's actions left them, ``full_in`` (balancer.forecast) and ``busy``
-    (balancer.capacity.CapacityMeter.busy_share)."""
+    pacing as the tick's actions left them, ``full_in`` (balancer.forecast), ``busy``
+    (balancer.capacity.CapacityMeter.busy_share) and its records per second of busy
+    time (from ``capacities``)."""
     states: dict[str, NodeState] = {}
     for node_id, obs in observation.nodes.items():
         control = controls.of(node_id)
@@ -108,8 +110,15 @@ def node_states(
             capacity_bps=round(obs.capacity_bps, 1) if math.isfinite(obs.capacity_bps) else None,
             resource=obs.resource,
             busy=_share((busy or {}).get(node_id)),
+            capacity_rps=_records_per_s((capacities or {}).get(node_id)),
         )
     return states
+
+
+def _records_per_s(found: Capacity | None) -> float | None:
+    if found is None or not found.known or found.records_per_s <= 0:
+        return None
+    return round(found.records_per_s, 1)
 
 
 def _share(value: float | None) -> float | None:

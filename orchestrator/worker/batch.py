@@ -441,6 +441,7 @@ def _operate(
             )
     malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
     late = {by_file[stem].pk: out.late for stem, out in produced.items()}
+    records = {by_file[stem].pk: out.records + out.malformed for stem, out in produced.items()}
     fold = None
     if spec.stateful:
         deltas = [
@@ -453,7 +454,9 @@ def _operate(
         def fold() -> None:
             keystate.fold(run.pk, stage, name, deltas)
 
-    segments.complete_batch(run.pk, owner, batch, new, malformed, fold=fold, late=late)
+    segments.complete_batch(
+        run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
+    )
     return sum(malformed.values())
 
 

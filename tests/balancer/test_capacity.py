@@ -32,6 +32,19 @@ def test_capacity_is_bytes_over_busy_seconds_whatever_the_node_was_offered() -> 
     assert found.known
 
 
+def test_records_per_second_come_from_the_same_batches_and_busy_time() -> None:
+    meter = CapacityMeter()
+    meter.add(
+        [
+            BatchSample(("a",), 10 * MB, 2.0, 100.0, records=50_000),
+            BatchSample(("a",), 30 * MB, 4.0, 900.0, records=100_000),
+        ]
+    )
+    assert math.isclose(meter.capacity("a").records_per_s, 150_000 / 6.0)
+    meter.add([BatchSample(("b",), 5 * MB, 1.0)])  # a batch that counted no records
+    assert meter.capacity("b").records_per_s == 0.0
+
+
 def test_an_unmeasured_node_has_no_capacity_and_nothing_is_known_of_it() -> None:
     meter = CapacityMeter()
     meter.add([BatchSample(("a",), 0.0, 1.0), BatchSample(("a",), 5 * MB, 0.0)])

@@ -35,7 +35,7 @@ def test_spec_defaults() -> None:
         ({"alpha": 0.0}, "alpha: 0 is outside (0, 1)"),
         ({"high_water": 0.95}, "high_water: 0.95 is outside [0.6, 0.9]"),
         ({"min_share": 0.5}, "min_share: 0.5 is outside [0, 0.5)"),
-        ({"routing": "random"}, "routing: 'random' is not one of static, water_level"),
+        ({"routing": "random"}, "routing: 'random' is not one of static, water_level, measured"),
     ],
 )
 def test_each_bad_value_is_named(values: dict[str, object], problem: str) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer.model import SetShares
-from balancer.policy import Policy
-from balancer.shares import interchangeable_groups, rebalance, shares_tick
+from balancer.model import Observation, SetShares
+from balancer.policy import MB, Policy
+from balancer.shares import interchangeable_groups, measured_tick, rebalance, shares_tick
 from balancer.topology import LinkSpec, NodeSpec, Topology
-from tests.balancer.builders import layered, observe
+from tests.balancer.builders import layered, node, observe
 
 POLICY = Policy()
 THIRD = 1 / 3
@@ -242,3 +244,76 @@ def test_shares_in_force_that_do_not_sum_to_one_are_renormalised() -> None:
 
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
     assert shares["b1"] == pytest.approx(0.45 / 0.99)
+
+
+# --- routing = measured: shares in proportion to measured capacities ---------------------
+
+
+def measured(rates: dict[str, float], **kwargs: object) -> Observation:
+    """Stage b of three instances (b1..b3) behind one source, each on a worker of its own
+    at the given rates unless ``resources`` says otherwise."""
+    resources = kwargs.get("resources") or {}
+    topology = layered(("a", 1), ("b", 3), ("c", 1))
+    nodes = {
+        n: node(n, capacity_bps=rate, resource=resources.get(n, f"w-{n}"))  # type: ignore[union-attr]
+        for n, rate in rates.items()
+    }
+    return observe(topology, nodes=nodes, draining=kwargs.get("draining", frozenset()))  # type: ignore[arg-type]
+
+
+def test_measured_shares_follow_the_instances_true_rates() -> None:
+    seen = measured({"b1": 6 * MB, "b2": 3 * MB, "b3": 1.5 * MB})
+
+    actions, shares = measured_tick(seen, {}, Policy())
+
+    assert {m: round(v, 3) for m, v in shares[("a1", "b")].items()} == {
+        "b1": 0.571,
+        "b2": 0.286,
+        "b3": 0.143,
+    }
+    (action,) = actions
+    assert isinstance(action, SetShares) and action.upstream == "a1"
+    assert "b1 6.00, b2 3.00, b3 1.50" in action.reason
+
+
+def test_measured_shares_wait_for_every_rate_and_ignore_noise() -> None:
+    unmeasured = measured({"b1": 6 * MB, "b2": math.inf, "b3": 1.5 * MB})
+    assert measured_tick(unmeasured, {}, Policy()) == ([], {})
+
+    _, shares = measured_tick(measured({"b1": 6 * MB, "b2": 3 * MB, "b3": 1.5 * MB}), {}, Policy())
+    # A few per cent of noise in the estimates moves nothing.
+    noisy = measured({"b1": 6.1 * MB, "b2": 2.95 * MB, "b3": 1.5 * MB})
+    actions, kept = measured_tick(noisy, shares, Policy())
+    assert actions == [] and kept == shares
+    # A worker that slowed down does.
+    slower = measured({"b1": 2 * MB, "b2": 3 * MB, "b3": 1.5 * MB})
+    actions, moved = measured_tick(slower, shares, Policy())
+    assert len(actions) == 1 and moved[("a1", "b")]["b2"] > moved[("a1", "b")]["b1"]
+
+
+def test_measured_shares_keep_the_floor_and_split_a_shared_resource_evenly() -> None:
+    seen = measured(
+        {"b1": 8 * MB, "b2": 8 * MB, "b3": 0.01 * MB}, resources={"b1": "w1", "b2": "w1"}
+    )
+    _, shares = measured_tick(seen, {}, Policy())
+    split = shares[("a1", "b")]
+    assert math.isclose(split["b1"], split["b2"])
+    assert math.isclose(split["b3"], Policy().min_share)
+    assert math.isclose(sum(split.values()), 1.0)
+
+
+def test_a_drained_member_gets_no_measured_share() -> None:
+    seen = measured({"b1": 4 * MB, "b2": 4 * MB, "b3": 4 * MB}, draining=frozenset({"b3"}))
+    _, shares = measured_tick(seen, {}, Policy())
+    assert shares[("a1", "b")] == {"b1": 0.5, "b2": 0.5, "b3": 0.0}
+
+
+@settings(max_examples=60)
+@given(st.lists(st.floats(0.01, 100.0), min_size=3, max_size=3))
+def test_measured_shares_sum_to_one_above_the_floor(rates: list[float]) -> None:
+    seen = measured({f"b{i + 1}": r * MB for i, r in enumerate(rates)})
+    _, shares = measured_tick(seen, {}, Policy())
+    # Shares within the noise of the equal split in force stay as they are.
+    split = shares.get(("a1", "b"), dict.fromkeys(("b1", "b2", "b3"), 1 / 3))
+    assert math.isclose(sum(split.values()), 1.0)
+    assert min(split.values()) >= Policy().min_share - 1e-12

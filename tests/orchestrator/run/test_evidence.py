@@ -23,6 +23,7 @@ def state(level: float) -> NodeState:
         capacity_bps=None,
         resource="spark pool",
         busy=None,
+        capacity_rps=None,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from django.conf import settings
+from django.db.models import Sum
 
 from balancer.document import PipelineDocument, emulated
 from orchestrator.ledger import busy, keystate
@@ -131,6 +132,11 @@ def test_placed_instances_run_on_workers_of_their_own_and_their_capacity_is_meas
     assert result["coverage"] == "exact", result["error"]
     expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
     assert result["rows"] == expected["rows"]
+    # and the records each task's batches counted are every record of the input once,
+    # good or malformed: what its capacity in records per second is made of
+    counted = Segment.objects.filter(run=run, node__in=TASKS).aggregate(n=Sum("records"))["n"]
+    good = sum(row["count"] for row in expected["rows"])
+    assert counted == good + expected["malformed_records"] > 0
 
 
 def _told(run_id: int) -> list[str]:

@@ -93,6 +93,15 @@
     return bytes(bytesPerSecond) + "/s";
   }
 
+  // A count with a thousands unit: 61440 -> "61.4 k", 2500000 -> "2.50 M".
+  function count(n) {
+    if (n === null || n === undefined || isNaN(n)) return "–";
+    const v = Number(n);
+    if (Math.abs(v) >= 1e6) return (v / 1e6).toFixed(2) + " M";
+    if (Math.abs(v) >= 1e3) return (v / 1e3).toFixed(1) + " k";
+    return v.toFixed(0);
+  }
+
   function duration(seconds) {
     if (seconds === null || seconds === undefined || isNaN(seconds)) return "–";
     const s = Math.max(0, Math.round(seconds));
@@ -174,6 +183,6 @@
 
   global.BP = Object.assign(global.BP || {}, {
     SVG_NS, LEVEL_WARN, LEVEL_BAD, cookie, api, el, svg, levelClass, levelBandText,
-    labelLevelBands, pct, bytes, rate, duration, clock, lagText, readJson, niceCeil, lineChart,
+    labelLevelBands, pct, bytes, rate, count, duration, clock, lagText, readJson, niceCeil, lineChart,
   });
 })(window);

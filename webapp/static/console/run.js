@@ -430,7 +430,8 @@
     $("sel-instance").textContent = status + (instance.aligning ? " · aligning" : "");
     const st = node.state || {};
     $("sel-worker").textContent = instance.worker || (st.resource ? st.resource : "any worker");
-    $("sel-capacity").textContent = typeof st.capacity_bps === "number" ? `${BP.rate(st.capacity_bps)} measured` : "not measured yet";
+    const perRecord = typeof st.capacity_rps === "number" ? `, ${BP.count(st.capacity_rps)} records/s` : "";
+    $("sel-capacity").textContent = typeof st.capacity_bps === "number" ? `${BP.rate(st.capacity_bps)}${perRecord} measured` : "not measured yet";
     $("sel-busy").textContent = typeof st.busy === "number" ? BP.pct(st.busy) : "–";
     $("sel-stage").textContent = node.stage;
     $("instance-actions").hidden = node.kind !== "operator";
