@@ -6,7 +6,8 @@ operator from its *true processing rate*, what it does per second of busy time
 With the source's arrival rate ``r`` and the backlog ``B`` to drain over the horizon
 ``H``, the source must send ``r + B / H`` bytes per second; each stage must take that
 times the bytes it receives per source byte (the reductions before it,
-``Topology.source_shares``), and needs
+``Topology.source_shares``), plus what already waits in its own pools over ``H``, and
+needs
 
     p* = ceil(target / mean true rate of its instances)
 
@@ -137,14 +138,18 @@ def size_stage(
     stage: str,
     target_bps: float,
     *,
+    horizon_s: float,
     maximum: int = MAX_INSTANCES_PER_STAGE,
 ) -> StageSize:
     """``stage``'s size for a source sending ``target_bps`` (from the observation's
-    measured capacities, resources and the topology's reductions)."""
+    measured capacities, resources and the topology's reductions), its pools' queued
+    bytes drained over ``horizon_s`` too."""
     topology = observation.topology
     members = topology.stage_members(stage)
     shares_in, _ = topology.source_shares
-    target = target_bps * min((shares_in[m] for m in members), default=1.0)
+    # What already waits in the stage's pools is backlog it must drain too.
+    queued = sum(observation.nodes[m].buffered_bytes for m in members if m in observation.nodes)
+    target = target_bps * min((shares_in[m] for m in members), default=1.0) + queued / horizon_s
     found = stage_capacity(observation, members)
     if not found.known:
         return StageSize(stage, members, found.resources, math.inf, target, 0)
@@ -167,7 +172,7 @@ def size_stages(observation: Observation, horizon_s: float) -> dict[str, StageSi
         return {}
     topology = observation.topology
     return {
-        stage: size_stage(observation, stage, target)
+        stage: size_stage(observation, stage, target, horizon_s=horizon_s)
         for stage, members in topology.stages.items()
         if all(topology.node(m).kind == "operator" and topology.node(m).mergeable for m in members)
     }

@@ -75,7 +75,8 @@ class RescaleControl:
             run_id=run_id, status=Adjustment.Status.RUNNING
         ).first()
         # Placed mode: the run's own workers, asked of the elastic pool; a scale-out
-        # waiting for its worker (its stage and reason); how long the run was idle.
+        # waiting for its workers (its stage, reason and instance count); how long the
+        # run was idle.
         self.elastic = ElasticAsk(run_id, control)
         self.waiting_for_worker: tuple[str, str, int] | None = None
         self.idle = Idle()

@@ -91,6 +91,18 @@ def test_instances_that_share_a_resource_count_once_at_its_rate() -> None:
     assert math.isclose(size.shares["op1"], size.shares["op2"])
 
 
+def test_what_waits_in_a_stage_s_pools_is_backlog_it_must_drain_too() -> None:
+    seen = three_workers(arrival=6 * MB)
+    queued = {
+        n: dataclasses.replace(o, buffered_bytes=60 * MB)
+        for n, o in seen.nodes.items()
+        if n.startswith("op")
+    }
+    seen = dataclasses.replace(seen, nodes={**seen.nodes, **queued})
+    size = size_stages(seen, horizon_s=60.0)["op"]
+    assert math.isclose(size.target_bps, 6 * MB + 180 * MB / 60.0) and size.wanted == 3
+
+
 def test_a_keyed_stage_is_not_sized() -> None:
     topology = layered(("src", 1), ("op", 2), ("sink", 1), mergeable=False)
     nodes = {n: node(n, capacity_bps=1 * MB, resource=f"w-{n}") for n in ("op1", "op2")}
@@ -130,7 +142,8 @@ def test_the_wanted_instances_at_the_mean_rate_cover_the_target(
         backlog=backlog * MB,
         resources=tuple(f"w{i}" for i in range(len(rates))),
     )
-    size = size_stage(seen, "op", source_target(seen.source, 60.0) or 0.0)  # type: ignore[arg-type]
+    target = source_target(seen.source, 60.0) or 0.0  # type: ignore[arg-type]
+    size = size_stage(seen, "op", target, horizon_s=60.0)
     assert size.known and 1 <= size.wanted <= MAX_INSTANCES_PER_STAGE
     assert math.isclose(sum(size.shares.values()), 1.0)
     if size.wanted < MAX_INSTANCES_PER_STAGE:
