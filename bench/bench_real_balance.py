@@ -4,7 +4,8 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours,measured] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--buffer-mb 8] [--batch-mb 32] [--run-timeout-s 900] [--json]
+        [--warmup-mb 16] [--buffer-mb 8] [--batch-mb 32] [--run-timeout-s 900] [--predict]
+        [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
 aggregating branches task1..task3 of one stage, a merging sink) with every link's
@@ -94,10 +95,22 @@ where the branches' work runs is not what placement or balancing decides. 0 leav
 setting as configured. A run not ended after ``--run-timeout-s`` stops the bench (a
 Spark worker stuck in a batch holds its instance's data for good in placed mode).
 
+``--predict`` checks the simulator against each live placed run (docs/simulation.md,
+"Replaying a live run"): once the run has ended, the replay ``manage.py calibrate_sim``
+would write of it (``orchestrator.ledger.calibration.replay_of``: its input, each
+operator's batch cost fitted on the worker it was placed on) runs the arm's policy in the
+policy lab's simulation (``balancer.sim.lab.run_lab``), and the run's row gets the
+predicted completion and its error, (predicted - live) / live in %. The target: every
+placed arm predicted **within 15%** of its live completion, close enough for the policy
+lab to rank S1's policies before they run. A run whose replay cannot be made or
+simulated gets the reason instead. The ``pooled`` arm is not predicted: its three workers of
+unequal speeds are one shared pool that the model gives one cost.
+
 The table, per arm: median completion (s), min/max over the rounds, the median over
 ``plain``'s, the median of each run's completion over its own bound, the median over
 ``static``'s and over ``pooled``'s, the median of segments migrated, and whether every
-run was exact. ``--json`` prints every figure instead.
+run was exact; with ``--predict``, the median predicted completion and the median
+error. ``--json`` prints every figure instead.
 """
 
 from __future__ import annotations
@@ -516,6 +529,32 @@ def mb_by_worker(batches: list[dict[str, Any]]) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
+def prediction(run: Any, policy: dict[str, Any], workers: int, live_s: float) -> dict[str, Any]:
+    """The policy lab's prediction of ``run`` under ``policy``: its replay, calibrated as
+    ``manage.py calibrate_sim`` does, simulated as a lab simulates an arm; beside the live
+    completion, the error in %. A replay that cannot be made or finished gives why."""
+    from balancer.sim.lab import Arm as LabArm
+    from balancer.sim.lab import run_lab
+    from orchestrator.ledger.calibration import CalibrationError, replay_of
+
+    try:
+        replay = replay_of(run, workers=workers)
+    except CalibrationError as problem:
+        return {"predicted_s": None, "prediction_problem": str(problem)}
+    (arm,) = run_lab(replay, [LabArm("live", "live", Policy.from_mapping(policy))]).arms
+    if arm.completion_s is None:
+        return {"predicted_s": None, "prediction_problem": arm.problem}
+    predicted = arm.completion_s
+    return {
+        "predicted_s": round(predicted, 2),
+        "prediction_error_pct": round(100 * (predicted - live_s) / live_s, 1) if live_s else None,
+        "placed_costs": {
+            node: f"{cost.fixed_s:.2f} s + MB at {cost.bytes_per_s / MB:.2f} MB/s on {cost.worker}"
+            for node, cost in replay.runtime.placed.items()
+        },
+    }
+
+
 def run_live(
     stack: QuotaStack,
     doc: PipelineDocument,
@@ -524,6 +563,7 @@ def run_live(
     input_path: Path,
     input_bytes: int,
     plain_rows: list[Any],
+    predict: bool = False,
 ) -> dict[str, Any]:
     from orchestrator.ledger.results import summary
 
@@ -539,6 +579,11 @@ def run_live(
     capacity = sum(capacities.get(b, 0.0) for b in branches_of(doc))
     bound = input_bytes / capacity if capacity else float("nan")
     workers = worker_capacities(batches)
+    predicted = (
+        prediction(run, policy, len(stack.cgroups), completion)
+        if predict and policy.get("placement") == "placed"
+        else {}
+    )
     return {
         "run": run.pk,
         "status": run.status,
@@ -561,6 +606,7 @@ def run_live(
             )
             for name, t in before.items()
         },
+        **predicted,
     }
 
 
@@ -621,6 +667,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
                         input_path=inputs / "real.jsonl",
                         input_bytes=shape["bytes"],
                         plain_rows=plain_rows,
+                        predict=args.predict,
                     )
                 row = {"arm": name, "round": round_index + 1, **row}
                 runs.append(row)
@@ -634,6 +681,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
         "skipped": skipped,
         "input": shape,
         "cgroups": cgroup_check,
+        "predict": args.predict,
         "arms": summarise(names, runs),
         "runs": runs,
     }
@@ -655,6 +703,10 @@ def summarise(names: list[str], runs: list[dict[str, Any]]) -> dict[str, dict[st
             continue
         completion = medians[own]
         bounds = [r["ratio_to_bound"] for r in mine if r.get("ratio_to_bound") is not None]
+        predicted = [r["predicted_s"] for r in mine if r.get("predicted_s") is not None]
+        errors = [
+            r["prediction_error_pct"] for r in mine if r.get("prediction_error_pct") is not None
+        ]
         arms[name] = {
             "label": ARMS[name].label,
             "median_s": round(completion, 2),
@@ -670,6 +722,8 @@ def summarise(names: list[str], runs: list[dict[str, Any]]) -> dict[str, dict[st
             "migrated": statistics.median(r["migrated_segments"] for r in mine),
             "exact": all(r["exact"] for r in mine),
             "rounds": len(mine),
+            "predicted_s": round(statistics.median(predicted), 2) if predicted else None,
+            "prediction_error_pct": round(statistics.median(errors), 1) if errors else None,
         }
     return arms
 
@@ -687,11 +741,12 @@ def print_table(report: dict[str, Any]) -> None:
     def shown(value: float | None, unit: str = "x") -> str:
         return "-" if value is None else f"{value:.2f}{unit}"
 
+    predicted = report["predict"]
     print(
         "| arm | median completion | min/max | x plain | fluid bound | x bound | "
-        "x static | x pooled | migrated | exact |"
+        "x static | x pooled | migrated | exact |" + (" predicted | error |" if predicted else "")
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if predicted else ""))
     for name, row in report["arms"].items():
         print(
             f"| {row['label']} (`{name}`) | {row['median_s']:.2f} s | "
@@ -699,6 +754,11 @@ def print_table(report: dict[str, Any]) -> None:
             f"{shown(row['fluid_bound_s'], ' s')} | {shown(row['x_bound'])} | "
             f"{shown(row['x_static'])} | {shown(row['x_pooled'])} | {row['migrated']:g} | "
             f"{'yes' if row['exact'] else 'NO'} |"
+            + (
+                f" {shown(row['predicted_s'], ' s')} | {shown(row['prediction_error_pct'], ' %')} |"
+                if predicted
+                else ""
+            )
         )
 
 
@@ -715,6 +775,13 @@ def print_runs(report: dict[str, Any]) -> None:
             f"{row['throttled_s']}; worker MB/s {row['worker_capacities_mb_s']}, bound "
             f"{row['fluid_bound_workers_s']} s; placed: {placed or 'none'}"
         )
+        if row.get("predicted_s") is not None:
+            print(
+                f"  predicted {row['predicted_s']:.2f} s against {row['completion_s']:.2f} s "
+                f"live (error {row['prediction_error_pct']} %); fitted {row['placed_costs']}"
+            )
+        elif "prediction_problem" in row:
+            print(f"  not predicted: {row['prediction_problem']}")
 
 
 def with_quotas(
@@ -777,6 +844,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--run-timeout-s", type=float, default=900.0, help="give up on a run after this long"
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict each placed run from its own replay, against its live completion",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plain-job", default="", help=argparse.SUPPRESS)

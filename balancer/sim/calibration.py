@@ -10,7 +10,11 @@ worker, not the links, set the pace, and no policy ranking made in the published
 carried over.
 
 :class:`RuntimeModel` holds those facts; :func:`fit_batch_cost` fits the batch cost
-from a live run's batches (bench/bench_policies.py measures them from the ledger).
+from a live run's batches (bench/bench_policies.py measures them from the ledger). A run in
+``placement = placed`` gave each operator a Spark worker of its own, and those workers
+need not be alike (S1 caps their CPU at 1, 0.5 and 0.25 core): one cost for all of them
+cannot replay it, so each placed operator has its own :class:`NodeCost`, fitted by
+:func:`fit_node_cost` from its own batches.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from balancer.topology import check_reductions
+from balancer.topology import Topology, check_reductions
 
 # Gaps between one batch's end and the next one's start shorter than this are the
 # runtime's own cost of starting a batch (task delivery, the claim); longer ones are a
@@ -33,12 +37,51 @@ BACK_TO_BACK_S = 1.0
 
 
 @dataclass(frozen=True)
+class NodeCost:
+    """A placed operator's batches on the Spark worker it was placed on: each costs
+    ``fixed_s`` plus its bytes over ``bytes_per_s``. Operators placed on one ``worker``
+    take turns on it, as a live worker runs one batch at a time; "" is a worker of the
+    operator's own."""
+
+    fixed_s: float
+    bytes_per_s: float
+    worker: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.fixed_s >= 0 and self.bytes_per_s > 0):
+            raise ValueError(
+                f"a placed batch's fixed cost must be >= 0 and its rate positive: {self}"
+            )
+
+    def batch_s(self, size_bytes: float) -> float:
+        return self.fixed_s + size_bytes / self.bytes_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch_fixed_s": round(self.fixed_s, 4),
+            "batch_mb_per_s": _mb(self.bytes_per_s),
+            "worker": self.worker,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeCost:
+        return cls(
+            fixed_s=float(data["batch_fixed_s"]),
+            bytes_per_s=_bytes(data["batch_mb_per_s"]),
+            worker=str(data.get("worker", "")),
+        )
+
+
+@dataclass(frozen=True)
 class RuntimeModel:
     """Operators run as batches on ``workers`` shared workers: a batch takes all its
     node's waiting input (until it holds ``max_batch_bytes``, the segment that crosses
     them included) and costs ``batch_fixed_s`` plus its
     bytes over ``batch_bytes_per_s``. ``reductions``: the bytes each operator was
-    measured to send on per byte it took in (a replay gives them to its topology)."""
+    measured to send on per byte it took in (a replay gives them to its topology).
+    ``placed``: the operators whose batches run on a Spark worker they were placed on
+    instead (``placement = placed``), each at its own cost; their batches never take a
+    sibling's data, as a live placed batch never does."""
 
     workers: int = 1
     batch_fixed_s: float = 0.0
@@ -49,6 +92,7 @@ class RuntimeModel:
     # unlimited, it merges each packet as it arrives.
     sink_batch_fixed_s: float = 0.0
     sink_batch_bytes_per_s: float = math.inf
+    placed: Mapping[str, NodeCost] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -63,6 +107,14 @@ class RuntimeModel:
 
     def batch_s(self, size_bytes: float) -> float:
         return self.batch_fixed_s + size_bytes / self.batch_bytes_per_s
+
+    def check_placed(self, topology: Topology) -> None:
+        """Raise ValueError naming the placed nodes that are not operators of
+        ``topology``: a cost fitted to a node the pipeline does not run."""
+        operators = {n.id for n in topology.nodes if n.kind == "operator"}
+        unknown = sorted(set(self.placed) - operators)
+        if unknown:
+            raise ValueError(f"placed nodes that are not operators of the pipeline: {unknown}")
 
     @property
     def batches_sinks(self) -> bool:
@@ -80,11 +132,13 @@ class RuntimeModel:
             "reductions": {k: round(v, 5) for k, v in self.reductions.items()},
             "sink_batch_fixed_s": round(self.sink_batch_fixed_s, 4),
             "sink_batch_mb_per_s": _mb(self.sink_batch_bytes_per_s),
+            "placed": {n: c.to_json() for n, c in sorted(self.placed.items())},
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RuntimeModel:
-        """Raises ValueError (or KeyError, TypeError) on a document that is not one."""
+        """Raises ValueError (or KeyError, TypeError) on a document that is not one. A
+        document without ``placed`` (a pooled run's) places nothing."""
         return cls(
             workers=int(data["workers"]),
             batch_fixed_s=float(data["batch_fixed_s"]),
@@ -93,6 +147,9 @@ class RuntimeModel:
             reductions={str(k): float(v) for k, v in dict(data["reductions"]).items()},
             sink_batch_fixed_s=float(data.get("sink_batch_fixed_s", 0.0)),
             sink_batch_bytes_per_s=_bytes(data.get("sink_batch_mb_per_s")),
+            placed={
+                str(n): NodeCost.from_json(c) for n, c in dict(data.get("placed") or {}).items()
+            },
         )
 
 
@@ -132,13 +189,7 @@ def fit_runtime(
             [(b.bytes, b.done_s - b.began_s) for bs in sink_runs for b in bs]
         )
     fixed, rate = fit_batch_cost([(b.bytes, b.done_s - b.began_s) for bs in runs for b in bs])
-    gaps = [
-        later.began_s - earlier.done_s
-        for batches in runs
-        for earlier, later in itertools.pairwise(sorted(batches))
-        if 0 <= later.began_s - earlier.done_s < BACK_TO_BACK_S
-    ]
-    start = statistics.median(gaps) if gaps and workers == 1 else 0.0
+    start = _start_s(runs) if workers == 1 else 0.0
     return RuntimeModel(
         workers=workers,
         batch_fixed_s=fixed + start,
@@ -148,6 +199,38 @@ def fit_runtime(
         sink_batch_fixed_s=sink_fixed,
         sink_batch_bytes_per_s=sink_rate,
     )
+
+
+def fit_node_cost(batches: Sequence[BatchSample], *, worker: str = "") -> NodeCost:
+    """The cost of one placed operator's batches on ``worker``: :func:`fit_batch_cost`
+    over them, plus the median gap between its back-to-back batches (the cost of
+    starting one, as :func:`fit_runtime` reads it for one worker).
+
+    Raises ValueError saying why when the batches show no rate: fewer than two sizes,
+    or times that do not grow with the size. Each placed worker has a speed of its own,
+    and the rate is that speed (the capacity the balancer is shown), so it is fitted or
+    refused, never taken from the other operators."""
+    sizes = {b.bytes for b in batches}
+    if len(sizes) < 2:
+        raise ValueError(
+            f"{len(batches)} batch(es) of {len(sizes)} size(s): a rate needs batches of "
+            "at least two sizes"
+        )
+    fixed, rate = fit_batch_cost([(b.bytes, b.done_s - b.began_s) for b in batches])
+    if not math.isfinite(rate):
+        raise ValueError(f"the times of its {len(batches)} batches do not grow with their size")
+    return NodeCost(fixed + _start_s([batches]), rate, worker)
+
+
+def _start_s(runs: Sequence[Sequence[BatchSample]]) -> float:
+    """The median gap between back-to-back batches of each run, 0 with none."""
+    gaps = [
+        later.began_s - earlier.done_s
+        for batches in runs
+        for earlier, later in itertools.pairwise(sorted(batches))
+        if 0 <= later.began_s - earlier.done_s < BACK_TO_BACK_S
+    ]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -28,7 +28,9 @@ Model (docs/simulation.md, "Model"):
   live run: docs/simulation.md, "Replaying a live run"): operators process batches on a
   pool of workers they share instead of one packet at a time, a batch taking every
   packet waiting at its node when a worker starts it and costing a fixed time plus a
-  time per byte; a sink merges its own batches one at a time. A node sends on its
+  time per byte; an operator the model places (``RuntimeModel.placed``) runs its
+  batches on its own worker at its own cost instead, never with a sibling's data; a
+  sink merges its own batches one at a time. A node sends on its
   ``reduction`` of what it takes in, so packets shrink (or grow) on the way. A link
   queues as much as its receiver has room for, as a live run's emulated link does.
 * **Controllers** (:mod:`balancer.sim.control`) are called at their period with an
@@ -84,8 +86,8 @@ _EPS = 1e-9
 # link's delay, so the receiver's level shows them (orchestrator/ledger/segments.py
 # ``node_flows``).
 _LINK_BUFFER = 2
-# Batch mode's pool of Spark workers, which every operator shares (a sink's pool is its
-# node index).
+# Batch mode's pool of Spark workers, which every unplaced operator shares (a sink's
+# pool is its node index; a placed worker's, the index of the first node placed on it).
 _SPARK = -1
 # How often window mode looks for timed-out batches; the timeout itself is the policy's.
 _EXPIRE_CHECK_S = 1.0
@@ -265,9 +267,9 @@ class Simulator:
             src = self.index[link.src]
             tx = self.out_size[src] / link.bandwidth_bps if link.bandwidth_bps else 0.0
             self.links[(src, self.index[link.dst])] = [0.0, tx, link.latency_s]
-        # Batch mode: operators share the pool of Spark workers (_SPARK); a sink merges
-        # its own batches one at a time (its pool is its index). Per pool, the nodes
-        # waiting for a worker in the order they asked, and the workers free.
+        # Batch mode: unplaced operators share the pool of Spark workers (_SPARK); a
+        # placed worker and a sink each run their batches one at a time. Per pool, the
+        # nodes waiting for a worker in the order they asked, and the workers free.
         self.pool_of = self._pools(runtime)
         self.batching = frozenset(self.pool_of)
         self.waiting_batches: dict[int, deque[int]] = {p: deque() for p in self.pool_of.values()}
@@ -303,25 +305,33 @@ class Simulator:
         self.levels = SimRuntime(self, functools.partial(self._measure, None))
 
     def _pools(self, runtime: RuntimeModel | None) -> dict[int, int]:
-        """Which nodes process batches, and in which pool of workers."""
+        """Which nodes process batches, and in which pool of workers. Raises ValueError
+        when the runtime places a node that is not one of the topology's operators."""
         pools: dict[int, int] = {}
         if runtime is None:
             return pools
+        runtime.check_placed(self.topology)
+        # A placed worker's pool: the index of the first node on it ("": the node's own).
+        placed_pools: dict[tuple[str, str], int] = {}
         for n, i in self.index.items():
             kind = self.topology.node(n).kind
-            if kind == "operator":
+            placed = runtime.placed.get(n)
+            if placed is not None:
+                worker = (placed.worker, "" if placed.worker else n)
+                pools[i] = placed_pools.setdefault(worker, i)
+            elif kind == "operator":
                 pools[i] = _SPARK
             elif kind == "sink" and runtime.batches_sinks:
                 pools[i] = i
         return pools
 
     def _siblings(self) -> dict[int, tuple[int, ...]]:
-        """Per operator on the Spark workers, the other instances of its stage whose
-        waiting input its batch takes too, as the live worker does (orchestrator/worker/
-        batch.py, siblings in one job): stateless, with no emulated rate of their own
-        (the live rule also asks for one operator with the same parameters, which a
-        stage's instances have, and no event-time windows, which the simulator does
-        not model)."""
+        """Per operator on the shared Spark workers, the other instances of its stage
+        whose waiting input its batch takes too, as the live worker does (orchestrator/
+        worker/batch.py, siblings in one job): stateless, with no emulated rate of their
+        own, and not placed (the live rule also asks for one operator with the same
+        parameters, which a stage's instances have, and no event-time windows, which the
+        simulator does not model)."""
 
         def fusable(i: int) -> bool:
             spec = self.topology.node(self.nodes[i].id)
@@ -452,10 +462,19 @@ class Simulator:
                 room -= count * size
                 members.append(member)
             self.free_workers[pool] -= 1
-            cost = model.batch_s if pool == _SPARK else model.sink_batch_s
             taken = sum(self.nodes[m].batched * self.in_size[m] for m in members)
             self.fused[node.index] = tuple(members)
-            self._push(self.now + cost(taken), _BATCH_DONE, node.index)
+            self._push(self.now + self._batch_s(model, node, taken), _BATCH_DONE, node.index)
+
+    def _batch_s(self, model: RuntimeModel, node: _Node, size_bytes: float) -> float:
+        """How long ``node``'s batch of ``size_bytes`` takes: at its placed cost, on the
+        shared workers, or as a sink's merge."""
+        placed = model.placed.get(node.id)
+        if placed is not None:
+            return placed.batch_s(size_bytes)
+        if self.pool_of[node.index] == _SPARK:
+            return model.batch_s(size_bytes)
+        return model.sink_batch_s(size_bytes)
 
     def _batch_done(self, lead: _Node) -> None:
         members = [self.nodes[m] for m in self.fused.pop(lead.index)]
@@ -708,21 +727,32 @@ class Simulator:
 
     def _capacity_bps(self, node: _Node) -> float:
         """What the node processes per second of busy time, in its input bytes: its
-        emulated rate, or on the modelled Spark workers the model's batch rate (its
-        fixed cost left out, as a long batch amortises it); ``math.inf`` when nothing
-        limits it."""
+        emulated rate, or on the modelled Spark workers the model's batch rate (a
+        placed node's own; the fixed cost left out, as a long batch amortises it);
+        ``math.inf`` when nothing limits it."""
         spec = self.topology.node(node.id)
         if spec.max_rate_bps:
             return spec.max_rate_bps
-        if self.pool_of.get(node.index) == _SPARK and self.model is not None:
+        if self.model is None:
+            return math.inf
+        placed = self.model.placed.get(node.id)
+        if placed is not None:
+            return placed.bytes_per_s
+        if self.pool_of.get(node.index) == _SPARK:
             return self.model.batch_bytes_per_s
         return math.inf
 
     def _resource(self, node: _Node) -> str:
-        """The modelled Spark workers are one pool every unemulated operator shares;
-        any other node is its own resource."""
+        """The modelled shared Spark workers are one pool every unemulated, unplaced
+        operator shares; a placed operator's resource is its worker (shared with the
+        operators placed on the same one); any other node is its own resource."""
         spec = self.topology.node(node.id)
-        if self.pool_of.get(node.index) == _SPARK and not spec.max_rate_bps:
+        if spec.max_rate_bps:
+            return node.id
+        placed = self.model.placed.get(node.id) if self.model is not None else None
+        if placed is not None:
+            return placed.worker or node.id
+        if self.pool_of.get(node.index) == _SPARK:
             return SHARED_POOL
         return node.id
 

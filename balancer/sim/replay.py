@@ -4,8 +4,9 @@ A :class:`Replay` is what ``manage.py calibrate_sim RUN`` writes and
 ``manage.py simulate --replay FILE`` reads: the run's pipeline document, its input as
 the source cut it (each chunk tagged with the branch its key routes to, and arriving
 when its data did: a file's at the start, a stream's as its entries were added), and
-the :class:`~balancer.sim.calibration.RuntimeModel` fitted from its batches. Every
-policy then runs on the same replay, and its live fluid bound is that schedule drained
+the :class:`~balancer.sim.calibration.RuntimeModel` fitted from its batches (a placed
+run's with each operator's own cost on its own worker). Every policy then runs on the
+same replay, placed as the run was, and its live fluid bound is that schedule drained
 at the pipeline's max flow counted in source bytes.
 """
 
@@ -105,4 +106,5 @@ class Replay:
         (source,) = topology.sources()
         if set(tags) != set(topology.downstreams(source)):
             raise ValueError("the replay's branches are not its source's downstreams")
+        replay.runtime.check_placed(topology)
         return replay

@@ -164,13 +164,24 @@ def describe_calibration(lab: PolicyLab) -> str:
             "are simulated (no batch costs, data not reduced)"
         )
     r = lab.runtime
-    rate = r.get("batch_mb_per_s")
     source = lab.calibrated_from
     size = f" ({source.input_bytes / MB:.0f} MB)" if source and source.input_bytes else ""
+    placed = r.get("placed") or {}
+    if placed:
+        return f"calibrated from run {lab.calibrated_from_id}{size}, placed: " + "; ".join(
+            f"{node} on {c['worker'] or 'its own worker'}, {_batch_cost(c)}"
+            for node, c in placed.items()
+        )
     return (
         f"calibrated from run {lab.calibrated_from_id}{size}: {r['workers']} Spark worker(s), "
-        f"a batch costs {r['batch_fixed_s']:.2f} s"
-        + (f" + its MB at {rate:.3g} MB/s" if rate else "")
+        + _batch_cost(r)
+    )
+
+
+def _batch_cost(cost: Mapping[str, Any]) -> str:
+    rate = cost.get("batch_mb_per_s")
+    return f"a batch costs {cost['batch_fixed_s']:.2f} s" + (
+        f" + its MB at {rate:.3g} MB/s" if rate else ""
     )
 
 

@@ -89,11 +89,13 @@ def lab_replay(lab: PolicyLab) -> Replay:
 
 
 def runtime_for(document: PipelineDocument, fitted: dict[str, object] | None) -> RuntimeModel:
-    """The fitted runtime with the reductions of the document's operators only (the
-    pipeline may have changed since the run it was fitted to); links only without one."""
+    """The fitted runtime with the reductions and placed costs of the document's
+    operators only (the pipeline may have changed since the run it was fitted to: an
+    operator it did not run takes the shared workers' cost); links only without one."""
     if fitted is None:
         return RuntimeModel()
     runtime = RuntimeModel.from_json(fitted)
     operators = {n["name"] for n in document["nodes"] if n["kind"] == "operator"}
     kept = {node: r for node, r in runtime.reductions.items() if node in operators}
-    return replace(runtime, reductions=kept)
+    placed = {node: c for node, c in runtime.placed.items() if node in operators}
+    return replace(runtime, reductions=kept, placed=placed)

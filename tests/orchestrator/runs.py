@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from balancer.units import MB
 from orchestrator.ledger import segments
-from orchestrator.models import Run, Segment
+from orchestrator.models import Instance, Run, Segment
 from orchestrator.pipeline.routes import tagged_target
 from orchestrator.rescale.start import ensure_instances
 from sparkjobs.merge import combine_partials
@@ -124,6 +124,44 @@ def finished_run(**fields: Any) -> Run:
         status=Run.Status.COMPLETED,
         started_at=ledger.start,
         finished_at=ledger.at(3.5),
+        **fields,
+    )
+    run.refresh_from_db()
+    return run
+
+
+# Placed: each branch's batches on a worker of its own, each worker at its own speed
+# (0.2 s a batch plus 4, 1 and 2 MB/s), a batch starting 0.1 s after its node's last.
+PLACED_BATCHES: dict[str, tuple[str, list[tuple[list[int], float, float]]]] = {
+    "task1": ("spark@h", [([0], 1.0, 1.45), ([1, 2], 1.55, 2.25), ([3, 4, 5], 2.35, 3.3)]),
+    "task2": ("spark-2@h", [([6], 1.0, 2.2), ([7, 8], 2.3, 4.5)]),
+    "task3": ("spark-3@h", [([9], 1.0, 1.7), ([10, 11], 1.8, 3.0)]),
+}
+
+
+def placed_run(
+    batches_of: dict[str, tuple[str, list[tuple[list[int], float, float]]]] = PLACED_BATCHES,
+    **fields: Any,
+) -> Run:
+    """A completed run in ``placement = placed`` with these operators' workers and
+    batches (chunks, claimed, done), each chunk 1 MB for the branch it ran at, and a sink
+    batch after them; ``fields`` set any other column."""
+    run = pending_run("reference")
+    ledger = Ledger(run)
+    for node, (worker, own) in batches_of.items():
+        Instance.objects.filter(run=run, name=node).update(worker=worker)
+        for chunks, began, done in own:
+            for chunk in chunks:
+                ledger.segment(f"c{chunk}", chunk, node, "source", MB, tag=key_for(node))
+            ledger.batch(node, chunks, began, done)
+    Segment.objects.filter(run=run, node="output").update(
+        lease_owner="sink", claimed_at=ledger.at(4.6), done_at=ledger.at(4.7)
+    )
+    Run.objects.filter(pk=run.pk).update(
+        status=Run.Status.COMPLETED,
+        policy={"placement": "placed"},
+        started_at=ledger.start,
+        finished_at=ledger.at(4.8),
         **fields,
     )
     run.refresh_from_db()

@@ -1,7 +1,8 @@
 """manage.py calibrate_sim RUN: a completed run, written as a replay for the simulator.
 
 The replay holds the run's pipeline, its input as its source cut it, and the runtime
-fitted from its operator batches (orchestrator/ledger/calibration.py); then
+fitted from its operator batches (orchestrator/ledger/calibration.py: a placed run's
+per operator, on the worker it was placed on); then
 ``manage.py simulate --replay FILE`` runs every policy on it and gives its live fluid
 bound (docs/simulation.md, "Replaying a live run").
 """
@@ -49,3 +50,8 @@ class Command(BaseCommand):
             f"{runtime['batch_fixed_s']} s + their MB at {runtime['batch_mb_per_s']} MB/s; "
             f"reductions {runtime['reductions']}"
         )
+        for node, cost in runtime["placed"].items():
+            self.stdout.write(
+                f"placed {node} on {cost['worker'] or 'a worker of its own'}: its batches "
+                f"cost {cost['batch_fixed_s']} s + their MB at {cost['batch_mb_per_s']} MB/s"
+            )

@@ -15,7 +15,7 @@ from orchestrator.lab.labs import ACTIVE_PER_PIPELINE, LabRefused, create_lab, l
 from orchestrator.lab.simulation import PIPELINE_ARM, arm_policy, simulate
 from orchestrator.models import PolicyLab, Run
 from orchestrator.tasks import watchdog
-from tests.orchestrator.runs import finished_run
+from tests.orchestrator.runs import finished_run, placed_run
 from tests.webapp.console.factories import reference
 from webapp.console.topology_io import export_document
 
@@ -242,3 +242,20 @@ def test_only_a_pipeline_s_latest_labs_are_kept_and_none_still_running_goes(
 
     kept = set(PolicyLab.objects.values_list("pk", flat=True))
     assert kept == {second.pk, third.pk, fourth.pk}
+
+
+def test_a_lab_over_a_placed_run_replays_each_operator_at_its_own_worker_s_cost() -> None:
+    pipeline = reference()
+    run = placed_run(
+        pipeline_id=pipeline.pk, input_spec={"format": "jsonl", "generator": {"seed": 3}}
+    )
+
+    lab = lab_of(pipeline, run_id=run.pk)
+
+    assert lab.runtime is not None
+    assert lab.runtime["placed"]["task2"]["batch_mb_per_s"] == pytest.approx(1.0)
+    assert (
+        "task2 on spark-2@h, a batch costs 0.30 s + its MB at 1 MB/s"
+        in (lab_json(lab)["calibration"])
+    )
+    assert simulate(lab.pk) == "done"

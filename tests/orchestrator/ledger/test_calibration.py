@@ -1,5 +1,6 @@
 """A finished run, read back from the ledger as a replay for the simulator: its batches'
-cost, its operators' reductions, and its input's chunks in order."""
+cost (a placed run's per operator), its operators' reductions, and its input's chunks in
+order."""
 
 from __future__ import annotations
 
@@ -14,9 +15,15 @@ from django.core.management.base import CommandError
 
 from balancer.sim.cli import main as simulate
 from balancer.units import MB
-from orchestrator.ledger.calibration import batches, replay_of
+from orchestrator.ledger.calibration import CalibrationError, batches, replay_of
 from orchestrator.models import Segment
-from tests.orchestrator.runs import BRANCHES, finished_run, pending_run
+from tests.orchestrator.runs import (
+    BRANCHES,
+    PLACED_BATCHES,
+    finished_run,
+    pending_run,
+    placed_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -83,3 +90,56 @@ def test_a_run_that_has_not_completed_is_not_calibrated() -> None:
 def test_an_unknown_run_is_named() -> None:
     with pytest.raises(CommandError, match="no run 987654"):
         call_command("calibrate_sim", "987654", stdout=io.StringIO())
+
+
+def test_a_placed_run_s_operators_each_cost_what_their_own_batches_took_on_their_worker() -> None:
+    placed = replay_of(placed_run()).runtime.placed
+
+    assert {n: c.worker for n, c in placed.items()} == {
+        "task1": "spark@h",
+        "task2": "spark-2@h",
+        "task3": "spark-3@h",
+    }
+    assert {n: c.fixed_s for n, c in placed.items()} == pytest.approx(
+        dict.fromkeys(BRANCHES, 0.2 + 0.1)
+    )
+    assert {n: c.bytes_per_s for n, c in placed.items()} == pytest.approx(
+        {"task1": 4 * MB, "task2": MB, "task3": 2 * MB}
+    )
+
+
+def test_a_pooled_run_places_no_operator() -> None:
+    assert replay_of(finished_run()).runtime.placed == {}
+
+
+def test_a_placed_operator_whose_batches_cannot_show_its_rate_is_named() -> None:
+    one_batch = PLACED_BATCHES | {"task3": ("spark-3@h", [([9, 10, 11], 1.0, 2.7)])}
+
+    with pytest.raises(CalibrationError, match="task3's own cost cannot be fitted: 1 batch"):
+        replay_of(placed_run(one_batch))
+
+
+def test_the_command_says_what_it_fitted_per_placed_operator_and_the_replay_runs_so(
+    tmp_path: Path,
+) -> None:
+    run = placed_run()
+    path = tmp_path / "replay.json"
+    said = io.StringIO()
+    call_command("calibrate_sim", str(run.pk), "--out", str(path), stdout=said)
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = simulate(["--replay", str(path), "--json"])
+
+    assert "placed task2 on spark-2@h: its batches cost 0.3 s + their MB at 1.0 MB/s" in (
+        said.getvalue()
+    )
+    assert code == 0
+    report = json.loads(out.getvalue())
+    assert report["runtime"]["placed"]["task1"]["batch_mb_per_s"] == pytest.approx(4.0)
+    # Static routing waits for task2's three chunks on its 1 MB/s worker: the first
+    # alone (0.3 + 1 s), then the other two (0.3 + 2 s). Proportional migration sees
+    # the workers' rates and moves some of them to the faster ones.
+    completion = {name: p["completion_s"] for name, p in report["policies"].items()}
+    assert completion["credit"] >= 1.3 + 2.3
+    assert completion["ours"] < completion["credit"]

@@ -1,0 +1,161 @@
+"""Placed operators in the simulator (``placement = placed``): each runs its batches on
+the Spark worker it was placed on, at the cost fitted from its own batches, never with a
+sibling's data, and shows the balancer that worker's rate and name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from balancer.model import SHARED_POOL
+from balancer.sim.calibration import BatchSample, NodeCost, RuntimeModel, fit_node_cost
+from balancer.sim.control import BENCHMARK_POLICIES, controllers_for
+from balancer.sim.engine import Simulator
+from balancer.sim.replay import Replay
+from balancer.topology import Topology
+from balancer.units import MB
+from tests.balancer.sim.test_calibration import QUIET, at_start, chain, completion
+from tests.balancer.sim.test_replay import replay
+
+# Two workers, the first four times as fast as the second, both 0.5 s a batch to start.
+FAST = NodeCost(fixed_s=0.5, bytes_per_s=4 * MB, worker="w1")
+SLOW = NodeCost(fixed_s=0.5, bytes_per_s=MB, worker="w2")
+
+
+def batches_at(fixed_s: float, rate: float, sizes: list[float], gap_s: float) -> list[BatchSample]:
+    """Back-to-back batches of these sizes, each ``gap_s`` after the one before."""
+    found, at = [], 0.0
+    for size in sizes:
+        done = at + fixed_s + size / rate
+        found.append(BatchSample(at, done, size))
+        at = done + gap_s
+    return found
+
+
+def test_a_placed_cost_is_its_own_batches_fit_plus_the_gap_between_them() -> None:
+    own = batches_at(0.3, 2 * MB, [MB, 3 * MB, 2 * MB, 5 * MB], gap_s=0.1)
+
+    cost = fit_node_cost(own, worker="w1")
+
+    assert cost.fixed_s == pytest.approx(0.3 + 0.1)
+    assert cost.bytes_per_s == pytest.approx(2 * MB)
+    assert cost.worker == "w1"
+
+
+@pytest.mark.parametrize(
+    ("own", "why"),
+    [
+        ([], "0 batch"),
+        ([BatchSample(0.0, 1.0, MB)], "1 batch"),
+        ([BatchSample(0.0, 1.0, MB), BatchSample(2.0, 3.5, MB)], "two sizes"),
+        ([BatchSample(0.0, 2.0, MB), BatchSample(3.0, 4.0, 2 * MB)], "do not grow"),
+    ],
+)
+def test_a_placed_node_whose_batches_show_no_rate_is_not_fitted(
+    own: list[BatchSample], why: str
+) -> None:
+    with pytest.raises(ValueError, match=why):
+        fit_node_cost(own)
+
+
+@pytest.mark.parametrize(
+    ("fixed_s", "bytes_per_s"), [(-0.1, MB), (0.5, 0.0), (math.nan, MB), (0.5, math.nan)]
+)
+def test_a_placed_cost_that_cannot_be_is_refused(fixed_s: float, bytes_per_s: float) -> None:
+    with pytest.raises(ValueError, match="placed batch"):
+        NodeCost(fixed_s, bytes_per_s)
+
+
+def test_a_runtime_reads_back_its_placed_costs_and_one_written_without_them_places_none() -> None:
+    runtime = RuntimeModel(batch_fixed_s=0.2, placed={"op0": FAST, "op1": SLOW})
+    pooled = RuntimeModel(batch_fixed_s=0.2).to_json()
+    del pooled["placed"]
+
+    assert RuntimeModel.from_json(json.loads(json.dumps(runtime.to_json()))) == runtime
+    assert RuntimeModel.from_json(pooled) == RuntimeModel(batch_fixed_s=0.2)
+
+
+def test_a_placed_node_the_pipeline_does_not_run_is_refused() -> None:
+    runtime = RuntimeModel(placed={"op0": FAST, "nowhere": SLOW})
+    written = replay().to_json() | {"runtime": RuntimeModel(placed={"nowhere": SLOW}).to_json()}
+
+    with pytest.raises(ValueError, match="nowhere"):
+        Simulator(chain(), at_start(1), QUIET, (), runtime)
+    with pytest.raises(ValueError, match="nowhere"):
+        Replay.from_json(written)
+
+
+def test_two_placed_workers_at_4_to_1_finish_a_static_split_when_the_slow_one_does() -> None:
+    # Five 1 MB packets for each branch, all there at the start. Each worker's first
+    # batch takes the one packet delivered when it starts, its second the other four:
+    # op0 0.5 + 1/4 then 0.5 + 4/4 s, done at 2.25 s; op1 0.5 + 1 then 0.5 + 4 s, at 6 s.
+    workload = at_start(10, tags=[0, 1] * 5, branches=2)
+    placed = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
+    simulator = Simulator(chain(branches=2), workload, QUIET, (), placed)
+
+    result = simulator.run(max_time_s=100)
+
+    assert result.completion_s == pytest.approx(6.0)
+    assert result.done_times[0::2].max() == pytest.approx(2.25)
+
+
+def test_operators_placed_on_one_worker_take_turns_and_never_share_a_batch() -> None:
+    # op0 takes its first packet alone (1 s); op1's and op2's packets and op0's second
+    # come meanwhile. On the shared pool the next batch takes all three (done at 2 s);
+    # placed on one worker, op1, op2 and op0 each run a batch of their own, in the
+    # order they asked: done at 4 s.
+    three = chain(branches=3)
+    workload = at_start(4, tags=[0, 0, 1, 2], branches=3)
+    one_worker = NodeCost(fixed_s=1.0, bytes_per_s=math.inf, worker="w1")
+
+    pooled = completion(three, workload, RuntimeModel(batch_fixed_s=1.0))
+    placed = completion(
+        three, workload, RuntimeModel(placed=dict.fromkeys(("op0", "op1", "op2"), one_worker))
+    )
+
+    assert pooled == pytest.approx(2.0)
+    assert placed == pytest.approx(4.0)
+
+
+def test_a_placed_node_shows_the_balancer_its_own_rate_and_its_worker() -> None:
+    three = chain(branches=3)
+    runtime = RuntimeModel(batch_bytes_per_s=3 * MB, placed={"op0": FAST, "op1": SLOW})
+    simulator = Simulator(three, at_start(1), QUIET, (), runtime)
+
+    nodes = simulator.levels.observe().nodes
+
+    assert {n: nodes[n].capacity_bps for n in ("op0", "op1", "op2")} == {
+        "op0": 4 * MB,
+        "op1": MB,
+        "op2": 3 * MB,
+    }
+    assert {n: nodes[n].resource for n in ("op0", "op1", "op2")} == {
+        "op0": "w1",
+        "op1": "w2",
+        "op2": SHARED_POOL,
+    }
+
+
+def test_placed_on_unequal_workers_proportional_migration_beats_static_routing() -> None:
+    # Half the input is tagged for the slow worker. Static routing waits for it; the
+    # balancer sees the two workers' rates and moves what the slow one cannot take.
+    wide = chain(branches=2)
+    two = Topology.build(
+        [
+            dataclasses.replace(n, capacity_bytes=8 * MB) if n.kind == "operator" else n
+            for n in wide.nodes
+        ],
+        wide.links,
+    )
+    workload = at_start(40, tags=[0, 1] * 20, branches=2)
+    runtime = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
+
+    def placed(name: str) -> float:
+        policy = BENCHMARK_POLICIES[name].policy()
+        simulator = Simulator(two, workload, policy, controllers_for(policy), runtime)
+        return simulator.run(max_time_s=1000).completion_s
+
+    assert placed("ours") < 0.8 * placed("credit")
