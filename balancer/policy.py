@@ -263,7 +263,8 @@ PARAMETERS: tuple[Param, ...] = (
         "arrival rate plus its backlog over the horizon) has exceeded its measured "
         "capacity for the ticks below; off: never. Either way the request asks, in one "
         "step, for as many instances as the measured rates need (one while they are "
-        "not measured), and only instances on resources of their own are counted.",
+        "not measured, or run on the shared pool), instances sharing a worker counted "
+        "once.",
         "scaling",
         kind="choice",
         choices=SCALE_OUT_CHOICES,

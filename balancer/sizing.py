@@ -23,10 +23,11 @@ key groups' records, so another instance adds no capacity to read it; its hot ke
 groups are moved instead (balancer/key_moves.py).
 
 :func:`scaling_step` is the policy's ``scale_out = measured`` trigger: a stage whose
-target has exceeded its capacity for ``scale_out_ticks`` ticks in a row, every instance
-on a resource of its own, is asked ``p* - p`` more instances in one request.
-:func:`sized` gives a request from the flags trigger (balancer/rate.py) the same count
-where the stage is measured.
+target has exceeded its capacity for ``scale_out_ticks`` ticks in a row is asked
+``p*`` minus its resources more instances in one request, each to run on a resource
+the stage does not use yet. :func:`sized` gives a request from the flags trigger
+(balancer/rate.py) the same count where the stage is measured. Neither sizes a stage on
+the shared pool (pooled placement), where another instance adds no resource.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from balancer.model import Observation, ScaleOutRequest, SourceLoad
+from balancer.model import SHARED_POOL, Observation, ScaleOutRequest, SourceLoad
 from balancer.policy import Policy
 from balancer.rate import ONE_MORE
 from balancer.units import MB
@@ -183,7 +184,7 @@ def sized(request: ScaleOutRequest, observation: Observation, policy: Policy) ->
     measured and every instance runs on a resource of its own."""
     sizes = size_stages(observation, policy.scale_out_horizon_s)
     size = sizes.get(request.stage)
-    if size is None or not size.known or size.resources < len(size.members):
+    if size is None or not size.known or _pooled(observation, size):
         return request
     more = max(1, size.wanted - size.resources)
     reason = request.reason.replace(ONE_MORE, f"{more} more instance(s) requested")
@@ -194,6 +195,11 @@ def sized(request: ScaleOutRequest, observation: Observation, policy: Policy) ->
         capacity_bps=size.capacity_bps,
         target_bps=size.target_bps,
     )
+
+
+def _pooled(observation: Observation, size: StageSize) -> bool:
+    """The stage runs on the shared pool, where another instance adds no resource."""
+    return any(observation.nodes[m].resource == SHARED_POOL for m in size.members)
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ def scaling_step(
     counts: dict[str, int] = {}
     sources = observation.topology.sources()
     for stage, size in sorted(size_stages(observation, policy.scale_out_horizon_s).items()):
-        if not size.overloaded or size.resources < len(size.members):
+        if not size.overloaded or _pooled(observation, size):
             continue
         ticks = state.overloaded.get(stage, 0) + 1
         if ticks < policy.scale_out_ticks or size.wanted <= size.resources:

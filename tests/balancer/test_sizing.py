@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from balancer.loop import BalancerState, step
-from balancer.model import Observation, ScaleOutRequest, SourceLoad
+from balancer.model import SHARED_POOL, Observation, ScaleOutRequest, SourceLoad
 from balancer.policy import MB, Policy
 from balancer.rate import RateState
 from balancer.sizing import (
@@ -185,12 +185,20 @@ def test_a_tick_that_keeps_up_starts_the_count_again() -> None:
     assert requests == [] and state.overloaded == {"op": 1}
 
 
-def test_instances_on_one_shared_resource_are_never_scaled_out_by_measurement() -> None:
+def test_instances_on_the_shared_pool_are_never_scaled_out_by_measurement() -> None:
     # Pooled: more instances on the same cores add nothing.
     policy = measured_policy(1)
-    seen = three_workers((3 * MB, 3 * MB, 3 * MB), resources=("pool", "pool", "pool"))
+    seen = three_workers((3 * MB, 3 * MB, 3 * MB), resources=(SHARED_POOL,) * 3)
     requests, _ = scaling_step(seen, ScalingState(), policy)
     assert requests == []
+
+
+def test_placed_instances_sharing_a_worker_scale_out_onto_new_workers() -> None:
+    # Three instances on two workers of 2 MB/s: 4 MB/s for 9 MB/s needs five workers.
+    policy = measured_policy(1)
+    seen = three_workers((2 * MB, 2 * MB, 2 * MB), arrival=9 * MB, resources=("w1", "w1", "w2"))
+    requests, _ = scaling_step(seen, ScalingState(), policy)
+    assert [(r.stage, r.instances) for r in requests] == [("op", 3)]
 
 
 def test_the_loop_uses_the_policy_s_trigger() -> None:
@@ -209,7 +217,7 @@ def test_the_flags_trigger_s_request_is_sized_where_the_stage_is_measured() -> N
     assert grown.instances == 2 and "5 wanted" in grown.reason
     # Unmeasured, or instances sharing a resource: the paper's one instance.
     assert sized(request, three_workers((6 * MB, math.inf, 1 * MB)), policy) == request
-    pooled = three_workers(resources=("pool", "pool", "pool"))
+    pooled = three_workers(resources=(SHARED_POOL,) * 3)
     assert sized(request, pooled, policy) == request
     # A stage that keeps up still gets the instance the flags asked for.
     assert sized(request, three_workers(arrival=1 * MB), policy).instances == 1
