@@ -36,6 +36,10 @@ def test_spec_defaults() -> None:
         ({"high_water": 0.95}, "high_water: 0.95 is outside [0.6, 0.9]"),
         ({"min_share": 0.5}, "min_share: 0.5 is outside [0, 0.5)"),
         ({"routing": "random"}, "routing: 'random' is not one of static, water_level, measured"),
+        ({"scale_out": "always"}, "scale_out: 'always' is not one of flags, measured, off"),
+        ({"scale_out_horizon_s": 0.5}, "scale_out_horizon_s: 0.5 is outside [1, 3600]"),
+        ({"scale_out_ticks": 0}, "scale_out_ticks: 0 is outside [1, 100]"),
+        ({"scale_out_ticks": 2.5}, "scale_out_ticks: expected a whole number, got 2.5"),
     ],
 )
 def test_each_bad_value_is_named(values: dict[str, object], problem: str) -> None:
