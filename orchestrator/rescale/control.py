@@ -328,7 +328,8 @@ class RescaleControl:
             removed=(name,),
             reason=(
                 f"every instance under {self.scale_in_busy:.0%} busy for {idle_s:.0f} s: {name} "
-                f"leaves {worker}, which goes back to the pool"
+                f"leaves {worker}, the newest worker the run has an instance on, and one "
+                "Spark worker goes back to the pool"
             ),
             actor=Event.Actor.BALANCER,
         )
