@@ -490,6 +490,33 @@ PARAMETERS: tuple[Param, ...] = (
         min_inclusive=False,
         maximum=3600.0,
     ),
+    # Placed runs' own Spark workers (docs/runtime.md, "Placement and elastic Spark
+    # workers"): when one goes back to the elastic pool.
+    Param(
+        "scale_in_busy",
+        "Scale-in busy share",
+        0.25,
+        "A placed run with Spark workers of its own gives one back once every operator "
+        "instance has kept its worker busy less than this share of the time for "
+        "scale_in_after_s.",
+        "elastic",
+        minimum=0.0,
+        maximum=1.0,
+        min_inclusive=False,
+        max_inclusive=False,
+    ),
+    Param(
+        "scale_in_after_s",
+        "Scale-in after",
+        60.0,
+        "How long every operator instance must stay under scale_in_busy before the "
+        "instance on the run's newest worker of its own is removed by hot rescale and "
+        "that worker goes back to the pool.",
+        "elastic",
+        unit="s",
+        minimum=5.0,
+        maximum=3600.0,
+    ),
     # Not a balancing mechanism: how the runtime treats a batch that keeps failing.
     Param(
         "max_batch_attempts",
@@ -558,6 +585,8 @@ class Policy:
     alpha: float = _default("alpha")
     beta: float = _default("beta")
     adjust_timeout_s: float = _default("adjust_timeout_s")
+    scale_in_busy: float = _default("scale_in_busy")
+    scale_in_after_s: float = _default("scale_in_after_s")
     max_batch_attempts: int = _default("max_batch_attempts")
 
     @classmethod

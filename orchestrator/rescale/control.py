@@ -21,18 +21,20 @@ from django.utils import timezone
 from kombu import Queue
 
 from balancer.model import ScaleOutRequest
+from balancer.policy import Policy
 from balancer.sizing import MAX_INSTANCES_PER_STAGE
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
 from orchestrator.rescale.alignment import align_waiting, tails_reported
 from orchestrator.rescale.completion import complete, rollback
-from orchestrator.rescale.elastic import IDLE_BUSY, IDLE_FOR_S, ElasticAsk, Idle, newest
+from orchestrator.rescale.elastic import ElasticAsk, Idle, newest
 from orchestrator.rescale.plan import Change, NewInstance, RescaleError, stage_members
 from orchestrator.rescale.start import begin
 from orchestrator.zk.control_plane import ControlPlane
 
 log = logging.getLogger(__name__)
 
+_DEFAULT_POLICY = Policy()
 COMMANDS = ("hot_migrate", "add_instance", "remove_instance")
 
 
@@ -55,11 +57,16 @@ class RescaleControl:
         source: str,
         timeout_s: float,
         placement: str = "pooled",
+        scale_in_busy: float = _DEFAULT_POLICY.scale_in_busy,
+        scale_in_after_s: float = _DEFAULT_POLICY.scale_in_after_s,
     ) -> None:
         self.run_id = run_id
         # "placed": every operator instance gets a live Spark worker of its own
         # (:meth:`place`); "pooled": only those a hot rescale placed have one.
         self.placement_mode = placement
+        # The policy's scale-in window (:meth:`consider_scale_in`).
+        self.scale_in_busy = scale_in_busy
+        self.scale_in_after_s = scale_in_after_s
         self.key = str(run_id)
         self.control = control
         self.epoch = epoch
@@ -79,7 +86,7 @@ class RescaleControl:
         # run was idle.
         self.elastic = ElasticAsk(run_id, control)
         self.waiting_for_worker: tuple[str, str, int] | None = None
-        self.idle = Idle()
+        self.idle = Idle(scale_in_busy)
         self.releasing = False  # a scale-in under way gives a worker back when it completes
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
@@ -318,15 +325,16 @@ class RescaleControl:
         )
 
     def consider_scale_in(self, busy: Mapping[str, float | None], now: float) -> bool:
-        """After ``IDLE_FOR_S`` with every operator instance under ``IDLE_BUSY``, a run
-        with workers of its own removes the instance on the newest of them; its ask goes
-        down once that adjustment completes (:meth:`poll`). True when one began."""
+        """After the policy's ``scale_in_after_s`` with every operator instance busy less
+        than ``scale_in_busy`` of the time, a run with workers of its own removes the
+        instance on the newest of them; its ask goes down once that adjustment completes
+        (:meth:`poll`). True when one began."""
         if self.placement_mode != "placed" or self.elastic.extra <= 0:
-            self.idle = Idle()
+            self.idle = Idle(self.scale_in_busy)
             return False
         operators = self._operators()
         idle_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
-        if self.current is not None or idle_s < IDLE_FOR_S:
+        if self.current is not None or idle_s < self.scale_in_after_s:
             return False
         placed = {n: w for n, w in self.placement.items() if n in operators and w in self.live}
         if not placed:
@@ -335,13 +343,14 @@ class RescaleControl:
         name = sorted(n for n, w in placed.items() if w == worker)[0]
         if len(self._members(self._stage_of(name))) < 2:
             return False
-        self.idle = Idle()
+        self.idle = Idle(self.scale_in_busy)
         change = Change(
             "scale_in",
             removed=(name,),
             reason=(
-                f"every instance under {IDLE_BUSY:.0%} busy for {idle_s:.0f} s: {name} "
-                f"leaves {worker}, which goes back to the pool"
+                f"every instance under {self.scale_in_busy:.0%} busy for {idle_s:.0f} s: {name} "
+                f"leaves {worker}, the newest worker the run has an instance on, and one "
+                "Spark worker goes back to the pool"
             ),
             actor=Event.Actor.BALANCER,
         )

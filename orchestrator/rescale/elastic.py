@@ -9,9 +9,9 @@ new driver of the run and cleared when the run ends. With no elastic pool, or th
 at its maximum, the scale-out is refused with an event saying why, and nothing starts.
 
 Scale-in is the reverse: when every operator instance of the run kept its worker busy
-less than ``IDLE_BUSY`` of the time for ``IDLE_FOR_S`` while the run had workers of its
-own, the instance on the newest worker is removed by hot rescale, and once that
-adjustment completes the run asks for one worker fewer.
+less than the policy's ``scale_in_busy`` share of the time for ``scale_in_after_s``
+while the run had workers of its own, the instance on the newest worker is removed by
+hot rescale, and once that adjustment completes the run asks for one worker fewer.
 """
 
 from __future__ import annotations
@@ -22,20 +22,19 @@ from dataclasses import dataclass
 
 from orchestrator.zk.control_plane import ControlPlane
 
-IDLE_BUSY = 0.25
-IDLE_FOR_S = 60.0
-
 
 @dataclass
 class Idle:
-    """Since when every operator has been under ``IDLE_BUSY`` (None: not idle now)."""
+    """Since when every operator has been busy less than ``under`` of the time (None:
+    not idle now)."""
 
+    under: float
     since: float | None = None
 
     def update(self, busy: Mapping[str, float | None], now: float) -> float:
         """Note this tick's busy shares; how long the run has been idle (0: not)."""
         shares = [b for b in busy.values() if b is not None]
-        if not shares or max(shares) >= IDLE_BUSY:
+        if not shares or max(shares) >= self.under:
             self.since = None
             return 0.0
         if self.since is None:

@@ -261,6 +261,8 @@ class RunDriver:
             source=self.source["name"],
             timeout_s=self.policy.adjust_timeout_s,
             placement=self.policy.placement,
+            scale_in_busy=self.policy.scale_in_busy,
+            scale_in_after_s=self.policy.scale_in_after_s,
         )
         self.signals = SignalQueue(self.table, self.policy)
         self.commands = OperatorCommands(self.table, self.policy)

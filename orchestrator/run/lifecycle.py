@@ -140,10 +140,12 @@ def create_run(
             lab_arm=lab_arm,
         )
         # The id is new, so anything in its folder or under its znode is left from a
-        # database that was reset: an old run's flags, routes or epoch must not leak in.
+        # database that was reset: an old run's flags, routes or epoch must not leak in,
+        # nor its ask for elastic Spark workers (the new run would start holding them).
         shutil.rmtree(run_dir(run.pk), ignore_errors=True)
         with ControlPlane.connect(settings.ZK_HOSTS) as control:
             control.delete_run(str(run.pk))
+            control.ask_spark_workers(str(run.pk), 0, "a new run with this id")
         forget_snapshot(run.pk)
         if isinstance(source, StreamSpec):
             what += f" (consumer group {group_name(run.pk, source)})"

@@ -2,9 +2,11 @@
 
 Starts the embedded services that are not configured, applies migrations, creates the
 admin account and the reference pipeline when absent, then runs the Celery workers,
-Celery beat and the ASGI server on 127.0.0.1:8000 until Ctrl-C or SIGTERM, and stops all
-of it on the way out. Until then a process that dies, one of those or an embedded
-service, is restarted in place with backoff (``supervisor``), with a line on stdout.
+Celery beat, the ASGI server on 127.0.0.1:8000 and, when ``BPCONSOLE_SPARK_WORKERS_MAX``
+is above ``BPCONSOLE_SPARK_WORKERS``, the elastic pool's process (:func:`elastic_workers`)
+until Ctrl-C or SIGTERM, and stops all of it on the way out. Until then a process that
+dies, one of those or an embedded service, is restarted in place with backoff
+(``supervisor``), with a line on stdout.
 """
 
 from __future__ import annotations
@@ -175,6 +177,31 @@ def spark_worker(number: int, python: str, env: Mapping[str, str], logs: Path) -
     )
 
 
+def elastic_workers(
+    base: int, maximum: int, python: str, env: Mapping[str, str], logs: Path
+) -> Child | None:
+    """The elastic pool's process (not started): ``manage.py elastic_workers``, which
+    starts Spark workers beyond the ``base`` ones as placed runs ask for them, up to
+    ``maximum`` in all (``orchestrator/services/spark_pool.py``); None when the maximum
+    is the base, so no run can be given a worker of its own."""
+    if maximum <= base:
+        return None
+    return Child(
+        "elastic Spark workers",
+        [
+            python,
+            "manage.py",
+            "elastic_workers",
+            "--base",
+            str(base),
+            "--maximum",
+            str(maximum),
+        ],
+        env,
+        logs / "elastic-workers.log",
+    )
+
+
 def _demo(python: str, env: dict[str, str], var_dir: Path, logs: Path) -> Child:
     """The continuous demo: a run of the landing-demo pipeline (started unless one is
     going on) and a producer writing bursty, skewed records into its landing folder, so
@@ -292,6 +319,10 @@ def main() -> int:
         )
         if os.environ.get("BPCONSOLE_DEMO", "1") != "0":
             children.append(_demo(python, env, var_dir, logs))
+        pool = elastic_workers(spark_worker_total, spark_worker_max, python, env, logs)
+        if pool is not None:
+            pool.start()
+            children.append(pool)
         print(f"\nThe backpressure console is up: http://{host}:{port}/", flush=True)
         print(f"Logs: {logs}. Stop with Ctrl-C.", flush=True)
         supervisor = Supervisor()
@@ -301,23 +332,6 @@ def main() -> int:
             supervisor.watch(service)
         for child in children:
             supervisor.watch(child)
-        if spark_worker_max > spark_worker_total:
-            children.append(
-                _spawn(
-                    "elastic Spark workers",
-                    [
-                        python,
-                        "manage.py",
-                        "elastic_workers",
-                        "--base",
-                        str(spark_worker_total),
-                        "--maximum",
-                        str(spark_worker_max),
-                    ],
-                    env,
-                    logs / "elastic-workers.log",
-                )
-            )
         supervisor.run()
     except Stop as stop:
         print(f"\n{stop}: stopping the console and its services...", flush=True)

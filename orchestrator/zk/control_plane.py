@@ -17,6 +17,10 @@ plane") is written down here, in one place::
     <root>/runs/<run>/driver              kazoo Lock: one live driver/balance loop per run
     <root>/workers/<name>                 ephemeral JSON: host, pid, queues, started
                                           (these two: ``workers``)
+    <root>/spark/asked/<run>              JSON {"extra", "reason"}: Spark workers a run
+                                          asks of the elastic pool beyond its base
+    <root>/spark/pool                     JSON {"base", "maximum", "extra"}: what the
+                                          pool allows and keeps (both ``spark_pool``)
 
 The session (connection state, JSON encoding, the base error) is ``session``; paths and
 the shared reads, writes and watches are ``znodes``. Readers learn of changes by

@@ -40,6 +40,10 @@ def test_spec_defaults() -> None:
         ({"scale_out_horizon_s": 0.5}, "scale_out_horizon_s: 0.5 is outside [1, 3600]"),
         ({"scale_out_ticks": 0}, "scale_out_ticks: 0 is outside [1, 100]"),
         ({"scale_out_ticks": 2.5}, "scale_out_ticks: expected a whole number, got 2.5"),
+        ({"scale_in_busy": 0.0}, "scale_in_busy: 0 is outside (0, 1)"),
+        ({"scale_in_busy": 1.0}, "scale_in_busy: 1 is outside (0, 1)"),
+        ({"scale_in_after_s": 4.9}, "scale_in_after_s: 4.9 is outside [5, 3600]"),
+        ({"scale_in_after_s": 3601}, "scale_in_after_s: 3601 is outside [5, 3600]"),
     ],
 )
 def test_each_bad_value_is_named(values: dict[str, object], problem: str) -> None:
@@ -72,6 +76,13 @@ def test_from_mapping_raises_with_every_problem_and_replace_validates() -> None:
     assert policy.replace(alpha=0.5).alpha == 0.5
     with pytest.raises(PolicyError):
         policy.replace(alpha=5)
+
+
+def test_the_scale_in_window_defaults_to_a_minute_under_a_quarter_busy() -> None:
+    policy = Policy()
+    assert (policy.scale_in_busy, policy.scale_in_after_s) == (0.25, 60.0)
+    assert validate({"scale_in_busy": 0.99, "scale_in_after_s": 5}) == []
+    assert validate({"scale_in_after_s": 3600}) == []
 
 
 def test_range_text_reads_like_the_spec() -> None:

@@ -71,6 +71,7 @@ def _policy_fieldsets() -> _FieldsetSpec:
         "credit": "Credit-based flow control",
         "migration": "Pressure-score migration",
         "rescale": "Hot rescale",
+        "elastic": "Elastic Spark workers (a placed run's scale-in)",
         "runtime": "Runtime (batches that keep failing)",
     }
     sections: list[tuple[str | None, list[str | _ListOrTuple[str]]]] = [

@@ -1,9 +1,16 @@
-"""A placed run's scale-out adds a real Spark worker, and the worker goes back when the
-run no longer needs it (orchestrator/rescale/elastic.py, orchestrator/services/
-spark_pool.py), on the real stack: the elastic pool starts a Celery Spark worker process
-that registers in ZooKeeper, the new instance runs on it, a worker killed in the middle
-of the adjustment loses nothing, a scale-out past the maximum is refused with an event,
-and the result equals the plain Spark job."""
+"""A placed run's scale-out adds a real Spark worker, and the run gives it back by itself
+once underloaded (orchestrator/rescale/elastic.py, orchestrator/services/spark_pool.py),
+on the real stack: the elastic pool starts a Celery Spark worker process that registers
+in ZooKeeper, the new instance runs on it, a worker killed in the middle of the
+adjustment loses nothing, and a scale-out past the maximum is refused with an event;
+underloaded for the policy's ``scale_in_after_s``, the run then scales in by itself (the
+base worker killed in the middle of that adjustment), asks for one worker fewer, and the
+pool stops the worker's processes; more lands after it, and the result equals the plain
+Spark job over what the run took in.
+
+The run reads a landing folder, so it goes on after its backlog: the underload that
+gives the worker back is watched while the run still runs, and the run is stopped at
+the end."""
 
 from __future__ import annotations
 
@@ -20,17 +27,26 @@ import pytest
 from django.conf import settings
 
 from orchestrator.ledger.results import summary
-from orchestrator.models import Adjustment, Event, Instance, Segment
-from orchestrator.run.lifecycle import live_workers, request_adjustment
+from orchestrator.models import Adjustment, Event, Instance, Segment, SourceFile
+from orchestrator.run.lifecycle import live_workers, request_adjustment, set_status
 from orchestrator.services.runconsole import Child
 from orchestrator.services.spark_pool import SparkPool
 from orchestrator.services.supervisor import Supervisor
+from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
-from tests.orchestrator.run.scenarios import policy, start, wait_until_done
+from tests.orchestrator.run.scenarios import landed_at_once, policy, start, wait_until_done
 from tests.orchestrator.run.test_placement import unemulated_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+# Landed before the run starts: data in flight while the run scales out.
+BACKLOG_MB = 3
+# The run is underloaded from its ask for a worker on: every instance's busy share, over
+# the last 30 s, starts low and the backlog is soon done. So the scale-in begins this
+# long after the ask, once the scale-out (its worker's start, about 6 s on a quiet
+# machine and 17 s on a loaded one, the kill, the refusal) is over.
+SCALE_IN_AFTER_S = 30.0
 
 
 class RunningPool:
@@ -73,6 +89,10 @@ def elastic_pool(workers, control: ControlPlane, base: int) -> Iterator[RunningP
             Path(workers.log_dir) / f"{name}.log",
         )
 
+    # The test ZooKeeper outlives the test database: asks left by the runs of an
+    # earlier session would be served, or refuse this run's.
+    for run in control.spark_workers_asked():
+        control.ask_spark_workers(run, 0, "a run of an earlier test session")
     # Their lines are printed: pytest shows them when the test fails.
     supervisor = Supervisor(say=print)
     pool = SparkPool(base, base + 1, make, control, supervisor, print)
@@ -88,6 +108,28 @@ def elastic_pool(workers, control: ControlPlane, base: int) -> Iterator[RunningP
                 _kill_tree(worker.process.pid)
 
 
+@contextlib.contextmanager
+def base_worker_restored(workers) -> Iterator[None]:
+    """The session's Spark worker running and registered again at the end, whatever the
+    test did to it: the tests after this one need it."""
+    try:
+        yield
+    finally:
+        if workers.processes["spark1"].poll() is not None:
+            workers.start("spark1")
+        workers.wait_ready(["spark1"])
+        # A worker started again registers once ZooKeeper expired its killed process's
+        # session, which held its name.
+        _until(
+            "the base worker registered again",
+            lambda: any(
+                info.get("pid") == workers.processes["spark1"].pid
+                for info in live_workers().values()
+            ),
+            timeout_s=60,
+        )
+
+
 def _kill_tree(pid: int) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         parent = psutil.Process(pid)
@@ -96,32 +138,50 @@ def _kill_tree(pid: int) -> None:
                 process.send_signal(signal.SIGKILL)
 
 
-def _until(what: str, check, timeout_s: float = 120.0):  # type: ignore[no-untyped-def]
+def _tree(pid: int) -> list[psutil.Process]:
+    parent = psutil.Process(pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _until(what: str, check, timeout_s: float = 120.0, every_s: float = 0.2):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while True:
         found = check()
         if found:
             return found
         assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        time.sleep(0.2)
+        time.sleep(every_s)
 
 
-def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_gives_it_back(
-    workers,
+def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scales_in_by_itself(
+    workers, tmp_path
 ) -> None:
     base = sorted(live_workers())
     assert base, "the test stack runs a Spark worker"
+    folder = tmp_path / "landing"
+    source = landed_at_once(folder, mb=BACKLOG_MB, seed=11, file_kb=512)
     with (
         ControlPlane.connect(settings.ZK_HOSTS) as control,
         elastic_pool(workers, control, len(base)) as running,
+        base_worker_restored(workers),
     ):
-        # Given a placed run on the base workers, and an elastic pool one worker wide
+        # Given a placed run on the base workers over a landing folder, and an elastic
+        # pool one worker wide
         doc = unemulated_reference()
-        run = start(
-            doc,
-            policy(placement="placed", migration="off", routing="static"),
-            generator="seed=11,volume_mb=40,dominance=0.6,skew_mean_s=1000",
+        values = policy(
+            placement="placed",
+            migration="off",
+            routing="static",
+            scale_in_after_s=SCALE_IN_AFTER_S,
         )
+        run = start(doc, values, source=source)
         _until("the driver placed the tasks", lambda: Event.objects.filter(run=run, kind="placed"))
         _until("a task batch", lambda: Segment.objects.filter(run=run, state="done").exists())
         # When one more instance of the stage is asked for while every worker runs one
@@ -149,6 +209,14 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_give
         victim = running.pool.extras[0].process
         assert victim is not None
         _kill_tree(victim.pid)
+        # Then the pool starts it again
+        _until(
+            "the pool started its killed worker again",
+            lambda: (
+                running.pool.extras[0].process is not victim
+                and running.pool.extras[0].poll() is None
+            ),
+        )
         # and one more instance is asked for: the pool is at its maximum
         _until(
             "the adjustment ended",
@@ -164,19 +232,71 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_give
         )
         assert "maximum" in refused.reason and "nothing was started" in refused.reason
         assert len(running.pool.extras) == 1
-        # Then the run equals the plain Spark job over its input
-        run = wait_until_done(run, timeout_s=300)
-        result = summary(run)
-        assert result["coverage"] == "exact", result["error"]
-        expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
-        assert result["rows"] == expected["rows"]
-        # and its worker goes back: the pool stops it and it leaves ZooKeeper
-        _until(
-            "the run's ask was cleared", lambda: str(run.pk) not in control.spark_workers_asked()
+
+        # When the run stays underloaded, it scales in by itself
+        scale_in = _until(
+            "the balancer began a scale-in",
+            lambda: Adjustment.objects.filter(run=run, kind="scale_in").first(),
+            timeout_s=SCALE_IN_AFTER_S + 120,
+            every_s=0.01,
         )
+        assert scale_in.status == "running", (
+            f"the scale-in was {scale_in.status} before the test could kill a worker in its middle"
+        )
+        # and the base worker is killed in the middle of it (and started again)
+        _kill_tree(workers.processes["spark1"].pid)
+        workers.start("spark1")
+        extra = running.pool.extras[0].process
+        assert extra is not None
+        # (its processes that run: a child it has not reaped yet is gone already)
+        processes = [p for p in _tree(extra.pid) if _alive(p)]
+        assert processes and processes[0].pid == extra.pid, "the pool's worker runs"
+        (removed,) = scale_in.plan["removed"]
+        assert Event.objects.filter(
+            run=run, kind="adjust_planned", actor="balancer", data__removed=[removed]
+        ).exists()
+        # Then the scale-in completes or rolls back
+        ended = _until(
+            "the scale-in ended",
+            lambda: Adjustment.objects.filter(pk=scale_in.pk).exclude(status="running").first(),
+            timeout_s=180,
+        )
+        assert ended.status in ("complete", "rolled_back"), ended.status
+        # When more lands after it, while the base worker comes back
+        landed_at_once(folder, mb=0.25, seed=13, file_kb=256)
+        files = len(list(folder.glob("*.jsonl")))
+        # Then the run asks for one worker fewer (a scale-in rolled back is tried again
+        # after the next underload)
+        _until(
+            "the run asked for one worker fewer",
+            lambda: str(run.pk) not in control.spark_workers_asked(),
+            timeout_s=180,
+        )
+        # and the pool stops the worker: its processes are gone, and so is it from
+        # ZooKeeper
         _until("the pool stopped its worker", lambda: not running.pool.extras)
+        _until(
+            "the worker's processes exited",
+            lambda: not [p for p in processes if _alive(p)],
+            timeout_s=60,
+        )
         _until(
             "the stopped worker left ZooKeeper",
             lambda: not (set(live_workers()) - set(base)),
             timeout_s=90,
         )
+        # When the run is stopped once it has read every landed file
+        _until(
+            "the run read every landed file",
+            lambda: SourceFile.objects.filter(run=run, state="read").count() == files,
+        )
+        set_status(run.pk, "stopping", reason="test: every landed file read")
+        run = wait_until_done(run, timeout_s=300)
+    # Then the run equals the plain Spark job over what it took in
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact", result["error"]
+    taken = tmp_path / "ingested.jsonl"
+    write_ingested(run, taken)
+    expected = batch_summary(topology=doc, input_path=str(taken), generator=None)
+    assert result["rows"] == expected["rows"]

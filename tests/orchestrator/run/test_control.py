@@ -8,6 +8,7 @@ import time
 
 import pytest
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment
@@ -133,6 +134,22 @@ def test_every_tick_publishes_a_snapshot_to_the_run_group(workers) -> None:
     assert {n["name"] for n in snapshot["nodes"]} == {"source", "task1", "task2", "task3", "output"}
     assert len(snapshot["links"]) == 6
     wait_until_done(run)
+
+
+@pytest.mark.django_db
+def test_a_new_run_holds_no_elastic_ask_left_under_its_id_by_a_reset_database() -> None:
+    from orchestrator.run.lifecycle import create_run
+
+    doc = skewed_reference()
+    first = create_run(topology=doc, policy=policy(), generator="seed=1,volume_mb=1")
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        # Given an ask left under the next run id (a run of a database since reset)
+        control.ask_spark_workers(str(first.pk + 1), 1, "a run of an older database")
+        # When a run gets that id
+        second = create_run(topology=doc, policy=policy(), generator="seed=2,volume_mb=1")
+        assert second.pk == first.pk + 1
+        # Then it asks for no Spark worker
+        assert str(second.pk) not in control.spark_workers_asked()
 
 
 @pytest.mark.django_db

@@ -1,5 +1,6 @@
-"""``make run`` keeps its processes up: a killed worker, Redis, ZooKeeper or PostgreSQL
-comes back, the console goes on, and SIGTERM still stops everything it started."""
+"""``make run`` keeps its processes up: a killed worker, the elastic pool's process,
+Redis, ZooKeeper or PostgreSQL comes back, the console goes on, and SIGTERM still stops
+everything it started."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ def _child(console: psutil.Process, matches: Callable[[list[str]], bool]) -> psu
 
 def _is_control_worker(cmd: list[str]) -> bool:
     return "celery" in cmd and "worker" in cmd and "control" in cmd
+
+
+def _is_elastic_pool(cmd: list[str]) -> bool:
+    return "elastic_workers" in cmd
 
 
 def _is_redis(cmd: list[str]) -> bool:
@@ -157,6 +162,7 @@ def test_killed_processes_come_back_and_sigterm_stops_all(tmp_path: Path) -> Non
         "BPCONSOLE_VAR_DIR": str(var_dir),
         "BPCONSOLE_PORT": str(port),
         "BPCONSOLE_DEMO": "0",
+        "BPCONSOLE_SPARK_WORKERS_MAX": "2",  # an elastic pool's process, no worker of it
         "BPCONSOLE_HEALTH_TOKEN": TOKEN,
         "DJANGO_SETTINGS_MODULE": "webapp.settings.local",
         "DATABASE_URL": "",
@@ -185,6 +191,9 @@ def test_killed_processes_come_back_and_sigterm_stops_all(tmp_path: Path) -> Non
         )
         _wait("GET /healthz after the worker", lambda: _healthy(port), 60, console)
 
+        # When the elastic pool's process is killed, a new one runs
+        _kill_and_see_it_back(console, _is_elastic_pool, lambda: True)
+
         # When Redis is killed, it comes back on the same port
         _kill_and_see_it_back(
             console, _is_redis, lambda: redis_answers(endpoints.redis_url, timeout_s=1)
@@ -204,7 +213,7 @@ def test_killed_processes_come_back_and_sigterm_stops_all(tmp_path: Path) -> Non
         # Then the console itself is still running, and said what it restarted
         assert console.poll() is None
         said = out_path.read_text()
-        for name in ("control worker", "redis", "zookeeper", "postgresql"):
+        for name in ("control worker", "elastic Spark workers", "redis", "zookeeper", "postgresql"):
             assert f"{name} exited with code -9; restarting in 1 s (restart 1)" in said, said
 
         # When it gets SIGTERM, everything it started is gone

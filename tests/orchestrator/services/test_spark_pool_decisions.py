@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from orchestrator.rescale.elastic import IDLE_BUSY, Idle, newest
+from orchestrator.rescale.elastic import Idle, newest
 from orchestrator.services.spark_pool import PoolState, SparkPool, extra_wanted
 
 
@@ -125,10 +125,10 @@ def test_the_state_is_written_only_when_it_changes() -> None:
 
 
 def test_a_run_is_idle_once_every_instance_stays_under_the_busy_floor() -> None:
-    idle = Idle()
-    assert idle.update({"a": IDLE_BUSY / 2, "b": None}, 10.0) == 0.0
-    assert idle.update({"a": IDLE_BUSY / 2, "b": 0.0}, 40.0) == 30.0
-    assert idle.update({"a": IDLE_BUSY, "b": 0.0}, 50.0) == 0.0  # busy again: from scratch
+    idle = Idle(under=0.25)
+    assert idle.update({"a": 0.1, "b": None}, 10.0) == 0.0
+    assert idle.update({"a": 0.1, "b": 0.0}, 40.0) == 30.0
+    assert idle.update({"a": 0.25, "b": 0.0}, 50.0) == 0.0  # busy again: from scratch
     assert idle.update({"a": 0.0}, 60.0) == 0.0
     assert idle.update({}, 70.0) == 0.0  # nothing measured says nothing
 

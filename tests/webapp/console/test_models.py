@@ -36,6 +36,8 @@ def test_roles_exist_as_groups() -> None:
         ("watermark_step", 0.0, "outside (0, 0.3]"),
         ("duty_ratio", 1.5, "outside (0, 1]"),
         ("throttling", "telepathy", "is not one of"),
+        ("scale_in_busy", 1.0, "outside (0, 1)"),
+        ("scale_in_after_s", 2.0, "outside [5, 3600]"),
     ],
 )
 def test_out_of_range_parameter_is_reported_on_its_field(

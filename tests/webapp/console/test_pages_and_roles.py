@@ -83,19 +83,31 @@ def test_bootstrap_creates_admin_and_the_demo_pipelines_once(
     assert b"reference" in page.content
 
 
-def test_admin_shows_policy_validation_errors_in_the_form() -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("high_water", "0.95", "0.95 is outside [0.6, 0.9]"),
+        ("scale_in_busy", "1", "1 is outside (0, 1)"),
+        ("scale_in_after_s", "4", "4 is outside [5, 3600]"),
+    ],
+)
+def test_admin_shows_policy_validation_errors_in_the_form(
+    field: str, value: str, message: str
+) -> None:
     admin = User.objects.create_superuser("root", "", "pw-root-123")
     client = Client()
     client.force_login(admin)
     from webapp.console.models import Policy
 
     policy = Policy.objects.get(is_default=True)
+    before = policy.values()
     form = client.get(f"/admin/console/policy/{policy.pk}/change/")
     assert form.status_code == 200
+    assert f'name="{field}"'.encode() in form.content
     data = {k: v for k, v in policy.values().items()}
-    data.update(name=policy.name, description="", is_default="on", high_water="0.95")
+    data.update({"name": policy.name, "description": "", "is_default": "on", field: value})
     response = client.post(f"/admin/console/policy/{policy.pk}/change/", data)
     assert response.status_code == 200  # the form comes back, not a redirect
-    assert b"0.95 is outside [0.6, 0.9]" in response.content
+    assert message.encode() in response.content
     policy.refresh_from_db()
-    assert policy.high_water == 0.7
+    assert policy.values() == before

@@ -83,10 +83,17 @@ def test_bad_operator_parameters_are_reported_per_node(reference: dict[str, Any]
 
 
 def test_threshold_out_of_range_and_inverted(reference: dict[str, Any]) -> None:
-    reference["policy_overrides"] = {"high_water": 0.95, "alpha": 1.0}
+    reference["policy_overrides"] = {
+        "high_water": 0.95,
+        "alpha": 1.0,
+        "scale_in_busy": 1.5,
+        "scale_in_after_s": 0,
+    }
     found = messages(reference)
     assert "policy_overrides.high_water: 0.95 is outside [0.6, 0.9]" in found
     assert "policy_overrides.alpha: 1 is outside (0, 1)" in found
+    assert "policy_overrides.scale_in_busy: 1.5 is outside (0, 1)" in found
+    assert "policy_overrides.scale_in_after_s: 0 is outside [5, 3600]" in found
     reference["policy_overrides"] = {"high_water": 0.6, "low_water": 0.4, "recovery_threshold": 0.9}
     found = messages(reference)
     assert any("recovery_threshold" in m for m in found)
