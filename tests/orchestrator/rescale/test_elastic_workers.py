@@ -18,7 +18,6 @@ import contextlib
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.run.scenarios import landed_at_once, policy, start, wait_until_done
 from tests.orchestrator.run.test_placement import unemulated_reference
+from tests.waiting import alive, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -120,7 +120,7 @@ def base_worker_restored(workers) -> Iterator[None]:
         workers.wait_ready(["spark1"])
         # A worker started again registers once ZooKeeper expired its killed process's
         # session, which held its name.
-        _until(
+        wait_for(
             "the base worker registered again",
             lambda: any(
                 info.get("pid") == workers.processes["spark1"].pid
@@ -141,23 +141,6 @@ def _kill_tree(pid: int) -> None:
 def _tree(pid: int) -> list[psutil.Process]:
     parent = psutil.Process(pid)
     return [parent, *parent.children(recursive=True)]
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _until(what: str, check, timeout_s: float = 120.0, every_s: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        time.sleep(every_s)
 
 
 def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scales_in_by_itself(
@@ -182,24 +165,26 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
             scale_in_after_s=SCALE_IN_AFTER_S,
         )
         run = start(doc, values, source=source)
-        _until("the driver placed the tasks", lambda: Event.objects.filter(run=run, kind="placed"))
-        _until("a task batch", lambda: Segment.objects.filter(run=run, state="done").exists())
+        wait_for(
+            "the driver placed the tasks", lambda: Event.objects.filter(run=run, kind="placed")
+        )
+        wait_for("a task batch", lambda: Segment.objects.filter(run=run, state="done").exists())
         # When one more instance of the stage is asked for while every worker runs one
         request_adjustment(run.pk, "add_instance", stage="agg")
-        asked = _until(
+        asked = wait_for(
             "the run asked the pool for a worker",
             lambda: Event.objects.filter(run=run, kind="worker_asked").first(),
         )
         assert asked.data["extra"] == 1
         # Then the pool starts a real worker process, which registers in ZooKeeper
-        new = _until(
+        new = wait_for(
             "the new worker registered",
             lambda: sorted(set(live_workers()) - set(base)),
         )
         (worker,) = new
         assert running.pool.extras and running.pool.extras[0].poll() is None
         # and the new instance is added on it by hot rescale
-        adjustment = _until(
+        adjustment = wait_for(
             "a scale-out adjustment began",
             lambda: Adjustment.objects.filter(run=run, kind="scale_out").first(),
         )
@@ -210,7 +195,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         assert victim is not None
         _kill_tree(victim.pid)
         # Then the pool starts it again
-        _until(
+        wait_for(
             "the pool started its killed worker again",
             lambda: (
                 running.pool.extras[0].process is not victim
@@ -218,13 +203,13 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
             ),
         )
         # and one more instance is asked for: the pool is at its maximum
-        _until(
+        wait_for(
             "the adjustment ended",
             lambda: not Adjustment.objects.filter(run=run, status="running").exists(),
             timeout_s=180,
         )
         request_adjustment(run.pk, "add_instance", stage="agg")
-        refused = _until(
+        refused = wait_for(
             "the second scale-out was refused",
             lambda: Event.objects.filter(
                 run=run, kind="adjust_refused", reason__startswith="scale out of agg refused"
@@ -234,7 +219,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         assert len(running.pool.extras) == 1
 
         # When the run stays underloaded, it scales in by itself
-        scale_in = _until(
+        scale_in = wait_for(
             "the balancer began a scale-in",
             lambda: Adjustment.objects.filter(run=run, kind="scale_in").first(),
             timeout_s=SCALE_IN_AFTER_S + 120,
@@ -249,14 +234,14 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         extra = running.pool.extras[0].process
         assert extra is not None
         # (its processes that run: a child it has not reaped yet is gone already)
-        processes = [p for p in _tree(extra.pid) if _alive(p)]
+        processes = [p for p in _tree(extra.pid) if alive(p)]
         assert processes and processes[0].pid == extra.pid, "the pool's worker runs"
         (removed,) = scale_in.plan["removed"]
         assert Event.objects.filter(
             run=run, kind="adjust_planned", actor="balancer", data__removed=[removed]
         ).exists()
         # Then the scale-in completes or rolls back
-        ended = _until(
+        ended = wait_for(
             "the scale-in ended",
             lambda: Adjustment.objects.filter(pk=scale_in.pk).exclude(status="running").first(),
             timeout_s=180,
@@ -267,26 +252,26 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         files = len(list(folder.glob("*.jsonl")))
         # Then the run asks for one worker fewer (a scale-in rolled back is tried again
         # after the next underload)
-        _until(
+        wait_for(
             "the run asked for one worker fewer",
             lambda: str(run.pk) not in control.spark_workers_asked(),
             timeout_s=180,
         )
         # and the pool stops the worker: its processes are gone, and so is it from
         # ZooKeeper
-        _until("the pool stopped its worker", lambda: not running.pool.extras)
-        _until(
+        wait_for("the pool stopped its worker", lambda: not running.pool.extras)
+        wait_for(
             "the worker's processes exited",
-            lambda: not [p for p in processes if _alive(p)],
+            lambda: not [p for p in processes if alive(p)],
             timeout_s=60,
         )
-        _until(
+        wait_for(
             "the stopped worker left ZooKeeper",
             lambda: not (set(live_workers()) - set(base)),
             timeout_s=90,
         )
         # When the run is stopped once it has read every landed file
-        _until(
+        wait_for(
             "the run read every landed file",
             lambda: SourceFile.objects.filter(run=run, state="read").count() == files,
         )

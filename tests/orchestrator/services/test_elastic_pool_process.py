@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -19,21 +17,12 @@ from orchestrator.services.launcher import Endpoints
 from orchestrator.services.runconsole import elastic_workers
 from orchestrator.zk.control_plane import ControlPlane
 from tests.conftest import TEST_VAR_DIR, child_env
+from tests.waiting import alive, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 # Not a run's id: the pool serves what all asks add up to, whoever made them.
 ASKER = "elastic-pool-test"
-
-
-def _until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        time.sleep(0.1)
 
 
 def _parent(pid: object) -> int | None:
@@ -44,13 +33,6 @@ def _parent(pid: object) -> int | None:
         return psutil.Process(pid).ppid()
     except psutil.NoSuchProcess:
         return None
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_an_ask_in_zookeeper_starts_a_real_spark_worker_and_an_ask_of_0_stops_it(
@@ -81,7 +63,7 @@ def test_an_ask_in_zookeeper_starts_a_real_spark_worker_and_an_ask_of_0_stops_it
                         return {**info, "znode": name}
                 return None
 
-            worker = _until("a Spark worker of the pool registered", registered, timeout_s=90)
+            worker = wait_for("a Spark worker of the pool registered", registered, timeout_s=90)
             assert "spark" in worker["queues"]
             assert worker["name"].startswith("spark-2@")  # runconsole's second Spark worker
             assert control.spark_pool() == {"base": 1, "maximum": 2, "extra": 1}
@@ -90,15 +72,15 @@ def test_an_ask_in_zookeeper_starts_a_real_spark_worker_and_an_ask_of_0_stops_it
             # When the ask goes back to 0
             control.ask_spark_workers(ASKER, 0, "test: done")
             # Then the pool stops the worker: its processes exit and it leaves ZooKeeper
-            _until(
+            wait_for(
                 "the worker's processes exited",
-                lambda: not [p for p in processes if _alive(p)],
+                lambda: not [p for p in processes if alive(p)],
             )
-            _until(
+            wait_for(
                 "the worker left ZooKeeper",
                 lambda: worker["znode"] not in control.live_workers(),
             )
-            _until(
+            wait_for(
                 "the pool said it keeps no worker",
                 lambda: control.spark_pool() == {"base": 1, "maximum": 2, "extra": 0},
             )
