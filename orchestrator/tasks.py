@@ -161,7 +161,9 @@ def watchdog() -> dict[str, Any]:
     and a pending run whose start was lost another; fail labs whose worker stopped
     before they finished; delete the segment files of runs that ended (a cancelled
     run's queued segments would keep theirs for good) and the distinct sets of runs
-    that ended, their counts kept."""
+    that ended, their counts kept; withdraw the elastic pool's asks of runs that ended
+    (a driver withdraws its run's own as the run ends, but a run cancelled while it had
+    no driver would hold its workers for good)."""
     reclaimed = segments.reclaim_expired()
     _fail_abandoned_labs()
     retention.drop_ended_folders()
@@ -177,22 +179,41 @@ def watchdog() -> dict[str, Any]:
             | Q(status=Run.Status.PENDING, input_spec__has_key="generating")
         ).values_list("pk", flat=True)
     )
-    if active or unstarted:
-        with ControlPlane.connect(settings.ZK_HOSTS) as control:
-            for run_id in sorted({*active, *unstarted}):
-                holder = control.driver_holder(str(run_id))
-                if holder is not None and died_here(holder):
-                    # Its process is gone (a control worker killed): its lock would
-                    # otherwise last until its ZooKeeper session expires.
-                    control.break_driver_lock(str(run_id), holder)
-                    log.warning("run %s: driver %s is dead; its lock was broken", run_id, holder)
-                    holder = None
-                if holder is None and run_id in unstarted and not claim_resend(run_id):
-                    continue
-                if holder is None:
-                    drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
-                    started.append(run_id)
-    return {"reclaimed": reclaimed, "drivers_started": started}
+    with ControlPlane.connect(settings.ZK_HOSTS) as control:
+        withdrawn = _withdraw_ended_asks(control)
+        for run_id in sorted({*active, *unstarted}):
+            holder = control.driver_holder(str(run_id))
+            if holder is not None and died_here(holder):
+                # Its process is gone (a control worker killed): its lock would
+                # otherwise last until its ZooKeeper session expires.
+                control.break_driver_lock(str(run_id), holder)
+                log.warning("run %s: driver %s is dead; its lock was broken", run_id, holder)
+                holder = None
+            if holder is None and run_id in unstarted and not claim_resend(run_id):
+                continue
+            if holder is None:
+                drive_run.apply_async(kwargs={"run_id": run_id}, queue="control")
+                started.append(run_id)
+    return {"reclaimed": reclaimed, "drivers_started": started, "asks_withdrawn": withdrawn}
+
+
+def _withdraw_ended_asks(control: ControlPlane) -> list[int]:
+    """Withdraw the elastic pool's asks (``spark/asked/<run>``) of runs that ended or no
+    longer exist; an ask not named by a run id is not a run's and is left alone."""
+    asked = {int(key) for key in control.spark_workers_asked() if key.isdecimal()}
+    if not asked:
+        return []
+    going = Run.objects.filter(
+        pk__in=asked,
+        status__in=[Run.Status.PENDING, Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.STOPPING],
+    ).values_list("pk", flat=True)
+    ended = sorted(asked - set(going))
+    for run_id in ended:
+        control.ask_spark_workers(str(run_id), 0, "the run ended")
+        log.warning(
+            "run %s ended asking the elastic pool for workers; the ask is withdrawn", run_id
+        )
+    return ended
 
 
 def claim_resend(run_id: int) -> bool:

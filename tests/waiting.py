@@ -13,16 +13,22 @@ T = TypeVar("T")
 
 
 def wait_for(
-    what: str, check: Callable[[], T], timeout_s: float = 120.0, every_s: float = 0.2
+    what: str,
+    check: Callable[[], T | None],
+    timeout_s: float = 120.0,
+    every_s: float = 0.2,
+    detail: Callable[[], str] | None = None,
 ) -> T:
-    """``check()``'s first truthy result, asked every ``every_s``; an AssertionError
-    naming ``what`` after ``timeout_s``."""
+    """``check()``'s first truthy result, asked every ``every_s``; after ``timeout_s``
+    an AssertionError naming ``what``, with ``detail()`` (what the state was) if given."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = check()
         if found:
             return found
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        if time.monotonic() >= deadline:
+            said = f": {detail()}" if detail is not None else ""
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s{said}")
         time.sleep(every_s)
 
 

@@ -9,8 +9,9 @@ Celery worker of one pool process with a Spark JVM of its own), supervised like 
 when the asks go down it stops the newest first. A stopped worker finishes the batch it
 runs (Celery's warm shutdown); the driver whose instances it ran moves them to live
 workers, as for any worker that goes (``orchestrator/rescale/control.py``, failover), so
-nothing is lost or counted twice. It writes what it allows and keeps to
-``spark/pool``, where the drivers read whether one more worker can be had.
+nothing is lost or counted twice. It publishes what it allows and keeps
+in ``spark/pool``, an ephemeral znode of its session, where the drivers read whether
+one more worker can be had: a pool that dies takes the znode with it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Asks(Protocol):
 
     def spark_workers_asked(self) -> dict[str, int]: ...
 
-    def write_spark_pool(self, state: PoolState) -> None: ...
+    def write_spark_pool(self, state: PoolState) -> None:
+        """Publish ``state`` for the drivers (each pass: cheap when unchanged)."""
 
 
 class Watcher(Protocol):
@@ -74,7 +76,6 @@ class SparkPool:
     say: Callable[[str], None]
     extras: list[Worker] = field(default_factory=list)
     stopping: list[Worker] = field(default_factory=list)
-    _written: PoolState | None = None
 
     def tick(self) -> None:
         """Start or stop workers to match the asks; reap the stopped ones."""
@@ -98,7 +99,7 @@ class SparkPool:
                 worker.process.terminate()  # warm shutdown: its batch in flight finishes
                 self.stopping.append(worker)
             self.say(f"{worker.name} stopped: the runs ask for {wanted} beyond the base")
-        state = PoolState(base=self.base, maximum=self.maximum, extra=len(self.extras))
-        if state != self._written:
-            self.asks.write_spark_pool(state)
-            self._written = state
+        # Every pass: the znode is ephemeral, and a lost session takes it away.
+        self.asks.write_spark_pool(
+            PoolState(base=self.base, maximum=self.maximum, extra=len(self.extras))
+        )

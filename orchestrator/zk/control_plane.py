@@ -19,8 +19,9 @@ plane") is written down here, in one place::
                                           (these two: ``workers``)
     <root>/spark/asked/<run>              JSON {"extra", "reason"}: Spark workers a run
                                           asks of the elastic pool beyond its base
-    <root>/spark/pool                     JSON {"base", "maximum", "extra"}: what the
-                                          pool allows and keeps (both ``spark_pool``)
+    <root>/spark/pool                     ephemeral JSON {"base", "maximum", "extra"}:
+                                          what the live pool allows and keeps (both
+                                          ``spark_pool``)
 
 The session (connection state, JSON encoding, the base error) is ``session``; paths and
 the shared reads, writes and watches are ``znodes``. Readers learn of changes by

@@ -7,6 +7,11 @@ the pool's base the run's placed instances need, written by its driver) and
 stops the workers, ``orchestrator/services/spark_pool.py``, allows and keeps). A run
 that ends asks for nothing again; a pool that is not elastic (no ``make run``, or a
 cluster manager's own) writes no ``spark/pool``, and a scale-out then adds no worker.
+
+``spark/pool`` is ephemeral, owned by the pool process's ZooKeeper session: it exists
+exactly while a pool is there to start workers, so a driver never asks a pool that died
+(it would wait for a worker nobody starts). The pool publishes its state every pass,
+which puts the znode back after a lost session and replaces one another session left.
 """
 
 from __future__ import annotations
@@ -49,12 +54,23 @@ class SparkPoolZnodes(Znodes):
         return found
 
     def write_spark_pool(self, state: PoolState) -> None:
+        """Publish the pool's state as this session's ephemeral znode: one read when it
+        is already there as written."""
         path = f"{self.root}/spark/pool"
         payload = encode(dict(state))
+        ours = self.client.client_id[0] if self.client.client_id else None
         try:
-            self.client.retry(self.client.set, path, payload)
+            data, stat = self.client.retry(self.client.get, path)
         except NoNodeError:
-            self.client.retry(self.client.create, path, payload, makepath=True)
+            stat = None
+        if stat is not None and stat.ephemeralOwner == ours:
+            if data != payload:
+                self.client.retry(self.client.set, path, payload, version=stat.version)
+            return
+        if stat is not None:  # another session's, or a persistent one: not a live pool's
+            with contextlib.suppress(NoNodeError):
+                self.client.retry(self.client.delete, path, version=stat.version)
+        self.client.retry(self.client.create, path, payload, ephemeral=True, makepath=True)
 
     def spark_pool(self) -> PoolState | None:
         """The elastic pool's state, or None when no process keeps one."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from balancer.document import PipelineDocument, emulated
 from orchestrator.ledger import busy, keystate
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment
+from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.rescale.plan import key_groups
 from orchestrator.run.lifecycle import live_workers, set_status
 from orchestrator.source.replay import write_ingested
@@ -38,6 +40,7 @@ from tests.orchestrator.run.scenarios import (
     start,
     wait_until_done,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -240,10 +243,10 @@ def two_branches() -> PipelineDocument:
 def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_measurement(
     two_spark_workers: list[str], tmp_path: Path
 ) -> None:
-    # Given two placed branches on two workers, and a landing folder holding far more
-    # than they take in a second (the backlog is to be drained within a second)
+    # Given two placed branches on two workers, and a landing folder that keeps receiving
+    # more than they take in (the backlog is to be drained within a second)
     doc = two_branches()
-    source = landed_at_once(tmp_path / "landing", mb=12, seed=5, file_kb=256)
+    source = landed_at_once(tmp_path / "landing", mb=8, seed=5, file_kb=256)
     values = policy(
         placement="placed",
         throttling="credit",
@@ -252,11 +255,35 @@ def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_m
         scale_out_horizon_s=1,
     )
     run = start(doc, values, source=source)
-    # When the balancer has measured both branches' capacities and the source's backlog
-    deadline = time.monotonic() + 120
-    while (request := Event.objects.filter(run=run, kind="scale_out_request").first()) is None:
-        assert time.monotonic() < deadline, f"no scale-out was requested: {_told(run.pk)}"
-        time.sleep(0.2)
+    arriving = threading.Event()
+    producer = threading.Thread(
+        target=produce,
+        kwargs={
+            "target": FolderTarget(Path(source.folder)),
+            "rate_bps": 16 * 1024 * 1024,
+            "pattern": "skewed",
+            "duration_s": 150,
+            "max_bytes": 256 * 1024 * 1024,
+            "seed": 6,
+            "file_bytes": 256 * 1024,
+            "stop": arriving,
+            "branches": ("task1", "task2", "task3"),
+        },
+        name="landing",
+    )
+    producer.start()
+    try:
+        # When the balancer has measured both branches' capacities and the source's load
+        request = wait_for(
+            "a scale-out request",
+            lambda: Event.objects.filter(run=run, kind="scale_out_request").first(),
+            timeout_s=150,
+            detail=lambda: f"the run's events: {_told(run.pk)}",
+        )
+    finally:
+        arriving.set()
+        producer.join(30)
+    assert not producer.is_alive(), "the producer did not stop"
     # Then it asks for the instances the measured rates need, in one request
     assert request.actor == "balancer" and request.node == "source"
     assert request.data["stage"] == "agg"
@@ -265,11 +292,14 @@ def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_m
     assert "overloaded 2 ticks in a row: stage agg: needs" in request.reason
     # and the request is carried out or refused with why (both workers run the stage,
     # so they must come from an elastic pool), never silently dropped
-    while not Event.objects.filter(
-        run=run, kind__in=("worker_asked", "adjust_refused"), node="agg"
-    ).exists():
-        assert time.monotonic() < deadline, f"the request went nowhere: {_told(run.pk)}"
-        time.sleep(0.2)
+    wait_for(
+        "the request carried out or refused",
+        lambda: Event.objects.filter(
+            run=run, kind__in=("worker_asked", "adjust_refused"), node="agg"
+        ).exists(),
+        timeout_s=60,
+        detail=lambda: f"the run's events: {_told(run.pk)}",
+    )
     # and, stopped, the run equals the plain Spark job over what it took in
     set_status(run.pk, "stopping", reason="test: the scale-out was requested")
     run = wait_until_done(run, timeout_s=180)

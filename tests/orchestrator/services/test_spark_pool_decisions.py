@@ -117,11 +117,11 @@ def test_a_lower_ask_stops_the_newest_worker_which_is_no_longer_restarted() -> N
     assert asks.written[-1]["extra"] == 1
 
 
-def test_the_state_is_written_only_when_it_changes() -> None:
+def test_the_state_is_published_every_pass_so_a_lost_session_s_znode_comes_back() -> None:
     spark, asks, _ = pool()
     for _ in range(3):
         spark.tick()
-    assert len(asks.written) == 1
+    assert len(asks.written) == 3 and len({tuple(s.values()) for s in asks.written}) == 1
 
 
 def test_a_run_is_idle_once_every_instance_stays_under_the_busy_floor() -> None:

@@ -23,6 +23,7 @@ from kazoo.exceptions import LockTimeout, NoNodeError
 
 from orchestrator.services.credentials import ZkAddress, zk_client
 from orchestrator.services.launcher import Endpoints
+from orchestrator.services.spark_pool import PoolState
 from orchestrator.zk.control_plane import (
     ControlPlane,
     StaleEpochError,
@@ -651,3 +652,28 @@ def test_cut_connection_suspends_then_resumes_the_same_session(
         assert observer.flags(RUN) == {"after"}
     finally:
         proxy.close()
+
+
+# -- the elastic Spark pool ----------------------------------------------------------
+
+
+def test_the_spark_pool_znode_lives_exactly_as_long_as_the_pool_s_session(
+    connect: Callable[..., ControlPlane],
+) -> None:
+    pool, driver = connect(), connect()
+    path = f"{driver.root}/spark/pool"
+    # A persistent spark/pool (another process's, from before) is not a live pool
+    driver.client.create(path, encode({"base": 1, "maximum": 9, "extra": 5}), makepath=True)
+    state = PoolState(base=1, maximum=3, extra=0)
+    pool.write_spark_pool(state)
+    assert driver.spark_pool() == state
+    _, stat = driver.client.get(path)
+    assert stat.ephemeralOwner == pool.client.client_id[0]
+    # publishing the same state again writes nothing
+    pool.write_spark_pool(state)
+    assert driver.client.get(path)[1].version == stat.version
+    pool.write_spark_pool(PoolState(base=1, maximum=3, extra=1))
+    assert driver.spark_pool() == PoolState(base=1, maximum=3, extra=1)
+    # and the pool gone, no driver sees one
+    pool.close()
+    assert wait_for(lambda: driver.spark_pool() is None), "spark/pool outlived its session"
