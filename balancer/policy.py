@@ -498,7 +498,8 @@ PARAMETERS: tuple[Param, ...] = (
         0.25,
         "A placed run with Spark workers of its own gives one back once every operator "
         "instance has kept its worker busy less than this share of the time for "
-        "scale_in_after_s.",
+        "scale_in_after_s (with scale_out measured: once the stage's other workers take "
+        "its target with a quarter to spare by their measured rates).",
         "elastic",
         minimum=0.0,
         maximum=1.0,
@@ -509,9 +510,9 @@ PARAMETERS: tuple[Param, ...] = (
         "scale_in_after_s",
         "Scale-in after",
         60.0,
-        "How long every operator instance must stay under scale_in_busy before the "
-        "instance on the run's newest worker of its own is removed by hot rescale and "
-        "that worker goes back to the pool.",
+        "How long the run must not need its newest worker of its own (see "
+        "scale_in_busy) before the instance on it is removed by hot rescale and that "
+        "worker goes back to the pool.",
         "elastic",
         unit="s",
         minimum=5.0,

@@ -28,6 +28,10 @@ target has exceeded its capacity for ``scale_out_ticks`` ticks in a row is asked
 the stage does not use yet. :func:`sized` gives a request from the flags trigger
 (balancer/rate.py) the same count where the stage is measured. Neither sizes a stage on
 the shared pool (pooled placement), where another instance adds no resource.
+
+:func:`spare_without` is the way back: a stage whose other resources would still take
+its target with ``SCALE_IN_HEADROOM`` to spare can give one back (the runtime removes
+the instance on its newest worker after ``scale_in_after_s`` of it).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from balancer.units import MB
 # The most instances one stage may have; the runtime refuses more
 # (orchestrator/rescale/control.py).
 MAX_INSTANCES_PER_STAGE = 8
+# A measured scale-in leaves the stage at most 1/1.25 = 80% loaded: the scale-out
+# trigger fires above 100%, so a resource given back is not asked for again at once.
+SCALE_IN_HEADROOM = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,10 @@ class StageSize:
     # Each member's share of the stage's input in proportion to its resource's rate
     # (members sharing one resource split its share evenly).
     shares: Mapping[str, float] = field(default_factory=dict)
+    # Each resource's true rate (``math.inf`` while not measured), and the resource
+    # each member runs on: what the stage loses if one goes.
+    rates: Mapping[str, float] = field(default_factory=dict)
+    resource_of: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
@@ -153,14 +164,25 @@ def size_stage(
     target = target_bps * min((shares_in[m] for m in members), default=1.0) + queued / horizon_s
     found = stage_capacity(observation, members)
     if not found.known:
-        return StageSize(stage, members, found.resources, math.inf, target, 0)
+        return StageSize(
+            stage,
+            members,
+            found.resources,
+            math.inf,
+            target,
+            0,
+            rates=found.rate_of,
+            resource_of=found.resource_of,
+        )
     capacity = found.bytes_per_s
     mean = capacity / found.resources
     wanted = min(maximum, max(1, math.ceil(target / mean - 1e-9)))
     of = found.resource_of
     together = {r: sum(1 for m in members if of[m] == r) for r in found.rate_of}
     shares = {m: found.rate_of[of[m]] / capacity / together[of[m]] for m in members}
-    return StageSize(stage, members, found.resources, capacity, target, wanted, shares)
+    return StageSize(
+        stage, members, found.resources, capacity, target, wanted, shares, found.rate_of, of
+    )
 
 
 def size_stages(observation: Observation, horizon_s: float) -> dict[str, StageSize]:
@@ -194,6 +216,28 @@ def sized(request: ScaleOutRequest, observation: Observation, policy: Policy) ->
         instances=more,
         capacity_bps=size.capacity_bps,
         target_bps=size.target_bps,
+    )
+
+
+def spare_without(size: StageSize, member: str, headroom: float = SCALE_IN_HEADROOM) -> str | None:
+    """Why ``member``'s resource may go back to the pool: without it the stage's other
+    resources, every one measured, still take its target ``headroom`` times over (None
+    when they do not). DS2's scale-in: the same measured rates as its scale-out, so a
+    resource given back is not asked for again at the next tick. The resource that
+    goes need not be measured: an instance that never got data says nothing about the
+    others."""
+    gone = size.resource_of.get(member)
+    others = {r: rate for r, rate in size.rates.items() if r != gone}
+    if gone is None or not others or not all(math.isfinite(r) for r in others.values()):
+        return None
+    left = sum(others.values())
+    if left <= 0 or left < size.target_bps * headroom:
+        return None
+    rate = size.rates[gone]
+    said = f"{rate / MB:.2f} MB/s" if math.isfinite(rate) else "not measured"
+    return (
+        f"stage {size.stage} needs {size.target_bps / MB:.2f} MB/s and does "
+        f"{left / MB:.2f} MB/s without {member}'s resource ({said}): at least {headroom:g}x"
     )
 
 

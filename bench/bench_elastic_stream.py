@@ -155,11 +155,11 @@ from bench_unbounded import (  # noqa: E402
     start_unbounded,
     stop_run,
 )
-from cpu_quota import CpuQuotas  # noqa: E402
 
 from balancer.document import PipelineDocument  # noqa: E402
 from balancer.policy import PARAMETERS_BY_NAME, Policy  # noqa: E402
 from balancer.sim.control import BENCHMARK_POLICIES  # noqa: E402
+from orchestrator.services.cpu_quota import CpuQuotas  # noqa: E402
 from orchestrator.services.runconsole import MAX_SPARK_WORKERS, Child, spark_worker  # noqa: E402
 from orchestrator.services.spark_pool import SparkPool  # noqa: E402
 from orchestrator.services.supervisor import Supervisor  # noqa: E402

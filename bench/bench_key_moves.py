@@ -10,8 +10,8 @@ The pipeline: webapp/console/topologies/running-totals.yaml (a source, a keyed
 ``running`` stage of two instances totals1 and totals2, a merging sink) with no knob
 set, ``--segment-mb`` segments and ``--buffer-mb`` pools, in placed mode: each instance
 on a Spark worker of its own, worker N in a cgroup whose CFS quota is the N-th of
-``--quotas`` cores (bench/cpu_quota.py; not root, or no cpu controller: one line says
-why and the bench exits with code 2 having made nothing).
+``--quotas`` cores (orchestrator/services/cpu_quota.py; not root, or no cpu controller:
+one line says why and the bench exits with code 2 having made nothing).
 
 The input: ``--records`` JSON lines over ``--keys`` keys ``k0``.. plus ``--hot-key``,
 which takes ``--hot-share`` of the records (drawn independently per record); values
@@ -56,10 +56,10 @@ sys.path.insert(0, str(ROOT))
 import bench_runtime  # noqa: E402
 from bench_real_balance import QuotaStack, quota_list, run_plain, with_quotas  # noqa: E402
 from bench_runtime import run_to_end  # noqa: E402
-from cpu_quota import CpuQuotas  # noqa: E402
 
 from balancer.document import PipelineDocument, emulated  # noqa: E402
 from balancer.policy import Policy  # noqa: E402
+from orchestrator.services.cpu_quota import CpuQuotas  # noqa: E402
 
 TOPOLOGY = ROOT / "webapp" / "console" / "topologies" / "running-totals.yaml"
 ARMS = {"even": "off", "moved": "auto"}

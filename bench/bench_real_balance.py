@@ -14,10 +14,10 @@ aggregating branches task1..task3 of one stage, a merging sink) with every link'
 makes the branches unequal is the machine: the project's embedded stack (bench_runtime's
 ``Stack``) with one Spark worker per ``--quotas`` entry, worker N (a Celery worker
 ``-Q spark --concurrency 1`` and its Spark JVM) started inside a cgroup of its own whose
-CFS quota is q_N cores (bench/cpu_quota.py). The services, the control worker, beat and
-this process are not limited. Not root, no writable cpu controller, or a cgroup that
-cannot be made: one line says which and why, and the bench exits with code 2 having
-made nothing.
+CFS quota is q_N cores (orchestrator/services/cpu_quota.py). The services, the control
+worker, beat and this process are not limited. Not root, no writable cpu controller, or
+a cgroup that cannot be made: one line says which and why, and the bench exits with
+code 2 having made nothing.
 
 The input: one JSON-lines file of ``--mb`` MB written by this bench in the generator's
 record format (``orchestrator.pipeline.generator.record_line``: ``{"key", "value",
@@ -140,7 +140,6 @@ sys.path.insert(0, str(ROOT))
 # This script's own folder is first on sys.path.
 import bench_runtime  # noqa: E402
 from bench_runtime import Stack, run_to_end  # noqa: E402
-from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
 
 from balancer.document import PipelineDocument  # noqa: E402
 from balancer.policy import Policy, PolicyError  # noqa: E402
@@ -151,6 +150,7 @@ from orchestrator.pipeline.generator import (  # noqa: E402
     keys_for,
     record_line,
 )
+from orchestrator.services.cpu_quota import CpuQuotas, QuotaError  # noqa: E402
 from orchestrator.services.runconsole import Child  # noqa: E402
 
 REFERENCE = ROOT / "webapp" / "console" / "topologies" / "reference.yaml"

@@ -86,6 +86,16 @@ def _united(group: Sequence[MergedKey]) -> MergedKey:
     )
 
 
-def combine_partials(paths: Sequence[Path]) -> list[MergedKey]:
-    """The partials of several segments combined per key."""
-    return combine(p for path in paths for p in read_partials(path))
+def combine_partials(paths: Sequence[Path], rows: dict[Path, int] | None = None) -> list[MergedKey]:
+    """The partials of several segments combined per key; ``rows``, if given, gets how
+    many partial rows each path held (the records a sink batch took in)."""
+
+    def counted(path: Path) -> Iterator[MergedKey]:
+        seen = 0
+        for partial in read_partials(path):
+            seen += 1
+            yield partial
+        if rows is not None:
+            rows[path] = seen
+
+    return combine(p for path in paths for p in counted(path))

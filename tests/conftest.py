@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,11 @@ class Workers:
     host: str = "bpconsole-test"
     beat_schedule: Path = TEST_VAR_DIR / "beat-schedule"
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, wrap: Callable[[list[str]], list[str]] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start worker ``name``; ``wrap`` rewrites its command line (e.g. to start it in
+        a cgroup of its own)."""
         args = WORKER_COMMANDS[name.rstrip("0123456789")]
         args = [
             a.replace("{name}", name)
@@ -126,9 +130,10 @@ class Workers:
             .replace("{beat_schedule}", str(self.beat_schedule))
             for a in args
         ]
+        argv = [sys.executable, "-m", "celery", "-A", "orchestrator.celery", *args]
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "orchestrator.celery", *args],
+            wrap(argv) if wrap is not None else argv,
             env=self.env,
             cwd=PROJECT_ROOT,
             stdout=log,

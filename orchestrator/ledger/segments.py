@@ -348,13 +348,15 @@ def complete_sink_batch(
     deltas: Iterable[MergedKey],
     *,
     windows: WindowSpec | None = None,
+    records: Mapping[str, int] | None = None,
 ) -> None:
     """Merge a batch into the result (a windowed pipeline's: into its open windows) and
-    record its chunks (or chunk parts), once, in one transaction."""
+    record its chunks (or chunk parts), once, in one transaction; ``records`` the
+    partial rows each input held (what the sink's measured records per second count)."""
     with transaction.atomic():
         _refuse_ended(run_id)
         _fence_retired(run_id, sink)
-        _finish_inputs(owner, inputs, {})
+        _finish_inputs(owner, inputs, {}, records=records)
         rows = [
             MergedChunk(
                 run_id=run_id,

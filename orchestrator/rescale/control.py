@@ -22,7 +22,7 @@ from kombu import Queue
 
 from balancer.model import ScaleOutRequest
 from balancer.policy import Policy
-from balancer.sizing import MAX_INSTANCES_PER_STAGE
+from balancer.sizing import MAX_INSTANCES_PER_STAGE, StageSize, spare_without
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
 from orchestrator.rescale.alignment import align_waiting, tails_reported
@@ -324,23 +324,38 @@ class RescaleControl:
             stage, free[:count], f"{reason}; on the new worker(s) {', '.join(free[:count])}"
         )
 
-    def consider_scale_in(self, busy: Mapping[str, float | None], now: float) -> bool:
-        """After the policy's ``scale_in_after_s`` with every operator instance busy less
-        than ``scale_in_busy`` of the time, a run with workers of its own removes the
-        instance on the newest of them; its ask goes down once that adjustment completes
-        (:meth:`poll`). True when one began."""
+    def consider_scale_in(
+        self,
+        busy: Mapping[str, float | None],
+        now: float,
+        sizes: Mapping[str, StageSize] | None = None,
+    ) -> bool:
+        """Give one of the run's own workers back: the instance on the newest of them is
+        removed, and the run's ask goes down once that adjustment completes
+        (:meth:`poll`). With ``sizes`` (the policy's ``scale_out = measured``), once its
+        stage has taken its target without that worker's measured rate, with headroom,
+        for the policy's ``scale_in_after_s`` (balancer.sizing.spare_without); without,
+        once every operator instance stayed busy less than ``scale_in_busy`` of the time
+        that long. True when one began."""
         if self.placement_mode != "placed" or self.elastic.extra <= 0:
             self.idle = Idle(self.scale_in_busy)
             return False
         operators = self._operators()
-        idle_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
-        if self.current is not None or idle_s < self.scale_in_after_s:
-            return False
         placed = {n: w for n, w in self.placement.items() if n in operators and w in self.live}
         if not placed:
             return False
         worker = newest(self.live, set(placed.values()))
         name = sorted(n for n, w in placed.items() if w == worker)[0]
+        if sizes is None:
+            held_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
+            why = f"every instance under {self.scale_in_busy:.0%} busy for {held_s:.0f} s"
+        else:
+            size = next((z for z in sizes.values() if name in z.members), None)
+            spare = spare_without(size, name) if size is not None else None
+            held_s = self.idle.hold(spare is not None, now)
+            why = f"for {held_s:.0f} s {spare}"
+        if self.current is not None or held_s < self.scale_in_after_s:
+            return False
         if len(self._members(self._stage_of(name))) < 2:
             return False
         self.idle = Idle(self.scale_in_busy)
@@ -348,9 +363,8 @@ class RescaleControl:
             "scale_in",
             removed=(name,),
             reason=(
-                f"every instance under {self.scale_in_busy:.0%} busy for {idle_s:.0f} s: {name} "
-                f"leaves {worker}, the newest worker the run has an instance on, and one "
-                "Spark worker goes back to the pool"
+                f"{why}: {name} leaves {worker}, the newest worker the run has an instance "
+                "on, and one Spark worker goes back to the pool"
             ),
             actor=Event.Actor.BALANCER,
         )

@@ -8,10 +8,12 @@ worker once it is live. The ask is the run's own count in ZooKeeper, read back b
 new driver of the run and cleared when the run ends. With no elastic pool, or the pool
 at its maximum, the scale-out is refused with an event saying why, and nothing starts.
 
-Scale-in is the reverse: when every operator instance of the run kept its worker busy
-less than the policy's ``scale_in_busy`` share of the time for ``scale_in_after_s``
-while the run had workers of its own, the instance on the newest worker is removed by
-hot rescale, and once that adjustment completes the run asks for one worker fewer.
+Scale-in is the reverse: when, for the policy's ``scale_in_after_s``, the run did not
+need its newest worker (with ``scale_out = measured``: the stage's other workers took
+its target with headroom by their measured rates; otherwise every operator instance
+kept its worker busy less than ``scale_in_busy`` of the time) while it had workers of
+its own, the instance on the newest worker is removed by hot rescale, and once that
+adjustment completes the run asks for one worker fewer.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from orchestrator.zk.control_plane import ControlPlane
 
 @dataclass
 class Idle:
-    """Since when every operator has been busy less than ``under`` of the time (None:
-    not idle now)."""
+    """Since when the run has not needed its newest worker (None: it needs it now):
+    every operator busy less than ``under`` of the time, or (:meth:`hold`) its stage's
+    measured rates without it."""
 
     under: float
     since: float | None = None
@@ -34,7 +37,11 @@ class Idle:
     def update(self, busy: Mapping[str, float | None], now: float) -> float:
         """Note this tick's busy shares; how long the run has been idle (0: not)."""
         shares = [b for b in busy.values() if b is not None]
-        if not shares or max(shares) >= self.under:
+        return self.hold(bool(shares) and max(shares) < self.under, now)
+
+    def hold(self, idle: bool, now: float) -> float:
+        """Note whether the run is idle this tick, by any measure; for how long (0: not)."""
+        if not idle:
             self.since = None
             return 0.0
         if self.since is None:

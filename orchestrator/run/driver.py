@@ -41,7 +41,7 @@ from balancer.model import SHARED_POOL, ClearFlag, NodeState, Observation
 from balancer.policy import Policy
 from balancer.reductions import Reductions
 from balancer.runtime import Measured
-from balancer.sizing import ArrivalMeter
+from balancer.sizing import ArrivalMeter, size_stages
 from balancer.topology import Topology
 from orchestrator.ledger import busy, retention, segments
 from orchestrator.ledger import windows as window_ledger
@@ -457,7 +457,13 @@ class RunDriver:
                 if self.rescale is not None and self.rescale.tick():
                     self._reload_topology()
                 if self.rescale is not None and self.rescale.consider_scale_in(
-                    {n: s.get("busy") for n, s in self.node_states.items()}, time.monotonic()
+                    {n: s.get("busy") for n, s in self.node_states.items()},
+                    time.monotonic(),
+                    sizes=(
+                        size_stages(observation, self.policy.scale_out_horizon_s)
+                        if self.policy.scale_out == "measured"
+                        else None
+                    ),
                 ):
                     self._reload_topology()
                 if self.rescale is not None:

@@ -537,9 +537,13 @@ def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
     pending = list(batch)
     windows = pipeline_windows(run.topology)
     while pending:
-        merged = combine_partials([Path(s.path) for s in pending])
+        rows: dict[Path, int] = {}
+        merged = combine_partials([Path(s.path) for s in pending], rows)
+        records = {s.pk: rows.get(Path(s.path), 0) for s in pending}
         try:
-            segments.complete_sink_batch(run.pk, sink, owner, pending, merged, windows=windows)
+            segments.complete_sink_batch(
+                run.pk, sink, owner, pending, merged, windows=windows, records=records
+            )
             return
         except segments.AlreadyMergedError as err:
             # Delivered twice: those chunk parts are in the result already. Merge the

@@ -1,6 +1,7 @@
 """Scale-out sized in one step from measured rates (balancer/sizing.py, DS2): a stage's
 target input, its capacity over the resources it runs on, the instances it needs, the
-measured trigger and the flags trigger's request sized alike."""
+measured trigger and the flags trigger's request sized alike; and the way back, a
+resource the stage no longer needs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from balancer.policy import MB, Policy
 from balancer.rate import RateState
 from balancer.sizing import (
     MAX_INSTANCES_PER_STAGE,
+    SCALE_IN_HEADROOM,
     ArrivalMeter,
     ScalingState,
     scaling_step,
@@ -23,6 +25,7 @@ from balancer.sizing import (
     size_stages,
     sized,
     source_target,
+    spare_without,
 )
 from tests.balancer.builders import layered, node, observe
 
@@ -269,3 +272,52 @@ def test_the_arrival_rate_follows_a_change_within_its_window() -> None:
     for second in range(30, 40):
         found = meter.add(float(second), 2 * MB, 0.0)
     assert found is not None and math.isclose(found, 2 * MB)
+
+
+def test_a_resource_goes_back_only_if_the_others_take_the_target_with_headroom() -> None:
+    # Workers of 6, 3 and 1.5 MB/s (10.5 in all); the source arriving at 6 MB/s.
+    size = size_stages(three_workers(arrival=6 * MB), horizon_s=60.0)["op"]
+    # Without op3's worker 9 MB/s remain, 1.5x the target: it may go, saying why
+    assert size.resource_of["op3"] == "w3" and size.rates["w3"] == 1.5 * MB
+    why = spare_without(size, "op3")
+    assert why == (
+        "stage op needs 6.00 MB/s and does 9.00 MB/s without op3's resource (1.50 MB/s): "
+        f"at least {SCALE_IN_HEADROOM:g}x"
+    )
+    # Without op1's, 4.5 MB/s remain: less than the target, it stays
+    assert spare_without(size, "op1") is None
+    # At 8 MB/s, 9 MB/s left is 1.125x: within the headroom, so op3's stays too (a
+    # resource given back must not be asked for again at the next tick)
+    busier = size_stages(three_workers(arrival=8 * MB), horizon_s=60.0)["op"]
+    assert not busier.overloaded and spare_without(busier, "op3") is None
+
+
+def test_only_measured_resources_may_be_counted_on_and_the_last_one_stays() -> None:
+    unmeasured = size_stages(three_workers((6 * MB, math.inf, 1 * MB), arrival=0.0), 60.0)["op"]
+    # op3's worker cannot go: op2's, which would remain, is not measured
+    assert spare_without(unmeasured, "op3") is None
+    # op2's may: it never got data, and the measured others take the target
+    assert (spare_without(unmeasured, "op2") or "").endswith("(not measured): at least 1.25x")
+    alone = size_stages(three_workers((6 * MB,), arrival=0.0), horizon_s=60.0)["op"]
+    assert spare_without(alone, "op1") is None
+
+
+@given(
+    rates=st.lists(st.floats(0.1, 100.0), min_size=2, max_size=6),
+    arrival=st.floats(0.0, 300.0),
+)
+def test_what_remains_after_a_resource_goes_back_keeps_up_by_the_headroom(
+    rates: list[float], arrival: float
+) -> None:
+    seen = three_workers(
+        tuple(r * MB for r in rates),
+        arrival=arrival * MB,
+        resources=tuple(f"w{i}" for i in range(len(rates))),
+    )
+    size = size_stages(seen, horizon_s=60.0)["op"]
+    for i in range(1, len(rates) + 1):
+        member = f"op{i}"
+        if spare_without(size, member) is not None:
+            left = size.capacity_bps - size.rates[size.resource_of[member]]
+            assert left >= size.target_bps * SCALE_IN_HEADROOM
+            assert left > size.target_bps or size.target_bps == 0

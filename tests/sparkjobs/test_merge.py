@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal, localcontext
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkjobs.merge import MergedKey, combine
+from sparkjobs.merge import MergedKey, combine, combine_partials
 
 
 def partial(
@@ -89,3 +91,20 @@ def test_combining_equals_folding_every_partial_in(parts: list[MergedKey]) -> No
         c, s, lo, hi, v = expected[m.key]
         assert (m.count, m.sum, m.min, m.max) == (c, s, lo, hi)
         assert sorted(m.distinct) == sorted(v) and len(m.distinct) == len(v)
+
+
+def test_combining_files_counts_the_partial_rows_each_held(tmp_path: Path) -> None:
+    # Given two segments' partial files, one of three keys (a blank line between), one empty
+    rows = [
+        {"key": k, "count": 1, "sum": "1", "min": "1", "max": "1", "distinct": ["u"]}
+        for k in ("a", "b", "a")
+    ]
+    three, empty = tmp_path / "three.jsonl", tmp_path / "empty.jsonl"
+    three.write_text(json.dumps(rows[0]) + "\n\n" + "".join(json.dumps(r) + "\n" for r in rows[1:]))
+    empty.write_text("")
+    # When the sink combines them
+    counted: dict[Path, int] = {}
+    merged = combine_partials([three, empty], counted)
+    # Then it knows how many rows each held: the records its batch took in
+    assert counted == {three: 3, empty: 0}
+    assert [(m.key, m.count) for m in merged] == [("a", 2), ("b", 1)]

@@ -3,10 +3,11 @@ once underloaded (orchestrator/rescale/elastic.py, orchestrator/services/spark_p
 on the real stack: the elastic pool starts a Celery Spark worker process that registers
 in ZooKeeper, the new instance runs on it, a worker killed in the middle of the
 adjustment loses nothing, and a scale-out past the maximum is refused with an event;
-underloaded for the policy's ``scale_in_after_s``, the run then scales in by itself (the
-base worker killed in the middle of that adjustment), asks for one worker fewer, and the
-pool stops the worker's processes; more lands after it, and the result equals the plain
-Spark job over what the run took in.
+once its base worker's measured rate takes what arrives with room to spare for the
+policy's ``scale_in_after_s``, the run scales in by itself (the base worker killed in
+the middle of that adjustment), asks for one worker fewer, and the pool stops the
+worker's processes; more lands after it, and the result equals the plain Spark job over
+what the run took in.
 
 The run reads a landing folder, so it goes on after its backlog: the underload that
 gives the worker back is watched while the run still runs, and the run is stopped at
@@ -34,18 +35,23 @@ from orchestrator.services.supervisor import Supervisor
 from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
-from tests.orchestrator.run.scenarios import landed_at_once, policy, start, wait_until_done
-from tests.orchestrator.run.test_placement import unemulated_reference
+from tests.orchestrator.run.scenarios import (
+    landed_at_once,
+    policy,
+    start,
+    unemulated_reference,
+    wait_until_done,
+)
 from tests.waiting import alive, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 # Landed before the run starts: data in flight while the run scales out.
 BACKLOG_MB = 3
-# The run is underloaded from its ask for a worker on: every instance's busy share, over
-# the last 30 s, starts low and the backlog is soon done. So the scale-in begins this
-# long after the ask, once the scale-out (its worker's start, about 6 s on a quiet
-# machine and 17 s on a loaded one, the kill, the refusal) is over.
+# The run is underloaded from its ask for a worker on: the backlog is soon done, and the
+# base worker's measured rate alone takes what arrives (nothing) with room to spare. So
+# the scale-in begins this long after the ask, once the scale-out (its worker's start,
+# about 6 s on a quiet machine and 17 s on a loaded one, the kill, the refusal) is over.
 SCALE_IN_AFTER_S = 30.0
 
 
@@ -162,6 +168,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
             placement="placed",
             migration="off",
             routing="static",
+            scale_out="measured",  # and scale-in by the measured rates (DS2)
             scale_in_after_s=SCALE_IN_AFTER_S,
         )
         run = start(doc, values, source=source)
@@ -240,6 +247,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         assert Event.objects.filter(
             run=run, kind="adjust_planned", actor="balancer", data__removed=[removed]
         ).exists()
+        assert f"without {removed}'s resource" in scale_in.reason, scale_in.reason
         # Then the scale-in completes or rolls back
         ended = wait_for(
             "the scale-in ended",

@@ -14,11 +14,17 @@ import psutil
 import yaml
 from django.utils import timezone
 
-from balancer.document import PipelineDocument
+from balancer.document import PipelineDocument, emulated
 from balancer.policy import Policy
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
-from orchestrator.run.lifecycle import create_run, request_adjustment, set_status, snapshot
+from orchestrator.run.lifecycle import (
+    create_run,
+    live_workers,
+    request_adjustment,
+    set_status,
+    snapshot,
+)
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
 from orchestrator.zk.control_plane import ControlPlane
@@ -249,3 +255,43 @@ def stepwise_slowed(*, output_mbps: float) -> tuple[PipelineDocument, dict[str, 
         sensitivity_ms=400,
     )
     return doc, values
+
+
+def unemulated_reference() -> PipelineDocument:
+    """The reference pipeline with no link bandwidth and no node rate anywhere."""
+    doc: PipelineDocument = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
+    for node in doc["nodes"]:
+        node.pop("max_rate_mbps", None)
+        if node["kind"] == "operator":
+            node["buffer_mb"] = 4
+    for edge in doc["edges"]:
+        edge["bandwidth_mbps"] = 0
+    assert not emulated(doc)
+    return doc
+
+
+def two_branches() -> PipelineDocument:
+    """The unemulated reference with two branches, task1 and task2: on two workers each
+    runs on a resource of its own."""
+    doc = unemulated_reference()
+    doc["nodes"] = [n for n in doc["nodes"] if n["name"] != "task3"]
+    doc["edges"] = [e for e in doc["edges"] if "task3" not in (e["from"], e["to"])]
+    for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"] = {**node["params"], "segment_mb": SEGMENT_MB}
+    return doc
+
+
+def wait_for_spark_workers(*prefixes: str) -> list[str]:
+    """The live Spark workers once they are exactly those named ``prefixes``: a worker
+    an earlier test killed stays registered until ZooKeeper expires its session."""
+    deadline = time.monotonic() + 90
+    names: list[str] = []
+    while time.monotonic() < deadline:
+        names = sorted(live_workers())
+        if len(names) == len(prefixes) and all(
+            any(n.startswith(f"{p}-") for n in names) for p in prefixes
+        ):
+            return names
+        time.sleep(0.2)
+    raise AssertionError(f"the live Spark workers are {names}, not {list(prefixes)}")

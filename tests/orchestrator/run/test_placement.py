@@ -6,7 +6,6 @@ and each result equals the plain Spark job."""
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import threading
@@ -26,18 +25,19 @@ from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.rescale.plan import key_groups
-from orchestrator.run.lifecycle import live_workers, set_status
+from orchestrator.run.lifecycle import set_status
 from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.keygroups import KEY_SLOTS, slot_of
 from tests.orchestrator.run.scenarios import (
-    REFERENCE,
-    SEGMENT_MB,
     TOPOLOGIES,
     landed_at_once,
     policy,
     start,
+    two_branches,
+    unemulated_reference,
+    wait_for_spark_workers,
     wait_until_done,
 )
 from tests.waiting import wait_for
@@ -45,34 +45,6 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 TASKS = ("task1", "task2", "task3")
-
-
-def unemulated_reference() -> PipelineDocument:
-    """The reference pipeline with no link bandwidth and no node rate anywhere."""
-    doc: PipelineDocument = copy.deepcopy(yaml.safe_load(REFERENCE.read_text()))
-    for node in doc["nodes"]:
-        node.pop("max_rate_mbps", None)
-        if node["kind"] == "operator":
-            node["buffer_mb"] = 4
-    for edge in doc["edges"]:
-        edge["bandwidth_mbps"] = 0
-    assert not emulated(doc)
-    return doc
-
-
-def _wait_for_spark_workers(*prefixes: str) -> list[str]:
-    """The live Spark workers once they are exactly those named ``prefixes``: a worker
-    an earlier test killed stays registered until ZooKeeper expires its session."""
-    deadline = time.monotonic() + 90
-    names: list[str] = []
-    while time.monotonic() < deadline:
-        names = sorted(live_workers())
-        if len(names) == len(prefixes) and all(
-            any(n.startswith(f"{p}-") for n in names) for p in prefixes
-        ):
-            return names
-        time.sleep(0.2)
-    raise AssertionError(f"the live Spark workers are {names}, not {list(prefixes)}")
 
 
 def _states(run_id: int) -> dict[str, dict[str, Any]]:
@@ -86,7 +58,7 @@ def two_spark_workers(workers) -> Iterator[list[str]]:
     second = workers.start("spark7")
     try:
         workers.wait_ready(["spark7"])
-        yield _wait_for_spark_workers("spark1", "spark7")
+        yield wait_for_spark_workers("spark1", "spark7")
     finally:
         if second.poll() is None:
             second.terminate()
@@ -140,6 +112,14 @@ def test_placed_instances_run_on_workers_of_their_own_and_their_capacity_is_meas
     counted = Segment.objects.filter(run=run, node__in=TASKS).aggregate(n=Sum("records"))["n"]
     good = sum(row["count"] for row in expected["rows"])
     assert counted == good + expected["malformed_records"] > 0
+    # and the sink's batches counted the partial rows they merged, at least one per key
+    # of the result, so the sink has a measured capacity in records per second too
+    sink = next(n["name"] for n in doc["nodes"] if n["kind"] == "sink")
+    merged = Segment.objects.filter(run=run, node=sink).aggregate(n=Sum("records"))["n"]
+    assert merged >= len(expected["rows"]) > 0
+    sink_batches = [b for b in batches if sink in b.nodes]
+    assert sink_batches, "no sink batch in the ledger"
+    assert sum(b.records for b in sink_batches) == merged and measured.get(sink, 0) > 0
 
 
 def _told(run_id: int) -> list[str]:
@@ -226,18 +206,6 @@ def test_a_hot_key_group_moves_by_itself_between_placed_instances_and_the_result
     assert held, "no key state"
     for state, holders in held.items():
         assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
-
-
-def two_branches() -> PipelineDocument:
-    """The unemulated reference with two branches, task1 and task2: on two workers each
-    runs on a resource of its own."""
-    doc = unemulated_reference()
-    doc["nodes"] = [n for n in doc["nodes"] if n["name"] != "task3"]
-    doc["edges"] = [e for e in doc["edges"] if "task3" not in (e["from"], e["to"])]
-    for node in doc["nodes"]:
-        if node["kind"] == "source":
-            node["params"] = {**node["params"], "segment_mb": SEGMENT_MB}
-    return doc
 
 
 def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_measurement(

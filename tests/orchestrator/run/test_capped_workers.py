@@ -1,0 +1,101 @@
+"""Balancing on resources the operating system makes unequal, every emulation knob at 0:
+a second Spark worker in a cgroup whose CPU quota is a fraction of a core, beside the
+session's uncapped one. The balancer measures the slow worker's branch as slower, moves
+that branch's data to the fast one, and the result equals the plain Spark job.
+
+Cgroups need root (or a writable cpu controller): elsewhere the test is skipped with the
+reason the quota could not be made (orchestrator/services/cpu_quota.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from django.db.models import Sum
+
+from orchestrator.ledger import busy
+from orchestrator.ledger.results import summary
+from orchestrator.models import Event, Instance, Segment
+from orchestrator.services.cpu_quota import CpuQuotas, QuotaError
+from orchestrator.worker.plain_job import batch_summary
+from tests.orchestrator.run.scenarios import (
+    policy,
+    start,
+    two_branches,
+    wait_for_spark_workers,
+    wait_until_done,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
+
+SLOW_CORES = 0.3
+BRANCHES = ("task1", "task2")
+
+
+@pytest.fixture(scope="module")
+def capped_worker(workers) -> Iterator[str]:
+    """spark8, a Spark worker whose Celery process and JVM run in a cgroup allowed
+    ``SLOW_CORES`` of a core, beside spark1; the name of its registration."""
+    quotas = CpuQuotas({"slow": SLOW_CORES}, prefix=f"bpconsole-test-{os.getpid()}")
+    try:
+        quotas.__enter__()
+    except QuotaError as error:
+        pytest.skip(f"no CPU quota can be made here: {error}")
+    try:
+        slow = workers.start("spark8", wrap=lambda argv: quotas.launch_argv("slow", argv))
+        try:
+            workers.wait_ready(["spark8"])
+            names = wait_for_spark_workers("spark1", "spark8")
+            assert quotas.pids("slow"), "the capped worker's processes are not in its cgroup"
+            yield next(n for n in names if n.startswith("spark8-"))
+        finally:
+            if slow.poll() is None:
+                slow.terminate()
+                slow.wait(30)
+            workers.processes.pop("spark8", None)
+    finally:
+        quotas.remove()
+
+
+def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_to_the_fast_one(
+    capped_worker: str,
+) -> None:
+    # Given two branches placed on two workers, one capped by the OS at a fraction of a
+    # core, no emulation knob anywhere, and input split evenly between the branches
+    doc = two_branches()
+    run = start(
+        doc,
+        policy(placement="placed", routing="water_level", migration="proportional"),
+        generator="seed=11,volume_mb=24,dominance=0",
+    )
+    # When it runs to the end
+    run = wait_until_done(run, timeout_s=300)
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    placement = dict(
+        Instance.objects.filter(run=run, name__in=BRANCHES).values_list("name", "worker")
+    )
+    slow = next(name for name, worker in placement.items() if worker == capped_worker)
+    fast = next(name for name in BRANCHES if name != slow)
+    # Then the balancer measured the capped worker's branch as the slower one
+    measured = busy.measured_capacities(run)
+    assert 0 < measured[slow] < 0.7 * measured[fast], measured
+    # and moved that branch's data to the fast one: it decided so, segments went there,
+    # and the fast worker ran more of the input than the slow one
+    moves = Event.objects.filter(
+        run=run, kind="start_migration", actor="balancer", reason__startswith=f"{slow} in "
+    )
+    told = Event.objects.filter(run=run).order_by("-pk").values_list("kind", "reason")[:20]
+    assert moves.exists(), f"no migration from {slow}: {list(told)}"
+    assert result["migrated_segments"] > 0
+    ran = dict(
+        Segment.objects.filter(run=run, node__in=BRANCHES, state="done")
+        .values_list("node")
+        .annotate(size=Sum("bytes"))
+    )
+    assert ran[fast] > 1.3 * ran[slow], ran
+    # and the result equals the plain Spark job's over the same input
+    assert result["coverage"] == "exact"
+    expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+    assert result["rows"] == expected["rows"]
