@@ -219,18 +219,25 @@ def sized(request: ScaleOutRequest, observation: Observation, policy: Policy) ->
     )
 
 
+def others_measured(size: StageSize, member: str) -> bool:
+    """Whether every resource of the stage but ``member``'s has a measured rate: what
+    :func:`spare_without` needs to say anything."""
+    gone = size.resource_of.get(member)
+    others = [rate for r, rate in size.rates.items() if r != gone]
+    return gone is not None and bool(others) and all(math.isfinite(r) for r in others)
+
+
 def spare_without(size: StageSize, member: str, headroom: float = SCALE_IN_HEADROOM) -> str | None:
     """Why ``member``'s resource may go back to the pool: without it the stage's other
     resources, every one measured, still take its target ``headroom`` times over (None
-    when they do not). DS2's scale-in: the same measured rates as its scale-out, so a
-    resource given back is not asked for again at the next tick. The resource that
-    goes need not be measured: an instance that never got data says nothing about the
-    others."""
-    gone = size.resource_of.get(member)
-    others = {r: rate for r, rate in size.rates.items() if r != gone}
-    if gone is None or not others or not all(math.isfinite(r) for r in others.values()):
+    when they do not, or are not all measured). DS2's scale-in: the same measured rates
+    as its scale-out, so a resource given back is not asked for again at the next tick.
+    The resource that goes need not be measured: an instance that never got data says
+    nothing about the others."""
+    if not others_measured(size, member):
         return None
-    left = sum(others.values())
+    gone = size.resource_of[member]
+    left = sum(rate for r, rate in size.rates.items() if r != gone)
     if left <= 0 or left < size.target_bps * headroom:
         return None
     rate = size.rates[gone]

@@ -22,7 +22,12 @@ from kombu import Queue
 
 from balancer.model import ScaleOutRequest
 from balancer.policy import Policy
-from balancer.sizing import MAX_INSTANCES_PER_STAGE, StageSize, spare_without
+from balancer.sizing import (
+    MAX_INSTANCES_PER_STAGE,
+    StageSize,
+    others_measured,
+    spare_without,
+)
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Event, Instance, Run
 from orchestrator.rescale.alignment import align_waiting, tails_reported
@@ -332,11 +337,11 @@ class RescaleControl:
     ) -> bool:
         """Give one of the run's own workers back: the instance on the newest of them is
         removed, and the run's ask goes down once that adjustment completes
-        (:meth:`poll`). With ``sizes`` (the policy's ``scale_out = measured``), once its
-        stage has taken its target without that worker's measured rate, with headroom,
-        for the policy's ``scale_in_after_s`` (balancer.sizing.spare_without); without,
-        once every operator instance stayed busy less than ``scale_in_busy`` of the time
-        that long. True when one began."""
+        (:meth:`poll`). With ``sizes`` (the policy's ``scale_out = measured``) and the
+        stage's other workers measured, once the stage has taken its target without
+        that worker's rate, with headroom, for the policy's ``scale_in_after_s``
+        (balancer.sizing.spare_without); otherwise once every operator instance stayed
+        busy less than ``scale_in_busy`` of the time that long. True when one began."""
         if self.placement_mode != "placed" or self.elastic.extra <= 0:
             self.idle = Idle(self.scale_in_busy)
             return False
@@ -346,14 +351,14 @@ class RescaleControl:
             return False
         worker = newest(self.live, set(placed.values()))
         name = sorted(n for n, w in placed.items() if w == worker)[0]
-        if sizes is None:
-            held_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
-            why = f"every instance under {self.scale_in_busy:.0%} busy for {held_s:.0f} s"
-        else:
-            size = next((z for z in sizes.values() if name in z.members), None)
-            spare = spare_without(size, name) if size is not None else None
+        size = next((z for z in (sizes or {}).values() if name in z.members), None)
+        if size is not None and others_measured(size, name):
+            spare = spare_without(size, name)
             held_s = self.idle.hold(spare is not None, now)
             why = f"for {held_s:.0f} s {spare}"
+        else:  # not sized by measurement, or not measured yet: the busy shares
+            held_s = self.idle.update({n: b for n, b in busy.items() if n in operators}, now)
+            why = f"every instance under {self.scale_in_busy:.0%} busy for {held_s:.0f} s"
         if self.current is not None or held_s < self.scale_in_after_s:
             return False
         if len(self._members(self._stage_of(name))) < 2:

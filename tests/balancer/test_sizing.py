@@ -20,6 +20,7 @@ from balancer.sizing import (
     SCALE_IN_HEADROOM,
     ArrivalMeter,
     ScalingState,
+    others_measured,
     scaling_step,
     size_stage,
     size_stages,
@@ -294,8 +295,9 @@ def test_a_resource_goes_back_only_if_the_others_take_the_target_with_headroom()
 
 def test_only_measured_resources_may_be_counted_on_and_the_last_one_stays() -> None:
     unmeasured = size_stages(three_workers((6 * MB, math.inf, 1 * MB), arrival=0.0), 60.0)["op"]
-    # op3's worker cannot go: op2's, which would remain, is not measured
-    assert spare_without(unmeasured, "op3") is None
+    # op3's worker cannot go: op2's, which would remain, is not measured (the runtime
+    # then goes by busy shares)
+    assert not others_measured(unmeasured, "op3") and spare_without(unmeasured, "op3") is None
     # op2's may: it never got data, and the measured others take the target
     assert (spare_without(unmeasured, "op2") or "").endswith("(not measured): at least 1.25x")
     alone = size_stages(three_workers((6 * MB,), arrival=0.0), horizon_s=60.0)["op"]

@@ -247,7 +247,11 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         assert Event.objects.filter(
             run=run, kind="adjust_planned", actor="balancer", data__removed=[removed]
         ).exists()
-        assert f"without {removed}'s resource" in scale_in.reason, scale_in.reason
+        # by the measured rates once the base worker's is measured (else its busy share)
+        assert (
+            f"without {removed}'s resource" in scale_in.reason
+            or "every instance under 25% busy" in scale_in.reason
+        ), scale_in.reason
         # Then the scale-in completes or rolls back
         ended = wait_for(
             "the scale-in ended",

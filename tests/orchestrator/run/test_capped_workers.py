@@ -1,7 +1,8 @@
 """Balancing on resources the operating system makes unequal, every emulation knob at 0:
 a second Spark worker in a cgroup whose CPU quota is a fraction of a core, beside the
-session's uncapped one. The balancer measures the slow worker's branch as slower, moves
-that branch's data to the fast one, and the result equals the plain Spark job.
+session's uncapped one, the input split evenly between the two branches. The balancer
+measures the capped worker's branch as the slower one, shifts its traffic to the fast
+one, and the result equals the plain Spark job.
 
 Cgroups need root (or a writable cpu controller): elsewhere the test is skipped with the
 reason the quota could not be made (orchestrator/services/cpu_quota.py)."""
@@ -30,6 +31,7 @@ from tests.orchestrator.run.scenarios import (
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 SLOW_CORES = 0.3
+INPUT_MB = 16
 BRANCHES = ("task1", "task2")
 
 
@@ -67,7 +69,7 @@ def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_t
     run = start(
         doc,
         policy(placement="placed", routing="water_level", migration="proportional"),
-        generator="seed=11,volume_mb=24,dominance=0",
+        generator=f"seed=11,volume_mb={INPUT_MB},dominance=0",
     )
     # When it runs to the end
     run = wait_until_done(run, timeout_s=300)
@@ -78,23 +80,21 @@ def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_t
     )
     slow = next(name for name, worker in placement.items() if worker == capped_worker)
     fast = next(name for name in BRANCHES if name != slow)
+    told = list(Event.objects.filter(run=run).order_by("-pk").values_list("kind", "reason")[:30])
     # Then the balancer measured the capped worker's branch as the slower one
     measured = busy.measured_capacities(run)
-    assert 0 < measured[slow] < 0.7 * measured[fast], measured
-    # and moved that branch's data to the fast one: it decided so, segments went there,
-    # and the fast worker ran more of the input than the slow one
-    moves = Event.objects.filter(
-        run=run, kind="start_migration", actor="balancer", reason__startswith=f"{slow} in "
-    )
-    told = Event.objects.filter(run=run).order_by("-pk").values_list("kind", "reason")[:20]
-    assert moves.exists(), f"no migration from {slow}: {list(told)}"
-    assert result["migrated_segments"] > 0
+    assert 0 < measured[slow] < 0.7 * measured.get(fast, 0), (measured, told)
+    # and shifted traffic off it to the fast one, which ran more of the input
+    shifted = Event.objects.filter(
+        run=run, actor="balancer", kind__in=("set_shares", "start_migration")
+    ).filter(reason__startswith=f"{slow} ")
+    assert shifted.exists(), f"nothing shifted off {slow}: {told}"
     ran = dict(
         Segment.objects.filter(run=run, node__in=BRANCHES, state="done")
         .values_list("node")
         .annotate(size=Sum("bytes"))
     )
-    assert ran[fast] > 1.3 * ran[slow], ran
+    assert ran[fast] > 1.2 * ran[slow], ran
     # and the result equals the plain Spark job's over the same input
     assert result["coverage"] == "exact"
     expected = batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
