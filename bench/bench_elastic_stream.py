@@ -220,8 +220,13 @@ class ElasticPool:
                 self._say(f"{type(exc).__name__}: {exc}")
 
     def alive(self) -> list[tuple[str, Child]]:
-        """The workers it started whose process runs now, with their cgroups."""
-        return [(g, c) for g, c in self.started if c.process is not None and c.poll() is None]
+        """The workers it started that still run, with their cgroups: the worker's own
+        process, or any process in its cgroup (its JVM ends a moment after it)."""
+        return [
+            (g, c)
+            for g, c in self.started
+            if (c.process is not None and c.poll() is None) or self.stack.quotas.pids(g)
+        ]
 
     def __enter__(self) -> ElasticPool:
         self.thread.start()
@@ -627,6 +632,9 @@ def overload_round(
             row = watch.sample(2)
             drained = drained or row["lag_entries"] == 0
             if drained and not row["asked"] and not pool.alive():
+                # Seen gone now, before the run is stopped (a worker that exited since
+                # the sample's own look is not noted later than it was seen).
+                watch.note_exits(watch.now())
                 ended_by = "the lag back to zero, no worker asked or running beyond the base"
                 break
     finally:
