@@ -1,8 +1,8 @@
 """Balancing on resources the operating system makes unequal, every emulation knob at 0:
 a second Spark worker in a cgroup whose CPU quota is a fraction of a core, beside the
-session's uncapped one, the input split evenly between the two branches. The balancer
-measures the capped worker's branch as the slower one, shifts its traffic to the fast
-one, and the result equals the plain Spark job.
+session's uncapped one, the input split evenly between the two branches, routing by
+measured capacity. The balancer measures the capped worker's branch as the slower one,
+sends most of the input to the fast one, and the result equals the plain Spark job.
 
 Cgroups need root (or a writable cpu controller): elsewhere the test is skipped with the
 reason the quota could not be made (orchestrator/services/cpu_quota.py)."""
@@ -31,7 +31,7 @@ from tests.orchestrator.run.scenarios import (
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
 SLOW_CORES = 0.3
-INPUT_MB = 16
+INPUT_MB = 10
 BRANCHES = ("task1", "task2")
 
 
@@ -68,7 +68,7 @@ def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_t
     doc = two_branches()
     run = start(
         doc,
-        policy(placement="placed", routing="water_level", migration="proportional"),
+        policy(placement="placed", routing="measured", migration="proportional"),
         generator=f"seed=11,volume_mb={INPUT_MB},dominance=0",
     )
     # When it runs to the end
@@ -84,11 +84,16 @@ def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_t
     # Then the balancer measured the capped worker's branch as the slower one
     measured = busy.measured_capacities(run)
     assert 0 < measured[slow] < 0.7 * measured.get(fast, 0), (measured, told)
-    # and shifted traffic off it to the fast one, which ran more of the input
-    shifted = Event.objects.filter(
-        run=run, actor="balancer", kind__in=("set_shares", "start_migration")
-    ).filter(reason__startswith=f"{slow} ")
-    assert shifted.exists(), f"nothing shifted off {slow}: {told}"
+    # and routed the stage's input in proportion to the measured rates: the fast worker's
+    # branch gets the larger share, and runs more of the input
+    shares = (
+        Event.objects.filter(run=run, kind="set_shares", actor="balancer")
+        .order_by("-pk")
+        .values_list("data", flat=True)
+        .first()
+    )
+    assert shares is not None, f"the shares never followed the measured rates: {told}"
+    assert shares["shares"][slow] < shares["shares"][fast], shares
     ran = dict(
         Segment.objects.filter(run=run, node__in=BRANCHES, state="done")
         .values_list("node")
