@@ -429,7 +429,9 @@
     const status = instance.status || "active";
     $("sel-instance").textContent = status + (instance.aligning ? " · aligning" : "");
     const st = node.state || {};
-    $("sel-worker").textContent = instance.worker || (st.resource ? st.resource : "any worker");
+    // An emulated node (a declared rate) is a resource of its own: no worker to name.
+    const own = st.resource === node.name ? "none: its declared rate limits it (emulated)" : st.resource;
+    $("sel-worker").textContent = instance.worker || own || "any worker";
     const perRecord = typeof st.capacity_rps === "number" ? `, ${BP.count(st.capacity_rps)} records/s` : "";
     $("sel-capacity").textContent = typeof st.capacity_bps === "number" ? `${BP.rate(st.capacity_bps)}${perRecord} measured` : "not measured yet";
     $("sel-busy").textContent = typeof st.busy === "number" ? BP.pct(st.busy) : "–";
