@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery.utils import worker_direct
@@ -333,11 +333,12 @@ class RescaleControl:
         self,
         busy: Mapping[str, float | None],
         now: float,
-        sizes: Mapping[str, StageSize] | None = None,
+        sizes: Callable[[], Mapping[str, StageSize]] | None = None,
     ) -> bool:
         """Give one of the run's own workers back: the instance on the newest of them is
         removed, and the run's ask goes down once that adjustment completes
-        (:meth:`poll`). With ``sizes`` (the policy's ``scale_out = measured``) and the
+        (:meth:`poll`). With ``sizes`` (the policy's ``scale_out = measured``: each
+        stage's size, asked only when the run has a worker to give back) and the
         stage's other workers measured, once the stage has taken its target without
         that worker's rate, with headroom, for the policy's ``scale_in_after_s``
         (balancer.sizing.spare_without); otherwise once every operator instance stayed
@@ -351,7 +352,8 @@ class RescaleControl:
             return False
         worker = newest(self.live, set(placed.values()))
         name = sorted(n for n, w in placed.items() if w == worker)[0]
-        size = next((z for z in (sizes or {}).values() if name in z.members), None)
+        sized = sizes() if sizes is not None else {}
+        size = next((z for z in sized.values() if name in z.members), None)
         if size is not None and others_measured(size, name):
             spare = spare_without(size, name)
             held_s = self.idle.hold(spare is not None, now)

@@ -460,7 +460,7 @@ class RunDriver:
                     {n: s.get("busy") for n, s in self.node_states.items()},
                     time.monotonic(),
                     sizes=(
-                        size_stages(observation, self.policy.scale_out_horizon_s)
+                        (lambda: size_stages(observation, self.policy.scale_out_horizon_s))
                         if self.policy.scale_out == "measured"
                         else None
                     ),

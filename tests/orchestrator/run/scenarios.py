@@ -28,6 +28,7 @@ from orchestrator.run.lifecycle import (
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
 from orchestrator.zk.control_plane import ControlPlane
+from tests.waiting import wait_for
 
 TOPOLOGIES = Path(__file__).resolve().parents[3] / "webapp/console/topologies"
 REFERENCE = TOPOLOGIES / "reference.yaml"
@@ -285,13 +286,17 @@ def two_branches() -> PipelineDocument:
 def wait_for_spark_workers(*prefixes: str) -> list[str]:
     """The live Spark workers once they are exactly those named ``prefixes``: a worker
     an earlier test killed stays registered until ZooKeeper expires its session."""
-    deadline = time.monotonic() + 90
-    names: list[str] = []
-    while time.monotonic() < deadline:
+
+    def exactly() -> list[str] | None:
         names = sorted(live_workers())
-        if len(names) == len(prefixes) and all(
+        wanted = len(names) == len(prefixes) and all(
             any(n.startswith(f"{p}-") for n in names) for p in prefixes
-        ):
-            return names
-        time.sleep(0.2)
-    raise AssertionError(f"the live Spark workers are {names}, not {list(prefixes)}")
+        )
+        return names if wanted else None
+
+    return wait_for(
+        f"the live Spark workers exactly {list(prefixes)}",
+        exactly,
+        timeout_s=90,
+        detail=lambda: f"they are {sorted(live_workers())}",
+    )
