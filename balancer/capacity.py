@@ -16,6 +16,18 @@ the jitter of a shared machine, short enough to follow a worker slowed down or a
 ``confidence`` says how much busy time the estimate rests on, from 0 (nothing
 measured) to 1 (``sure_after_s`` seconds or more); until it reaches ``MIN_CONFIDENCE``
 a decision treats the node's capacity as unknown.
+
+A batch still running bounds the rate too: having run ``t`` seconds over ``b`` bytes,
+it cannot go faster than ``b / t``. Where that is below what the completed batches show
+(a worker slowed down), the running batches count as if they ended now: the estimate
+rests on what the node is doing, not only on what it did, and stays an upper bound of
+its true rate. A node that has completed nothing yet has only that bound, which every
+node has while its first batch starts its worker's job: two such bounds compared say
+nothing. :func:`stage_bps` lets a bound alone count where it proves something: a
+member running below what a peer of its stage was measured doing is slower than that
+peer. A worker capped to a fraction of a core is then seen slow while its first batch
+runs, once a peer has shown its pace, not only once that batch ends, which may be
+after the stage's input has all been routed to it.
 """
 
 from __future__ import annotations
@@ -48,12 +60,15 @@ class BatchSample:
 class Capacity:
     """A node's measured capacity: bytes per second of busy time (``math.inf`` when
     nothing was measured), and how sure the estimate is, in [0, 1]; records per second
-    of busy time over the same batches (0 where its batches counted none)."""
+    of busy time over the same batches (0 where its batches counted none);
+    ``done_s``: the busy seconds of completed batches it rests on (0: it is only the
+    bound of batches still running)."""
 
     bytes_per_s: float
     confidence: float
     busy_s: float
     records_per_s: float = 0.0
+    done_s: float = 0.0
 
     @property
     def known(self) -> bool:
@@ -74,6 +89,8 @@ class CapacityMeter:
     _samples: dict[str, deque[tuple[float, float, float]]] = field(default_factory=dict)
     # Per node, the (start, end) of its batches that ended within ``busy_over_s``.
     _spans: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    # Per node, the (bytes, seconds run so far) of its batches running now.
+    _running: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def add(self, batches: Iterable[BatchSample]) -> None:
         """Add completed batches; a batch without time or bytes says nothing."""
@@ -90,11 +107,22 @@ class CapacityMeter:
                 while len(samples) > 1 and busy - samples[0][2] >= self.window_busy_s:
                     busy -= samples.popleft()[2]
 
+    def running(self, batches: Iterable[BatchSample]) -> None:
+        """The batches running now, each with ``busy_s`` the seconds it has run so far;
+        replaces those given before."""
+        self._running = {}
+        for batch in batches:
+            if batch.busy_s <= 0 or batch.bytes <= 0:
+                continue
+            for node in batch.nodes:
+                self._running.setdefault(node, []).append((batch.bytes, batch.busy_s))
+
     def forget(self, node: str) -> None:
         """A node whose resources changed (placed elsewhere, retired): its old batches
         say nothing of it any more."""
         self._samples.pop(node, None)
         self._spans.pop(node, None)
+        self._running.pop(node, None)
 
     def busy_share(self, node: str, now_s: float) -> float | None:
         """The share of the last ``busy_over_s`` seconds the node's batches ran, in
@@ -110,13 +138,20 @@ class CapacityMeter:
         return min(1.0, busy / self.busy_over_s)
 
     def capacity(self, node: str) -> Capacity:
-        samples = self._samples.get(node)
-        if not samples:
-            return UNKNOWN
+        samples = self._samples.get(node) or ()
         size = sum(b for b, _, _ in samples)
         records = sum(r for _, r, _ in samples)
-        busy = sum(s for _, _, s in samples)
-        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy, records / busy)
+        done_s = busy = sum(s for _, _, s in samples)
+        running = self._running.get(node, ())
+        running_bytes = sum(b for b, _ in running)
+        running_s = sum(s for _, s in running)
+        if running_s > 0 and (busy <= 0 or running_bytes * busy < size * running_s):
+            size += running_bytes
+            busy += running_s
+        if busy <= 0:
+            return UNKNOWN
+        per_record = records / done_s if done_s > 0 else 0.0
+        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy, per_record, done_s)
 
     def capacities(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         return {node: self.capacity(node) for node in nodes}
@@ -136,7 +171,18 @@ def overall(batches: Iterable[BatchSample]) -> dict[str, float]:
     return {node: size[node] / busy[node] for node in size if busy[node] > 0}
 
 
-def known_bps(capacities: Mapping[str, Capacity], node: str) -> float:
-    """The node's capacity in bytes per second when it is known, else ``math.inf``."""
+def stage_bps(capacities: Mapping[str, Capacity], node: str, peers: Iterable[str]) -> float:
+    """``node``'s capacity for decisions among its stage's members (``peers``, itself
+    among them): its estimate where known and resting on completed batches; a running
+    batch's bound alone where some peer's completed batches show a higher rate (it is
+    then slower than that peer whatever its true rate); else ``math.inf``."""
     found = capacities.get(node, UNKNOWN)
-    return found.bytes_per_s if found.known else math.inf
+    if not found.known:
+        return math.inf
+    if found.done_s > 0:
+        return found.bytes_per_s
+    for peer in peers:
+        seen = capacities.get(peer, UNKNOWN)
+        if peer != node and seen.known and seen.done_s > 0 and seen.bytes_per_s > found.bytes_per_s:
+            return found.bytes_per_s
+    return math.inf

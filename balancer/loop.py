@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from balancer.credit import CreditState, StopResumeState, credit_step, stop_resume_step
 from balancer.model import Action, Observation, ScaleOutRequest
 from balancer.policy import Policy
+from balancer.queued import queued_moves
 from balancer.rate import RateState, rate_tick
 from balancer.shares import GroupKey, measured_tick, shares_tick
 from balancer.sizing import ScalingState, scaling_step, sized
@@ -104,8 +105,8 @@ def forget(state: BalancerState, nodes: frozenset[str] | set[str]) -> BalancerSt
 
 
 def step(observation: Observation, state: BalancerState, policy: Policy) -> Decision:
-    """Decide one tick: throttling actions first, then scale-out, routing, migration and
-    key moves."""
+    """Decide one tick: throttling actions first, then scale-out, routing, migration
+    (with moves of waiting data, balancer/queued.py) and key moves."""
     actions, state = _throttle(observation, state, policy)
     actions, state = _scale_out(observation, actions, state, policy)
 
@@ -124,6 +125,9 @@ def step(observation: Observation, state: BalancerState, policy: Policy) -> Deci
         migration_actions, migration = migration_step(observation, current, policy)
         actions.extend(migration_actions)
         state = replace(state, migration=migration)
+
+    if policy.migration == "proportional":
+        actions.extend(queued_moves(observation, policy))
 
     if policy.key_moves == "auto" and observation.key_loads:
         from balancer.key_moves import key_move_step

@@ -52,6 +52,9 @@ class NodeObservation:
     # Nodes with one resource share its capacity: moving data between them changes
     # nothing.
     resource: str
+    # Of ``buffered_bytes``, those arrived and not taken by a batch yet: what may still
+    # move to a sibling (balancer/queued.py).
+    waiting_bytes: float = 0.0
 
 
 class NodeState(TypedDict):
@@ -294,6 +297,21 @@ class StopMigration(Action):
     @property
     def subject(self) -> str:
         return self.branch_node
+
+
+@dataclass(frozen=True)
+class MoveQueued(Action):
+    """Move up to ``moves[to]`` bytes of the data waiting in ``node``'s pool (arrived,
+    not taken by a batch) into the pool of each sibling ``to`` of its stage."""
+
+    kind: ClassVar[str] = "move_queued"
+    stage: str = ""
+    node: str = ""
+    moves: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return self.node
 
 
 @dataclass(frozen=True)

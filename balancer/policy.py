@@ -105,7 +105,9 @@ PARAMETERS: tuple[Param, ...] = (
         "migration",
         "Migration",
         "pressure",
-        "Whether data of a backpressured branch is sent through light branches.",
+        "Whether data of a backpressured branch is sent through light branches "
+        "(proportional: only each branch's predicted excess, and data already waiting in "
+        "a pool that would empty late moves to its stage's siblings).",
         "strategy",
         kind="choice",
         choices=MIGRATION_CHOICES,

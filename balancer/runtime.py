@@ -41,6 +41,7 @@ class Measurement:
     in_rate_by_route: Mapping[str, float]
     capacity_bps: float  # bytes per second of busy time; math.inf while unknown
     resource: str  # what the node's work runs on (NodeObservation.resource)
+    waiting_bytes: float = 0.0  # arrived, not taken by a batch (NodeObservation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ def observe(
             in_rate_by_route=m.in_rate_by_route,
             capacity_bps=m.capacity_bps,
             resource=m.resource,
+            waiting_bytes=m.waiting_bytes,
         )
     return Observation(
         measured.time_s,

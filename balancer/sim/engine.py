@@ -59,6 +59,7 @@ from balancer.model import (
     SHARED_POOL,
     Action,
     ClearFlag,
+    MoveQueued,
     Observation,
     SetCredits,
     SetFlag,
@@ -720,10 +721,19 @@ class Simulator:
                 },
                 capacity_bps=self._capacity_bps(node),
                 resource=self._resource(node),
+                waiting_bytes=self._waiting(node) * self.in_size[node.index],
             )
             for node, then in zip(self.nodes, before, strict=True)
         }
         return Measured(self.now, interval, measured)
+
+    def _waiting(self, node: _Node) -> int:
+        """Packets in the node's queue no batch or consumer has started on: on the
+        modelled workers those behind its processed and batched ones, else all but the
+        head."""
+        if node.index in self.batching:
+            return len(node.queue) - node.ready - max(node.batched, 0)
+        return max(0, len(node.queue) - 1)
 
     def _capacity_bps(self, node: _Node) -> float:
         """What the node processes per second of busy time, in its input bytes: its
@@ -793,6 +803,8 @@ class Simulator:
             )
         elif isinstance(action, StopMigration):
             self.nodes[index[action.branch_node]].migrations.pop(index[action.heavy[0]], None)
+        elif isinstance(action, MoveQueued):
+            self._move_queued(self.nodes[index[action.node]], action.moves)
         elif isinstance(action, SetCredits):
             node = self.nodes[index[action.upstream]]
             node.credits = {index[d]: c for d, c in action.credits.items()}
@@ -816,6 +828,32 @@ class Simulator:
             applied, _ = apply_signal(action, current, self.policy)
             if applied is not None:
                 self.apply(applied)
+
+    def _move_queued(self, giver: _Node, moves: Mapping[str, float]) -> None:
+        """Whole packets from the tail of ``giver``'s waiting ones into each receiver's
+        queue, as many as ``moves`` names bytes for and the receiver has room for."""
+        size = self.in_size[giver.index]
+        for target, wanted in moves.items():
+            receiver = self.nodes[self.index[target]]
+            taken = self.in_size[receiver.index]
+            count = min(int(wanted // size), self._waiting(giver))
+            moved = 0
+            while moved < count and receiver.occupancy + taken <= receiver.capacity + _EPS:
+                packet = giver.queue.pop()
+                giver.occupancy -= size
+                if not receiver.queue:
+                    receiver.head_ready = self.now + receiver.proc_s
+                receiver.queue.append(packet)
+                receiver.occupancy += taken
+                receiver.bytes_in += taken
+                self.migrated[packet] = True
+                moved += 1
+            if moved:
+                self._level_changed(receiver)
+                if receiver.index in self.batching:
+                    self._ask_batch(receiver)
+                self._forward(receiver)
+        self._after_drain(giver)
 
     def _count(self, kind: str) -> None:
         self.action_counts[kind] = self.action_counts.get(kind, 0) + 1

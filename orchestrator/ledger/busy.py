@@ -60,6 +60,26 @@ def completed_since(run_id: int, after: dt.datetime | None) -> Completed:
     return Completed(batches, latest)
 
 
+def running(run_id: int) -> list[BatchSample]:
+    """The run's batches running now (claimed under a live lease), each with the seconds
+    it has run so far as its ``busy_s`` (from its claim to the database's clock, which
+    the leases are compared with too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT array_agg(DISTINCT node ORDER BY node), SUM(bytes),
+                   EXTRACT(EPOCH FROM now() - MIN(claimed_at))
+            FROM {_TABLE}
+            WHERE run_id = %s AND state = 'claimed' AND lease_expires > now()
+              AND NOT marker AND claimed_at IS NOT NULL AND lease_owner <> ''
+            GROUP BY lease_owner
+            """,  # noqa: S608 - the model's own table; values are parameters
+            [run_id],
+        )
+        rows = cursor.fetchall()
+    return [BatchSample(tuple(nodes), float(size), float(ran)) for nodes, size, ran in rows]
+
+
 def measured_capacities(run: Run) -> dict[str, float]:
     """Each node's true processing rate over the run's batches still in the ledger:
     bytes taken in per second of busy time (balancer.capacity.overall)."""

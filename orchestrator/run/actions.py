@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from balancer.forecast import Pacing
@@ -19,6 +20,7 @@ from balancer.model import (
     Action,
     ClearFlag,
     MoveKeyGroups,
+    MoveQueued,
     NodeState,
     ScaleOutRequest,
     SetCredits,
@@ -32,6 +34,7 @@ from balancer.model import (
     StopMigration,
 )
 from balancer.stepwise import TaskSpeed
+from orchestrator.ledger.requeue import move_waiting
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.run.controls import Controls
@@ -43,7 +46,8 @@ from orchestrator.zk.control_plane import ControlPlane
 
 QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
 
-Handler = Callable[[Any], None]
+# A handler's return value is ignored except MoveQueued's (the action as carried out).
+Handler = Callable[[Any], object]
 
 
 class ActionTable:
@@ -78,6 +82,7 @@ class ActionTable:
             StopMigration: self._stop_migration,
             ScaleOutRequest: self._scale_out,
             MoveKeyGroups: self._move_key_groups,
+            MoveQueued: self._move_queued,
         }
 
     def pacing(self, nodes: Iterable[str]) -> dict[str, Pacing]:
@@ -88,7 +93,11 @@ class ActionTable:
         }
 
     def apply(self, action: Action, actor: str = "balancer") -> None:
-        self.handlers[type(action)](action)
+        done = self.handlers[type(action)](action)
+        if isinstance(action, MoveQueued):
+            if not isinstance(done, MoveQueued):
+                return  # nothing waiting moved: no event
+            action = done
         if action.kind not in QUIET_KINDS:
             data = action.to_json()
             if actor == "balancer":
@@ -126,6 +135,22 @@ class ActionTable:
         old = self.routes.get(action.branch_node)
         migrations = {k: v for k, v in old.migrations.items() if k != action.heavy[0]}
         self.routes.set(action.branch_node, Routes(old.shares, migrations))
+
+    def _move_queued(self, action: MoveQueued) -> MoveQueued | None:
+        """Move the waiting data the action names (orchestrator.ledger.requeue), none
+        while an adjustment changes the graph; the action as carried out, with the
+        bytes that did move (whole segments), or None when none did."""
+        if self.rescale is not None and self.rescale.current is not None:
+            return None
+        moved = {
+            to: float(move_waiting(int(self.run_key), action.node, to, size))
+            for to, size in action.moves.items()
+        }
+        moved = {to: size for to, size in moved.items() if size > 0}
+        if not moved:
+            return None
+        spread = ", ".join(f"{to} {size / 2**20:.1f} MB" for to, size in moved.items())
+        return replace(action, moves=moved, reason=f"{action.reason}: moved {spread}")
 
     def _move_key_groups(self, action: MoveKeyGroups) -> None:
         if self.rescale is not None and self.rescale.move_key_groups(

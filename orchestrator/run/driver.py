@@ -410,8 +410,9 @@ class RunDriver:
         return full | set(self.table.flags.flagged)
 
     def _measure_capacities(self, topology: Topology) -> None:
-        """Add the batches completed since the last tick to each node's capacity; a node
-        now running on another resource starts its estimate again."""
+        """Add the batches completed since the last tick to each node's capacity, with
+        those running now (balancer.capacity: a running batch bounds the rate too); a
+        node now running on another resource starts its estimate again."""
         resources = {node: self._resource_of(topology, node) for node in topology.order}
         for node, resource in resources.items():
             if self.resources.get(node, resource) != resource:
@@ -419,6 +420,7 @@ class RunDriver:
         self.resources = resources
         completed = busy.completed_since(self.run_id, self.busy_after)
         self.capacities.add(completed.batches)
+        self.capacities.running(busy.running(self.run_id))
         self.busy_after = completed.latest
 
     def _resource_of(self, topology: Topology, node: str) -> str:

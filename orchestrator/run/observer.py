@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 
-from balancer.capacity import Capacity, known_bps
+from balancer.capacity import Capacity, stage_bps
 from balancer.loop import BalancerState
 from balancer.model import KeyLoad, NodeState, Observation, SourceLoad
 from balancer.policy import Policy
@@ -69,8 +69,13 @@ def measure(
             out_rate=(flow.done_bytes if flow else 0) / interval_s,
             head_by_route={},
             in_rate_by_route={},
-            capacity_bps=known_bps(capacities, node_id),
+            capacity_bps=stage_bps(
+                capacities,
+                node_id,
+                topology.stage_members(topology.node(node_id).stage_name),
+            ),
             resource=resources.get(node_id, node_id),
+            waiting_bytes=float(flow.waiting_bytes if flow else 0),
         )
     return Measured(time_s, interval_s, nodes, key_loads=key_loads, source=load)
 

@@ -80,13 +80,16 @@ def node(
     in_rate_by_route: Mapping[str, float] | None = None,
     capacity_bps: float = math.inf,
     resource: str | None = None,
+    waiting_bytes: float | None = None,
 ) -> NodeObservation:
     """A node at full speed, out of backpressure, with no per-route figures, its
-    capacity unmeasured and a resource of its own, unless told."""
+    capacity unmeasured, a resource of its own and all its buffered bytes waiting (none
+    taken by a batch), unless told."""
+    buffered = level * CAPACITY if buffered_bytes is None else buffered_bytes
     return NodeObservation(
         node=node_id,
         level=level,
-        buffered_bytes=level * CAPACITY if buffered_bytes is None else buffered_bytes,
+        buffered_bytes=buffered,
         in_rate=in_rate,
         out_rate=out_rate,
         flagged=flagged,
@@ -97,4 +100,5 @@ def node(
         in_rate_by_route=in_rate_by_route or {},
         capacity_bps=capacity_bps,
         resource=node_id if resource is None else resource,
+        waiting_bytes=buffered if waiting_bytes is None else waiting_bytes,
     )

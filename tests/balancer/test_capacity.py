@@ -10,7 +10,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from balancer.capacity import MIN_CONFIDENCE, BatchSample, CapacityMeter, known_bps, overall
+from balancer.capacity import MIN_CONFIDENCE, BatchSample, CapacityMeter, overall, stage_bps
 from balancer.model import SetShares, StartMigration
 from balancer.policy import MB, Policy
 from balancer.pressure import MigrationState, branch_capacity, branches_of, migration_step
@@ -50,7 +50,7 @@ def test_an_unmeasured_node_has_no_capacity_and_nothing_is_known_of_it() -> None
     meter.add([BatchSample(("a",), 0.0, 1.0), BatchSample(("a",), 5 * MB, 0.0)])
     assert meter.capacity("a").bytes_per_s == math.inf
     assert not meter.capacity("a").known
-    assert known_bps(meter.capacities(["a"]), "a") == math.inf
+    assert stage_bps(meter.capacities(["a"]), "a", ["a"]) == math.inf
 
 
 def test_confidence_grows_with_busy_time_and_a_short_measure_is_not_used() -> None:
@@ -60,7 +60,7 @@ def test_confidence_grows_with_busy_time_and_a_short_measure_is_not_used() -> No
     assert MIN_CONFIDENCE > 0.1 and not meter.capacity("a").known
     meter.add([BatchSample(("a",), 4 * MB, 4.0)])
     assert math.isclose(meter.capacity("a").confidence, 0.5)
-    assert known_bps(meter.capacities(["a"]), "a") == 1 * MB
+    assert stage_bps(meter.capacities(["a"]), "a", ["a"]) == 1 * MB
 
 
 def test_the_estimate_follows_a_worker_that_slowed_down() -> None:
@@ -68,6 +68,61 @@ def test_the_estimate_follows_a_worker_that_slowed_down() -> None:
     meter.add([BatchSample(("a",), 10 * MB, 1.0) for _ in range(10)])  # 10 MB/s
     meter.add([BatchSample(("a",), 10 * MB, 10.0) for _ in range(2)])  # now 1 MB/s
     assert meter.capacity("a").bytes_per_s < 1.5 * MB
+
+
+def test_a_batch_running_longer_than_the_completed_ones_say_lowers_the_estimate_now() -> None:
+    meter = CapacityMeter()
+    meter.add([BatchSample(("a",), 10 * MB, 1.0) for _ in range(5)])  # 10 MB/s
+    # A batch of 10 MB has run 20 s: the worker cannot be doing more than 0.5 MB/s now.
+    meter.running([BatchSample(("a",), 10 * MB, 20.0)])
+    assert math.isclose(meter.capacity("a").bytes_per_s, 60 * MB / 25.0)
+    # Once it is no longer running (it ended, or was given back) the history alone counts.
+    meter.running([])
+    assert math.isclose(meter.capacity("a").bytes_per_s, 10 * MB)
+
+
+def test_a_running_batch_on_time_changes_nothing() -> None:
+    meter = CapacityMeter()
+    meter.add([BatchSample(("a",), 10 * MB, 1.0) for _ in range(5)])
+    meter.running([BatchSample(("a",), 10 * MB, 0.5)])  # halfway through, on pace
+    assert math.isclose(meter.capacity("a").bytes_per_s, 10 * MB)
+
+
+def test_a_node_with_only_a_running_batch_is_slower_only_than_a_peer_measured_faster() -> None:
+    meter = CapacityMeter()
+    meter.running([BatchSample(("slow",), 2 * MB, 0.5), BatchSample(("fast",), 4 * MB, 0.5)])
+    assert not meter.capacity("slow").known  # half a second says too little
+    meter.running([BatchSample(("slow",), 2 * MB, 8.0), BatchSample(("fast",), 4 * MB, 8.0)])
+    found = meter.capacity("slow")
+    assert found.known and math.isclose(found.bytes_per_s, MB / 4) and found.done_s == 0
+    assert found.records_per_s == 0.0  # records are counted only when a batch ends
+    # Both still on their first batch (each starting its worker's job): two bounds say
+    # nothing of which is faster, and neither counts.
+    both = meter.capacities(["slow", "fast"])
+    assert stage_bps(both, "slow", ["slow", "fast"]) == math.inf
+    assert stage_bps(both, "fast", ["slow", "fast"]) == math.inf
+    # Once the peer has completed batches at a higher rate, the bound proves the node slower.
+    meter.add([BatchSample(("fast",), 4 * MB, 1.0)])
+    meter.running([BatchSample(("slow",), 2 * MB, 9.0)])
+    both = meter.capacities(["slow", "fast"])
+    assert math.isclose(stage_bps(both, "slow", ["slow", "fast"]), 2 * MB / 9.0)
+    assert math.isclose(stage_bps(both, "fast", ["slow", "fast"]), 4 * MB)
+    # A peer measured slower than the bound proves nothing.
+    assert stage_bps(both, "slow", ["slow", "other"]) == math.inf
+
+
+@given(
+    st.lists(st.tuples(st.floats(1.0, 1e9), st.floats(0.01, 100.0)), min_size=1, max_size=20),
+    st.lists(st.tuples(st.floats(1.0, 1e9), st.floats(0.01, 100.0)), max_size=3),
+)
+def test_running_batches_only_ever_lower_the_estimate(
+    done: list[tuple[float, float]], running: list[tuple[float, float]]
+) -> None:
+    meter = CapacityMeter(window_busy_s=1e6)
+    meter.add([BatchSample(("a",), size, busy) for size, busy in done])
+    before = meter.capacity("a").bytes_per_s
+    meter.running([BatchSample(("a",), size, ran) for size, ran in running])
+    assert meter.capacity("a").bytes_per_s <= before * (1 + 1e-9)
 
 
 def test_a_shared_batch_counts_its_whole_size_and_time_at_each_node_it_ran() -> None:

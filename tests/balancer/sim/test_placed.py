@@ -11,6 +11,7 @@ import math
 import pytest
 
 from balancer.model import SHARED_POOL
+from balancer.policy import Policy
 from balancer.sim.calibration import BatchSample, NodeCost, RuntimeModel, fit_node_cost
 from balancer.sim.control import BENCHMARK_POLICIES, controllers_for
 from balancer.sim.engine import Simulator
@@ -159,3 +160,23 @@ def test_placed_on_unequal_workers_proportional_migration_beats_static_routing()
         return simulator.run(max_time_s=1000).completion_s
 
     assert placed("ours") < 0.8 * placed("credit")
+
+
+def test_waiting_data_moves_from_the_slow_worker_s_pool_to_the_fast_one() -> None:
+    # Forty 1 MB packets split evenly, all in the pools at the start: left alone, the
+    # 1 MB/s worker works through its twenty for ~20 s while the 4 MB/s one idles after
+    # ~5 s. Moving what waits in the slow pool, the stage ends near 40 MB / 5 MB/s.
+    two = chain(branches=2)
+    workload = at_start(40, tags=[0, 1] * 20, branches=2)
+    placed = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
+    moving = Policy.from_mapping(
+        {"throttling": "none", "routing": "static", "migration": "proportional"}
+    )
+
+    alone = Simulator(two, workload, QUIET, (), placed).run(max_time_s=1000)
+    moved = Simulator(two, workload, moving, controllers_for(moving), placed).run(max_time_s=1000)
+
+    assert alone.completion_s > 20.0
+    assert moved.actions.get("move_queued", 0) >= 1
+    assert moved.migrated_bytes >= 5 * MB
+    assert moved.completion_s < 0.7 * alone.completion_s

@@ -3,7 +3,10 @@ capacity meter (orchestrator/ledger/busy.py): one sample per lease owner."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
+from django.utils import timezone
 
 from orchestrator.ledger import busy, segments
 from orchestrator.models import Segment
@@ -45,3 +48,18 @@ def test_a_lost_lease_completes_nothing_and_counts_nothing() -> None:
     assert set(Segment.objects.filter(pk__in=ids).values_list("state", "records")) == {
         ("claimed", 0)
     }
+
+
+def test_a_running_batch_is_one_sample_of_the_seconds_it_has_run_so_far() -> None:
+    run = pending_run("reference")
+    ids = queue_segments(run, ["/nowhere/a", "/nowhere/b"])
+    segments.claim_batch(run.pk, "task1", "w1", max_segments=8, max_bytes=1 << 30, lease_s=60)
+    Segment.objects.filter(pk__in=ids).update(claimed_at=timezone.now() - dt.timedelta(seconds=30))
+
+    (sample,) = busy.running(run.pk)
+
+    assert sample.nodes == ("task1",) and sample.bytes == 2.0
+    assert 29 < sample.busy_s < 120
+    # A batch whose lease has lapsed is not running any more (its worker is gone).
+    Segment.objects.filter(pk__in=ids).update(lease_expires=timezone.now() - dt.timedelta(hours=1))
+    assert busy.running(run.pk) == []

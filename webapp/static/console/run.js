@@ -503,6 +503,7 @@
     set_flag: "flag", clear_flag: "flag", set_thresholds: "threshold",
     set_rate: "rate", set_speed: "rate", stepwise_signal: "rate", set_credits: "rate",
     set_shares: "shares", start_migration: "migration", stop_migration: "migration",
+    move_queued: "migration",
     operator_migrate: "operator", operator_stop_migrating: "operator", operator_refused: "refused",
     action_refused: "refused", scale_out_request: "rate", move_key_groups: "adjustment",
     operator_hot_migrate: "operator", operator_add_instance: "operator", operator_remove_instance: "operator",

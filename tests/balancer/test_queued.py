@@ -1,0 +1,129 @@
+"""Waiting data moves between a stage's members (balancer/queued.py): a member that would
+finish well after its stage's pools could empty together gives what waits in its pool
+to the members that would finish early, never more than waits, never past a receiver's
+high water, never between members of one resource or of a stage that cannot merge."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from balancer.loop import BalancerState, step
+from balancer.model import MoveQueued
+from balancer.policy import MB, Policy
+from balancer.queued import MOVE_AFTER_S, queued_moves
+from tests.balancer.builders import CAPACITY, layered, node, observe
+
+POLICY = Policy(migration="proportional")
+
+
+def stage(
+    buffered: dict[str, float],
+    rates: dict[str, float],
+    *,
+    waiting: dict[str, float] | None = None,
+    resources: dict[str, str] | None = None,
+    mergeable: bool = True,
+):
+    topology = layered(("s", 1), ("a", len(buffered)), ("k", 1), mergeable=mergeable)
+    waiting = waiting or {}
+    resources = resources or {}
+    nodes = {
+        m: node(
+            m,
+            buffered_bytes=buffered[m],
+            level=buffered[m] / CAPACITY,
+            capacity_bps=rates[m],
+            waiting_bytes=waiting.get(m),
+            resource=resources.get(m),
+        )
+        for m in buffered
+    }
+    return observe(topology, nodes=nodes)
+
+
+def test_a_slow_member_s_waiting_data_goes_to_the_idle_fast_one() -> None:
+    # a1 holds 8 MB at 0.1 MB/s (80 s); a2 is empty at 1 MB/s: together 8 MB / 1.1 MB/s.
+    seen = stage({"a1": 8 * MB, "a2": 0.0}, {"a1": 0.1 * MB, "a2": 1 * MB})
+    (move,) = queued_moves(seen, POLICY)
+    drain_s = 8 / 1.1
+    assert move.node == "a1" and move.stage == "a"
+    assert math.isclose(move.moves["a2"], 1 * MB * drain_s)  # a2 then finishes at T too
+    assert "a1 (8.0 MB in its pool at 0.10 MB/s) would finish" in move.reason
+
+
+def test_only_what_waits_moves_and_never_past_the_receiver_s_high_water() -> None:
+    seen = stage(
+        {"a1": 40 * MB, "a2": 0.0},
+        {"a1": 0.1 * MB, "a2": 10 * MB},
+        waiting={"a1": 30 * MB},  # 10 MB are in the batch it runs
+    )
+    (move,) = queued_moves(seen, POLICY)
+    assert math.isclose(move.moves["a2"], min(30 * MB, POLICY.high_water * CAPACITY))
+
+
+def test_pools_close_to_draining_together_stay_put() -> None:
+    # a1 finishes 1.5 s after the common drain time: under MOVE_AFTER_S, nothing moves.
+    rates = {"a1": 1 * MB, "a2": 1 * MB}
+    assert MOVE_AFTER_S > 1.5
+    assert queued_moves(stage({"a1": 3 * MB, "a2": 0.0}, rates), POLICY) == []
+    # and a quarter of a long drain time is noise too
+    assert queued_moves(stage({"a1": 110 * MB, "a2": 90 * MB}, rates), POLICY) == []
+
+
+def test_nothing_moves_while_a_member_s_capacity_is_unknown() -> None:
+    seen = stage({"a1": 8 * MB, "a2": 0.0}, {"a1": 0.1 * MB, "a2": math.inf})
+    assert queued_moves(seen, POLICY) == []
+
+
+def test_members_of_one_resource_or_a_stage_that_cannot_merge_never_move() -> None:
+    rates = {"a1": 0.1 * MB, "a2": 1 * MB}
+    shared = stage({"a1": 8 * MB, "a2": 0.0}, rates, resources={"a1": "w", "a2": "w"})
+    assert queued_moves(shared, POLICY) == []
+    keyed = stage({"a1": 8 * MB, "a2": 0.0}, rates, mergeable=False)
+    assert queued_moves(keyed, POLICY) == []
+
+
+def test_a_member_being_drained_is_left_to_its_adjustment() -> None:
+    seen = stage({"a1": 8 * MB, "a2": 0.0}, {"a1": 0.1 * MB, "a2": 1 * MB})
+    drained = observe(seen.topology, nodes=seen.nodes, draining=frozenset({"a2"}))
+    assert queued_moves(drained, POLICY) == []
+
+
+def test_the_loop_moves_waiting_data_only_with_proportional_migration() -> None:
+    seen = stage({"a1": 8 * MB, "a2": 0.0}, {"a1": 0.1 * MB, "a2": 1 * MB})
+    moved = [a for a in step(seen, BalancerState(), POLICY).actions if isinstance(a, MoveQueued)]
+    assert [a.node for a in moved] == ["a1"]
+    for migration in ("off", "pressure"):
+        decided = step(seen, BalancerState(), Policy(migration=migration)).actions
+        assert not any(isinstance(a, MoveQueued) for a in decided), migration
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 60 * MB), st.floats(0, 1), st.floats(0.01 * MB, 100 * MB)),
+        min_size=2,
+        max_size=6,
+    )
+)
+def test_moves_never_exceed_what_waits_and_never_make_the_stage_finish_later(
+    members: list[tuple[float, float, float]],
+) -> None:
+    names = [f"a{i}" for i in range(1, len(members) + 1)]
+    buffered = {n: q for n, (q, _, _) in zip(names, members, strict=True)}
+    waiting = {n: q * w for n, (q, w, _) in zip(names, members, strict=True)}
+    rates = {n: c for n, (_, _, c) in zip(names, members, strict=True)}
+    moves = queued_moves(stage(buffered, rates, waiting=waiting), POLICY)
+    after = dict(buffered)
+    for move in moves:
+        given_away = sum(move.moves.values())
+        assert given_away <= waiting[move.node] * (1 + 1e-9) + 1e-6
+        assert move.node not in move.moves and all(v > 0 for v in move.moves.values())
+        after[move.node] -= given_away
+        for to, size in move.moves.items():
+            after[to] += size
+            assert after[to] <= max(buffered[to], POLICY.high_water * CAPACITY) * (1 + 1e-9)
+    finish = max(buffered[n] / rates[n] for n in names)
+    assert max(after[n] / rates[n] for n in names) <= finish * (1 + 1e-9) + 1e-9
