@@ -49,7 +49,10 @@ def measure(
             arriving = {r: b / interval_s for r, b in pacer.take_sent_by_route().items()}
             rate = sum(arriving.values())
             if pacer.input.unbounded:
-                backlog = float(pacer.lag().bytes) + sum(head.values())
+                # The source's lag counts all that is not in the ledger yet, its
+                # read-ahead included: added again, the read-ahead's filling and
+                # draining would read as arrivals twice over.
+                backlog = float(max(pacer.lag().bytes, sum(head.values())))
                 load = SourceLoad(backlog, arrivals.add(time_s, rate * interval_s, backlog))
             nodes[node_id] = Measurement(
                 buffered_bytes=float(int(sum(head.values()))),

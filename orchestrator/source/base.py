@@ -22,8 +22,9 @@ class LagJson(TypedDict):
 
 @dataclass(frozen=True)
 class SourceLag:
-    """What waits outside the run: files or stream entries not read yet, their bytes
-    (known for files, estimated for a stream) and the age of the oldest of them."""
+    """What has not entered the run's ledger yet: files or stream entries not read, or
+    read ahead by the source and not sent on; their bytes (known for files, estimated
+    for a stream) and the age of the oldest of them."""
 
     entries: int = 0
     bytes: int = 0
