@@ -143,12 +143,12 @@ def kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
         time.sleep(0.05)
     for child in psutil.Process(workers.processes["spark1"].pid).children():
         child.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    pid = None
-    while pid is None and time.monotonic() < deadline:
-        pid = driver_pid(run, services)
-        time.sleep(0.1)
-    assert pid is not None
+    return kill_the_driver(run, workers, services)
+
+
+def kill_the_driver(run: Run, workers: Any, services: Any) -> str:
+    """SIGKILL the control worker running ``run``'s driver; returns its name."""
+    pid = wait_for(f"run {run.pk}'s driver", lambda: driver_pid(run, services), timeout_s=60)
     victim: str = next(name for name, p in workers.processes.items() if p.pid == pid)
     os.kill(pid, signal.SIGKILL)
     return victim

@@ -3,7 +3,7 @@ a second Spark worker in a cgroup whose CPU quota is a fraction of a core, besid
 session's uncapped one, the input split evenly between the two branches, routing by
 measured capacity. The balancer measures the capped worker's branch as the slower one,
 sends most of the input to the fast one (routing what comes, moving what waits), and
-the result equals the plain Spark job.
+the result equals the plain Spark job, although the driver doing it is killed midway.
 
 Cgroups need root (or a writable cpu controller): elsewhere the test is skipped with the
 reason the quota could not be made (orchestrator/services/cpu_quota.py)."""
@@ -22,12 +22,14 @@ from orchestrator.models import Event, Instance, Segment
 from orchestrator.services.cpu_quota import CpuQuotas, QuotaError
 from orchestrator.worker.plain_job import batch_summary
 from tests.orchestrator.run.scenarios import (
+    kill_the_driver,
     policy,
     start,
     two_branches,
     wait_for_spark_workers,
     wait_until_done,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -62,7 +64,7 @@ def capped_worker(workers) -> Iterator[str]:
 
 
 def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_to_the_fast_one(
-    capped_worker: str,
+    capped_worker: str, workers, services
 ) -> None:
     # Given two branches placed on two workers, one capped by the OS at a fraction of a
     # core, no emulation knob anywhere, and input split evenly between the branches
@@ -72,8 +74,22 @@ def test_the_branch_on_the_capped_worker_is_measured_slower_and_its_data_moves_t
         policy(placement="placed", routing="measured", migration="proportional"),
         generator=f"seed=11,volume_mb={INPUT_MB},dominance=0",
     )
-    # When it runs to the end
-    run = wait_until_done(run, timeout_s=300)
+    # When it runs to the end, its driver killed once the balancer has begun to move
+    # work between the branches (a new one takes the run over from the ledger)
+    wait_for(
+        "the balancer routing or moving the stage's data",
+        lambda: Event.objects.filter(
+            run=run, actor="balancer", kind__in=("set_shares", "move_queued")
+        ).exists(),
+        timeout_s=180,
+    )
+    victim = kill_the_driver(run, workers, services)
+    try:
+        run = wait_until_done(run, timeout_s=300)
+    finally:
+        workers.start(victim)
+        workers.wait_ready([victim])
+    assert Event.objects.filter(run=run, kind="driver").count() >= 2, "no driver took over"
     result = summary(run)
     assert result["status"] == "completed", result["error"]
     placement = dict(
