@@ -49,7 +49,11 @@ def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment
     """
     now = timezone.now()
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        # FOR NO KEY UPDATE: a worker's claim holds an instance this transaction locks
+        # below, and its rows check the run they reference when it commits (FOR KEY
+        # SHARE), which FOR UPDATE would hold up: a deadlock. Only the end of a run locks
+        # it FOR UPDATE, to wait for the merges in flight (segments._refuse_ended).
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         if run.epoch != epoch:
             raise RescaleError(f"run {run_id}: driver epoch {epoch} is no longer current")
         running = Adjustment.objects.filter(run=run, status=Adjustment.Status.RUNNING).first()
@@ -86,7 +90,9 @@ def begin(run_id: int, change: Change, *, epoch: int, source: str) -> Adjustment
                 for a in change.added
             ]
         )
-        for inst in Instance.objects.select_for_update().filter(run=run, name__in=subgraph):
+        for inst in (
+            Instance.objects.select_for_update().filter(run=run, name__in=subgraph).order_by("name")
+        ):
             inst.target = version
             inst.expect = (
                 [CONTROL]
