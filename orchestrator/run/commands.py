@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.db import DatabaseError
+
 from balancer.model import Observation, StepwiseSignal, StopMigration
 from balancer.policy import Policy
 from balancer.pressure import operator_migration
@@ -65,20 +67,32 @@ class OperatorCommands(_Queue):
     def handle(self, observation: Observation) -> None:
         if not self.pending:
             return
+        commands = self.control.take_commands(self.run_key)
+        for done, command in enumerate(commands):
+            try:
+                self._carry_out(observation, command)
+            except DatabaseError:
+                # The driver starts again from the ledger (a deadlock, the database
+                # restarting): the commands it had not carried out wait for it in the
+                # queue, this one with them (an adjustment's start is one transaction).
+                for left in commands[done:]:
+                    self.control.put_command(self.run_key, left)
+                raise
+
+    def _carry_out(self, observation: Observation, command: Mapping[str, Any]) -> None:
         topology = observation.topology
-        for command in self.control.take_commands(self.run_key):
-            node, who = command.get("node", ""), command.get("user", "an operator")
-            if command.get("command") in COMMANDS:
-                rescale = self.table.rescale
-                if rescale is not None and rescale.command(command):
-                    self.table.on_graph_change()
-                continue
-            if not topology.has_node(node):
-                continue  # validated by the console; a stale command is dropped
-            if command.get("command") == "migrate":
-                self._migrate(observation, node, who, command)
-            elif command.get("command") == "stop_migrating":
-                self._stop_migrating(topology, node, who)
+        node, who = command.get("node", ""), command.get("user", "an operator")
+        if command.get("command") in COMMANDS:
+            rescale = self.table.rescale
+            if rescale is not None and rescale.command(command):
+                self.table.on_graph_change()
+            return
+        if not topology.has_node(node):
+            return  # validated by the console; a stale command is dropped
+        if command.get("command") == "migrate":
+            self._migrate(observation, node, who, command)
+        elif command.get("command") == "stop_migrating":
+            self._stop_migrating(topology, node, who)
 
     def _migrate(
         self, observation: Observation, node: str, who: str, command: Mapping[str, Any]
