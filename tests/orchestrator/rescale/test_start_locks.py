@@ -7,7 +7,6 @@ operator's adjustment is lost."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -17,6 +16,7 @@ from orchestrator.models import Adjustment, Instance, Segment
 from orchestrator.rescale.plan import Change
 from orchestrator.rescale.start import begin
 from tests.orchestrator.runs import pending_run
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -53,10 +53,7 @@ def test_an_adjustment_starting_while_a_claim_commits_rows_of_the_run_does_not_d
                     available_at=timezone.now(),
                 )
                 claim_held.set()
-                deadline = time.monotonic() + 30
-                while waiting_locks() == 0:
-                    assert time.monotonic() < deadline, "the adjustment never waited"
-                    time.sleep(0.05)
+                wait_for("the adjustment waiting for the claim's instance", waiting_locks, 30)
         except BaseException as error:  # noqa: BLE001 - reported by the test below
             failures.append(error)
         finally:

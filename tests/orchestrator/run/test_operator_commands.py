@@ -5,8 +5,7 @@ after it wait in the queue for the driver's next attempt."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -15,28 +14,12 @@ from django.db import OperationalError
 from balancer.policy import Policy
 from orchestrator.run.actions import ActionTable
 from orchestrator.run.commands import OperatorCommands
-from orchestrator.services.credentials import zk_client
-from orchestrator.services.launcher import Endpoints
 from orchestrator.zk.control_plane import ControlPlane
 from tests.balancer.builders import layered, observe
 
 pytestmark = pytest.mark.integration
 
 RUN = "7"
-
-
-@pytest.fixture
-def plane(services: Endpoints) -> Iterator[ControlPlane]:
-    root = f"/test-{uuid.uuid4().hex}"
-    with ControlPlane.connect(services.zk_hosts, root) as plane:
-        yield plane
-    cleaner = zk_client(services.zk_hosts)
-    cleaner.start(10)
-    try:
-        cleaner.delete(root, recursive=True)
-    finally:
-        cleaner.stop()
-        cleaner.close()
 
 
 class Rescale:

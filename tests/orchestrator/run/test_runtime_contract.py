@@ -10,8 +10,7 @@ ledger's flows and the simulator's packet counters.
 from __future__ import annotations
 
 import math
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -28,8 +27,6 @@ from balancer.units import MB
 from orchestrator.run.actions import ActionTable
 from orchestrator.run.commands import SignalQueue
 from orchestrator.run.runtime import LiveRuntime
-from orchestrator.services.credentials import zk_client
-from orchestrator.services.launcher import Endpoints
 from orchestrator.zk.control_plane import ControlPlane
 from tests.balancer.builders import CAPACITY, layered
 
@@ -105,20 +102,6 @@ def live_runtime(plane: ControlPlane, topology: Topology, policy_name: str) -> L
     policy = BENCHMARK_POLICIES[policy_name].policy()
     table = ActionTable(plane, run_id=CONTRACT_RUNS[policy_name], on_graph_change=lambda: None)
     return LiveRuntime(topology, scripted(script()), table, SignalQueue(table, policy))
-
-
-@pytest.fixture
-def plane(services: Endpoints) -> Iterator[ControlPlane]:
-    root = f"/test-{uuid.uuid4().hex}"
-    with ControlPlane.connect(services.zk_hosts, root) as plane:
-        yield plane
-    cleaner = zk_client(services.zk_hosts)
-    cleaner.start(10)
-    try:
-        cleaner.delete(root, recursive=True)
-    finally:
-        cleaner.stop()
-        cleaner.close()
 
 
 @pytest.mark.parametrize("policy_name", sorted(BENCHMARK_POLICIES))
