@@ -28,10 +28,12 @@ keyed stage's data belongs to its key slots, and moves with them (balancer/key_m
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 
 from balancer.model import MoveQueued, Observation
 from balancer.policy import Policy
+from balancer.units import MB
 
 MOVE_AFTER_S = 2.0
 LATE_SHARE = 0.25
@@ -57,14 +59,14 @@ def _eligible(observation: Observation, members: tuple[str, ...]) -> dict[str, f
     seen = [m for m in members if m in observation.nodes and m not in observation.draining]
     if len(seen) < 2 or not all(topology.node(m).mergeable for m in seen):
         return {}
-    resources = [observation.nodes[m].resource for m in seen]
+    resources = Counter(observation.nodes[m].resource for m in seen)
     capacity: dict[str, float] = {}
     for member in seen:
         node = observation.nodes[member]
         rate = topology.node(member).max_rate_bps or node.capacity_bps
         if not math.isfinite(rate) or rate <= 0:
             return {}
-        if resources.count(node.resource) == 1:
+        if resources[node.resource] == 1:
             capacity[member] = rate
     return capacity
 
@@ -105,8 +107,8 @@ def _stage_moves(
         actions.append(
             MoveQueued(
                 reason=(
-                    f"{giver} ({queued[giver] / 2**20:.1f} MB in its pool at "
-                    f"{capacity[giver] / 2**20:.2f} MB/s) would finish "
+                    f"{giver} ({queued[giver] / MB:.1f} MB in its pool at "
+                    f"{capacity[giver] / MB:.2f} MB/s) would finish "
                     f"{late_s(giver):.0f} s after stage {stage}'s pools could empty "
                     f"together ({drain_s:.0f} s)"
                 ),
