@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from balancer.model import Action, Observation, SetCredits, SetRate
 from balancer.policy import Policy
+from balancer.topology import Topology
 from balancer.units import MB
 
 # The experiment's resume point. Not (yet) a Policy field: see docs/balancing.md.
@@ -57,16 +58,25 @@ def credit_step(
         and now - state.last_grant_s < policy.credit_interval_ms / 1000 - _TIME_SLACK_S
     ):
         return [], state
-    topology, nodes = observation.topology, observation.nodes
+    buffered = {node_id: node.buffered_bytes for node_id, node in observation.nodes.items()}
+    return list(credit_grants(observation.topology, buffered)), CreditState(now)
+
+
+def credit_grants(topology: Topology, buffered: Mapping[str, float]) -> list[SetCredits]:
+    """Every upstream's credit per downstream from the bytes each queue holds now
+    (``buffered``; a downstream missing from it grants nothing): its free space, split
+    evenly among the upstreams that share it. A runtime whose queues free up between
+    two of the balancer's ticks grants at the credit interval with this alone, as the
+    simulator's credit controller does."""
     share_of_free = {
-        node_id: max(0.0, topology.node(node_id).capacity_bytes - node.buffered_bytes)
+        node_id: max(0.0, topology.node(node_id).capacity_bytes - queued)
         / (len(topology.upstreams(node_id)) or 1)
-        for node_id, node in nodes.items()
+        for node_id, queued in buffered.items()
     }
     # Upstreams of one shuffle feed the same downstreams and so get the same credits:
     # build each distinct grant once and share it (actions are read-only).
     grants: dict[tuple[str, ...], tuple[Mapping[str, float], str]] = {}
-    actions: list[Action] = []
+    actions: list[SetCredits] = []
     for upstream in topology.order:
         downstreams = topology.downstreams(upstream)
         if not downstreams:
@@ -82,7 +92,7 @@ def credit_step(
             )
         credits, reason = grants[downstreams]
         actions.append(SetCredits(reason=reason, upstream=upstream, credits=credits))
-    return actions, CreditState(now)
+    return actions
 
 
 def stop_resume_step(

@@ -7,6 +7,7 @@ import pytest
 from balancer.credit import (
     CreditState,
     StopResumeState,
+    credit_grants,
     credit_step,
     stop_resume_step,
 )
@@ -57,6 +58,22 @@ def test_a_full_or_unobserved_downstream_grants_no_credit() -> None:
     actions, _ = credit_step(observation, CreditState(), POLICY)
 
     assert actions[0].credits == {"b1": 0.0, "b2": 0.0}
+
+
+def test_a_grant_between_ticks_is_the_free_space_of_the_queues_as_they_are_now() -> None:
+    # A runtime reads its queues more often than the balancer ticks: what a batch just
+    # emptied is credit at once, the same grant a tick would make.
+    topology = layered(("s", 1), ("b", 2))
+
+    grants = credit_grants(topology, {"b1": 0.0, "b2": 60 * MB})
+
+    assert [(g.upstream, dict(g.credits)) for g in grants] == [
+        ("s1", {"b1": CAPACITY, "b2": 4 * MB})
+    ]
+    assert (
+        grants
+        == credit_step(observe(topology, 1.0, buffered={"b2": 60 * MB}), CreditState(), POLICY)[0]
+    )
 
 
 def test_credit_is_granted_once_per_credit_interval() -> None:
