@@ -14,8 +14,12 @@ The estimate is the ratio of the totals over the most recent batches, back to
 ``window_busy_s`` seconds of busy time: long enough to smooth a batch's fixed cost and
 the jitter of a shared machine, short enough to follow a worker slowed down or added.
 ``confidence`` says how much busy time the estimate rests on, from 0 (nothing
-measured) to 1 (``sure_after_s`` seconds or more); until it reaches ``MIN_CONFIDENCE``
-a decision treats the node's capacity as unknown.
+measured) to 1 (``sure_after_s`` seconds or more). A completed batch is a measure
+however short it was: a fast worker's batches take a fraction of a second, and while
+a slow sibling's full pool holds the source back it gets no more of them, so waiting
+for a second of busy time would keep it unknown, and its data unmoved, for as long as
+the slow batch runs (3.5 s of a 30 s run, measured). Running batches alone need
+``MIN_CONFIDENCE``; until then a decision treats the node's capacity as unknown.
 
 A batch still running bounds the rate too: having run ``t`` seconds over ``b`` bytes,
 it cannot go faster than ``b / t``. Where that is below what the completed batches show
@@ -49,7 +53,7 @@ from dataclasses import dataclass, field
 
 WINDOW_BUSY_S = 60.0
 SURE_AFTER_S = 5.0
-MIN_CONFIDENCE = 0.2  # one second of busy time at the defaults
+MIN_CONFIDENCE = 0.2  # one second of running batches at the defaults
 BUSY_OVER_S = 30.0
 
 
@@ -86,7 +90,9 @@ class Capacity:
 
     @property
     def known(self) -> bool:
-        return self.confidence >= MIN_CONFIDENCE and math.isfinite(self.bytes_per_s)
+        return math.isfinite(self.bytes_per_s) and (
+            self.done_s > 0 or self.confidence >= MIN_CONFIDENCE
+        )
 
     def at(self, batch_bytes: float) -> float:
         """Bytes per busy second of a batch of ``batch_bytes``: from the fitted batch

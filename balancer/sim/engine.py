@@ -515,13 +515,19 @@ class Simulator:
             if node.next_send > self.now + _EPS:
                 self._wake(node, node.next_send)
                 return
-            target, commit = self._route(node, packet)
+            route, target, commit = self._route(node, packet)
+            spilled = False
             if not self._admits(node, target):
-                return
+                light = self._spill(node, route, target)
+                if light is None:
+                    return
+                target, spilled = light, True
             node.queue.popleft()
             if batching:
                 node.ready -= 1
             commit()
+            if spilled:
+                self.migrated[packet] = True
             self._send(node, target, packet)
             if node.queue:
                 node.head_ready = self.now + node.proc_s
@@ -593,8 +599,9 @@ class Simulator:
 
     # --- routing ----------------------------------------------------------------------------
 
-    def _route(self, node: _Node, packet: int) -> tuple[int, _Commit]:
-        """Where the head packet goes, and what to record once it has gone."""
+    def _route(self, node: _Node, packet: int) -> tuple[int, int, _Commit]:
+        """The head packet's branch before any migration, where it goes, and what to
+        record once it has gone."""
         tag = int(self.tag_node[packet])
         base = tag if tag in node.downs else -1
         split = next((s for s in node.splits if base in s.shares or base < 0), None)
@@ -627,7 +634,20 @@ class Simulator:
             if (base >= 0 and target != base) or target != route:
                 self.migrated[packet] = True
 
-        return target, commit
+        return route, target, commit
+
+    def _spill(self, node: _Node, route: int, target: int) -> int | None:
+        """Where a packet goes whose ``target`` cannot take it now, when ``route``'s data
+        is being migrated: the migration's light branch with the largest share that can
+        (None: it waits, and the node with it), as the live source does
+        (orchestrator/run/pacer.py)."""
+        migration = node.migrations.get(route)
+        if migration is None:
+            return None
+        for light in sorted(migration.targets, key=lambda t: (-migration.targets[t], t)):
+            if light not in (route, target) and self._admits(node, light):
+                return light
+        return None
 
     # --- window mode: the source dispatches batches through balancer.window ---------------
 
@@ -749,10 +769,12 @@ class Simulator:
         batch = min(spec.capacity_bytes, self.model.max_batch_bytes)
         placed = self.model.placed.get(node.id)
         if placed is not None:
-            return batch / placed.batch_s(batch)
-        if self.pool_of.get(node.index) == _SPARK:
-            return batch / (self.model.batch_fixed_s + batch / self.model.batch_bytes_per_s)
-        return math.inf
+            seconds = placed.batch_s(batch)
+        elif self.pool_of.get(node.index) == _SPARK:
+            seconds = self.model.batch_fixed_s + batch / self.model.batch_bytes_per_s
+        else:
+            return math.inf
+        return batch / seconds if seconds > 0 else math.inf
 
     def _resource(self, node: _Node) -> str:
         """The modelled shared Spark workers are one pool every unemulated, unplaced

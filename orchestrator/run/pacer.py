@@ -28,7 +28,7 @@ from orchestrator.pipeline.graph import (
 )
 from orchestrator.pipeline.inputs import Chunk, write_chunk
 from orchestrator.pipeline.layout import segment_path
-from orchestrator.pipeline.routes import tagged_route
+from orchestrator.pipeline.routes import Routes, tagged_route
 from orchestrator.pipeline.watermark import Watermark
 from orchestrator.rescale.plan import copy_id, targets
 from orchestrator.run.controls import Controls
@@ -195,11 +195,14 @@ class SourcePacer:
         )
         target = copies[0][0]
         if not self._may_send(target, chunk.size, rate):
-            if self._pool_full(target, chunk.size):
-                # Demand the node could not take: part of its input rate, so a full pool
-                # still reads as "input faster than output".
-                self.blocked[target] = chunk.size
-            return False
+            spilled = self._spill(copies, routes, chunk.size, rate)
+            if spilled is None:
+                if self._pool_full(target, chunk.size):
+                    # Demand the node could not take: part of its input rate, so a full
+                    # pool still reads as "input faster than output".
+                    self.blocked[target] = chunk.size
+                return False
+            copies, target = [spilled], spilled[0]
         path = segment_path(self.run_id, seg_id, chunk.kind)
         write_chunk(path, chunk)
         windows = pipeline_windows(graph.doc)
@@ -256,6 +259,36 @@ class SourcePacer:
         tagged = tagged_route(chunk.tag, graph.downstreams, routes)
         self.sent_by_route[tagged] = self.sent_by_route.get(tagged, 0) + chunk.size
         return True
+
+    def _spill(
+        self,
+        copies: list[tuple[str, str, KeyGroup]],
+        routes: Routes,
+        size: int,
+        rate: float | None,
+    ) -> tuple[str, str, KeyGroup] | None:
+        """Where a chunk goes whose branch cannot take it now, when the balancer is
+        migrating that branch's data: to the migration's light branch with the largest
+        share that can (``None``: it waits, and the source with it).
+
+        A migration says the branch has more coming than it can take; a chunk its full
+        pool refuses is exactly such data. Waiting for it would hold every chunk behind
+        it, for every branch, for as long as the branch's batch runs: seconds on a slow
+        worker, while the others drain their pools and idle."""
+        if len(copies) != 1:
+            return None  # a keyed stage's copies go where their key groups are
+        node, migrated_from, slots = copies[0]
+        heavy = migrated_from or node
+        moves = routes.migrations.get(heavy) or {}
+        downstreams = self.graph.downstreams
+        for light in sorted(moves, key=lambda n: (-moves[n], n)):
+            if (
+                light in downstreams
+                and light not in (node, heavy)
+                and self._may_send(light, size, rate)
+            ):
+                return light, heavy, slots
+        return None
 
     def drain(self) -> None:
         """Read nothing new: of what was read ahead and not sent, only what the source

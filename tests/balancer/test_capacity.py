@@ -61,12 +61,15 @@ def test_an_unmeasured_node_has_no_capacity_and_nothing_is_known_of_it() -> None
     assert stage_bps(meter.capacities(["a"]), "a", ["a"]) == math.inf
 
 
-def test_confidence_grows_with_busy_time_and_a_short_measure_is_not_used() -> None:
+def test_confidence_grows_with_busy_time_and_one_completed_batch_is_a_measure() -> None:
     meter = CapacityMeter(sure_after_s=10.0)
-    meter.add([BatchSample(("a",), 1 * MB, 1.0)])
-    assert math.isclose(meter.capacity("a").confidence, 0.1)
-    assert MIN_CONFIDENCE > 0.1 and not meter.capacity("a").known
-    meter.add([BatchSample(("a",), 4 * MB, 4.0)])
+    meter.running([BatchSample(("a",), 1 * MB, 1.0)])
+    assert MIN_CONFIDENCE > 0.1 and not meter.capacity("a").known  # a second running
+    meter.running([])
+    meter.add([BatchSample(("a",), 1 * MB, 0.25)])  # a fast worker's batch
+    assert math.isclose(meter.capacity("a").confidence, 0.025)
+    assert meter.capacity("a").known
+    meter.add([BatchSample(("a",), 4 * MB, 4.75)])
     assert math.isclose(meter.capacity("a").confidence, 0.5)
     assert stage_bps(meter.capacities(["a"]), "a", ["a"]) == 1 * MB
 

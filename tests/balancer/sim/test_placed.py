@@ -184,3 +184,13 @@ def test_waiting_data_moves_from_the_slow_worker_s_pool_to_the_fast_one() -> Non
     assert moved.actions.get("move_queued", 0) >= 1
     assert moved.migrated_bytes >= 5 * MB
     assert moved.completion_s < 0.7 * alone.completion_s
+
+
+def test_a_node_on_modelled_workers_whose_batches_cost_nothing_shows_no_limit() -> None:
+    costless = RuntimeModel(placed={"op0": NodeCost(fixed_s=0.0, bytes_per_s=math.inf)})
+    simulator = Simulator(chain(branches=2), at_start(1), QUIET, (), costless)
+
+    nodes = simulator.levels.observe().nodes
+
+    assert nodes["op0"].capacity_bps == math.inf
+    assert nodes["op1"].capacity_bps == math.inf  # the shared pool's batches, free too

@@ -12,9 +12,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from balancer.units import MB
 from orchestrator.models import Run, Segment
 from orchestrator.pipeline.graph import balancer_topology
 from orchestrator.pipeline.inputs import Chunk, InputError, write_chunk
+from orchestrator.pipeline.routes import Routes
 from orchestrator.run import pacer as pacer_module
 from orchestrator.run.controls import Controls
 from orchestrator.run.lifecycle import create_run
@@ -78,3 +80,28 @@ def test_a_chunk_that_cannot_be_written_leaves_the_ones_before_it_in_the_ledger(
     assert (run.source_position["chunk"], run.source_position["file"]) == (2, 1)
     assert run.input_bytes == 2 * len(LINES)
     assert run.chunks_total is None
+
+
+def test_a_chunk_its_full_branch_refuses_goes_where_the_balancer_migrates_that_branch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pacer_module, "SEND_SLICE_S", 30.0)
+    run, pacer = pacer_over(tmp_path, 3)
+    branches = pacer.graph.downstreams
+    full = 64 * MB  # each branch's pool (skewed_reference(buffer_mb=64))
+
+    # Every pool full, nothing migrating: the source waits, its chunk's branch blocked.
+    pacer.pool = dict.fromkeys(branches, full)
+    assert pacer.emit(time.monotonic()) is False
+    (heavy,) = pacer.take_blocked()
+    assert not Segment.objects.filter(run=run).exists()
+
+    # The balancer moves 30% of the heavy branch's data to another, which has room: what
+    # the heavy branch's full pool refuses goes there too, instead of holding the source.
+    light = next(b for b in branches if b != heavy)
+    pacer.pool = {heavy: full}
+    pacer.routes.set(pacer.name, Routes(migrations={heavy: {light: 0.3}}))
+    assert pacer.emit(time.monotonic()) is False  # everything was sent
+    sent = list(Segment.objects.filter(run=run).values_list("node", "migrated_from"))
+    assert sent == [(light, heavy)] * 3
+    assert pacer.take_blocked() == {}
