@@ -32,23 +32,13 @@ member running below what a peer of its stage was measured doing is slower than 
 peer. A worker capped to a fraction of a core is then seen slow while its first batch
 runs, once a peer has shown its pace, not only once that batch ends, which may be
 after the stage's input has all been routed to it.
-
-A batch costs a fixed time beside its bytes (planning, a Spark job, the claim and the
-commit), so bytes per busy second depend on the batches' size: a worker fed a trickle
-runs small batches and shows a fraction of what it does on full ones (on a quarter
-core, a 2 MB batch took 5 s and a 15 MB one 12.6 s). Read as the node's capacity, that
-starves it further: a decision gives it less, its batches shrink, its rate falls. So
-where its recent batches differ in size, the meter also fits ``seconds = fixed + bytes /
-rate`` to them (:func:`fit_batch_cost`, least squares), and :meth:`Capacity.at` gives
-the rate of a batch of a given size, a full pool's for a node backpressured: its
-capacity when it is the bottleneck.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 WINDOW_BUSY_S = 60.0
@@ -83,23 +73,12 @@ class Capacity:
     busy_s: float
     records_per_s: float = 0.0
     done_s: float = 0.0
-    # The batch cost fitted to its completed batches (seconds = fixed_s + bytes /
-    # marginal_bps); an unlimited marginal rate where no fit was made.
-    fixed_s: float = 0.0
-    marginal_bps: float = math.inf
 
     @property
     def known(self) -> bool:
         return math.isfinite(self.bytes_per_s) and (
             self.done_s > 0 or self.confidence >= MIN_CONFIDENCE
         )
-
-    def at(self, batch_bytes: float) -> float:
-        """Bytes per busy second of a batch of ``batch_bytes``: from the fitted batch
-        cost where there is one, else the measured :attr:`bytes_per_s`."""
-        if batch_bytes <= 0 or not math.isfinite(self.marginal_bps):
-            return self.bytes_per_s
-        return batch_bytes / (self.fixed_s + batch_bytes / self.marginal_bps)
 
 
 UNKNOWN = Capacity(math.inf, 0.0, 0.0)
@@ -172,35 +151,13 @@ class CapacityMeter:
         running = self._running.get(node, ())
         running_bytes = sum(b for b, _ in running)
         running_s = sum(s for _, s in running)
-        fixed_s, marginal_bps = (
-            fit_batch_cost([(b, s) for b, _, s in samples]) if samples else (0.0, math.inf)
-        )
-        if not math.isfinite(marginal_bps):
-            fixed_s = 0.0
-        # Slower now than the completed batches show (by the fitted cost where there is
-        # one: a small batch's fixed cost is no slowdown; else by their rate): what it
-        # does now decides.
-        if math.isfinite(marginal_bps):
-            slower = running_s > len(running) * fixed_s + running_bytes / marginal_bps
-        else:
-            slower = running_bytes * busy < size * running_s
-        rate = size / busy if busy > 0 else math.inf
-        if running_s > 0 and (busy <= 0 or slower):
-            rate = min(rate, (size + running_bytes) / (busy + running_s))
+        if running_s > 0 and (busy <= 0 or running_bytes * busy < size * running_s):
+            size += running_bytes
             busy += running_s
-            fixed_s, marginal_bps = 0.0, math.inf
         if busy <= 0:
             return UNKNOWN
         per_record = records / done_s if done_s > 0 else 0.0
-        return Capacity(
-            rate,
-            min(1.0, busy / self.sure_after_s),
-            busy,
-            per_record,
-            done_s,
-            fixed_s,
-            marginal_bps,
-        )
+        return Capacity(size / busy, min(1.0, busy / self.sure_after_s), busy, per_record, done_s)
 
     def capacities(self, nodes: Iterable[str]) -> dict[str, Capacity]:
         return {node: self.capacity(node) for node in nodes}
@@ -220,50 +177,16 @@ def overall(batches: Iterable[BatchSample]) -> dict[str, float]:
     return {node: size[node] / busy[node] for node in size if busy[node] > 0}
 
 
-def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """``(fixed seconds, bytes per second)`` of ``seconds = fixed + bytes / rate``, fitted
-    by least squares to ``(bytes, seconds)`` samples.
-
-    The fit is constrained to a cost that makes sense: a negative fixed cost is taken as
-    0 (the rate refitted through the origin), and batches that are all alike in size,
-    or whose times do not grow with their size, give only their mean time, as a fixed
-    cost with an unlimited rate.
-    """
-    if not samples:
-        raise ValueError("no batches to fit")
-    n = len(samples)
-    mean_size = sum(b for b, _ in samples) / n
-    mean_s = sum(s for _, s in samples) / n
-    spread = sum((b - mean_size) ** 2 for b, _ in samples)
-    if spread <= 0:
-        return mean_s, math.inf
-    slope = sum((b - mean_size) * (s - mean_s) for b, s in samples) / spread
-    fixed = mean_s - slope * mean_size
-    if fixed < 0:
-        fixed = 0.0
-        slope = sum(b * s for b, s in samples) / sum(b * b for b, _ in samples)
-    if slope <= 0:
-        return mean_s, math.inf
-    return fixed, 1 / slope
-
-
-def stage_bps(
-    capacities: Mapping[str, Capacity],
-    node: str,
-    peers: Iterable[str],
-    *,
-    batch_bytes: float = 0.0,
-) -> float:
+def stage_bps(capacities: Mapping[str, Capacity], node: str, peers: Iterable[str]) -> float:
     """``node``'s capacity for decisions among its stage's members (``peers``, itself
-    among them): its estimate where known and resting on completed batches, at batches
-    of ``batch_bytes`` (:meth:`Capacity.at`; 0: as measured); a running batch's bound
-    alone where some peer's completed batches show a higher rate (it is then slower
-    than that peer whatever its true rate); else ``math.inf``."""
+    among them): its estimate where known and resting on completed batches; a running
+    batch's bound alone where some peer's completed batches show a higher rate (it is
+    then slower than that peer whatever its true rate); else ``math.inf``."""
     found = capacities.get(node, UNKNOWN)
     if not found.known:
         return math.inf
     if found.done_s > 0:
-        return found.at(batch_bytes)
+        return found.bytes_per_s
     for peer in peers:
         seen = capacities.get(peer, UNKNOWN)
         if peer != node and seen.known and seen.done_s > 0 and seen.bytes_per_s > found.bytes_per_s:

@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from balancer.capacity import fit_batch_cost
+import numpy as np
+
 from balancer.topology import Topology, check_reductions
 
 # Gaps between one batch's end and the next one's start shorter than this are the
@@ -230,3 +231,25 @@ def _start_s(runs: Sequence[Sequence[BatchSample]]) -> float:
         if 0 <= later.began_s - earlier.done_s < BACK_TO_BACK_S
     ]
     return statistics.median(gaps) if gaps else 0.0
+
+
+def fit_batch_cost(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(fixed seconds, bytes per second)`` of ``seconds = fixed + bytes / rate``, fitted
+    by least squares to ``(bytes, seconds)`` samples.
+
+    The fit is constrained to a cost that makes sense: a negative fixed cost is taken as
+    0 (the rate refitted through the origin), and batches that are all alike in size
+    give only their mean time, as a fixed cost with an unlimited rate.
+    """
+    if not samples:
+        raise ValueError("no batches to fit")
+    sizes = np.array([s for s, _ in samples], dtype=float)
+    seconds = np.array([t for _, t in samples], dtype=float)
+    if np.ptp(sizes) <= 0:
+        return float(seconds.mean()), math.inf
+    slope, fixed = np.polyfit(sizes, seconds, 1)
+    if fixed < 0:
+        slope, fixed = float(sizes @ seconds / (sizes @ sizes)), 0.0
+    if slope <= 0:
+        return float(seconds.mean()), math.inf
+    return float(fixed), float(1 / slope)

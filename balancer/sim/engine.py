@@ -757,24 +757,20 @@ class Simulator:
 
     def _capacity_bps(self, node: _Node) -> float:
         """What the node processes per second of busy time, in its input bytes: its
-        emulated rate, or on the modelled Spark workers the rate of a batch of its whole
-        pool (up to the model's largest batch) at the model's batch cost (a placed
-        node's own), as the live runtime measures it (balancer.capacity); ``math.inf``
-        when nothing limits it."""
+        emulated rate, or on the modelled Spark workers the model's batch rate (a
+        placed node's own; the fixed cost left out, as a long batch amortises it);
+        ``math.inf`` when nothing limits it."""
         spec = self.topology.node(node.id)
         if spec.max_rate_bps:
             return spec.max_rate_bps
         if self.model is None:
             return math.inf
-        batch = min(spec.capacity_bytes, self.model.max_batch_bytes)
         placed = self.model.placed.get(node.id)
         if placed is not None:
-            seconds = placed.batch_s(batch)
-        elif self.pool_of.get(node.index) == _SPARK:
-            seconds = self.model.batch_fixed_s + batch / self.model.batch_bytes_per_s
-        else:
-            return math.inf
-        return batch / seconds if seconds > 0 else math.inf
+            return placed.bytes_per_s
+        if self.pool_of.get(node.index) == _SPARK:
+            return self.model.batch_bytes_per_s
+        return math.inf
 
     def _resource(self, node: _Node) -> str:
         """The modelled shared Spark workers are one pool every unemulated, unplaced

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 
-from django.conf import settings
-
 from balancer.capacity import Capacity, stage_bps
 from balancer.loop import BalancerState
 from balancer.model import KeyLoad, NodeState, Observation, SourceLoad
@@ -20,7 +18,6 @@ from balancer.policy import Policy
 from balancer.runtime import Measured, Measurement
 from balancer.sizing import ArrivalMeter
 from balancer.topology import Topology
-from balancer.units import MB
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.run.controls import Controls
 from orchestrator.run.pacer import SourcePacer
@@ -79,19 +76,11 @@ def measure(
                 capacities,
                 node_id,
                 topology.stage_members(topology.node(node_id).stage_name),
-                batch_bytes=full_batch_bytes(topology, node_id),
             ),
             resource=resources.get(node_id, node_id),
             waiting_bytes=float(flow.waiting_bytes if flow else 0),
         )
     return Measured(time_s, interval_s, nodes, key_loads=key_loads, source=load)
-
-
-def full_batch_bytes(topology: Topology, node_id: str) -> float:
-    """The batch a backpressured node runs: its whole pool, up to what one batch takes
-    (``BPCONSOLE_BATCH_MB``). Its rate at that size is its capacity when it is the
-    bottleneck (balancer.capacity)."""
-    return min(topology.node(node_id).capacity_bytes, settings.BPCONSOLE_BATCH_MB * MB)
 
 
 def node_states(

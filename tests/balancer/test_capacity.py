@@ -7,18 +7,10 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from balancer.capacity import (
-    MIN_CONFIDENCE,
-    BatchSample,
-    CapacityMeter,
-    fit_batch_cost,
-    overall,
-    stage_bps,
-)
+from balancer.capacity import MIN_CONFIDENCE, BatchSample, CapacityMeter, overall, stage_bps
 from balancer.model import SetShares, StartMigration
 from balancer.policy import MB, Policy
 from balancer.pressure import MigrationState, branch_capacity, branches_of, migration_step
@@ -120,77 +112,6 @@ def test_a_node_with_only_a_running_batch_is_slower_only_than_a_peer_measured_fa
     assert math.isclose(stage_bps(both, "fast", ["slow", "fast"]), 4 * MB)
     # A peer measured slower than the bound proves nothing.
     assert stage_bps(both, "slow", ["slow", "other"]) == math.inf
-
-
-# --- a batch's fixed cost --------------------------------------------------------------------
-
-
-def test_the_batch_cost_of_exact_samples_is_found_again() -> None:
-    samples = [(size, 0.5 + size / (20 * MB)) for size in (MB, 4 * MB, 9 * MB, 30 * MB)]
-
-    fixed, rate = fit_batch_cost(samples)
-
-    assert fixed == pytest.approx(0.5)
-    assert rate == pytest.approx(20 * MB)
-
-
-def test_a_fit_that_would_need_a_negative_fixed_cost_goes_through_the_origin() -> None:
-    fixed, rate = fit_batch_cost([(MB, 0.05), (2 * MB, 0.2), (3 * MB, 0.3)])
-
-    assert fixed == 0.0
-    # Least squares through the origin: (1 * 0.05 + 2 * 0.2 + 3 * 0.3) / (1 + 4 + 9) s/MB.
-    assert rate == pytest.approx(MB * 14 / 1.35)
-
-
-def test_batches_of_one_size_give_their_mean_time_and_no_rate() -> None:
-    fixed, rate = fit_batch_cost([(MB, 0.4), (MB, 0.6)])
-
-    assert fixed == pytest.approx(0.5)
-    assert rate == math.inf
-
-
-def test_no_batches_cannot_be_fitted() -> None:
-    with pytest.raises(ValueError, match="no batches"):
-        fit_batch_cost([])
-
-
-def test_a_node_fed_small_batches_is_rated_at_the_full_batch_it_would_run_when_pressed() -> None:
-    # A quarter-core worker: each batch costs 4 s beside its bytes at 2 MB/s. Fed a
-    # trickle, it ran batches of 1 and 3 MB: 4 MB in 10 s of busy time.
-    meter = CapacityMeter()
-    meter.add([BatchSample(("slow",), MB, 4.5, 10.0), BatchSample(("slow",), 3 * MB, 5.5, 20.0)])
-    found = meter.capacity("slow")
-
-    assert math.isclose(found.bytes_per_s, 0.4 * MB)
-    assert math.isclose(found.fixed_s, 4.0) and math.isclose(found.marginal_bps, 2 * MB)
-    # Backpressured, its 16 MB pool is one batch: 16 MB in 4 + 8 s.
-    assert math.isclose(found.at(16 * MB), 16 * MB / 12.0)
-    assert math.isclose(
-        stage_bps({"slow": found}, "slow", ["slow"], batch_bytes=16 * MB), found.at(16 * MB)
-    )
-    assert math.isclose(stage_bps({"slow": found}, "slow", ["slow"]), 0.4 * MB)
-
-
-def test_batches_of_one_size_are_rated_as_measured_at_any_size() -> None:
-    meter = CapacityMeter()
-    meter.add([BatchSample(("a",), 8 * MB, 2.0), BatchSample(("a",), 8 * MB, 2.0)])
-    found = meter.capacity("a")
-
-    assert found.marginal_bps == math.inf and found.fixed_s == 0.0
-    assert math.isclose(found.at(64 * MB), 4 * MB)
-
-
-def test_a_small_batch_running_within_its_fixed_cost_is_no_slowdown_but_a_slower_one_is() -> None:
-    meter = CapacityMeter()
-    meter.add([BatchSample(("slow",), MB, 4.5, 10.0), BatchSample(("slow",), 3 * MB, 5.5, 20.0)])
-    # 2 MB for 4.8 s: the fitted cost says 5 s, so nothing is slower than it was.
-    meter.running([BatchSample(("slow",), 2 * MB, 4.8)])
-    assert math.isclose(meter.capacity("slow").at(16 * MB), 16 * MB / 12.0)
-    # 2 MB for 9 s: slower than its cost; what it does now is the estimate, at any size.
-    meter.running([BatchSample(("slow",), 2 * MB, 9.0)])
-    slowed = meter.capacity("slow")
-    assert math.isclose(slowed.bytes_per_s, 6 * MB / 19.0)
-    assert slowed.at(16 * MB) == slowed.bytes_per_s
 
 
 @given(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from balancer.policy import Policy
-from balancer.sim.calibration import RuntimeModel
+from balancer.sim.calibration import RuntimeModel, fit_batch_cost
 from balancer.sim.engine import Simulator
 from balancer.sim.workload import Workload
 from balancer.topology import LinkSpec, NodeSpec, Topology
@@ -40,6 +40,35 @@ def chain(*, out_bandwidth: float = 0.0, branches: int = 1) -> Topology:
 
 def completion(topology: Topology, workload: Workload, model: RuntimeModel | None) -> float:
     return Simulator(topology, workload, QUIET, (), model).run(max_time_s=1000).completion_s
+
+
+def test_the_batch_cost_of_exact_samples_is_found_again() -> None:
+    samples = [(size, 0.5 + size / (20 * MB)) for size in (MB, 4 * MB, 9 * MB, 30 * MB)]
+
+    fixed, rate = fit_batch_cost(samples)
+
+    assert fixed == pytest.approx(0.5)
+    assert rate == pytest.approx(20 * MB)
+
+
+def test_a_fit_that_would_need_a_negative_fixed_cost_goes_through_the_origin() -> None:
+    fixed, rate = fit_batch_cost([(MB, 0.05), (2 * MB, 0.2), (3 * MB, 0.3)])
+
+    assert fixed == 0.0
+    # Least squares through the origin: (1 * 0.05 + 2 * 0.2 + 3 * 0.3) / (1 + 4 + 9) s/MB.
+    assert rate == pytest.approx(MB * 14 / 1.35)
+
+
+def test_batches_of_one_size_give_their_mean_time_and_no_rate() -> None:
+    fixed, rate = fit_batch_cost([(MB, 0.4), (MB, 0.6)])
+
+    assert fixed == pytest.approx(0.5)
+    assert rate == math.inf
+
+
+def test_no_batches_cannot_be_fitted() -> None:
+    with pytest.raises(ValueError, match="no batches"):
+        fit_batch_cost([])
 
 
 @pytest.mark.parametrize(

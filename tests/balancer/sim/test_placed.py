@@ -128,15 +128,11 @@ def test_a_placed_node_shows_the_balancer_its_own_rate_and_its_worker() -> None:
 
     nodes = simulator.levels.observe().nodes
 
-    # The rate of a batch of its whole 1000 MB pool at its own cost, as the live meter
-    # rates a node (balancer.capacity): the fixed cost of 0.5 s counts once per batch.
-    assert {n: nodes[n].capacity_bps for n in ("op0", "op1", "op2")} == pytest.approx(
-        {
-            "op0": 1000 * MB / (0.5 + 250),
-            "op1": 1000 * MB / (0.5 + 1000),
-            "op2": 3 * MB,
-        }
-    )
+    assert {n: nodes[n].capacity_bps for n in ("op0", "op1", "op2")} == {
+        "op0": 4 * MB,
+        "op1": MB,
+        "op2": 3 * MB,
+    }
     assert {n: nodes[n].resource for n in ("op0", "op1", "op2")} == {
         "op0": "w1",
         "op1": "w2",

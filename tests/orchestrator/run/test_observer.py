@@ -4,11 +4,9 @@ rate is what arrived, however the read-ahead fills and drains."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from balancer.capacity import BatchSample, CapacityMeter
 from balancer.sizing import ArrivalMeter
 from balancer.topology import LinkSpec, NodeSpec, Topology
 from balancer.units import MB
@@ -76,30 +74,3 @@ def test_the_read_ahead_is_backlog_once_and_draining_it_is_not_an_arrival() -> N
         load = measure(source, arrivals, float(second))
     assert load.backlog_bytes == 2 * MB
     assert abs(load.arrival_bps - 2 * MB) < 0.01 * MB
-
-
-def test_an_operator_is_rated_at_the_batch_its_full_pool_makes(settings: Any) -> None:
-    # Batches of 1 and 3 MB at 4 s each beside 2 MB/s: 0.4 MB per busy second as run,
-    # and what a batch of its whole 64 MB pool would do, or of 16 MB when that is the
-    # most one batch takes.
-    meter = CapacityMeter()
-    meter.add([BatchSample(("agg",), MB, 4.5), BatchSample(("agg",), 3 * MB, 5.5)])
-
-    def rated() -> float:
-        measured = observer.measure(
-            TOPOLOGY,
-            {},
-            SourceFigures(),
-            time_s=1.0,
-            interval_s=0.5,
-            capacities=meter.capacities(TOPOLOGY.order),
-            resources={},
-            key_loads={},
-            arrivals=ArrivalMeter(),
-        )
-        return measured.nodes["agg"].capacity_bps
-
-    settings.BPCONSOLE_BATCH_MB = 512
-    assert math.isclose(rated(), 64 * MB / (4 + 32))
-    settings.BPCONSOLE_BATCH_MB = 16
-    assert math.isclose(rated(), 16 * MB / (4 + 8))
