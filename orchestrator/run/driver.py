@@ -275,7 +275,9 @@ class RunDriver:
         self.sink = sink_of(pipeline_sink(run.topology))
         self.started = True
         if run.status == Run.Status.PENDING:
-            Run.objects.filter(pk=self.run_id).update(
+            # Only a run still pending: one cancelled since it was read stays cancelled
+            # (the loop then sees it and ends), instead of running with nobody to stop it.
+            Run.objects.filter(pk=self.run_id, status=Run.Status.PENDING).update(
                 status=Run.Status.RUNNING, started_at=timezone.now()
             )
         took = f"driver {self.identity} took over, epoch {self.epoch}"
