@@ -359,12 +359,15 @@ class RunDriver:
     def _grant_credits(self, now: float) -> None:
         """Under credit-based flow control, every upstream's credit from the pools as
         read now, once per credit interval (``credit_interval_ms``): a pool that a batch
-        emptied is offered to its upstream at once, not at the next tick (0.5 s of a
-        1-core worker's 1.5 s cycle went idle waiting for it)."""
+        emptied is offered to its upstream within that interval, not at the next tick,
+        so a fast worker does not idle for a grant (ADR 17). A node with no flow yet
+        holds nothing."""
         if self.policy.throttling != "credit" or now < self.next_grant:
             return
-        pools = {n: float(f.queued_bytes) for n, f in self.flows.items()}
-        buffered = {n: pools.get(n, 0.0) for n in self.topology.order}
+        buffered = {
+            n: float(self.flows[n].queued_bytes) if n in self.flows else 0.0
+            for n in self.topology.order
+        }
         for action in credit_grants(self.topology, buffered):
             self.table.apply(action)
         self.next_grant = now + self.policy.credit_interval_ms / 1000
