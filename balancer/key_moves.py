@@ -5,7 +5,7 @@ one instance whose key group holds the key's slot, so traffic cannot be shifted 
 its instances the way a stateless stage's can, and a hot key group keeps its instance
 backpressured however the upstreams are paced. What can move is the key groups
 themselves: the slot space is cut again so that each instance takes as many records as
-its peers, and the hot-rescale protocol (shared/spec/hot-rescale.md section 3) hands
+its peers, and the hot-rescale protocol (docs/spec/hot-rescale.md section 3) hands
 each moved slot's state to its new owner exactly.
 
 The decision, for each keyed stage of two instances or more (``Observation.key_loads``):

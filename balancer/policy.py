@@ -3,7 +3,7 @@
 The declaration (:data:`PARAMETERS`) is the single source of truth: the
 :class:`Policy` dataclass, the console's Policy model, its admin form, the topology
 file format and docs/balancing.md all follow it. Defaults and ranges are those of
-shared/spec/.
+docs/spec/.
 """
 
 from __future__ import annotations

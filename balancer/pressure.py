@@ -1,4 +1,4 @@
-"""Backpressure relief by migrating data to light branches (shared/spec/pressure-migration.md).
+"""Backpressure relief by migrating data to light branches (docs/spec/pressure-migration.md).
 
 Every balancer tick :func:`migration_step` looks at the observation and decides which
 branch nodes send part of a heavy branch's data through other branches:

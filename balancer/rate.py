@@ -1,4 +1,4 @@
-"""Upstream rate coefficient k and the scale-out trigger (shared/spec/watermark-flags.md).
+"""Upstream rate coefficient k and the scale-out trigger (docs/spec/watermark-flags.md).
 
 Every upstream sends at ``k * r_max``. At each check it counts the flags of its direct
 downstreams and compares with the previous count; a check that finds a new count acts on

@@ -1,6 +1,6 @@
 """Planning a hot rescale: the adjustment subgraph and the key-group hand-off.
 
-shared/spec/hot-rescale.md. The orchestrator runs the marker protocol; this module only
+docs/spec/hot-rescale.md. The orchestrator runs the marker protocol; this module only
 decides who takes part, which connections appear and disappear, and which state moves.
 
 Adjustment subgraph (worked example: b1 -> b1,b2 and c1,c2 -> c1)::

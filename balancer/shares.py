@@ -1,4 +1,4 @@
-"""Traffic shares inside a stage: water-level rebalancing (shared/spec/watermark-flags.md,
+"""Traffic shares inside a stage: water-level rebalancing (docs/spec/watermark-flags.md,
 last part), or shares in proportion to measured capacities.
 
 Each balancer tick, every upstream looks at each group of its direct downstreams that are

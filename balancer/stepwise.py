@@ -1,4 +1,4 @@
-"""Dynamic stepwise backpressure of direct upstreams (shared/spec/stepwise-backpressure.md).
+"""Dynamic stepwise backpressure of direct upstreams (docs/spec/stepwise-backpressure.md).
 
 The balancer evaluates every task at most once per sensitivity period and emits
 :class:`~balancer.model.StepwiseSignal` messages for the task-message queue; the handler

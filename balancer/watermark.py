@@ -1,4 +1,4 @@
-"""Adaptive high/low watermarks and backpressure flags (shared/spec/watermark-flags.md).
+"""Adaptive high/low watermarks and backpressure flags (docs/spec/watermark-flags.md).
 
 One small state machine per compute node, advanced once per sampling period:
 

@@ -360,7 +360,7 @@ class Throttle(models.Model):
 
 class Instance(models.Model):
     """An operator instance of a run: where it is placed and where it stands in the
-    current adjustment (shared/spec/hot-rescale.md)."""
+    current adjustment (docs/spec/hot-rescale.md)."""
 
     class Status(models.TextChoices):
         ACTIVE = "active"

@@ -1,4 +1,4 @@
-"""Hot migration and rescale on the ledger (shared/spec/hot-rescale.md, ADR 4).
+"""Hot migration and rescale on the ledger (docs/spec/hot-rescale.md, ADR 4).
 
 Owns, one module per step of the spec: the plan of a change and where data goes while
 the graph changes (``plan``), starting a rescale: graph-state updates and markers

@@ -1,4 +1,4 @@
-"""Alignment (shared/spec/hot-rescale.md section 2, steps 3 and 4), in each instance's
+"""Alignment (docs/spec/hot-rescale.md section 2, steps 3 and 4), in each instance's
 own claim.
 
 Owns: the marker rows (:func:`send_marker`); the step an instance takes once it holds

@@ -1,4 +1,4 @@
-"""Completion and rollback (shared/spec/hot-rescale.md section 2 step 5, section 3.3 and
+"""Completion and rollback (docs/spec/hot-rescale.md section 2 step 5, section 3.3 and
 the policy's timeout), and what a rescale cost.
 
 Owns: :func:`complete` (every tail reported: stateful stages fetch the keys of their new

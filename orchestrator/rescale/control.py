@@ -1,4 +1,4 @@
-"""The control side of hot rescale, run by a run's driver (shared/spec/hot-rescale.md).
+"""The control side of hot rescale, run by a run's driver (docs/spec/hot-rescale.md).
 
 It turns requests into adjustments (an operator's "hot-migrate to worker", "add
 instance", "remove instance"; the balancer's scale-out request and key-group move; a

@@ -1,4 +1,4 @@
-"""Planning a rescale (shared/spec/hot-rescale.md section 1, and 3.1 for key groups), and
+"""Planning a rescale (docs/spec/hot-rescale.md section 1, and 3.1 for key groups), and
 where data goes while a run's graph changes.
 
 Owns: the request (:class:`Change`, :class:`NewInstance`) and its refusal

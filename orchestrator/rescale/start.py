@@ -1,4 +1,4 @@
-"""Starting a rescale (shared/spec/hot-rescale.md section 2, steps 1 and 2), in one ledger
+"""Starting a rescale (docs/spec/hot-rescale.md section 2, steps 1 and 2), in one ledger
 transaction.
 
 Owns: the run's instance rows (:func:`ensure_instances`) and :func:`begin`: plan the

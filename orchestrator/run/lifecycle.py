@@ -356,7 +356,7 @@ def request_adjustment(
     worker: str = "",
     user: Any = None,
 ) -> str:
-    """An operator's hot migration or rescale (shared/spec/hot-rescale.md).
+    """An operator's hot migration or rescale (docs/spec/hot-rescale.md).
 
     Checked here (the run is active, the instance, stage and worker exist) and recorded
     with the user's name; the run's driver plans and carries it out on its next tick.

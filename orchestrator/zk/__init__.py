@@ -1,4 +1,4 @@
-"""The ZooKeeper control plane of a run (ARCHITECTURE.md, "ZooKeeper layout").
+"""The ZooKeeper control plane of a run (docs/architecture.md, "The control plane").
 
 Owns, behind one facade (``control_plane.ControlPlane``): the kazoo session and its
 connection state (``session``), paths and the shared reads, writes and watches

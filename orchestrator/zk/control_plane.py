@@ -2,7 +2,7 @@
 
 Everything a live run coordinates through ZooKeeper goes through :class:`ControlPlane`,
 one object over one kazoo client, so callers hold a single handle. Its parts live in
-modules named for what they own, and the znode layout (ARCHITECTURE.md, "Control
+modules named for what they own, and the znode layout (docs/architecture.md, "The control
 plane") is written down here, in one place::
 
     <root>/runs/<run>/flags/<node>        exists = the node is flagged (persistent)

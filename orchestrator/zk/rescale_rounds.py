@@ -2,7 +2,7 @@
 
 Owns ``runs/<run>/adjust/<version>/``: the plan and state the control side wrote
 (``plan``, ``state``), one graph-state update per instance (``updates/<instance>``) and
-the tails' reports (``tails/<instance>``, shared/spec/hot-rescale.md step 4). The
+the tails' reports (``tails/<instance>``, docs/spec/hot-rescale.md step 4). The
 protocol itself runs on the ledger (``orchestrator.rescale``); these znodes follow it.
 """
 

@@ -1,4 +1,4 @@
-"""Credit-based flow control and the stop/resume rule (shared/spec/pressure-migration.md)."""
+"""Credit-based flow control and the stop/resume rule (docs/spec/pressure-migration.md)."""
 
 from __future__ import annotations
 

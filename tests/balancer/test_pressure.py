@@ -1,4 +1,4 @@
-"""Pressure migration (shared/spec/pressure-migration.md): detection, tracing, score,
+"""Pressure migration (docs/spec/pressure-migration.md): detection, tracing, score,
 light branch, recovery, and our proportional plan."""
 
 from __future__ import annotations

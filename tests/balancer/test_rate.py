@@ -1,4 +1,4 @@
-"""Upstream rate coefficient and scale-out trigger (shared/spec/watermark-flags.md)."""
+"""Upstream rate coefficient and scale-out trigger (docs/spec/watermark-flags.md)."""
 
 from __future__ import annotations
 

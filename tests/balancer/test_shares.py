@@ -1,4 +1,4 @@
-"""Water-level rebalancing of traffic shares (shared/spec/watermark-flags.md, last part)."""
+"""Water-level rebalancing of traffic shares (docs/spec/watermark-flags.md, last part)."""
 
 from __future__ import annotations
 

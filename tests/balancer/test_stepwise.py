@@ -1,4 +1,4 @@
-"""Dynamic stepwise backpressure (shared/spec/stepwise-backpressure.md)."""
+"""Dynamic stepwise backpressure (docs/spec/stepwise-backpressure.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adaptive watermarks and flags, as specified in shared/spec/watermark-flags.md."""
+"""Adaptive watermarks and flags, as specified in docs/spec/watermark-flags.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adaptive send windows and cumulative-ack checkpoint (shared/spec/adaptive-window.md)."""
+"""Adaptive send windows and cumulative-ack checkpoint (docs/spec/adaptive-window.md)."""
 
 from __future__ import annotations
 

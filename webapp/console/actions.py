@@ -411,6 +411,8 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
     require(user, "operator", action=action, run_id=run.pk, data={"node": str(node)[:100]})
     require_own_run(user, run, action=action)
     names = [n["name"] for n in run.topology["nodes"]]
+    if node is None:
+        raise ActionError(f"the request names no 'node': one of {', '.join(names)}")
     if not isinstance(node, str) or node not in names:
         raise ActionError(
             f"run {run.pk} has no node {shown(node)}; its nodes are {', '.join(names)}"
@@ -425,7 +427,7 @@ def node_action(run_id: int, node: Any, user: User, *, stop: bool) -> str:
     return f"asked to {what} {node}; the balancer acts on its next tick"
 
 
-# -- hot migration and rescale (shared/spec/hot-rescale.md) -----------------------------
+# -- hot migration and rescale (docs/spec/hot-rescale.md) -----------------------------
 
 # What each adjustment is aimed at: an operator instance, or a stage to grow.
 ADJUSTMENT_TARGETS = {"hot_migrate": "node", "add_instance": "stage", "remove_instance": "node"}

@@ -677,7 +677,7 @@ class StopMigratingView(NodeActionView):
 
 
 class AdjustView(APIView):
-    """Hot-migrate, add or remove an operator instance (shared/spec/hot-rescale.md)."""
+    """Hot-migrate, add or remove an operator instance (docs/spec/hot-rescale.md)."""
 
     permission_classes = TAKES_A_BODY
 

@@ -1,4 +1,4 @@
-"""Hot migration and rescale during live runs (shared/spec/hot-rescale.md): the result
+"""Hot migration and rescale during live runs (docs/spec/hot-rescale.md): the result
 equals the plain batch job, the sink never stalls long, state survives by key, a timed
 out adjustment rolls back, and a killed worker's instances move by themselves."""
 

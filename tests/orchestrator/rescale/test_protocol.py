@@ -1,4 +1,4 @@
-"""The hot-rescale protocol on the ledger (shared/spec/hot-rescale.md), step by step, on
+"""The hot-rescale protocol on the ledger (docs/spec/hot-rescale.md), step by step, on
 the real PostgreSQL: markers, alignment, state hand-off, completion, rollback, fencing.
 
 Instances are driven by their claims, as their Spark workers drive them in a run; no

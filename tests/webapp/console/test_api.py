@@ -110,6 +110,9 @@ def test_an_unknown_node_is_a_400_naming_the_nodes_and_nothing_changes() -> None
         assert "source, task1, task2, task3, output" in detail
     missing = client.post(f"/api/runs/{run.pk}/migrate/", {}, content_type="application/json")
     assert missing.status_code == 400
+    assert missing.json()["detail"] == (
+        "the request names no 'node': one of source, task1, task2, task3, output"
+    )
     assert Event.objects.filter(run=run).count() == before
 
 
