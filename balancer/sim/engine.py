@@ -285,6 +285,8 @@ class Simulator:
         self.left_source = np.full(workload.packets, math.nan)
         self.migrated = np.zeros(workload.packets, dtype=bool)
         self.done_count = 0
+        # The source's latest chunk a full pool refused, per node: when, and its size.
+        self.blocked: dict[int, tuple[float, float]] = {}
         self.now = 0.0
         self.events: list[tuple[float, int, int, int, int]] = []
         self.counter = itertools.count()
@@ -520,6 +522,11 @@ class Simulator:
             if not self._admits(node, target):
                 light = self._spill(node, route, target)
                 if light is None:
+                    if node is self.source and self._pool_full(target):
+                        # Demand the node could not take: part of its input rate, as
+                        # the live source reports it, so a full pool still reads as
+                        # "input faster than output".
+                        self.blocked[target] = (self.now, self.in_size[target])
                     return
                 target, spilled = light, True
             node.queue.popleft()
@@ -555,13 +562,16 @@ class Simulator:
         if self.model is None and opens > self.now + _EPS:  # batch mode: see _LINK_BUFFER
             self._wake(node, opens)  # the link's send buffer is full until then
             return False
-        receiver = self.nodes[target]
-        size = self.in_size[target]
-        if receiver.occupancy + size > receiver.capacity + _EPS:
+        if self._pool_full(target):
             return False  # the receiver's put() would block: no room
+        size = self.in_size[target]
         if self.policy.throttling == "credit":
             return node.credits.get(target, 0.0) + _EPS >= size
         return True
+
+    def _pool_full(self, target: int) -> bool:
+        receiver = self.nodes[target]
+        return receiver.occupancy + self.in_size[target] > receiver.capacity + _EPS
 
     def _send(self, node: _Node, target: int, packet: int) -> None:
         link = self.links[(node.index, target)]
@@ -729,11 +739,15 @@ class Simulator:
         def rate(later: float, earlier: float) -> float:
             return (later - earlier) / interval if interval > 0 else 0.0
 
+        def refused(node: _Node) -> float:
+            at, size = self.blocked.get(node.index, (-math.inf, 0.0))
+            return size if controller is not None and at >= since else 0.0
+
         order = self.topology.order
         measured = {
             node.id: Measurement(
                 buffered_bytes=node.occupancy,
-                in_rate=rate(node.bytes_in, then.bytes_in),
+                in_rate=rate(node.bytes_in + refused(node), then.bytes_in),
                 out_rate=rate(node.bytes_out, then.bytes_out),
                 head_by_route=self._head_by_route(node) if len(node.downs) > 1 else {},
                 in_rate_by_route={

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from balancer.model import SHARED_POOL
@@ -16,7 +17,8 @@ from balancer.sim.calibration import BatchSample, NodeCost, RuntimeModel, fit_no
 from balancer.sim.control import BENCHMARK_POLICIES, controllers_for
 from balancer.sim.engine import Simulator
 from balancer.sim.replay import Replay
-from balancer.topology import Topology
+from balancer.sim.workload import Workload
+from balancer.topology import LinkSpec, NodeSpec, Topology
 from balancer.units import MB
 from tests.balancer.sim.test_calibration import QUIET, at_start, chain, completion
 from tests.balancer.sim.test_replay import replay
@@ -190,3 +192,42 @@ def test_a_node_on_modelled_workers_whose_batches_cost_nothing_shows_no_limit() 
 
     assert nodes["op0"].capacity_bps == math.inf
     assert nodes["op1"].capacity_bps == math.inf  # the shared pool's batches, free too
+
+
+def test_a_full_pool_shows_the_demand_it_refused_and_published_migration_acts_on_it() -> None:
+    # The live source reports a chunk a full pool refused as part of that node's input
+    # (orchestrator/run/observer.py), so a full pool reads as "input faster than
+    # output" even while nothing gets in. Chunks a little over 1 MB leave an 8 MB pool
+    # at seven (level 0.875, never full enough for stop/resume), and a full pool's only
+    # output is a whole batch at once: without the refused demand the published
+    # detector (Q > 0.8 and input above output) seldom fires, and the slow branch works
+    # through the hot data alone.
+    three = Topology.build(
+        [
+            NodeSpec("src", "source", capacity_bytes=1000 * MB),
+            *(NodeSpec(f"op{i}", stage="agg", capacity_bytes=8 * MB) for i in range(3)),
+            NodeSpec("sink", "sink", capacity_bytes=1000 * MB),
+        ],
+        [LinkSpec("src", f"op{i}") for i in range(3)]
+        + [LinkSpec(f"op{i}", "sink") for i in range(3)],
+    )
+    hot = [1, 1, 0, 1, 2, 1, 0, 1, 2] * 12  # 56% to op1, the slowest worker's
+    workload = Workload(
+        ("op0", "op1", "op2"), 1.001 * MB, np.zeros(len(hot)), np.array(hot, np.int64)
+    )
+    runtime = RuntimeModel(
+        placed={
+            "op0": NodeCost(fixed_s=0.6, bytes_per_s=12 * MB, worker="w2"),
+            "op1": NodeCost(fixed_s=1.3, bytes_per_s=5 * MB, worker="w3"),
+            "op2": NodeCost(fixed_s=0.7, bytes_per_s=30 * MB, worker="w1"),
+        },
+        max_batch_bytes=32 * MB,
+    )
+    pressure = BENCHMARK_POLICIES["pressure"].policy()
+
+    run = Simulator(three, workload, pressure, controllers_for(pressure), runtime).run(1000)
+    alone = Simulator(three, workload, QUIET, (), runtime).run(1000)
+
+    hot_bytes = hot.count(1) * 1.001 * MB
+    assert run.migrated_bytes > 0.8 * hot_bytes  # 0.63 of it without the refused demand
+    assert run.completion_s < 0.45 * alone.completion_s  # 0.52 without
