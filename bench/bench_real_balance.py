@@ -60,7 +60,10 @@ Per run: completion, the ledger's start to finish (``summary(run)["seconds"]``, 
 bench_policies measures it); segments migrated (segments whose ``migrated_from`` is set,
 ``summary(run)["migrated_segments"]``); exactness: the run completed, its rows equal the
 plain job's over the same file and its coverage is exact; each worker cgroup's CPU
-throttling meanwhile (``cpu.stat``); where placed mode put each instance (its ``placed``
+throttling meanwhile (``cpu.stat``); the cores used on average over the run
+(``cores_used``): each worker's, everything outside the workers (driver, PostgreSQL,
+Celery, the sink) and the machine's idle, so that a run shows whether its workers were
+busy, starved or idle; where placed mode put each instance (its ``placed``
 events: worker cgroup, quota, seconds from the start); and the operator batches, each
 with the cgroup of the worker that ran it (the pool process's pid in its lease owner),
 summed as MB per worker.
@@ -358,6 +361,45 @@ def throttled(stack: QuotaStack) -> dict[str, dict[str, int]]:
     return {name: stack.quotas.stat(name) for name in stack.cgroups}
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(stack: QuotaStack) -> dict[str, float]:
+    """CPU seconds so far: each worker cgroup's processes' (user and system, from
+    ``/proc/<pid>/stat``), and the machine's busy and idle time (``/proc/stat``), so that
+    a run's difference shows what the workers used of their quotas, what the processes
+    outside them (driver, PostgreSQL, Celery, the sink) used, and what was left idle."""
+    found: dict[str, float] = {}
+    for name in stack.cgroups:
+        total = 0
+        for pid in stack.quotas.pids(name):
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        found[name] = total / CLOCK_TICKS
+    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    found["machine busy"] = (sum(ticks) - idle) / CLOCK_TICKS
+    found["machine idle"] = idle / CLOCK_TICKS
+    return found
+
+
+def cpu_split(
+    before: Mapping[str, float], after: Mapping[str, float], seconds: float
+) -> dict[str, float]:
+    """Cores used on average over ``seconds``: each worker, everything outside them,
+    and idle."""
+    used = {k: (after[k] - before[k]) / seconds for k in before} if seconds > 0 else {}
+    if not used:
+        return {}
+    workers = {k: v for k, v in used.items() if not k.startswith("machine")}
+    return {
+        **{k: round(v, 2) for k, v in workers.items()},
+        "outside the workers": round(used["machine busy"] - sum(workers.values()), 2),
+        "idle": round(used["machine idle"], 2),
+    }
+
+
 def plain_job_child(input_path: str, out: str, topology: str = "") -> None:
     """The ``plain`` arm's process: build the SparkSession, then time the job (of the
     pipeline in the YAML file ``topology``, the unemulated reference when none)."""
@@ -568,7 +610,9 @@ def run_live(
     from orchestrator.ledger.results import summary
 
     before = throttled(stack)
+    cpu_before, began = cpu_seconds(stack), time.monotonic()
     run = run_to_end(doc, policy, None, input_path=str(input_path))
+    cpu_after, wall = cpu_seconds(stack), time.monotonic() - began
     after = throttled(stack)
     result = summary(run)
     completion = float(result["seconds"] or 0.0)
@@ -606,6 +650,7 @@ def run_live(
             )
             for name, t in before.items()
         },
+        "cores_used": cpu_split(cpu_before, cpu_after, wall),
         **predicted,
     }
 
@@ -772,7 +817,8 @@ def print_runs(report: dict[str, Any]) -> None:
         print(
             f"round {row['round']} {row['arm']}: {row['completion_s']:.2f} s; MB by worker "
             f"{row['mb_by_worker']}; {len(row['batches'])} batches; throttled (s) "
-            f"{row['throttled_s']}; worker MB/s {row['worker_capacities_mb_s']}, bound "
+            f"{row['throttled_s']}; cores used {row['cores_used']}; "
+            f"worker MB/s {row['worker_capacities_mb_s']}, bound "
             f"{row['fluid_bound_workers_s']} s; placed: {placed or 'none'}"
         )
         if row.get("predicted_s") is not None:
