@@ -22,6 +22,7 @@ from orchestrator.tasks import watchdog
 from orchestrator.zk.control_plane import ControlPlane
 from tests.conftest import WORKER_COMMANDS
 from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
+from tests.waiting import wait_for
 
 WAIT_S = 10.0
 
@@ -128,3 +129,12 @@ def test_more_idle_stream_runs_than_pool_threads_each_get_a_driver_and_the_pool_
             set_status(run.pk, Run.Status.CANCELLED, reason="test: done")
     for run in runs:
         assert wait_until_done(run, timeout_s=60).status == Run.Status.CANCELLED
+    # and every driver lets its run go: one still winding down after its run was
+    # cancelled holds locks the next test's flush of the database would wait for.
+    with ControlPlane.connect(services.zk_hosts) as control:
+        wait_for(
+            "every cancelled run's driver to let it go",
+            lambda: all(control.driver_holder(str(r.pk)) is None for r in runs),
+            timeout_s=60,
+            detail=lambda: str([r.pk for r in runs if control.driver_holder(str(r.pk))]),
+        )
