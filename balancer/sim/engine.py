@@ -603,7 +603,7 @@ class Simulator:
 
     def _after_drain(self, node: _Node) -> None:
         self._level_changed(node)
-        if node.occupancy + self.in_size[node.index] <= node.capacity + _EPS:
+        if not self._pool_full(node.index):
             for up in node.ups:
                 self._wake(self.nodes[up], self.now)
 
