@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from balancer.credit import CreditState, StopResumeState, credit_step, stop_resume_step
 from balancer.model import Action, Observation, ScaleOutRequest
 from balancer.policy import Policy
-from balancer.queued import queued_moves
+from balancer.queued import batch_bounds, queued_moves
 from balancer.rate import RateState, rate_tick
 from balancer.shares import GroupKey, measured_tick, shares_tick
 from balancer.sizing import ScalingState, scaling_step, sized
@@ -128,6 +128,7 @@ def step(observation: Observation, state: BalancerState, policy: Policy) -> Deci
 
     if policy.migration == "proportional":
         actions.extend(queued_moves(observation, policy))
+        actions.extend(batch_bounds(observation))
 
     if policy.key_moves == "auto" and observation.key_loads:
         from balancer.key_moves import key_move_step

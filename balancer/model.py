@@ -315,6 +315,22 @@ class MoveQueued(Action):
 
 
 @dataclass(frozen=True)
+class BoundBatches(Action):
+    """Until the next one for ``stage``: each of ``members`` claims at most
+    ``bounds[member]`` bytes in a batch (the segment that crosses it included), and a
+    member not in ``bounds`` as much as its pool holds."""
+
+    kind: ClassVar[str] = "bound_batches"
+    stage: str = ""
+    members: tuple[str, ...] = ()
+    bounds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return self.stage
+
+
+@dataclass(frozen=True)
 class MoveKeyGroups(Action):
     """Give keyed ``stage``'s members these key slots, state with them (hot rescale)."""
 

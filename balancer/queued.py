@@ -21,6 +21,13 @@ is left to its adjustment. It is the same goal as the proportional plan's
 (balancer/pressure.py: equal drain times, not equal levels), applied to the data that
 has already arrived.
 
+A move takes only what no batch holds, and a worker claims its whole pool in one batch:
+a slow member that claims a full pool at the end of the input, or its first batch
+before its capacity is known, runs alone while its siblings idle. So each tick also
+bounds the members' batches (:func:`batch_bounds`): a member not measured yet takes at
+most ``FIRST_BATCH_BYTES``, and a late member at most ``c_i * max(T, MIN_BATCH_S)``,
+so that the rest of its pool stays waiting, where a move can take it.
+
 Only stages whose operator merges partial results (as for migration) take part; a
 keyed stage's data belongs to its key slots, and moves with them (balancer/key_moves.py).
 """
@@ -31,12 +38,20 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from balancer.model import MoveQueued, Observation
+from balancer.model import BoundBatches, MoveQueued, Observation
 from balancer.policy import Policy
 from balancer.units import MB
 
 MOVE_AFTER_S = 2.0
 LATE_SHARE = 0.25
+# A member whose capacity is not measured yet takes at most this much in a batch: the
+# batch measures it, and on a slow worker a first batch of a large pool, taken before
+# anything is known, is what the whole stage then waits for.
+FIRST_BATCH_BYTES = 8 * MB
+# A late member's batch still takes this many seconds of its capacity: a batch's fixed
+# cost is paid in CPU, and a smaller batch on a slow worker costs more than finishing
+# together saves.
+MIN_BATCH_S = 2.0
 
 
 def queued_moves(observation: Observation, policy: Policy) -> list[MoveQueued]:
@@ -51,24 +66,71 @@ def queued_moves(observation: Observation, policy: Policy) -> list[MoveQueued]:
     return actions
 
 
-def _eligible(observation: Observation, members: tuple[str, ...]) -> dict[str, float]:
-    """The members that take part, with their capacities: observed, mergeable, with a
-    finite capacity and a resource no other member runs on. Empty when any observed
-    member's capacity is unknown (the stage's drain time cannot be known either)."""
+def batch_bounds(observation: Observation) -> list[BoundBatches]:
+    """This tick's bounds on the batches of each stage's members (see the module)."""
+    actions: list[BoundBatches] = []
+    for stage, members in observation.topology.stages.items():
+        capacity = _own_resources(observation, members)
+        if len(capacity) < 2:
+            continue
+        unknown = [m for m in capacity if not _known(capacity[m])]
+        if unknown:
+            bounds = {m: float(FIRST_BATCH_BYTES) for m in unknown}
+            reason = f"not measured yet: {', '.join(unknown)}"
+        else:
+            queued = {m: observation.nodes[m].buffered_bytes for m in capacity}
+            bounds = _late_bounds(capacity, queued)
+            reason = f"late behind stage {stage}'s common drain time"
+        actions.append(
+            BoundBatches(
+                reason=reason if bounds else "no member bounded",
+                stage=stage,
+                members=tuple(capacity),
+                bounds=bounds,
+            )
+        )
+    return actions
+
+
+def _late_bounds(capacity: Mapping[str, float], queued: Mapping[str, float]) -> dict[str, float]:
+    """Each late member's bound: its share of the common drain time, at least
+    ``MIN_BATCH_S`` of its capacity."""
+    drain_s = sum(queued.values()) / sum(capacity.values())
+    threshold_s = max(MOVE_AFTER_S, LATE_SHARE * drain_s)
+    return {
+        m: capacity[m] * max(drain_s, MIN_BATCH_S)
+        for m in capacity
+        if queued[m] / capacity[m] - drain_s > threshold_s
+    }
+
+
+def _known(rate: float) -> bool:
+    return math.isfinite(rate) and rate > 0
+
+
+def _own_resources(observation: Observation, members: tuple[str, ...]) -> dict[str, float]:
+    """The members observed, mergeable and not drained by a scale-in that run on a
+    resource no other member runs on, with their capacities (the declared rate where
+    set, else as measured; ``math.inf`` while unknown). Empty when fewer than two are
+    observed or one of them cannot merge partial results."""
     topology = observation.topology
     seen = [m for m in members if m in observation.nodes and m not in observation.draining]
     if len(seen) < 2 or not all(topology.node(m).mergeable for m in seen):
         return {}
     resources = Counter(observation.nodes[m].resource for m in seen)
-    capacity: dict[str, float] = {}
-    for member in seen:
-        node = observation.nodes[member]
-        rate = topology.node(member).max_rate_bps or node.capacity_bps
-        if not math.isfinite(rate) or rate <= 0:
-            return {}
-        if resources[node.resource] == 1:
-            capacity[member] = rate
-    return capacity
+    return {
+        member: topology.node(member).max_rate_bps or observation.nodes[member].capacity_bps
+        for member in seen
+        if resources[observation.nodes[member].resource] == 1
+    }
+
+
+def _eligible(observation: Observation, members: tuple[str, ...]) -> dict[str, float]:
+    """The members that take part in moves, with their capacities: those of
+    :func:`_own_resources`, none while any of their capacities is unknown (the stage's
+    drain time cannot be known either)."""
+    capacity = _own_resources(observation, members)
+    return capacity if all(map(_known, capacity.values())) else {}
 
 
 def _stage_moves(

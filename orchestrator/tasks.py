@@ -10,7 +10,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import current_app, shared_task
 from celery.bootsteps import RUN  # type: ignore[attr-defined]  # missing from the stubs
@@ -36,6 +36,9 @@ from orchestrator.services.embedded import pid_alive
 from orchestrator.worker.batch import BatchReport, process_batch
 from orchestrator.zk.control_plane import ControlPlane
 
+if TYPE_CHECKING:
+    from orchestrator.run.dispatch import BatchRequest
+
 log = logging.getLogger(__name__)
 
 NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpiredError)
@@ -43,22 +46,22 @@ NETWORK_ERRORS = (OperationalError, InterfaceError, ConnectionLoss, SessionExpir
 DRIVERS = DriverThreads(limit=settings.BPCONSOLE_DRIVERS_PER_WORKER)
 
 
-def _dispatch(
-    run_id: int,
-    node: str,
-    routes: dict[str, Any],
-    queue: Any = None,
-    siblings: dict[str, dict[str, Any]] | None = None,
-) -> Any:
-    """A batch for ``node``: on its placed worker's own queue, or on any Spark worker;
-    ``siblings`` the routing tables of stage members whose data it may take with its own.
+def _dispatch(run_id: int, request: BatchRequest) -> Any:
+    """A batch for ``request.node``: on its placed worker's own queue, or on any Spark
+    worker.
 
     Not added to the parent: Celery would append every batch's result to the driver
     task's ``request.children``, and a driver runs for days (it grew by each batch's
     result, 0.6 MB a minute, found with tracemalloc over a soak)."""
     return process_batch_task.apply_async(
-        kwargs={"run_id": run_id, "node": node, "routes": routes, "siblings": siblings},
-        queue=queue or "spark",
+        kwargs={
+            "run_id": run_id,
+            "node": request.node,
+            "routes": request.routes,
+            "siblings": request.siblings,
+            "max_bytes": request.max_bytes,
+        },
+        queue=request.queue or "spark",
         add_to_parent=False,
     )
 
@@ -117,10 +120,16 @@ def process_batch_task(
     node: str,
     routes: dict[str, Any] | None,
     siblings: dict[str, dict[str, Any]] | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     try:
         report = process_batch(
-            run_id, node, routes, task_id=self.request.id or "", siblings=siblings
+            run_id,
+            node,
+            routes,
+            task_id=self.request.id or "",
+            siblings=siblings,
+            max_bytes=max_bytes,
         )
         if report.aligned is not None and report.aligned.tail:
             _report_tail(run_id, report)

@@ -58,6 +58,7 @@ from balancer.credit import RESUME_LEVEL, StopResumeState, stop_resume_step
 from balancer.model import (
     SHARED_POOL,
     Action,
+    BoundBatches,
     ClearFlag,
     MoveQueued,
     Observation,
@@ -78,7 +79,7 @@ from balancer.sim.workload import Workload
 from balancer.stepwise import TaskSpeed, apply_signal
 from balancer.topology import Topology
 
-_ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE, _BATCH_DONE = range(6)
+_ARRIVE, _DELIVER, _WAKE, _CONTROL, _EXPIRE, _BATCH_DONE, _START = range(7)
 _EPS = 1e-9
 # Packets a link holds at once (one on the wire, one waiting): the sender's socket
 # buffer. More waiting data stays in the sender's queue, where its level shows it. Not
@@ -280,6 +281,9 @@ class Simulator:
         }
         self.siblings = self._siblings()
         self.fused: dict[int, tuple[int, ...]] = {}  # a running batch's lead -> its nodes
+        self.start_pending: set[int] = set()  # pools with a start due at this instant
+        # The most a node's next batch claims (bytes) where the balancer bounds it.
+        self.batch_bounds: dict[int, float] = {}
         self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
         self.done_times = np.full(workload.packets, math.nan)
         self.left_source = np.full(workload.packets, math.nan)
@@ -380,6 +384,9 @@ class Simulator:
                 self._control(a)
             elif kind == _BATCH_DONE:
                 self._batch_done(self.nodes[a])
+            elif kind == _START:
+                self.start_pending.discard(a)
+                self._start_batches(a)
             elif self.windows is not None:
                 self._expire(self.windows)
         return SimResult(
@@ -433,7 +440,11 @@ class Simulator:
             node.batched = 0
             pool = self.pool_of[node.index]
             self.waiting_batches[pool].append(node.index)
-            self._start_batches(pool)
+            # Started once everything arriving at this instant is in: a live batch task
+            # claims what the source's whole send slice delivered, not its first chunk.
+            if pool not in self.start_pending:
+                self.start_pending.add(pool)
+                self._push(self.now, _START, pool)
 
     def _start_batches(self, pool: int) -> None:
         model = self.model
@@ -449,7 +460,7 @@ class Simulator:
                 continue
             # The batch claims what has arrived when its worker starts it, its own
             # first, then its siblings' while it has room.
-            room = model.max_batch_bytes
+            room = min(model.max_batch_bytes, self.batch_bounds.get(node.index, math.inf))
             members: list[int] = []
             for member in (node.index, *self.siblings.get(node.index, ())):
                 other = self.nodes[member]
@@ -839,6 +850,10 @@ class Simulator:
             self.nodes[index[action.branch_node]].migrations.pop(index[action.heavy[0]], None)
         elif isinstance(action, MoveQueued):
             self._move_queued(self.nodes[index[action.node]], action.moves)
+        elif isinstance(action, BoundBatches):
+            for member in action.members:
+                self.batch_bounds.pop(index[member], None)
+            self.batch_bounds.update({index[m]: b for m, b in action.bounds.items()})
         elif isinstance(action, SetCredits):
             node = self.nodes[index[action.upstream]]
             node.credits = {index[d]: c for d, c in action.credits.items()}

@@ -18,6 +18,7 @@ from typing import Any
 from balancer.forecast import Pacing
 from balancer.model import (
     Action,
+    BoundBatches,
     ClearFlag,
     MoveKeyGroups,
     MoveQueued,
@@ -44,7 +45,8 @@ from orchestrator.run.route_store import RouteStore
 from orchestrator.run.timeline import Timeline
 from orchestrator.zk.control_plane import ControlPlane
 
-QUIET_KINDS = {"set_credits"}  # periodic grants: state, not events
+# Periodic grants and bounds: state, not events.
+QUIET_KINDS = {"set_credits", "bound_batches"}
 
 # A handler's return value is ignored except MoveQueued's (the action as carried out).
 Handler = Callable[[Any], object]
@@ -66,6 +68,9 @@ class ActionTable:
         self.timeline = Timeline(run_id)
         self.on_graph_change = on_graph_change
         self.rescale: RescaleControl | None = None  # set once the run's graph is known
+        # The most a node's next batch claims, in bytes, where the balancer bounds it
+        # (BoundBatches; read by orchestrator/run/dispatch.py).
+        self.batch_bounds: dict[str, float] = {}
         # Each node as the balancer saw it when it made this tick's decisions.
         self.seen: dict[str, NodeState] = {}
         self.handlers: dict[type[Action], Handler] = {
@@ -83,6 +88,7 @@ class ActionTable:
             ScaleOutRequest: self._scale_out,
             MoveKeyGroups: self._move_key_groups,
             MoveQueued: self._move_queued,
+            BoundBatches: self._bound_batches,
         }
 
     def pacing(self, nodes: Iterable[str]) -> dict[str, Pacing]:
@@ -151,6 +157,11 @@ class ActionTable:
             return None
         spread = ", ".join(f"{to} {size / 2**20:.1f} MB" for to, size in moved.items())
         return replace(action, moves=moved, reason=f"{action.reason}: moved {spread}")
+
+    def _bound_batches(self, action: BoundBatches) -> None:
+        for member in action.members:
+            self.batch_bounds.pop(member, None)
+        self.batch_bounds.update(action.bounds)
 
     def _move_key_groups(self, action: MoveKeyGroups) -> None:
         if self.rescale is not None and self.rescale.move_key_groups(

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from kombu import Queue
 from kombu.exceptions import OperationalError as BrokerError
 
 from balancer.units import MB
@@ -28,9 +29,22 @@ from orchestrator.run.route_store import RouteStore
 
 log = logging.getLogger(__name__)
 
-# (run id, node, its routing table, the queue or None for any Spark worker, the routing
-# tables of the stage siblings whose data the batch may take with its own) -> a handle
-Dispatcher = Callable[[int, str, dict[str, Any], Any, dict[str, dict[str, Any]]], Any]
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """A batch task as the driver sends it (``orchestrator/worker/batch.py``)."""
+
+    node: str
+    routes: dict[str, Any]  # the node's routing table
+    # Its placed worker's queue, "control" for the sink, None for any Spark worker.
+    queue: Queue | str | None
+    # The routing tables of the stage siblings whose data the batch may take with its own.
+    siblings: dict[str, dict[str, Any]]
+    max_bytes: int | None  # the most it claims where the balancer bounds it, else None
+
+
+# (run id, the batch) -> a handle on the task sent
+Dispatcher = Callable[[int, BatchRequest], Any]
 
 # Redis (the broker and the result backend) restarting: a batch's state is unknown and
 # none can be sent until it is back; the run waits, it does not fail.
@@ -76,10 +90,18 @@ class Dispatch:
 
 
 class BatchDispatch:
-    def __init__(self, run_id: int, send: Dispatcher, routes: RouteStore) -> None:
+    def __init__(
+        self,
+        run_id: int,
+        send: Dispatcher,
+        routes: RouteStore,
+        bounds: Mapping[str, float] | None = None,
+    ) -> None:
         self.run_id = run_id
         self.send = send
         self.routes = routes
+        # The most each node's next batch claims where the balancer bounds it (bytes).
+        self.bounds: Mapping[str, float] = bounds if bounds is not None else {}
         self.in_flight: dict[str, Dispatch] = {}
         # Batches sent again while the first was presumed lost: the first may still run
         # (it was only waiting long in its queue), and may still die under its batch.
@@ -152,17 +174,23 @@ class BatchDispatch:
                 self._retire(current)
                 del self.in_flight[node]
             siblings: dict[str, dict[str, Any]] = {}
+            queue: Queue | str | None = None
             if placed is not None:
-                queue: Any = placed
+                queue = placed
             elif kind == "sink":
                 queue = "control"
             else:
-                queue = None
                 siblings = self._unplaced_siblings(node, graph, rescale)
+            bound = self.bounds.get(node)
+            request = BatchRequest(
+                node,
+                self.routes.get(node).to_json(),
+                queue,
+                siblings,
+                None if bound is None else max(1, int(bound)),
+            )
             try:
-                handle = self.send(
-                    self.run_id, node, self.routes.get(node).to_json(), queue, siblings
-                )
+                handle = self.send(self.run_id, request)
             except BROKER_ERRORS as err:
                 log.warning(
                     "run %s: batch of %s not sent (broker down?): %s", self.run_id, node, err

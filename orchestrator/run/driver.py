@@ -111,8 +111,11 @@ class RunDriver:
         """What one attempt at driving the run builds; a new attempt starts from the
         ledger as a new driver would."""
         self.table = ActionTable(self.control, self.run_id, on_graph_change=self._reload_topology)
-        self.batches = BatchDispatch(self.run_id, self.dispatch, self.table.routes)
+        self.batches = BatchDispatch(
+            self.run_id, self.dispatch, self.table.routes, self.table.batch_bounds
+        )
         self.state = BalancerState()
+        self.decided = False  # the balancer has ticked once (_dispatch_batches)
         self.stats = TickStats()
         self.node_states: dict[str, NodeState] = {}
         self.forecast = Forecast()
@@ -331,9 +334,7 @@ class RunDriver:
                 except InputError as exc:
                     self._input_failed(exc)
                     continue  # the next loop sees the run failed
-                self.batches.dispatch_ready(
-                    now, self.flows, self.graph, self.rescale, source_sending=sending
-                )
+                self._dispatch_batches(now, sending=sending)
                 if self.rescale is not None and self.rescale.poll():
                     self._reload_topology()
                 if now >= early_settle_after and self._all_merged(now):
@@ -355,6 +356,15 @@ class RunDriver:
                 next_sweep = now + RETENTION_S
             if not sending:  # a source with more to send now goes on at once
                 self.wakeups.sleep(self._nap_s(next_tick))
+
+    def _dispatch_batches(self, now: float, *, sending: bool) -> None:
+        """A batch task for each node with data waiting (orchestrator/run/dispatch.py),
+        none before the balancer's first tick: the bounds it sets on batches
+        (balancer/queued.py) hold from the first one."""
+        if self.decided:
+            self.batches.dispatch_ready(
+                now, self.flows, self.graph, self.rescale, source_sending=sending
+            )
 
     def _grant_credits(self, now: float) -> None:
         """Under credit-based flow control, every upstream's credit from the pools as
@@ -472,6 +482,7 @@ class RunDriver:
             paced = self.table.pacing(observation.topology.order)
             decision = step(observation, self.state, self.policy)
             self.state = decision.state
+            self.decided = True
         with phase("apply"):
             self.runtime.apply(decision.actions)
             self.commands.handle(observation)

@@ -91,12 +91,16 @@ def process_batch(
     run_id: int,
     node_name: str,
     routes_json: Mapping[str, object] | None,
+    *,
     task_id: str = "",
     siblings: Mapping[str, Mapping[str, object]] | None = None,
+    max_bytes: int | None = None,
 ) -> BatchReport:
     """A batch of ``node_name``'s arrived data; with it, up to the batch's bounds, what
     has arrived at ``siblings`` (stage members the driver placed on any Spark worker,
-    each with its routing table) that the graph lets one job run with it."""
+    each with its routing table) that the graph lets one job run with it. The batch
+    takes at most ``BPCONSOLE_BATCH_MB``, and at most ``max_bytes`` where the balancer
+    bounds it (balancer/queued.py, ``batch_bounds``)."""
     run = Run.objects.get(pk=run_id)
     if not run.is_active:
         return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
@@ -106,7 +110,9 @@ def process_batch(
         # what that attempt still held is free at once, not after its lease.
         segments.release_task(run_id, task_id)
     node = _node_at(run, node_name)
-    max_segments, max_bytes = MAX_BATCH_SEGMENTS, int(settings.BPCONSOLE_BATCH_MB * MB)
+    max_segments, limit = MAX_BATCH_SEGMENTS, int(settings.BPCONSOLE_BATCH_MB * MB)
+    if max_bytes is not None:
+        limit = min(limit, max_bytes)
     # Spark first, then the batch: a new worker's JVM takes seconds to start, and while a
     # batch is claimed its node cannot align for an adjustment.
     if node["kind"] != "sink" and not _spark_ready():
@@ -116,7 +122,7 @@ def process_batch(
         node_name,
         owner,
         max_segments=max_segments,
-        max_bytes=max_bytes,
+        max_bytes=limit,
         lease_s=settings.BPCONSOLE_LEASE_S,
         rate_mbps=float(node.get("max_rate_mbps", DEFAULT_MAX_RATE_MBPS)),
     )
@@ -142,7 +148,7 @@ def process_batch(
             siblings=siblings,
             routes=routes,
             max_segments=max_segments - len(batch),
-            max_bytes=max_bytes - sum(s.bytes for s in batch),
+            max_bytes=limit - sum(s.bytes for s in batch),
         )
     size = sum(s.bytes for s in batch)
     keeper = LeaseKeeper(

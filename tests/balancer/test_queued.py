@@ -1,7 +1,10 @@
 """Waiting data moves between a stage's members (balancer/queued.py): a member that would
 finish well after its stage's pools could empty together gives what waits in its pool
 to the members that would finish early, never more than waits, never past a receiver's
-high water, never between members of one resource or of a stage that cannot merge."""
+high water, never between members of one resource or of a stage that cannot merge. And
+its batches are bounded so that what it could give stays waiting: a member not measured
+yet takes a first batch of at most FIRST_BATCH_BYTES, a late one its share of the
+common drain time."""
 
 from __future__ import annotations
 
@@ -11,9 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from balancer.loop import BalancerState, step
-from balancer.model import MoveQueued
+from balancer.model import BoundBatches, MoveQueued
 from balancer.policy import MB, Policy
-from balancer.queued import MOVE_AFTER_S, queued_moves
+from balancer.queued import (
+    FIRST_BATCH_BYTES,
+    MIN_BATCH_S,
+    MOVE_AFTER_S,
+    batch_bounds,
+    queued_moves,
+)
 from tests.balancer.builders import CAPACITY, layered, node, observe
 
 POLICY = Policy(migration="proportional")
@@ -127,3 +136,68 @@ def test_moves_never_exceed_what_waits_and_never_make_the_stage_finish_later(
             assert after[to] <= max(buffered[to], POLICY.high_water * CAPACITY) * (1 + 1e-9)
     finish = max(buffered[n] / rates[n] for n in names)
     assert max(after[n] / rates[n] for n in names) <= finish * (1 + 1e-9) + 1e-9
+
+
+def test_a_member_not_measured_yet_takes_a_first_batch_of_at_most_first_batch_bytes() -> None:
+    seen = stage({"a1": 32 * MB, "a2": 32 * MB}, {"a1": math.inf, "a2": 10 * MB})
+    (bound,) = batch_bounds(seen)
+    assert bound.stage == "a" and bound.members == ("a1", "a2")
+    assert bound.bounds == {"a1": FIRST_BATCH_BYTES}  # a2 is measured: its whole pool
+    assert "not measured yet: a1" in bound.reason
+
+
+def test_a_late_member_takes_its_share_of_the_common_drain_time_and_leaves_the_rest() -> None:
+    # a1 holds 14 MB at 1 MB/s (14 s); a2 and a3 hold 8 MB each at 15 MB/s: together
+    # 30 MB in under a second, and a2 and a3 have room for 6.5 MB each before it.
+    rates = {"a1": 1 * MB, "a2": 15 * MB, "a3": 15 * MB}
+    (bound,) = batch_bounds(stage({"a1": 14 * MB, "a2": 8 * MB, "a3": 8 * MB}, rates))
+    assert MIN_BATCH_S > 30 / 31  # so a1 still takes MIN_BATCH_S of its capacity
+    assert bound.bounds == {"a1": 1 * MB * MIN_BATCH_S}
+    # With more everywhere (80 MB, a drain time over MIN_BATCH_S) the drain time sets it
+    (bound,) = batch_bounds(stage({"a1": 40 * MB, "a2": 20 * MB, "a3": 20 * MB}, rates))
+    assert math.isclose(bound.bounds["a1"], 1 * MB * 80 / 31)
+
+
+def test_members_on_time_are_not_bounded_and_the_bound_covers_every_member() -> None:
+    rates = {"a1": 1 * MB, "a2": 10 * MB}
+    (bound,) = batch_bounds(stage({"a1": 4 * MB, "a2": 40 * MB}, rates))
+    # Every member is named: a bound of an earlier tick no longer holds.
+    assert bound.members == ("a1", "a2") and bound.bounds == {}
+
+
+def test_no_bound_between_members_of_one_resource_or_of_a_stage_that_cannot_merge() -> None:
+    rates = {"a1": math.inf, "a2": 1 * MB}
+    shared = stage({"a1": 8 * MB, "a2": 0.0}, rates, resources={"a1": "w", "a2": "w"})
+    assert batch_bounds(shared) == []
+    assert batch_bounds(stage({"a1": 8 * MB, "a2": 0.0}, rates, mergeable=False)) == []
+
+
+def test_the_loop_bounds_batches_only_with_proportional_migration() -> None:
+    seen = stage({"a1": 8 * MB, "a2": 0.0}, {"a1": math.inf, "a2": 1 * MB})
+    bounded = [
+        a for a in step(seen, BalancerState(), POLICY).actions if isinstance(a, BoundBatches)
+    ]
+    assert [a.bounds for a in bounded] == [{"a1": FIRST_BATCH_BYTES}]
+    for migration in ("off", "pressure"):
+        decided = step(seen, BalancerState(), Policy(migration=migration)).actions
+        assert not any(isinstance(a, BoundBatches) for a in decided), migration
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 60 * MB), st.floats(0.01 * MB, 100 * MB)),
+        min_size=2,
+        max_size=6,
+    )
+)
+def test_a_bound_leaves_waiting_what_a_move_can_take_and_never_falls_below_a_second(
+    members: list[tuple[float, float]],
+) -> None:
+    names = [f"a{i}" for i in range(1, len(members) + 1)]
+    buffered = {n: q for n, (q, _) in zip(names, members, strict=True)}
+    rates = {n: c for n, (_, c) in zip(names, members, strict=True)}
+    (bound,) = batch_bounds(stage(buffered, rates))
+    assert bound.members == tuple(names)
+    for member, size in bound.bounds.items():
+        assert size < buffered[member]
+        assert size >= rates[member] * MIN_BATCH_S * (1 - 1e-9)

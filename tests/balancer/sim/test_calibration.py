@@ -25,6 +25,13 @@ def at_start(packets: int, tags: list[int] | None = None, branches: int = 1) -> 
     return Workload(names, MB, np.zeros(packets), index)
 
 
+def staged(at_s: list[float], tags: list[int] | None = None, branches: int = 1) -> Workload:
+    """1 MB packets arriving at these times (seconds), for op0 unless ``tags`` say."""
+    names = tuple(f"op{i}" for i in range(branches))
+    index = np.array(tags if tags is not None else [0] * len(at_s), dtype=np.int64)
+    return Workload(names, MB, np.array(at_s, dtype=float), index)
+
+
 def chain(*, out_bandwidth: float = 0.0, branches: int = 1) -> Topology:
     """source -> op0 .. op{n-1} -> sink, every buffer large, links unlimited unless said."""
     ops = [f"op{i}" for i in range(branches)]
@@ -92,18 +99,27 @@ def test_a_batch_takes_what_has_arrived_when_its_worker_starts_it() -> None:
     # make the second batch (1 s): done at 2 s, where one batch per packet took 10.
     model = RuntimeModel(batch_fixed_s=1.0)
 
-    assert completion(chain(), at_start(10), model) == pytest.approx(2.0)
+    assert completion(chain(), staged([0.0] + [0.5] * 9), model) == pytest.approx(2.0)
+
+
+def test_packets_that_arrive_at_one_instant_start_one_batch() -> None:
+    # As a live batch task claims everything the source's send slice delivered, not
+    # only its first chunk: ten packets at once are one batch.
+    model = RuntimeModel(batch_fixed_s=1.0)
+
+    assert completion(chain(), at_start(10), model) == pytest.approx(1.0)
 
 
 def test_a_batch_costs_its_fixed_time_plus_its_bytes_at_the_worker_rate() -> None:
     model = RuntimeModel(batch_fixed_s=1.0, batch_bytes_per_s=MB)
 
     # 1 + 1 s for the first packet, then 1 + 9 s for the nine that came meanwhile.
-    assert completion(chain(), at_start(10), model) == pytest.approx(12.0)
+    assert completion(chain(), staged([0.0] + [0.5] * 9), model) == pytest.approx(12.0)
 
 
 def test_operators_share_the_workers_one_batch_at_a_time() -> None:
-    two_branches = chain(branches=2)
+    # Two instances of a keyed stage (their batches are never fused), one packet each.
+    two_branches = keyed(chain(branches=2))
     workload = at_start(2, tags=[0, 1], branches=2)
 
     one = completion(two_branches, workload, RuntimeModel(workers=1, batch_fixed_s=1.0))
@@ -113,23 +129,27 @@ def test_operators_share_the_workers_one_batch_at_a_time() -> None:
     assert two == pytest.approx(1.0)
 
 
+def keyed(topology: Topology) -> Topology:
+    """``topology`` with its operators unable to merge partial results (a keyed stage)."""
+    return Topology.build(
+        [
+            node if node.kind != "operator" else dataclasses.replace(node, mergeable=False)
+            for node in topology.nodes
+        ],
+        topology.links,
+    )
+
+
 def test_a_batch_takes_what_has_arrived_at_its_stage_siblings_too() -> None:
     # The first packet starts op0's batch alone (1 s); one more for each branch arrives
     # meanwhile, and the next batch takes all three, as the live worker does: 2 s, where
     # a batch per branch took 4. A keyed stage's instances keep their own batches.
     three = chain(branches=3)
-    keyed = Topology.build(
-        [
-            node if node.kind != "operator" else dataclasses.replace(node, mergeable=False)
-            for node in three.nodes
-        ],
-        three.links,
-    )
-    workload = at_start(4, tags=[0, 0, 1, 2], branches=3)
+    workload = staged([0.0, 0.5, 0.5, 0.5], tags=[0, 0, 1, 2], branches=3)
     model = RuntimeModel(batch_fixed_s=1.0)
 
     assert completion(three, workload, model) == pytest.approx(2.0)
-    assert completion(keyed, workload, model) == pytest.approx(4.0)
+    assert completion(keyed(three), workload, model) == pytest.approx(4.0)
 
 
 def test_a_batch_holds_at_most_the_largest_batch() -> None:
@@ -140,13 +160,13 @@ def test_a_batch_holds_at_most_the_largest_batch() -> None:
 
 
 def test_a_batch_takes_the_packet_that_crosses_its_bound_as_the_ledger_s_claim_does() -> None:
-    # The first batch takes the one packet there; the next, the other three: two fit in
-    # 2.5 MB and the third crosses it. Bounded at 2 MB, the third waits for a batch.
+    # Five packets at once: the first batch takes three (two fit in 2.5 MB and the third
+    # crosses it), the next the other two. Bounded at 2 MB, the fifth waits for a third.
     assert completion(
-        chain(), at_start(4), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2.5 * MB)
+        chain(), at_start(5), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2.5 * MB)
     ) == pytest.approx(2.0)
     assert completion(
-        chain(), at_start(4), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2 * MB)
+        chain(), at_start(5), RuntimeModel(batch_fixed_s=1.0, max_batch_bytes=2 * MB)
     ) == pytest.approx(3.0)
 
 

@@ -20,12 +20,24 @@ from balancer.sim.replay import Replay
 from balancer.sim.workload import Workload
 from balancer.topology import LinkSpec, NodeSpec, Topology
 from balancer.units import MB
-from tests.balancer.sim.test_calibration import QUIET, at_start, chain, completion
+from tests.balancer.sim.test_calibration import QUIET, at_start, chain, completion, staged
 from tests.balancer.sim.test_replay import replay
 
 # Two workers, the first four times as fast as the second, both 0.5 s a batch to start.
 FAST = NodeCost(fixed_s=0.5, bytes_per_s=4 * MB, worker="w1")
 SLOW = NodeCost(fixed_s=0.5, bytes_per_s=MB, worker="w2")
+
+
+def two_branches(*, pool_bytes: float) -> Topology:
+    """source -> op0, op1 -> sink, each operator's pool ``pool_bytes``."""
+    wide = chain(branches=2)
+    return Topology.build(
+        [
+            dataclasses.replace(n, capacity_bytes=pool_bytes) if n.kind == "operator" else n
+            for n in wide.nodes
+        ],
+        wide.links,
+    )
 
 
 def batches_at(fixed_s: float, rate: float, sizes: list[float], gap_s: float) -> list[BatchSample]:
@@ -92,17 +104,16 @@ def test_a_placed_node_the_pipeline_does_not_run_is_refused() -> None:
 
 
 def test_two_placed_workers_at_4_to_1_finish_a_static_split_when_the_slow_one_does() -> None:
-    # Five 1 MB packets for each branch, all there at the start. Each worker's first
-    # batch takes the one packet delivered when it starts, its second the other four:
-    # op0 0.5 + 1/4 then 0.5 + 4/4 s, done at 2.25 s; op1 0.5 + 1 then 0.5 + 4 s, at 6 s.
+    # Five 1 MB packets for each branch, all there at the start: each worker takes its
+    # five in one batch, op0 0.5 + 5/4 s, done at 1.75 s; op1 0.5 + 5 s, at 5.5 s.
     workload = at_start(10, tags=[0, 1] * 5, branches=2)
     placed = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
     simulator = Simulator(chain(branches=2), workload, QUIET, (), placed)
 
     result = simulator.run(max_time_s=100)
 
-    assert result.completion_s == pytest.approx(6.0)
-    assert result.done_times[0::2].max() == pytest.approx(2.25)
+    assert result.completion_s == pytest.approx(5.5)
+    assert result.done_times[0::2].max() == pytest.approx(1.75)
 
 
 def test_operators_placed_on_one_worker_take_turns_and_never_share_a_batch() -> None:
@@ -111,7 +122,7 @@ def test_operators_placed_on_one_worker_take_turns_and_never_share_a_batch() -> 
     # placed on one worker, op1, op2 and op0 each run a batch of their own, in the
     # order they asked: done at 4 s.
     three = chain(branches=3)
-    workload = at_start(4, tags=[0, 0, 1, 2], branches=3)
+    workload = staged([0.0, 0.5, 0.5, 0.5], tags=[0, 0, 1, 2], branches=3)
     one_worker = NodeCost(fixed_s=1.0, bytes_per_s=math.inf, worker="w1")
 
     pooled = completion(three, workload, RuntimeModel(batch_fixed_s=1.0))
@@ -145,14 +156,7 @@ def test_a_placed_node_shows_the_balancer_its_own_rate_and_its_worker() -> None:
 def test_placed_on_unequal_workers_proportional_migration_beats_static_routing() -> None:
     # Half the input is tagged for the slow worker. Static routing waits for it; the
     # balancer sees the two workers' rates and moves what the slow one cannot take.
-    wide = chain(branches=2)
-    two = Topology.build(
-        [
-            dataclasses.replace(n, capacity_bytes=8 * MB) if n.kind == "operator" else n
-            for n in wide.nodes
-        ],
-        wide.links,
-    )
+    two = two_branches(pool_bytes=8 * MB)
     workload = at_start(40, tags=[0, 1] * 20, branches=2)
     runtime = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
 
@@ -182,6 +186,25 @@ def test_waiting_data_moves_from_the_slow_worker_s_pool_to_the_fast_one() -> Non
     assert moved.actions.get("move_queued", 0) >= 1
     assert moved.migrated_bytes >= 5 * MB
     assert moved.completion_s < 0.7 * alone.completion_s
+
+
+def test_with_large_pools_a_late_worker_takes_its_share_and_the_rest_of_its_pool_moves() -> None:
+    # The same forty packets with 32 MB pools: each pool holds all of its branch's
+    # twenty. A slow worker claiming its whole pool would run 20 s alone (a batch holds
+    # what it claimed: nothing of it can move); bounded to its share of the stage's
+    # common drain time, it leaves the rest waiting, and the fast worker takes it.
+    two = two_branches(pool_bytes=32 * MB)
+    workload = at_start(40, tags=[0, 1] * 20, branches=2)
+    placed = RuntimeModel(placed={"op0": FAST, "op1": SLOW})
+    moving = Policy.from_mapping(
+        {"throttling": "none", "routing": "static", "migration": "proportional"}
+    )
+
+    run = Simulator(two, workload, moving, controllers_for(moving), placed).run(max_time_s=1000)
+
+    assert run.actions.get("bound_batches", 0) >= 1
+    fluid_s = 40 * MB / (FAST.bytes_per_s + SLOW.bytes_per_s) + FAST.fixed_s
+    assert run.completion_s <= 1.25 * fluid_s
 
 
 def test_a_node_on_modelled_workers_whose_batches_cost_nothing_shows_no_limit() -> None:
@@ -229,5 +252,5 @@ def test_a_full_pool_shows_the_demand_it_refused_and_published_migration_acts_on
     alone = Simulator(three, workload, QUIET, (), runtime).run(1000)
 
     hot_bytes = hot.count(1) * 1.001 * MB
-    assert run.migrated_bytes > 0.8 * hot_bytes  # 0.63 of it without the refused demand
-    assert run.completion_s < 0.45 * alone.completion_s  # 0.52 without
+    assert run.migrated_bytes > 0.8 * hot_bytes  # 0.77 of it without the refused demand
+    assert run.completion_s < 0.5 * alone.completion_s  # 0.56 without

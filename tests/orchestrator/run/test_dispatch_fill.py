@@ -14,7 +14,7 @@ from django.conf import settings
 from balancer.units import MB
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.pipeline.graph import graph_of
-from orchestrator.run.dispatch import LINGER_S, BatchDispatch
+from orchestrator.run.dispatch import LINGER_S, BatchDispatch, BatchRequest
 from orchestrator.run.route_store import RouteStore
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.runs import pending_run
@@ -50,8 +50,8 @@ def sent(services: Any) -> Iterator[tuple[Any, Any, list[str]]]:
     with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
         routes = RouteStore(control, str(run.pk))
 
-        def send(_run: int, node: str, *_: Any) -> Queued:
-            nodes.append(node)
+        def send(_run: int, request: BatchRequest) -> Queued:
+            nodes.append(request.node)
             return Queued()
 
         dispatch = BatchDispatch(run.pk, send, routes)
@@ -89,3 +89,27 @@ def test_nothing_waits_once_the_source_has_nothing_more_to_send_at_once(
     assert nodes == []
     dispatch.dispatch_ready(0.1, flows, graph, None, source_sending=False)
     assert nodes == ["task1"]
+
+
+def test_a_batch_the_balancer_bounds_is_sent_with_its_bound_and_others_with_none(
+    services: Any,
+) -> None:
+    # The balancer bounded task1's batches (balancer/queued.py, batch_bounds): its task
+    # claims at most that; the sink's merge takes all it has.
+    run = pending_run("reference")
+    bounds = {"task1": 3.5 * MB}
+    requests: list[BatchRequest] = []
+    with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
+
+        def send(_run: int, request: BatchRequest) -> Queued:
+            requests.append(request)
+            return Queued()
+
+        dispatch = BatchDispatch(run.pk, send, RouteStore(control, str(run.pk)), bounds)
+        flows = {"task1": waiting(BATCH), "output": waiting(1)}
+        dispatch.dispatch_ready(0.0, flows, graph_of(run.topology), None, source_sending=False)
+
+    assert [(r.node, r.max_bytes) for r in requests] == [
+        ("task1", int(3.5 * MB)),
+        ("output", None),
+    ]

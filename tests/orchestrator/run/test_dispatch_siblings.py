@@ -15,7 +15,7 @@ from orchestrator.models import Instance
 from orchestrator.pipeline.graph import graph_of
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale.control import RescaleControl
-from orchestrator.run.dispatch import BatchDispatch
+from orchestrator.run.dispatch import BatchDispatch, BatchRequest
 from orchestrator.run.route_store import RouteStore
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.runs import pending_run
@@ -27,7 +27,7 @@ def test_a_batch_is_told_of_the_siblings_on_the_shared_queue_only(services: Any)
     run = pending_run("reference")
     # task3 was hot-migrated to a worker of its own.
     Instance.objects.filter(run=run, name="task3").update(worker="w-own")
-    sent: list[tuple[Any, ...]] = []
+    sent: list[tuple[int, BatchRequest]] = []
     with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
         control.register_worker("w-own", {"name": "celery@w-own", "queues": ["spark"]})
         # A Spark worker that runs two batches at once: task1's and task2's both go.
@@ -46,7 +46,7 @@ def test_a_batch_is_told_of_the_siblings_on_the_shared_queue_only(services: Any)
         dispatch.dispatch_ready(0.0, flows, graph_of(run.topology), rescale, source_sending=False)
         rescale.close()
 
-    told = {node: (queue, siblings) for _, node, _, queue, siblings in sent}
+    told = {r.node: (r.queue, r.siblings) for _, r in sent}
     assert told["task1"] == (None, {"task2": shifted.to_json()})
     assert told["task2"] == (None, {"task1": Routes().to_json()})
     placed, none = told["task3"]

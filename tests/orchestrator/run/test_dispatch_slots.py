@@ -18,7 +18,7 @@ from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance
 from orchestrator.pipeline.graph import RunGraph, graph_of
 from orchestrator.rescale.control import RescaleControl
-from orchestrator.run.dispatch import BatchDispatch
+from orchestrator.run.dispatch import BatchDispatch, BatchRequest
 from orchestrator.run.route_store import RouteStore
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.run.scenarios import skewed_reference
@@ -75,7 +75,8 @@ def stage_with(services: Any, workers: dict[str, Any], placed: dict[str, str]) -
         rescale.tick()
         stage: Stage
 
-        def send(_run: int, node: str, *_: Any) -> Handle:
+        def send(_run: int, request: BatchRequest) -> Handle:
+            node = request.node
             stage.sent.append(node)
             handle = stage.handles[node] = Handle(f"{node}-{len(stage.sent)}")
             return handle

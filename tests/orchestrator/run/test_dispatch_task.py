@@ -9,6 +9,7 @@ import pytest
 from celery._state import _task_stack
 
 from orchestrator import tasks
+from orchestrator.run.dispatch import BatchRequest
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ def test_a_batch_sent_by_a_driver_is_not_kept_by_the_driver_task(services) -> No
     try:
         # When it sends batches
         for _ in range(3):
-            tasks._dispatch(1, "aggregate_a", {}, queue)
+            tasks._dispatch(1, BatchRequest("aggregate_a", {}, queue, {}, None))
         # Then none is appended to its request's children (Celery's default), which
         # would grow by one result per batch for as long as the run goes on
         assert tasks.drive_run.request.children == []
