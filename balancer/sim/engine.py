@@ -54,6 +54,7 @@ from typing import Protocol
 import numpy as np
 
 from balancer import window as win
+from balancer.capacity import BatchSample, CapacityMeter, stage_bps
 from balancer.credit import RESUME_LEVEL, StopResumeState, stop_resume_step
 from balancer.model import (
     SHARED_POOL,
@@ -269,21 +270,7 @@ class Simulator:
             src = self.index[link.src]
             tx = self.out_size[src] / link.bandwidth_bps if link.bandwidth_bps else 0.0
             self.links[(src, self.index[link.dst])] = [0.0, tx, link.latency_s]
-        # Batch mode: unplaced operators share the pool of Spark workers (_SPARK); a
-        # placed worker and a sink each run their batches one at a time. Per pool, the
-        # nodes waiting for a worker in the order they asked, and the workers free.
-        self.pool_of = self._pools(runtime)
-        self.batching = frozenset(self.pool_of)
-        self.waiting_batches: dict[int, deque[int]] = {p: deque() for p in self.pool_of.values()}
-        self.free_workers = {
-            p: (runtime.workers if p == _SPARK and runtime is not None else 1)
-            for p in self.pool_of.values()
-        }
-        self.siblings = self._siblings()
-        self.fused: dict[int, tuple[int, ...]] = {}  # a running batch's lead -> its nodes
-        self.start_pending: set[int] = set()  # pools with a start due at this instant
-        # The most a node's next batch claims (bytes) where the balancer bounds it.
-        self.batch_bounds: dict[int, float] = {}
+        self._batch_mode(runtime)
         self.tag_node = np.array([self.index[t] for t in workload.tags])[workload.tag_index]
         self.done_times = np.full(workload.packets, math.nan)
         self.left_source = np.full(workload.packets, math.nan)
@@ -354,6 +341,28 @@ class Simulator:
                     if self.index[m] != i and fusable(self.index[m])
                 )
         return siblings
+
+    def _batch_mode(self, runtime: RuntimeModel | None) -> None:
+        """Batch mode's state: unplaced operators share the pool of Spark workers
+        (_SPARK); a placed worker and a sink each run their batches one at a time. Per
+        pool, the nodes waiting for a worker in the order they asked, and the workers
+        free."""
+        self.pool_of = self._pools(runtime)
+        self.batching = frozenset(self.pool_of)
+        self.waiting_batches: dict[int, deque[int]] = {p: deque() for p in self.pool_of.values()}
+        self.free_workers = {
+            p: (runtime.workers if p == _SPARK and runtime is not None else 1)
+            for p in self.pool_of.values()
+        }
+        self.siblings = self._siblings()
+        self.fused: dict[int, tuple[int, ...]] = {}  # a running batch's lead -> its nodes
+        self.start_pending: set[int] = set()  # pools with a start due at this instant
+        # Each running batch's lead -> (when it started, the bytes it took); the capacity
+        # the balancer is shown is measured from the batches, as the live driver's is.
+        self.batch_began: dict[int, tuple[float, float]] = {}
+        self.meter = CapacityMeter()
+        # The most a node's next batch claims (bytes) where the balancer bounds it.
+        self.batch_bounds: dict[int, float] = {}
 
     # --- the event loop -------------------------------------------------------------------
 
@@ -478,6 +487,7 @@ class Simulator:
             self.free_workers[pool] -= 1
             taken = sum(self.nodes[m].batched * self.in_size[m] for m in members)
             self.fused[node.index] = tuple(members)
+            self.batch_began[node.index] = (self.now, taken)
             self._push(self.now + self._batch_s(model, node, taken), _BATCH_DONE, node.index)
 
     def _batch_s(self, model: RuntimeModel, node: _Node, size_bytes: float) -> float:
@@ -492,6 +502,9 @@ class Simulator:
 
     def _batch_done(self, lead: _Node) -> None:
         members = [self.nodes[m] for m in self.fused.pop(lead.index)]
+        began, taken = self.batch_began.pop(lead.index)
+        ids = tuple(node.id for node in members)
+        self.meter.add([BatchSample(ids, taken, self.now - began, ended_s=self.now)])
         for node in members:
             node.ready += node.batched
             node.batched = -1
@@ -755,6 +768,10 @@ class Simulator:
             return size if controller is not None and at >= since else 0.0
 
         order = self.topology.order
+        self.meter.running(
+            BatchSample(tuple(self.nodes[m].id for m in self.fused[lead]), taken, self.now - began)
+            for lead, (began, taken) in self.batch_began.items()
+        )
         measured = {
             node.id: Measurement(
                 buffered_bytes=node.occupancy,
@@ -782,19 +799,18 @@ class Simulator:
 
     def _capacity_bps(self, node: _Node) -> float:
         """What the node processes per second of busy time, in its input bytes: its
-        emulated rate, or on the modelled Spark workers the model's batch rate (a
-        placed node's own; the fixed cost left out, as a long batch amortises it);
-        ``math.inf`` when nothing limits it."""
+        emulated rate, or on the modelled Spark workers what its batches showed, as
+        the live driver measures it (balancer/capacity.py, ``stage_bps``; a batch's
+        fixed cost included); ``math.inf`` when nothing limits it or nothing is
+        measured yet."""
         spec = self.topology.node(node.id)
         if spec.max_rate_bps:
             return spec.max_rate_bps
-        if self.model is None:
+        if self.model is None or spec.kind == "sink":
             return math.inf
-        placed = self.model.placed.get(node.id)
-        if placed is not None:
-            return placed.bytes_per_s
-        if self.pool_of.get(node.index) == _SPARK:
-            return self.model.batch_bytes_per_s
+        if node.id in self.model.placed or self.pool_of.get(node.index) == _SPARK:
+            peers = self.topology.stage_members(spec.stage_name)
+            return stage_bps(self.meter.capacities(peers or (node.id,)), node.id, peers)
         return math.inf
 
     def _resource(self, node: _Node) -> str:

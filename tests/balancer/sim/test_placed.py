@@ -134,19 +134,25 @@ def test_operators_placed_on_one_worker_take_turns_and_never_share_a_batch() -> 
     assert placed == pytest.approx(4.0)
 
 
-def test_a_placed_node_shows_the_balancer_its_own_rate_and_its_worker() -> None:
+def test_a_placed_node_shows_the_balancer_the_rate_its_batches_showed_and_its_worker() -> None:
+    # One 1 MB packet each for op0 (0.5 s + 1 MB at 4 MB/s) and op1 (0.5 s + 1 MB at
+    # 1 MB/s); op2, on the shared workers, gets none. As the live driver measures it:
+    # bytes over the seconds the batches ran, a batch's fixed cost included.
     three = chain(branches=3)
     runtime = RuntimeModel(batch_bytes_per_s=3 * MB, placed={"op0": FAST, "op1": SLOW})
-    simulator = Simulator(three, at_start(1), QUIET, (), runtime)
+    simulator = Simulator(three, at_start(2, tags=[0, 1], branches=3), QUIET, (), runtime)
+    before = simulator.levels.observe().nodes
 
-    nodes = simulator.levels.observe().nodes
+    simulator.run(max_time_s=100)
+    after = simulator.levels.observe().nodes
 
-    assert {n: nodes[n].capacity_bps for n in ("op0", "op1", "op2")} == {
-        "op0": 4 * MB,
-        "op1": MB,
-        "op2": 3 * MB,
-    }
-    assert {n: nodes[n].resource for n in ("op0", "op1", "op2")} == {
+    assert {n: before[n].capacity_bps for n in ("op0", "op1", "op2")} == dict.fromkeys(
+        ("op0", "op1", "op2"), math.inf
+    )
+    assert after["op0"].capacity_bps == pytest.approx(MB / 0.75)
+    assert after["op1"].capacity_bps == pytest.approx(MB / 1.5)
+    assert after["op2"].capacity_bps == math.inf  # nothing measured
+    assert {n: after[n].resource for n in ("op0", "op1", "op2")} == {
         "op0": "w1",
         "op1": "w2",
         "op2": SHARED_POOL,

@@ -137,9 +137,10 @@ def test_the_command_says_what_it_fitted_per_placed_operator_and_the_replay_runs
     assert code == 0
     report = json.loads(out.getvalue())
     assert report["runtime"]["placed"]["task1"]["batch_mb_per_s"] == pytest.approx(4.0)
-    # Static routing waits for task2's three chunks on its 1 MB/s worker: the first
-    # alone (0.3 + 1 s), then the other two (0.3 + 2 s). Proportional migration sees
-    # the workers' rates and moves some of them to the faster ones.
+    # The twelve chunks are in the pools at once and each worker's first batch takes
+    # all of its branch's: task2's three on its 1 MB/s worker (0.3 + 3 s) end the run
+    # whatever the policy, since no rate is measured before a batch ends and nothing
+    # is left waiting for a move by then.
     completion = {name: p["completion_s"] for name, p in report["policies"].items()}
-    assert completion["credit"] >= 1.3 + 2.3
-    assert completion["ours"] < completion["credit"]
+    assert completion["credit"] >= 0.3 + 3.0
+    assert completion["ours"] == pytest.approx(completion["credit"], rel=0.01)
