@@ -20,6 +20,18 @@ from balancer.model import Action, KeyLoad, NodeObservation, Observation, Source
 from balancer.stepwise import TaskSpeed
 from balancer.topology import Topology
 
+# A batch of an instance on a Spark worker of its own claims at most this share of its
+# pool. Claimed data counts in the pool's level until its batch commits, so a batch that
+# took the whole pool leaves the upstream no room until it ends, and the worker then idles
+# while the next batch's data arrives; with half, the other half is there when it ends
+# and the pool refills meanwhile. Both runtimes claim by it.
+PLACED_BATCH_POOL_SHARE = 0.5
+
+
+def placed_batch_bytes(pool_bytes: float) -> float:
+    """The most one batch of a placed instance whose pool holds ``pool_bytes`` claims."""
+    return PLACED_BATCH_POOL_SHARE * pool_bytes
+
 
 class Runtime(Protocol):
     """Observe the nodes since the last observation; apply the actions decided on it."""

@@ -3,15 +3,21 @@ the balancer or left even, every emulation knob at 0, on Spark workers the opera
 system caps.
 
     .venv/bin/python bench/bench_key_moves.py [--records 2000000] [--rounds 2]
-        [--quotas 1.0,1.0] [--hot-key hot8] [--hot-share 0.4] [--keys 300] [--seed 1]
-        [--buffer-mb 1] [--segment-mb 0.25] [--run-timeout-s 900] [--json]
+        [--instances 2] [--quotas 1.0,1.0] [--hot-key hot8] [--hot-share 0.4] [--keys 300]
+        [--seed 1] [--buffer-mb 0] [--segment-mb 0.25] [--run-timeout-s 900] [--json]
 
 The pipeline: webapp/console/topologies/running-totals.yaml (a source, a keyed
-``running`` stage of two instances totals1 and totals2, a merging sink) with no knob
-set, ``--segment-mb`` segments and ``--buffer-mb`` pools, in placed mode: each instance
-on a Spark worker of its own, worker N in a cgroup whose CFS quota is the N-th of
-``--quotas`` cores (orchestrator/services/cpu_quota.py; not root, or no cpu controller:
-one line says why and the bench exits with code 2 having made nothing).
+``running`` stage of ``--instances`` instances totals1, totals2.., a merging sink) with
+no knob set, ``--segment-mb`` segments and the template's pools (``--buffer-mb`` other
+than 0 sets them), in placed mode: each instance on a Spark worker of its own, worker N
+in a cgroup whose CFS quota is the N-th of ``--quotas`` cores (by default the machine's
+two cores shared equally; orchestrator/services/cpu_quota.py; not root, or no cpu
+controller: one line says why and the bench exits with code 2 having made nothing).
+
+What a move can gain is bounded by the data: with ``n`` instances, a hot share ``h`` and
+the rest spread evenly, even key groups give the hot key's instance ``h + (1 - h) / n``
+of the records, and the best any grouping can do is ``max(h, 1 / n)``; for two instances
+at ``h`` = 0.4 the stage can go at most 1.4x faster, for three at ``h`` = 1/3, 1.67x.
 
 The input: ``--records`` JSON lines over ``--keys`` keys ``k0``.. plus ``--hot-key``,
 which takes ``--hot-share`` of the records (drawn independently per record); values
@@ -40,6 +46,7 @@ throughput per arm, ``moved`` over ``even`` (the S3 target is 1.5x), each arm ov
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import shlex
@@ -68,11 +75,16 @@ ARMS = {"even": "off", "moved": "auto"}
 def keyed_document(args: argparse.Namespace) -> PipelineDocument:
     doc: PipelineDocument = yaml.safe_load(TOPOLOGY.read_text())
     doc["name"] = "running-totals-real"
+    instances = [n for n in doc["nodes"] if n["kind"] == "operator"]
+    for number in range(len(instances) + 1, args.instances + 1):
+        name = f"totals{number}"
+        doc["nodes"].insert(-1, {**copy.deepcopy(instances[0]), "name": name})
+        doc["edges"] += [{"from": "source", "to": name}, {"from": name, "to": "output"}]
     for node in doc["nodes"]:
         node.pop("max_rate_mbps", None)
         if node["kind"] == "source":
             node["params"] = {**node["params"], "segment_mb": args.segment_mb}
-        elif node["kind"] == "operator":
+        elif node["kind"] == "operator" and args.buffer_mb:
             node["buffer_mb"] = args.buffer_mb
     for edge in doc["edges"]:
         edge["bandwidth_mbps"] = 0.0
@@ -179,18 +191,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quotas", type=quota_list, default=[1.0, 1.0], dest="quota_list")
+    parser.add_argument("--instances", type=int, default=2, help="of the keyed stage, 2 or more")
+    parser.add_argument(
+        "--quotas",
+        type=quota_list,
+        default=None,
+        dest="quota_list",
+        help="cores per worker, one per instance (default: the machine's two cores shared)",
+    )
     parser.add_argument("--hot-key", default="hot8")
     parser.add_argument("--hot-share", type=float, default=0.4)
     parser.add_argument("--keys", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--buffer-mb", type=float, default=1.0)
+    parser.add_argument(
+        "--buffer-mb", type=float, default=0.0, help="each instance's pool (0: the template's)"
+    )
     parser.add_argument("--segment-mb", type=float, default=0.25)
     parser.add_argument("--run-timeout-s", type=float, default=900.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if len(args.quota_list) != 2:
-        parser.error("--quotas takes two values: the keyed stage has two instances")
+    if args.instances < 2:
+        parser.error("--instances is at least 2: a move needs somewhere to go")
+    if args.quota_list is None:
+        args.quota_list = [round(2.0 / args.instances, 3)] * args.instances
+    if len(args.quota_list) != args.instances:
+        parser.error(f"--quotas takes {args.instances} values, one per instance")
     print(f"command: {shlex.join(sys.orig_argv)}", file=sys.stderr, flush=True)
     bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
     report = with_quotas("bench_key_moves", args.quota_list, lambda q, c: bench(args, q, c))

@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours,measured] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--buffer-mb 8] [--batch-mb 32] [--run-timeout-s 900] [--predict]
+        [--warmup-mb 16] [--buffer-mb 64] [--batch-mb 32] [--run-timeout-s 900] [--predict]
         [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
@@ -86,10 +86,10 @@ too low. Beside it, per run, each worker cgroup's MB per busy second over the ba
 ran and ``fluid_bound_workers_s`` = input MB / their sum: the bound of the resources the
 run used, each counted once.
 
-``--buffer-mb`` sets each branch's pool (8 MB by default, the reference's own 64 MB
-held most of a small input at once): the source sends a branch no more than its pool
-takes, so most of the input waits at the source, where routing and migration decide
-which branch takes it.
+``--buffer-mb`` sets each branch's pool (by default the product's, 64 MB): the source
+sends a branch no more than its pool takes, and the rest of the input waits at the
+source, where routing decides which branch takes it. A placed instance's batch claims at
+most half its pool (balancer/runtime.py), so its pool refills while the batch runs.
 
 ``--batch-mb`` sets ``BPCONSOLE_BATCH_MB`` (the most one batch takes) for the stack's
 processes, 32 MB by default: with the setting's own 512 MB a file all there at the start
@@ -125,6 +125,7 @@ import importlib
 import json
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -144,7 +145,7 @@ sys.path.insert(0, str(ROOT))
 import bench_runtime  # noqa: E402
 from bench_runtime import Stack, run_to_end  # noqa: E402
 
-from balancer.document import PipelineDocument  # noqa: E402
+from balancer.document import DEFAULT_BUFFER_MB, PipelineDocument  # noqa: E402
 from balancer.policy import Policy, PolicyError  # noqa: E402
 from balancer.sim.control import BENCHMARK_POLICIES  # noqa: E402
 from orchestrator.pipeline.generator import (  # noqa: E402
@@ -153,7 +154,11 @@ from orchestrator.pipeline.generator import (  # noqa: E402
     keys_for,
     record_line,
 )
-from orchestrator.services.cpu_quota import CpuQuotas, QuotaError  # noqa: E402
+from orchestrator.services.cpu_quota import (  # noqa: E402
+    CpuQuotas,
+    QuotaError,
+    remove_orphans,
+)
 from orchestrator.services.runconsole import Child  # noqa: E402
 
 REFERENCE = ROOT / "webapp" / "console" / "topologies" / "reference.yaml"
@@ -836,10 +841,20 @@ def with_quotas(
     run: Callable[[CpuQuotas, list[str]], dict[str, Any]],
 ) -> dict[str, Any] | None:
     """``run(quotas, cgroups)`` with a worker cgroup ``w1``.. per quota and one for the
-    plain job holding their sum, removed afterwards; None, having said why and made
+    plain job holding their sum, removed afterwards (on SIGTERM too; those of a bench
+    of the same name killed outright are removed first); None, having said why and made
     nothing, when the quotas cannot be made."""
     cgroups = [f"w{i}" for i in range(1, len(quota_list) + 1)]
     cores = dict(zip(cgroups, quota_list, strict=True)) | {"plain": sum(quota_list)}
+    for orphan in remove_orphans(f"bpconsole-{name}"):
+        print(f"{name}: removed cgroup {orphan} of a bench killed before", file=sys.stderr)
+
+    # SIGTERM (a timeout, a kill) unwinds as Ctrl-C does: the workers stopped, the
+    # cgroups removed.
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
     quotas = CpuQuotas(cores, prefix=f"bpconsole-{name}-{os.getpid()}")
     try:
         quotas.__enter__()
@@ -848,6 +863,9 @@ def with_quotas(
         return None
     try:
         return run(quotas, cgroups)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; workers stopped, cgroups removed", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
         quotas.remove()
 
@@ -879,7 +897,7 @@ def main() -> int:
     parser.add_argument(
         "--buffer-mb",
         type=float,
-        default=8.0,
+        default=DEFAULT_BUFFER_MB,
         help="each branch's pool, MB: the source holds the rest back, for the balancer to route",
     )
     parser.add_argument(

@@ -73,7 +73,7 @@ from balancer.model import (
     StopMigration,
 )
 from balancer.policy import Policy
-from balancer.runtime import Measured, Measurement
+from balancer.runtime import Measured, Measurement, placed_batch_bytes
 from balancer.sim.calibration import RuntimeModel
 from balancer.sim.runtime import SimRuntime
 from balancer.sim.workload import Workload
@@ -470,6 +470,8 @@ class Simulator:
             # The batch claims what has arrived when its worker starts it, its own
             # first, then its siblings' while it has room.
             room = min(model.max_batch_bytes, self.batch_bounds.get(node.index, math.inf))
+            if node.id in model.placed:
+                room = min(room, placed_batch_bytes(node.capacity))
             members: list[int] = []
             for member in (node.index, *self.siblings.get(node.index, ())):
                 other = self.nodes[member]

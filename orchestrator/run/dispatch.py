@@ -19,6 +19,7 @@ from django.conf import settings
 from kombu import Queue
 from kombu.exceptions import OperationalError as BrokerError
 
+from balancer.runtime import placed_batch_bytes
 from balancer.units import MB
 from orchestrator.ledger import segments
 from orchestrator.ledger.segments import NodeFlow
@@ -40,7 +41,8 @@ class BatchRequest:
     queue: Queue | str | None
     # The routing tables of the stage siblings whose data the batch may take with its own.
     siblings: dict[str, dict[str, Any]]
-    max_bytes: int | None  # the most it claims where the balancer bounds it, else None
+    # The most it claims: the balancer's bound and, placed, half its pool; else None.
+    max_bytes: int | None
 
 
 # (run id, the batch) -> a handle on the task sent
@@ -182,6 +184,9 @@ class BatchDispatch:
             else:
                 siblings = self._unplaced_siblings(node, graph, rescale)
             bound = self.bounds.get(node)
+            if placed is not None:
+                pool = placed_batch_bytes(graph.topology.node(node).capacity_bytes)
+                bound = pool if bound is None else min(bound, pool)
             request = BatchRequest(
                 node,
                 self.routes.get(node).to_json(),

@@ -18,14 +18,19 @@ On leaving, any process still in a cgroup is moved to the hierarchy's root and t
 cgroup removed. Anything that stops the quotas from being made (not root and the
 hierarchy not writable, no cpu controller, a cgroup that cannot be created or given its
 quota) raises :class:`QuotaError` with a one-line reason, after removing whatever
-cgroups it had made: nothing is left behind.
+cgroups it had made: nothing is left behind. A process killed before it could leave
+(SIGKILL) leaves its cgroups and what runs in them: :func:`remove_orphans`, called with
+the same prefix before making new ones, stops those processes and removes the cgroups of
+owners that are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,18 +212,55 @@ class CpuQuotas:
         if self.hierarchy is None:
             return
         for name, path in list(self.made.items()):
-            for _ in range(50):
-                for pid in _read(path / "cgroup.procs").split():
-                    with contextlib.suppress(OSError):  # gone meanwhile
-                        self.hierarchy.procs.write_text(pid)
-                try:
-                    path.rmdir()
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)  # a process entering or exiting: try again
-                    continue
-                break
-            else:
-                raise QuotaError(f"cgroup {path} could not be removed")
+            _remove_cgroup(self.hierarchy, path)
             del self.made[name]
+
+
+def remove_orphans(base: str, hierarchy: Hierarchy | None = None) -> list[str]:
+    """Remove the cgroups ``<base>-<pid>-<name>`` whose owner ``pid`` no longer runs,
+    killing whatever still runs in them (what the owner started and could not stop);
+    the names removed. Nothing when no cpu hierarchy can be used here."""
+    if hierarchy is None:
+        try:
+            hierarchy = find_hierarchy()
+        except QuotaError:
+            return []
+    pattern = re.compile(rf"{re.escape(base)}-(\d+)-.+")
+    removed = []
+    for path in sorted(hierarchy.root.iterdir()):
+        match = pattern.fullmatch(path.name)
+        if match is None or not path.is_dir() or _alive(int(match.group(1))):
+            continue
+        for pid in _read(path / "cgroup.procs").split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.kill(int(pid), signal.SIGKILL)
+        _remove_cgroup(hierarchy, path)
+        removed.append(path.name)
+    return removed
+
+
+def _remove_cgroup(hierarchy: Hierarchy, path: Path) -> None:
+    """Move what is left in the cgroup at ``path`` to the root, then remove it."""
+    for _ in range(50):
+        for pid in _read(path / "cgroup.procs").split():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                hierarchy.procs.write_text(pid)
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)  # a process entering or exiting: try again
+            continue
+        return
+    raise QuotaError(f"cgroup {path} could not be removed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True

@@ -116,6 +116,21 @@ def test_two_placed_workers_at_4_to_1_finish_a_static_split_when_the_slow_one_do
     assert result.done_times[0::2].max() == pytest.approx(1.75)
 
 
+def test_a_placed_worker_takes_its_pool_in_batches_of_at_most_half_of_it() -> None:
+    # Four 1 MB packets for op1 in a 4 MB pool. Placed, its worker claims 2 MB, then the
+    # other 2 (0.5 + 2 s each: done at 5 s), so that a source still sending had room
+    # while the first ran (balancer/runtime.py, PLACED_BATCH_POOL_SHARE); the shared
+    # workers at the same cost take the whole pool in one batch (0.5 + 4 s).
+    two = two_branches(pool_bytes=4 * MB)
+    workload = at_start(4, tags=[1] * 4, branches=2)
+
+    placed = completion(two, workload, RuntimeModel(placed={"op0": FAST, "op1": SLOW}))
+    pooled = completion(two, workload, RuntimeModel(batch_fixed_s=0.5, batch_bytes_per_s=MB))
+
+    assert placed == pytest.approx(5.0)
+    assert pooled == pytest.approx(4.5)
+
+
 def test_operators_placed_on_one_worker_take_turns_and_never_share_a_batch() -> None:
     # op0 takes its first packet alone (1 s); op1's and op2's packets and op0's second
     # come meanwhile. On the shared pool the next batch takes all three (done at 2 s);

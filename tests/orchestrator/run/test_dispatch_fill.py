@@ -13,7 +13,9 @@ from django.conf import settings
 
 from balancer.units import MB
 from orchestrator.ledger.segments import NodeFlow
+from orchestrator.models import Instance
 from orchestrator.pipeline.graph import graph_of
+from orchestrator.rescale.control import RescaleControl
 from orchestrator.run.dispatch import LINGER_S, BatchDispatch, BatchRequest
 from orchestrator.run.route_store import RouteStore
 from orchestrator.zk.control_plane import ControlPlane
@@ -112,4 +114,36 @@ def test_a_batch_the_balancer_bounds_is_sent_with_its_bound_and_others_with_none
     assert [(r.node, r.max_bytes) for r in requests] == [
         ("task1", int(3.5 * MB)),
         ("output", None),
+    ]
+
+
+def test_a_placed_instance_claims_at_most_half_its_pool(services: Any) -> None:
+    # Claimed data stays in the pool's level until its batch commits: a batch of the
+    # whole pool would leave the source no room to send the next one meanwhile
+    # (balancer/runtime.py, PLACED_BATCH_POOL_SHARE). A lower bound of the balancer's
+    # still holds; an instance on the shared queue is bounded by BPCONSOLE_BATCH_MB only.
+    run = pending_run("reference")
+    Instance.objects.filter(run=run, name__in=["task2", "task3"]).update(worker="w-own")
+    graph = graph_of(run.topology)
+    pool = graph.topology.node("task3").capacity_bytes
+    requests: list[BatchRequest] = []
+    with ControlPlane.connect(services.zk_hosts, f"/test-{uuid.uuid4().hex[:8]}") as control:
+        control.register_worker("w-own", {"name": "celery@w-own", "queues": ["spark"]})
+        rescale = RescaleControl(run.pk, control, epoch=1, source="source", timeout_s=60)
+        rescale.tick()
+
+        def send(_run: int, request: BatchRequest) -> Queued:
+            requests.append(request)
+            return Queued()
+
+        bounds = {"task2": pool / 8}
+        dispatch = BatchDispatch(run.pk, send, RouteStore(control, str(run.pk)), bounds)
+        flows = dict.fromkeys(("task1", "task2", "task3"), waiting(BATCH))
+        dispatch.dispatch_ready(0.0, flows, graph, rescale, source_sending=False)
+        rescale.close()
+
+    assert sorted((r.node, r.max_bytes) for r in requests) == [
+        ("task1", None),
+        ("task2", int(pool / 8)),
+        ("task3", int(pool / 2)),
     ]
