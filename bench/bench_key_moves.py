@@ -37,7 +37,8 @@ warm-up run of a tenth of the records:
 
 Both live arms use ``routing = static``, ``migration = off`` and the default watermark
 throttling. Per run: completion (the ledger's start to finish), throughput (records per
-second of it), the key-group moves (each with the shares before and after), exactness
+second of it), the key-group moves (each with when, and the shares before and after),
+the run's adjustments (when each began and ended, seconds from the run's start), exactness
 (rows equal to the plain job's, coverage exact). The table: median completion and
 throughput per arm, ``moved`` over ``even`` (the S3 target is 1.5x), each arm over
 ``plain``.
@@ -52,6 +53,7 @@ import random
 import shlex
 import statistics
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,22 +124,40 @@ def run_arm(doc: PipelineDocument, arm: str, path: Path, plain_rows: Any) -> dic
     result = summary(run)
     rows = json.loads(json.dumps(result["rows"]))
     seconds = float(result["seconds"] or 0.0)
+    run.refresh_from_db()
+
+    def since_start(moment: datetime | None) -> float | None:
+        if moment is None or run.started_at is None:
+            return None
+        return round(float((moment - run.started_at).total_seconds()), 2)
+
     moves = [
         {
+            "at_s": since_start(e.time),
             "groups": e.data["groups"],
             "before": e.data["shares_before"],
             "after": e.data["shares_after"],
         }
         for e in Event.objects.filter(run=run, kind="move_key_groups").order_by("pk")
     ]
+    adjustments = [
+        {
+            "kind": a.kind,
+            "status": a.status,
+            "began_s": since_start(a.started_at),
+            "ended_s": since_start(a.finished_at),
+        }
+        for a in Adjustment.objects.filter(run=run).order_by("version")
+    ]
     return {
         "run": run.pk,
         "completion_s": round(seconds, 2),
         "exact": rows == plain_rows and result["coverage"] == "exact" and run.status == "completed",
         "moves": moves,
-        "moves_completed": Adjustment.objects.filter(
-            run=run, kind="key_move", status="complete"
-        ).count(),
+        "moves_completed": sum(
+            a["kind"] == "key_move" and a["status"] == "complete" for a in adjustments
+        ),
+        "adjustments": adjustments,
     }
 
 

@@ -99,8 +99,9 @@ def process_batch(
     """A batch of ``node_name``'s arrived data; with it, up to the batch's bounds, what
     has arrived at ``siblings`` (stage members the driver placed on any Spark worker,
     each with its routing table) that the graph lets one job run with it. The batch
-    takes at most ``BPCONSOLE_BATCH_MB``, and at most ``max_bytes`` where the balancer
-    bounds it (balancer/queued.py, ``batch_bounds``)."""
+    takes at most ``BPCONSOLE_BATCH_MB``, and at most ``max_bytes`` where the driver
+    bounds it: the balancer's bound (balancer/queued.py, ``batch_bounds``), half the
+    pool of an instance placed on a worker of its own (balancer/runtime.py)."""
     run = Run.objects.get(pk=run_id)
     if not run.is_active:
         return BatchReport(node_name, 0, 0)  # queued before the run stopped or failed
