@@ -38,7 +38,8 @@ warm-up run of a tenth of the records:
 Both live arms use ``routing = static``, ``migration = off`` and the default watermark
 throttling. Per run: completion (the ledger's start to finish), throughput (records per
 second of it), the key-group moves (each with when, and the shares before and after),
-the run's adjustments (when each began and ended, seconds from the run's start), exactness
+the run's adjustments (when each began and ended, seconds from the run's start), each
+instance's batches (how many, their MB, their busy seconds), exactness
 (rows equal to the plain job's, coverage exact). The table: median completion and
 throughput per arm, ``moved`` over ``even`` (the S3 target is 1.5x), each arm over
 ``plain``.
@@ -63,7 +64,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import bench_runtime  # noqa: E402
-from bench_real_balance import QuotaStack, quota_list, run_plain, with_quotas  # noqa: E402
+from bench_real_balance import (  # noqa: E402
+    QuotaStack,
+    operator_batches,
+    quota_list,
+    run_plain,
+    with_quotas,
+)
 from bench_runtime import run_to_end  # noqa: E402
 
 from balancer.document import PipelineDocument, emulated  # noqa: E402
@@ -114,7 +121,9 @@ def write_input(path: Path, records: int, args: argparse.Namespace) -> dict[str,
     }
 
 
-def run_arm(doc: PipelineDocument, arm: str, path: Path, plain_rows: Any) -> dict[str, Any]:
+def run_arm(
+    stack: QuotaStack, doc: PipelineDocument, arm: str, path: Path, plain_rows: Any
+) -> dict[str, Any]:
     from orchestrator.ledger.results import summary
     from orchestrator.models import Adjustment, Event
 
@@ -158,7 +167,21 @@ def run_arm(doc: PipelineDocument, arm: str, path: Path, plain_rows: Any) -> dic
             a["kind"] == "key_move" and a["status"] == "complete" for a in adjustments
         ),
         "adjustments": adjustments,
+        "instances": instance_work(operator_batches(run, stack)),
     }
+
+
+def instance_work(batches: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per instance: its batches, their MB, and the seconds they were busy. Every
+    instance of a keyed stage reads every segment, so each runs a batch over all of the
+    input whatever share of its records it keeps."""
+    work: dict[str, dict[str, float]] = {}
+    for batch in batches:
+        row = work.setdefault(batch["nodes"], {"batches": 0, "mb": 0.0, "busy_s": 0.0})
+        row["batches"] += 1
+        row["mb"] = round(row["mb"] + batch["mb"], 2)
+        row["busy_s"] = round(row["busy_s"] + batch["busy_s"], 2)
+    return dict(sorted(work.items()))
 
 
 def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> dict[str, Any]:
@@ -184,7 +207,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
             order = list(ARMS) if index % 2 == 0 else list(reversed(ARMS))
             for arm in order:
                 row = {"arm": arm, "round": index + 1}
-                row |= run_arm(doc, arm, inputs / "keyed.jsonl", reference["rows"])
+                row |= run_arm(stack, doc, arm, inputs / "keyed.jsonl", reference["rows"])
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr)
     for row in runs:
