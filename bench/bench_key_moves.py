@@ -134,6 +134,7 @@ def run_arm(
     rows = json.loads(json.dumps(result["rows"]))
     seconds = float(result["seconds"] or 0.0)
     run.refresh_from_db()
+    batches = operator_batches(run, stack)
 
     def since_start(moment: datetime | None) -> float | None:
         if moment is None or run.started_at is None:
@@ -167,7 +168,8 @@ def run_arm(
             a["kind"] == "key_move" and a["status"] == "complete" for a in adjustments
         ),
         "adjustments": adjustments,
-        "instances": instance_work(operator_batches(run, stack)),
+        "instances": instance_work(batches),
+        "batches": batches,
     }
 
 
@@ -209,7 +211,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
                 row = {"arm": arm, "round": index + 1}
                 row |= run_arm(stack, doc, arm, inputs / "keyed.jsonl", reference["rows"])
                 runs.append(row)
-                print(json.dumps(row), file=sys.stderr)
+                print(json.dumps({k: v for k, v in row.items() if k != "batches"}), file=sys.stderr)
     for row in runs:
         row["records_per_s"] = (
             round(args.records / row["completion_s"]) if row["completion_s"] else None
