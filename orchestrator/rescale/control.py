@@ -92,7 +92,6 @@ class RescaleControl:
         self.elastic = ElasticAsk(run_id, control)
         self.waiting_for_worker: tuple[str, str, int] | None = None
         self.idle = Idle(scale_in_busy)
-        self.releasing = False  # a scale-in under way gives a worker back when it completes
         self.subscription = control.watch_workers(self._note_workers)
         self._workers_changed.set()
         self._load_placement()
@@ -374,14 +373,13 @@ class RescaleControl:
                 "on, and one Spark worker goes back to the pool"
             ),
             actor=Event.Actor.BALANCER,
+            gives_back_worker=True,
         )
         try:
-            began = self._begin(change)
+            return self._begin(change)
         except RescaleError as err:
             record_event(self.run_id, "adjust_refused", f"scale in refused: {err}", node=name)
             return False
-        self.releasing = began
-        return began
 
     def _stage_of(self, name: str) -> str:
         return str(
@@ -506,8 +504,7 @@ class RescaleControl:
         self.current = None
         self._record_state(done)
         self._load_placement()
-        if self.releasing:
-            self.releasing = False
+        if done.plan.get("gives_back_worker"):
             self.elastic.shrink(f"{', '.join(done.plan['removed'])} removed after underload")
         return True
 
@@ -530,7 +527,6 @@ class RescaleControl:
         missing = sorted(set(adjustment.plan["tails"]) - self._tails(adjustment))
         if not missing:
             return self.poll()  # the last tail reported just now
-        self.releasing = False
         done = rollback(
             adjustment.pk,
             f"not complete after {self.timeout_s:g} s (adjust_timeout_s); "

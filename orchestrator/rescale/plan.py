@@ -52,6 +52,10 @@ class Change:
     reason: str = ""
     actor: str = Event.Actor.USER
     user: Any = None
+    # A scale-in after underload: once complete, the run asks the elastic pool for one
+    # Spark worker fewer. Kept in the stored plan, so a driver that takes the run over
+    # in the middle of the adjustment still gives the worker back.
+    gives_back_worker: bool = False
 
 
 # -- graph documents ------------------------------------------------------------------
@@ -276,6 +280,7 @@ def plan_change(
             stage: {m: list(slots) for m, slots in groups.items()}
             for stage, groups in change.regroup.items()
         },
+        "gives_back_worker": change.gives_back_worker,
     }
     return plan, after, plan_json
 

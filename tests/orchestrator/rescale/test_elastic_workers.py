@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -53,6 +54,17 @@ BACKLOG_MB = 3
 # the scale-in begins this long after the ask, once the scale-out (its worker's start,
 # about 6 s on a quiet machine and 17 s on a loaded one, the kill, the refusal) is over.
 SCALE_IN_AFTER_S = 30.0
+
+
+def _story(run: Any, ended: Adjustment) -> str:
+    """What the run did since the scale-in ended, for a failure's message."""
+    adjustments = [
+        f"{a.kind} {a.status} {a.reason[:120]}"
+        for a in Adjustment.objects.filter(run=run).order_by("version")
+    ]
+    events = Event.objects.filter(run=run, time__gte=ended.started_at).order_by("time")
+    told = [f"{e.time:%H:%M:%S} {e.kind} {e.node} {e.reason[:140]}" for e in events][-25:]
+    return "\n  ".join(["adjustments:", *adjustments, "events since the scale-in:", *told])
 
 
 class RunningPool:
@@ -268,6 +280,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
             "the run asked for one worker fewer",
             lambda: str(run.pk) not in control.spark_workers_asked(),
             timeout_s=180,
+            detail=lambda: _story(run, ended),
         )
         # and the pool stops the worker: its processes are gone, and so is it from
         # ZooKeeper

@@ -6,6 +6,7 @@ On real ZooKeeper and PostgreSQL; no Spark worker runs (the workers are registra
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from orchestrator.rescale.control import RescaleControl
 from orchestrator.services.spark_pool import PoolState
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.runs import pending_run
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -28,8 +30,25 @@ TWO_MORE = ScaleOutRequest(reason="overloaded", stage="agg", upstream="source", 
 def register(control: ControlPlane, *names: str) -> None:
     for name in names:
         control.register_worker(
-            name, {"name": f"celery@{name}", "queues": ["spark"], "concurrency": 1}
+            name,
+            {
+                "name": f"celery@{name}",
+                "queues": ["spark"],
+                "concurrency": 1,
+                "started": time.time(),
+            },
         )
+
+
+def wait_complete(rescale: RescaleControl, run: Any) -> None:
+    """Poll the run's adjustment as its driver does until it completes (nothing flows:
+    the driver aligns every idle instance itself)."""
+    wait_for(
+        "the adjustment complete",
+        lambda: rescale.poll() or rescale.current is None,
+        timeout_s=30,
+        detail=lambda: str(list(Adjustment.objects.filter(run=run).values("kind", "status"))),
+    )
 
 
 @contextmanager
@@ -130,3 +149,36 @@ def test_a_request_past_the_stage_s_maximum_is_cut_to_it_and_at_it_refused(
         assert not rescale.scale_out(many, now=1000.0)
         refused = Event.objects.get(run=run, kind="adjust_refused")
         assert "already has 8 instances" in refused.reason
+
+
+def test_a_scale_in_after_underload_gives_its_worker_back_under_a_driver_that_took_over(
+    services: Any,
+) -> None:
+    # The run has one worker of its own from the pool (w4, the newest) and stays idle:
+    # the balancer removes the instance there, and once that adjustment completes the
+    # run asks for one worker fewer, even when a new driver (a new RescaleControl over
+    # the same run, as after a takeover) is the one that completes it.
+    with placed_run(services, PoolState(base=3, maximum=4, extra=0)) as (rescale, run):
+        assert rescale.scale_out(ScaleOutRequest("overloaded", "agg", "source", 1), now=0.0)
+        register(rescale.control, "w4")
+        rescale._workers_changed.set()
+        assert rescale.tick()
+        wait_complete(rescale, run)
+        assert rescale.control.spark_workers_asked() == {str(run.pk): 1}
+        (added,) = Adjustment.objects.get(run=run, kind="scale_out").plan["added"]
+
+        idle = dict.fromkeys(("task1", "task2", "task3", added), 0.0)
+        assert not rescale.consider_scale_in(idle, now=10.0)
+        assert rescale.consider_scale_in(idle, now=10.0 + rescale.scale_in_after_s)
+        scale_in = Adjustment.objects.get(run=run, kind="scale_in")
+        assert scale_in.plan["removed"] == [added] and scale_in.plan["gives_back_worker"]
+
+        successor = RescaleControl(
+            run.pk, rescale.control, epoch=1, source="source", timeout_s=60, placement="placed"
+        )
+        try:
+            assert successor.current is not None
+            wait_complete(successor, run)
+        finally:
+            successor.close()
+        assert rescale.control.spark_workers_asked() == {}
