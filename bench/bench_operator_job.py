@@ -1,7 +1,7 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
     .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
-        [--together]
+        [--together] [--quota CORES]
     .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
@@ -18,6 +18,11 @@ one partition, no exchange) and in parallel (a task per core or segment, an exch
 ``BPCONSOLE_SPARK_ONE_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
 plans' outputs must be byte for byte the same. Medians per plan; where one task is
 faster is where the console's threshold belongs.
+
+With ``--quota CORES`` the bench runs (either mode) inside a cgroup whose CFS quota is
+that many cores, as a placed Spark worker does in bench_real_balance.py: the Python
+process and its JVM share the quota, the JVM's own threads (JIT, GC) included. Not root,
+or no cpu controller: one line says why and the bench exits with code 2.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,9 +44,13 @@ from bench_peers import write_input as peers_input
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
+from orchestrator.services.cpu_quota import CpuQuotas
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.plain_job import batch_aggregate
 from sparkjobs.session import operator_session, spark_session
+
+# Set in the bench's own process inside the cgroup ``--quota`` made.
+IN_QUOTA = "BPCONSOLE_BENCH_IN_QUOTA"
 
 # bench_peers.py's default input.
 PEERS_SHAPE = Shape(keys=243, hot_share=0.35, record_bytes=150, users=1000)
@@ -113,6 +123,35 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def cores(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of cores: {text!r}") from None
+    if not 0 < value <= (os.cpu_count() or 1):
+        raise argparse.ArgumentTypeError(
+            f"between 0 and the machine's {os.cpu_count()} cores: {text!r}"
+        )
+    return value
+
+
+def in_quota(quota: float) -> int:
+    """This bench again, with the same arguments, inside a cgroup allowed ``quota``
+    cores (removed afterwards); its exit code, or 2 when no cgroup could be made."""
+    from bench_real_balance import with_quotas
+
+    argv = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]]
+
+    def run(quotas: CpuQuotas, cgroups: list[str]) -> dict[str, int]:
+        done = subprocess.run(
+            quotas.launch_argv(cgroups[0], argv), env=os.environ | {IN_QUOTA: "1"}, check=False
+        )
+        return {"returncode": done.returncode}
+
+    result = with_quotas("operator-job", [quota], run)
+    return 2 if result is None else result["returncode"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=float, default=64)
@@ -123,7 +162,12 @@ def main() -> int:
     parser.add_argument(
         "--together", action="store_true", help="one partial for the batch, in its first segment"
     )
+    parser.add_argument(
+        "--quota", type=cores, help="run inside a cgroup allowed this many cores (root)"
+    )
     args = parser.parse_args()
+    if args.quota is not None and os.environ.get(IN_QUOTA) != "1":
+        return in_quota(args.quota)
     if args.plans:
         sizes = [float(mb) for mb in args.plans.split(",")]
         compare_plans(sizes, args.segments, args.repeat, peers=args.peers)
