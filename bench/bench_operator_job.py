@@ -1,7 +1,7 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
     .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
-        [--together] [--quota CORES]
+        [--together] [--key-slots LOW,HIGH] [--quota CORES]
     .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
@@ -18,6 +18,12 @@ one partition, no exchange) and in parallel (a task per core or segment, an exch
 ``BPCONSOLE_SPARK_ONE_TASK_MB`` picks the plan (sparkjobs/session.py ``in_one_task``); both
 plans' outputs must be byte for byte the same. Medians per plan; where one task is
 faster is where the console's threshold belongs.
+
+With ``--key-slots LOW,HIGH`` the operator job keeps only the keys whose slot is in
+``[LOW, HIGH)``, as an instance of a keyed stage does with its key group (every
+instance reads every segment: sparkjobs/keygroups.py); each line says what share of the
+batch's records it kept, so that runs over different ranges show how much of a keyed
+instance's batch depends on its share.
 
 With ``--quota CORES`` the bench runs (either mode) inside a cgroup whose CFS quota is
 that many cores, as a placed Spark worker does in bench_real_balance.py: the Python
@@ -46,6 +52,8 @@ from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.p
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
 from orchestrator.services.cpu_quota import CpuQuotas
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
+from sparkjobs.merge import read_partials
 from sparkjobs.plain_job import batch_aggregate
 from sparkjobs.session import operator_session, spark_session
 
@@ -135,6 +143,16 @@ def cores(text: str) -> float:
     return value
 
 
+def key_slots(text: str) -> KeyGroup:
+    try:
+        low, high = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"two slots, LOW,HIGH: {text!r}") from None
+    if not 0 <= low < high <= KEY_SLOTS:
+        raise argparse.ArgumentTypeError(f"0 <= LOW < HIGH <= {KEY_SLOTS}: {text!r}")
+    return KeyGroup(low, high)
+
+
 def in_quota(quota: float) -> int:
     """This bench again, with the same arguments, inside a cgroup allowed ``quota``
     cores (removed afterwards); its exit code, or 2 when no cgroup could be made."""
@@ -163,6 +181,9 @@ def main() -> int:
         "--together", action="store_true", help="one partial for the batch, in its first segment"
     )
     parser.add_argument(
+        "--key-slots", type=key_slots, help="keep only the keys of these slots, LOW,HIGH"
+    )
+    parser.add_argument(
         "--quota", type=cores, help="run inside a cgroup allowed this many cores (root)"
     )
     args = parser.parse_args()
@@ -175,6 +196,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="bpconsole-opjob-"))
     source, segments = generated_batch(folder, args.mb, args.segments, peers=args.peers)
     data = source.read_bytes()
+    records = data.count(b"\n")
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()
     batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session
@@ -184,16 +206,22 @@ def main() -> int:
     for _ in range(args.repeat):
         began, cpu = time.monotonic(), jvm_cpu_s()
         partial_aggregate(
-            operator_session(file_sizes), segments, outputs, AggregateParams(), together=together
+            operator_session(file_sizes),
+            segments,
+            outputs,
+            AggregateParams(),
+            key_group=args.key_slots,
+            together=together,
         )
         operator_s, operator_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
+        kept = sum(p.count for out in outputs.values() for p in read_partials(out))
         began, cpu = time.monotonic(), jvm_cpu_s()
         batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())
         batch_s, batch_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
         print(
             f"{len(data) / 2**20:.0f} MB: operator job {operator_s:.2f} s "
             f"({operator_cpu:.1f} CPU s), batch job {batch_s:.2f} s ({batch_cpu:.1f} CPU s), "
-            f"ratio {batch_s / operator_s:.2f}"
+            f"ratio {batch_s / operator_s:.2f}; kept {kept / records:.1%} of the records"
         )
     shutil.rmtree(folder, ignore_errors=True)
     return 0
