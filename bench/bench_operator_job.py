@@ -187,6 +187,8 @@ def main() -> int:
         "--quota", type=cores, help="run inside a cgroup allowed this many cores (root)"
     )
     args = parser.parse_args()
+    if args.plans and args.key_slots is not None:
+        parser.error("--key-slots is for the operator job against the batch job, not --plans")
     if args.quota is not None and os.environ.get(IN_QUOTA) != "1":
         return in_quota(args.quota)
     if args.plans:
