@@ -123,6 +123,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -877,7 +878,7 @@ def quota_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"quotas are cores separated by commas: {text!r}"
         ) from None
-    if not values or any(not v > 0 for v in values):
+    if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise argparse.ArgumentTypeError(f"quotas are positive numbers of cores: {text!r}")
     return values
 

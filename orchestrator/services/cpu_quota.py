@@ -27,6 +27,7 @@ owners that are gone.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shlex
@@ -120,7 +121,7 @@ def _enable_cpu(root: Path) -> None:
 
 def quota_us(cores: float) -> int:
     """The CFS quota per period for ``cores`` CPUs' worth of time."""
-    if not cores > 0:
+    if not (cores > 0 and math.isfinite(cores)):
         raise QuotaError(f"a quota is a positive number of cores, not {cores:g}")
     return max(MIN_QUOTA_US, round(cores * PERIOD_US))
 

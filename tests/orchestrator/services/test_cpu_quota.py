@@ -33,7 +33,7 @@ def test_a_core_is_a_whole_period_and_a_sliver_is_the_kernel_s_least() -> None:
     assert quota_us(1.0) == PERIOD_US
     assert quota_us(0.25) == PERIOD_US // 4
     assert quota_us(1e-9) == MIN_QUOTA_US
-    for bad in (0.0, -1.0, float("nan")):
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(QuotaError, match="positive number of cores"):
             quota_us(bad)
 
