@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_peers import Shape
 from bench_peers import write_input as peers_input
+from bench_real_balance import quota_list, with_quotas
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
@@ -131,18 +132,6 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def cores(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of cores: {text!r}") from None
-    if not 0 < value <= (os.cpu_count() or 1):
-        raise argparse.ArgumentTypeError(
-            f"between 0 and the machine's {os.cpu_count()} cores: {text!r}"
-        )
-    return value
-
-
 def key_slots(text: str) -> KeyGroup:
     try:
         low, high = (int(v) for v in text.split(","))
@@ -156,8 +145,6 @@ def key_slots(text: str) -> KeyGroup:
 def in_quota(quota: float) -> int:
     """This bench again, with the same arguments, inside a cgroup allowed ``quota``
     cores (removed afterwards); its exit code, or 2 when no cgroup could be made."""
-    from bench_real_balance import with_quotas
-
     argv = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]]
 
     def run(quotas: CpuQuotas, cgroups: list[str]) -> dict[str, int]:
@@ -184,13 +171,15 @@ def main() -> int:
         "--key-slots", type=key_slots, help="keep only the keys of these slots, LOW,HIGH"
     )
     parser.add_argument(
-        "--quota", type=cores, help="run inside a cgroup allowed this many cores (root)"
+        "--quota", type=quota_list, help="run inside a cgroup allowed this many cores (root)"
     )
     args = parser.parse_args()
     if args.plans and args.key_slots is not None:
         parser.error("--key-slots is for the operator job against the batch job, not --plans")
+    if args.quota is not None and len(args.quota) != 1:
+        parser.error("--quota is one number of cores")
     if args.quota is not None and os.environ.get(IN_QUOTA) != "1":
-        return in_quota(args.quota)
+        return in_quota(args.quota[0])
     if args.plans:
         sizes = [float(mb) for mb in args.plans.split(",")]
         compare_plans(sizes, args.segments, args.repeat, peers=args.peers)
