@@ -305,20 +305,22 @@ def _keep_worker(sender: Any = None, **_: Any) -> None:
     _worker["controller"] = sender
     queues = sender.app.amqp.queues.consume_from if sender is not None else None
     if "spark" in (queues or {}):
-        _start_worker_jvm()
+        _start_worker_jvm(sender.hostname)
 
 
-def _start_worker_jvm() -> None:
+def _start_worker_jvm(worker: str) -> None:
     """A Spark worker's JVM, started and kept up by this main process for its pool
     processes, which attach to it: a pool process killed with its batch leaves the
-    JVM warm for its replacement (docs/adr/0007)."""
+    JVM warm for its replacement (docs/adr/0007). On a cluster its application is
+    named after the worker (``bpconsole spark-1@host``), so that the cluster manager's
+    pages say which console worker holds which executors."""
     from sparkjobs import shared_jvm
     from sparkjobs.session import spark_conf
 
     path = Path(settings.VAR_DIR) / "run" / f"{shared_jvm.FILE_PREFIX}{os.getpid()}.json"
     # Set before the pool is forked, so every pool process inherits it.
     os.environ[shared_jvm.INFO_ENV] = str(path)
-    jvm = shared_jvm.WorkerJvm(spark_conf(), path)
+    jvm = shared_jvm.WorkerJvm(spark_conf(app_name=f"bpconsole {worker}"), path)
     jvm.start()
     _worker["jvm"] = jvm
 

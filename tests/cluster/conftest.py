@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import psutil
 import pytest
 
 from orchestrator.celery import app as celery_app
@@ -31,6 +32,34 @@ class Cluster:
     def env(self) -> dict[str, str]:
         """What a console process on this cluster is given (a Celery worker, manage.py)."""
         return self.celery.env
+
+    def executor_host(self, worker_pid: int) -> SparkWorker | None:
+        """The standalone worker running the executor of the application of the Celery
+        worker ``worker_pid``: an executor's ``--driver-url`` names a port its driver,
+        the Spark JVM under the Celery worker, listens on."""
+        driver = psutil.Process(worker_pid)
+        ports = {p for process in driver.children(recursive=True) for p in _listening(process)}
+        for worker in self.spark_workers:
+            if worker.daemon.process is None or worker.daemon.process.poll() is not None:
+                continue
+            for executor in psutil.Process(worker.daemon.pid).children():
+                try:
+                    command = executor.cmdline()
+                except psutil.NoSuchProcess:  # an executor whose driver is gone just exited
+                    continue
+                if "--driver-url" in command:
+                    url = command[command.index("--driver-url") + 1]
+                    if int(url.rsplit(":", 1)[1]) in ports:
+                        return worker
+        return None
+
+
+def _listening(process: psutil.Process) -> set[int]:
+    try:
+        connections = process.net_connections("tcp")
+    except psutil.NoSuchProcess:  # the launch scripts before a JVM come and go
+        return set()
+    return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
 
 
 @contextmanager

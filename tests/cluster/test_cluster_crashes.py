@@ -69,33 +69,9 @@ def _holders(run: Run, cluster: Cluster) -> set[str]:
     return {name for name in SPARK_WORKERS if _pool_pids(cluster, name) & pids}
 
 
-def _listening(process: psutil.Process) -> set[int]:
-    try:
-        connections = process.net_connections("tcp")
-    except psutil.NoSuchProcess:  # the launch scripts before a JVM come and go
-        return set()
-    return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
-
-
 def _executor_host(cluster: Cluster, name: str) -> SparkWorker | None:
-    """The standalone worker running the executor of that Celery worker's application:
-    an executor's ``--driver-url`` names a port its driver, the Spark JVM under the
-    Celery worker's pool, listens on."""
-    driver = psutil.Process(cluster.celery.processes[name].pid)
-    ports = {port for process in driver.children(recursive=True) for port in _listening(process)}
-    for worker in cluster.spark_workers:
-        if worker.daemon.process is None or worker.daemon.process.poll() is not None:
-            continue
-        for executor in psutil.Process(worker.daemon.pid).children():
-            try:
-                command = executor.cmdline()
-            except psutil.NoSuchProcess:  # an executor whose driver is gone just exited
-                continue
-            if "--driver-url" in command:
-                url = command[command.index("--driver-url") + 1]
-                if int(url.rsplit(":", 1)[1]) in ports:
-                    return worker
-    return None
+    """The standalone worker running the executor of that Celery worker's application."""
+    return cluster.executor_host(cluster.celery.processes[name].pid)
 
 
 def _operator_batches_done(run: Run) -> int:

@@ -16,26 +16,19 @@ the end."""
 from __future__ import annotations
 
 import contextlib
-import signal
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from django.conf import settings
 
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment, SourceFile
 from orchestrator.run.lifecycle import live_workers, request_adjustment, set_status
-from orchestrator.services.runconsole import Child
-from orchestrator.services.spark_pool import SparkPool
-from orchestrator.services.supervisor import Supervisor
 from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
+from tests.orchestrator.rescale.elastic_pool import elastic_pool, kill_tree, tree
 from tests.orchestrator.run.scenarios import (
     landed_at_once,
     policy,
@@ -67,65 +60,6 @@ def _story(run: Any, ended: Adjustment) -> str:
     return "\n  ".join(["adjustments:", *adjustments, "events since the scale-in:", *told])
 
 
-class RunningPool:
-    """The elastic pool and its supervisor, ticked in a thread as ``make run`` does."""
-
-    def __init__(self, pool: SparkPool) -> None:
-        self.pool = pool
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self.stop.wait(0.2):
-            self.pool.supervisor.tick()
-            self.pool.tick()
-
-
-@contextlib.contextmanager
-def elastic_pool(workers, control: ControlPlane, base: int) -> Iterator[RunningPool]:
-    def make(number: int) -> Child:
-        name = f"elastic{number}"
-        return Child(
-            f"spark worker-{number}",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "orchestrator.celery",
-                "worker",
-                "-Q",
-                "spark",
-                "--concurrency",
-                "1",
-                "-n",
-                f"{name}@{workers.host}",
-                "--loglevel",
-                "INFO",
-            ],
-            workers.env,
-            Path(workers.log_dir) / f"{name}.log",
-        )
-
-    # The test ZooKeeper outlives the test database: asks left by the runs of an
-    # earlier session would be served, or refuse this run's.
-    for run in control.spark_workers_asked():
-        control.ask_spark_workers(run, 0, "a run of an earlier test session")
-    # Their lines are printed: pytest shows them when the test fails.
-    supervisor = Supervisor(say=print)
-    pool = SparkPool(base, base + 1, make, control, supervisor, print)
-    running = RunningPool(pool)
-    running.thread.start()
-    try:
-        yield running
-    finally:
-        running.stop.set()
-        running.thread.join(10)
-        for worker in pool.extras + pool.stopping:
-            if worker.process is not None and worker.process.poll() is None:
-                _kill_tree(worker.process.pid)
-
-
 @contextlib.contextmanager
 def base_worker_restored(workers) -> Iterator[None]:
     """The session's Spark worker running and registered again at the end, whatever the
@@ -146,19 +80,6 @@ def base_worker_restored(workers) -> Iterator[None]:
             ),
             timeout_s=60,
         )
-
-
-def _kill_tree(pid: int) -> None:
-    with contextlib.suppress(psutil.NoSuchProcess):
-        parent = psutil.Process(pid)
-        for process in [*parent.children(recursive=True), parent]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(signal.SIGKILL)
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    parent = psutil.Process(pid)
-    return [parent, *parent.children(recursive=True)]
 
 
 def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scales_in_by_itself(
@@ -212,7 +133,7 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
         # When the worker is killed in the middle of it
         victim = running.pool.extras[0].process
         assert victim is not None
-        _kill_tree(victim.pid)
+        kill_tree(victim.pid)
         # Then the pool starts it again
         wait_for(
             "the pool started its killed worker again",
@@ -248,12 +169,12 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
             f"the scale-in was {scale_in.status} before the test could kill a worker in its middle"
         )
         # and the base worker is killed in the middle of it (and started again)
-        _kill_tree(workers.processes["spark1"].pid)
+        kill_tree(workers.processes["spark1"].pid)
         workers.start("spark1")
         extra = running.pool.extras[0].process
         assert extra is not None
         # (its processes that run: a child it has not reaped yet is gone already)
-        processes = [p for p in _tree(extra.pid) if alive(p)]
+        processes = [p for p in tree(extra.pid) if alive(p)]
         assert processes and processes[0].pid == extra.pid, "the pool's worker runs"
         (removed,) = scale_in.plan["removed"]
         assert Event.objects.filter(
