@@ -156,6 +156,18 @@ def _wait_end(run: Any, timeout_s: float) -> bool:
     return False
 
 
+def _wait_started(run: Any, timeout_s: float) -> bool:
+    """Wait until the run has left ``pending``; False when it has not within
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        durable(run.refresh_from_db, f"run {run.pk}")
+        if run.status != "pending":
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def _start(doc: PipelineDocument, **inputs: Any) -> Any:
     from orchestrator.run.lifecycle import create_run
     from orchestrator.tasks import start_run
@@ -231,8 +243,12 @@ def continuous_run(
             with contextlib.suppress(RunError):
                 set_status(run.pk, "stopping", reason="chaos: the producer is done")
 
+        # A run whose start was lost with a process is still pending until the watchdog
+        # gives it a driver; stopped then, it would be cancelled, having taken nothing
+        # in. Its operator waits for it to run, and so does the lane.
+        started = _wait_started(run, timeout_s)
         durable(stopping, f"stopping run {run.pk}")
-        in_time = _wait_end(run, timeout_s)
+        in_time = started and _wait_end(run, timeout_s)
         if source.archive is None:
             raise RuntimeError("a landing folder without its archive")
         files = sorted(source.archive.glob("*.jsonl"))

@@ -247,7 +247,9 @@ def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") 
 
     ``stopping`` is how an unbounded run ends: its source reads nothing new, and the
     run completes once what it took in is merged (exactly once, as any run). A bounded
-    run asked to stop is cancelled.
+    run asked to stop is cancelled, and so is one still pending: it took nothing in.
+    Both are decided under the run's lock, so a driver starting the run meanwhile
+    cannot turn a stop into a cancel of what it took in.
     """
     allowed: dict[str, set[str]] = {
         Run.Status.PAUSED: {Run.Status.RUNNING, Run.Status.PENDING},
@@ -262,8 +264,10 @@ def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") 
     }
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        if status == Run.Status.STOPPING and not is_unbounded(run.input_spec or {}):
-            status = Run.Status.CANCELLED  # a bounded input has nothing to drain
+        if status == Run.Status.STOPPING and (
+            run.status == Run.Status.PENDING or not is_unbounded(run.input_spec or {})
+        ):
+            status = Run.Status.CANCELLED  # nothing taken in, or nothing to drain
         if status not in allowed or run.status not in allowed[status]:
             raise RunError(f"run {run_id} is {run.status}; it cannot become {status}")
         run.status = status

@@ -395,11 +395,8 @@ def control_run(run_id: int, verb: str, user: User) -> Any:
     run = get_run(run_id)
     require(user, "operator", action=f"{verb}_run", run_id=run.pk)
     require_own_run(user, run, action=f"{verb}_run")
-    status = RUN_CONTROLS[verb]
-    if status == "stopping" and run.status == "pending":
-        status = "cancelled"  # a run not started has taken nothing in: nothing to finish
     try:
-        return service.set_status(run.pk, status, user=user)
+        return service.set_status(run.pk, RUN_CONTROLS[verb], user=user)
     except service.RunError as exc:
         raise ActionError(str(exc), status=409) from None
 
