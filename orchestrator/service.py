@@ -36,6 +36,7 @@ from orchestrator.ledger.sink_owners import owner_problem
 from orchestrator.pipeline.generator import GeneratorError
 from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
+from orchestrator.pipeline.schemas import derive as derive_schemas
 from orchestrator.run.lifecycle import (
     RunError,
     RunQuotaExceeded,
@@ -125,6 +126,7 @@ __all__ = [
     "confined_files",
     "create_lab",
     "create_run",
+    "derive_schemas",
     "emulated",
     "lab_json",
     "live_workers",

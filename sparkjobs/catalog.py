@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sparkjobs import expression_budget, expressions
+from sparkjobs import expression_budget, expressions, schemas
 from sparkjobs.event_time import (
     MAX_LATENESS_S,
     MAX_WINDOW_S,
@@ -106,6 +106,10 @@ def _expressions(value: Any) -> str | None:
 
 SINKS = ("results", "postgres", "parquet")
 MAX_PATH_CHARS = 500
+
+
+def _schema(value: Any) -> str | None:
+    return "; ".join(schemas.declared(value)[1]) or None
 
 
 def _table_name(value: Any) -> str | None:
@@ -276,6 +280,13 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "format": ParamSpec("jsonl", _one_of(FORMATS), "input format"),
                 "route_by": ParamSpec("key", _field_name, "field whose value picks the branch"),
                 "segment_mb": ParamSpec(1.0, _number(0.001, 256), "segment size in MB"),
+                "schema": ParamSpec(
+                    None,
+                    _optional(_schema),
+                    "the records' fields and types, as in Spark's DDL "
+                    '("key string, value double"): checked against every field the '
+                    "pipeline names when it is saved",
+                ),
             },
         ),
         OperatorSpec(

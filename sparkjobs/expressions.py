@@ -326,6 +326,7 @@ class Node:
     name: str
     position: int
     children: list[Node] = field(default_factory=list)
+    cast_to: str = ""  # a cast's target type, as written (``bigint``, ``decimal``)
 
 
 class _Parser:
@@ -550,8 +551,9 @@ class _Parser:
                 tree = self.node("operator", "[]", token.position, tree, index)
             elif self.is_op("::"):
                 token = self.take()
-                self.data_type()
+                target = self.data_type()
                 tree = self.node("function", "cast", token.position, tree)
+                tree.cast_to = target
             else:
                 return tree
 
@@ -594,9 +596,11 @@ class _Parser:
             self.take()
             inner = self.expression()
             self.expect_word("as")
-            self.data_type()
+            target = self.data_type()
             self.expect_op(")")
-            return self.node("function", word, token.position, inner)
+            cast = self.node("function", word, token.position, inner)
+            cast.cast_to = target
+            return cast
         if word in ("date", "timestamp", "timestamp_ntz", "timestamp_ltz", "x") and (
             self.peek(1).kind == "string"
         ):
@@ -705,7 +709,9 @@ class _Parser:
             raise self.unexpected("expected an interval such as INTERVAL 1 DAY")
         return self.node("literal", "interval", start.position)
 
-    def data_type(self) -> None:
+    def data_type(self) -> str:
+        """The simple type a cast names (its parameters, such as ``decimal(10, 2)``'s,
+        read and dropped)."""
         token = self.take()
         if token.word() not in SIMPLE_TYPES:
             allowed = ", ".join(sorted(SIMPLE_TYPES))
@@ -717,6 +723,7 @@ class _Parser:
                     raise self.unexpected("a type takes numbers, such as decimal(10, 2)")
                 self.take()
             self.take()
+        return token.word()
 
 
 def check(text: str, *, project: bool = False) -> list[ExpressionProblem]:
@@ -786,6 +793,13 @@ def measure(text: str, *, project: bool = False) -> expression_budget.Size | Non
     if check(text, project=project):
         return None
     return expression_budget.measure(term(_Parser(text, project=project).parse()))[0]
+
+
+def parse(text: str, *, project: bool = False) -> Node | None:
+    """The tree of an admitted ``text``; None for a text that is not admitted."""
+    if check(text, project=project):
+        return None
+    return _Parser(text, project=project).parse()
 
 
 def admit(text: str, *, project: bool = False) -> str:

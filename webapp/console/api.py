@@ -10,7 +10,7 @@ role, changing its policy the admin role.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.http import HttpResponse
@@ -285,10 +285,13 @@ class PipelineValidateView(APIView):
     )
     def post(self, request: Request) -> Response:
         problems = validate_for_save(request.data)
+        doc = request.data if isinstance(request.data, Mapping) else {}
+        schemas = service.derive_schemas(doc.get("nodes"), doc.get("edges"))
         return Response(
             {
                 "valid": not problems,
                 "problems": _problem_list(problems),
+                "schemas": {name: s.as_list() for name, s in schemas.by_node.items()},
             }
         )
 

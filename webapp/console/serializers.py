@@ -104,9 +104,21 @@ class BadRequestSerializer(serializers.Serializer[JsonObject]):
     )
 
 
+class FieldSerializer(serializers.Serializer[JsonObject]):
+    name = serializers.CharField()
+    type = serializers.CharField(
+        help_text="string, long, double, boolean, date, timestamp or unknown"
+    )
+
+
 class ValidationResultSerializer(serializers.Serializer[JsonObject]):
     valid = serializers.BooleanField()
     problems = ProblemSerializer(many=True)
+    schemas = serializers.DictField(
+        child=FieldSerializer(many=True),
+        help_text="each node's output fields, by node name, where a source's declared "
+        "schema reaches it",
+    )
 
 
 class LastRunSerializer(serializers.Serializer[JsonObject]):

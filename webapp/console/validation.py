@@ -20,6 +20,7 @@ from orchestrator.service import (
     DEFAULT_OPERATOR,
     OPERATORS,
     Policy,
+    derive_schemas,
     operator_name,
     validate_params,
     validate_policy,
@@ -102,6 +103,21 @@ def validate_document(doc: Any, base_policy: Mapping[str, Any] | None = None) ->
     problems += _check_shape(names, kinds, pairs)
     problems += _check_stages(nodes)
     problems += _check_keyed(nodes, pairs)
+    problems += _check_fields(nodes, edges, node_problems)
+    return problems
+
+
+def _check_fields(nodes: list[Any], edges: list[Any], earlier: list[Problem]) -> list[Problem]:
+    """Every field a parameter names, against what the node reads (from its source's
+    declared schema); not for a node whose parameters have a problem already, which
+    says what to fix first."""
+    flawed = {p.location.split(" ")[0] for p in earlier if p.location.endswith(".params")}
+    problems = []
+    for found in derive_schemas(nodes, edges).problems:
+        if f"nodes[{found.node}]" in flawed:
+            continue
+        at = f"nodes[{found.node}] ({nodes[found.node]['name']})"
+        problems.append(Problem(f"{at}.params.{found.param}" if found.param else at, found.message))
     return problems
 
 

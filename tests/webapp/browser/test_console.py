@@ -333,6 +333,15 @@ def test_the_editor_shows_problems_beside_their_fields_and_saves_only_a_valid_pi
     page.fill('[data-loc="nodes[1].buffer_mb"]', "0")
     error = page.wait_for_selector('[data-error-for="nodes[1].buffer_mb"] div')
     assert "at least" in error.text_content()
+    # (what each node writes, from the source's declared fields, is under its parameters)
+    schema = "document.querySelector('[data-schema-for=\"nodes[1]\"]')"
+    page.wait_for_function(f"() => /^writes /.test({schema}.textContent)")
+    writes = page.text_content('[data-schema-for="nodes[1]"]')
+    assert writes.startswith("writes key string, count long, sum double")
+    # and a field the source does not declare is named
+    page.fill('[data-loc="nodes[1].params.value"]', "valeu")
+    unknown = page.wait_for_selector('[data-error-for="nodes[1].params.value"] div')
+    assert "unknown field 'valeu' (did you mean 'value'?)" in unknown.text_content()
     page.click("#add-node")
     page.wait_for_selector('#editor-preview g.node[data-node="node6"]')
     unreachable = page.wait_for_selector('[data-error-for="nodes[5]"] div')
@@ -347,8 +356,10 @@ def test_the_editor_shows_problems_beside_their_fields_and_saves_only_a_valid_pi
     pipeline = Pipeline.objects.get(name="reference")
     assert pipeline.nodes.count() == 5
     assert pipeline.nodes.get(name="task1").buffer_mb == 64
-    # When the node is linked into the graph and the buffer fixed, it saves
+    assert pipeline.nodes.get(name="task1").params["value"] == "value"
+    # When the node is linked into the graph, the buffer and the field fixed, it saves
     page.fill('[data-loc="nodes[1].buffer_mb"]', "32")
+    page.fill('[data-loc="nodes[1].params.value"]', "value")
     page.click("#add-edge")
     page.select_option('[data-loc="edges[6].from"]', "source")
     page.select_option('[data-loc="edges[6].to"]', "node6")

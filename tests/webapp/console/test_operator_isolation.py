@@ -194,10 +194,12 @@ def test_no_input_lies_in_the_data_folder_or_the_sink_root_even_under_a_listed_r
 
 
 def sinking_pipeline(name: str, **sink: str) -> dict[str, Any]:
-    """The reference pipeline as ``name``, windowed, its sink writing ``sink``."""
+    """The reference pipeline as ``name``, windowed on ``ts``, its sink writing ``sink``."""
     doc: dict[str, Any] = copy.deepcopy(export_document(reference()))
     doc["name"] = name
     for node in doc["nodes"]:
+        if node["kind"] == "source":
+            node["params"]["schema"] += ", ts timestamp"
         if node["kind"] == "operator":
             node["params"] = {**(node.get("params") or {}), **WINDOW}
         if node["kind"] == "sink":

@@ -14,6 +14,7 @@
   const DEFAULT_OPERATOR = config.default_operators || {};  // node kind -> operator (the catalog's)
   const $ = (id) => document.getElementById(id);
   let problems = config.problems || [];
+  let schemas = {};  // node name -> its output fields, where a declared schema reaches it
   let checkTimer = null;
   let checkSeq = 0;
 
@@ -34,6 +35,16 @@
     }
     if (typeof spec.default === "number" || spec.number) return numberOrRaw(t);
     return t;
+  }
+
+  // A source's schema, "key string, value double" (Spark's DDL), edited one field a line.
+  function schemaValue(text) {
+    const fields = String(text).split("\n").map((s) => s.trim()).filter(Boolean);
+    return fields.length ? fields.join(", ") : undefined;
+  }
+
+  function shownSchema(value) {
+    return typeof value === "string" ? value.split(",").map((s) => s.trim()).join("\n") : shownParam(value);
   }
 
   function shownParam(value) {
@@ -153,6 +164,16 @@
         const id = `p-${i}-${pname}`;
         box.appendChild(BP.el("label", { for: id, title: pspec.help }, pname + (pspec.required ? " *" : "")));
         const isList = Array.isArray(pspec.default) || pname === "columns";
+        if (pname === "schema") {
+          const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder: "key string\nvalue double (one field a line)" });
+          field.value = shownSchema(node.params[pname]);
+          field.addEventListener("input", () => { setOrDelete(node.params, pname, schemaValue(field.value)); changed(); });
+          const wrap = BP.el("div");
+          wrap.appendChild(field);
+          wrap.appendChild(slot(loc));
+          box.appendChild(wrap);
+          continue;
+        }
         const placeholder = pspec.default === null || pspec.default === undefined ? pspec.help : shownParam(pspec.default).replace(/\n/g, ", ");
         let field;
         if (isList) {
@@ -210,7 +231,8 @@
       const op = select(`${at}.operator`, operatorOptions(node.kind), node.operator, (v) => {
         node.operator = v; node.params = {}; renderNodes();
       });
-      tr.appendChild(cell(op, slot(`${at}.operator`), renderParams(node, i), slot(`${at}.params`)));
+      tr.appendChild(cell(op, slot(`${at}.operator`), renderParams(node, i), slot(`${at}.params`),
+        BP.el("div", { class: "schema muted", "data-schema-for": at })));
       tr.appendChild(cell(input(`${at}.buffer_mb`, node.buffer_mb, (v) => setOrDelete(node, "buffer_mb", numberOrRaw(v)),
         { placeholder: "64", inputmode: "decimal", size: 6, "aria-label": "buffer MB" }), slot(`${at}.buffer_mb`)));
       tr.appendChild(cell(input(`${at}.max_rate_mbps`, node.max_rate_mbps, (v) => setOrDelete(node, "max_rate_mbps", numberOrRaw(v)),
@@ -251,7 +273,12 @@
 
   function slotFor(location, message) {
     const find = (key) => document.querySelector(`[data-error-for="${key.replace(/"/g, '\\"')}"]`);
-    let m = location.match(/^nodes\[(\d+)\](?: \([^)]*\))?(?:\.(\w+))?$/);
+    let m = location.match(/^nodes\[(\d+)\](?: \([^)]*\))?\.params\.(\w+)$/);
+    if (m) {
+      const key = `nodes[${m[1]}].params.${m[2]}`;
+      return find(key) ? key : `nodes[${m[1]}].params`;
+    }
+    m = location.match(/^nodes\[(\d+)\](?: \([^)]*\))?(?:\.(\w+))?$/);
     if (m) {
       const at = `nodes[${m[1]}]`;
       if (m[2] === "params") {
@@ -276,6 +303,17 @@
     if (m) return find(location) ? location : "policy_overrides";
     if (["name", "description", "policy", "nodes", "edges", "policy_overrides"].includes(location)) return location;
     return null;
+  }
+
+  function showSchemas() {
+    doc.nodes.forEach((node, i) => {
+      const box = document.querySelector(`[data-schema-for="nodes[${i}]"]`);
+      if (!box) return;
+      const fields = schemas[node.name];
+      box.textContent = fields && fields.length
+        ? "writes " + fields.map((f) => `${f.name} ${f.type}`).join(", ")
+        : "";
+    });
   }
 
   function showProblems() {
@@ -327,7 +365,9 @@
     if (seq !== checkSeq) return;  // a newer check is on its way
     if (!r.ok || !r.data) { $("check-state").textContent = `could not check (HTTP ${r.status})`; return; }
     problems = r.data.problems;
+    schemas = r.data.schemas || {};
     showProblems();
+    showSchemas();
   }
 
   function changed(now) {
@@ -362,6 +402,7 @@
     renderPreview();
     showProblems();
     if (!problems.length) $("check-state").textContent = "";
+    if (doc.nodes.length) check();  // the fields each node writes, from the server
   }
 
   global.bpEditor = { doc, check, problems: () => problems };

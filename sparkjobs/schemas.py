@@ -1,0 +1,400 @@
+"""The fields a stage reads and writes, and their types: checked when a pipeline is saved.
+
+A source may declare its records' fields (``schema: "key string, value double"``);
+from it, each operator's output fields follow from its parameters (:func:`output`), and
+every field a parameter names (a grouping field, a condition's or a column's reference)
+must be one its input has, of a type that fits: a misspelt field is refused at save
+time, where it is, instead of every record of a run being quarantined. A source that
+declares nothing leaves its pipeline unchecked, as before.
+
+Types are coarse on purpose: what a field holds as far as a check needs it. An
+expression's type is inferred from the admitted language (``sparkjobs/expressions.py``)
+where it is certain, and ``unknown`` otherwise; ``unknown`` fits anything, so the
+inference can only refuse what Spark would refuse too. Field names resolve without
+regard to case, as Spark resolves them.
+
+Pure Python: the console checks a pipeline without a JVM. Each check is linear in the
+fields and the expressions' (bounded) sizes.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeGuard
+
+from sparkjobs import expressions
+
+FieldType = Literal["string", "long", "double", "boolean", "date", "timestamp", "unknown"]
+#: The types a source may declare.
+DECLARABLE: tuple[FieldType, ...] = ("string", "long", "double", "boolean", "date", "timestamp")
+_DECLARED: Mapping[str, FieldType] = {t: t for t in DECLARABLE}
+NUMERIC: frozenset[FieldType] = frozenset({"long", "double"})
+MAX_FIELDS = 500
+MAX_SCHEMA_CHARS = 64_000
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: FieldType
+
+
+class Schema:
+    """Fields in order, found by name whatever its case."""
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = list(fields)
+        self._by_name = {f.name.lower(): f for f in self.fields}
+
+    def find(self, name: str) -> Field | None:
+        return self._by_name.get(name.lower())
+
+    def unknown(self, name: str) -> str:
+        """Why ``name`` is not a field here: the fields there are, the closest first."""
+        names = [f.name for f in self.fields]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        listed = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+        return f"unknown field {name!r}{hint}; the input has {listed}"
+
+    def as_list(self) -> list[dict[str, str]]:
+        return [{"name": f.name, "type": f.type} for f in self.fields]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Schema) and self.fields == other.fields
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.fields))
+
+
+@dataclass(frozen=True)
+class ParamProblem:
+    """A problem of one parameter of a node: ``param`` (``key``, ``columns``...)."""
+
+    param: str
+    message: str
+
+
+def declared(value: Any) -> tuple[Schema | None, list[str]]:
+    """A source's ``schema`` parameter read, or its problems. It is written as Spark
+    writes a schema in DDL: ``"key string, value double, user string"`` (a colon after
+    a name is allowed). One string, so that the fields keep their order wherever the
+    document is stored."""
+    if not isinstance(value, str):
+        return None, ['must list the fields and their types, e.g. "key string, value double"']
+    if len(value) > MAX_SCHEMA_CHARS:
+        return None, [f"longer than {MAX_SCHEMA_CHARS} characters"]
+    parts = [part.strip() for part in value.split(",")]
+    if not any(parts):
+        return None, ["must declare at least one field"]
+    if len(parts) > MAX_FIELDS:
+        return None, [f"at most {MAX_FIELDS} fields, got {len(parts)}"]
+    problems: list[str] = []
+    fields: list[Field] = []
+    seen: set[str] = set()
+    for number, part in enumerate(parts, start=1):
+        words = part.replace(":", " ", 1).split()
+        if len(words) != 2:
+            problems.append(f"field {number} ({part[:40]!r}): write a name and a type")
+            continue
+        name, kind = words[0], words[1].lower()
+        if not _is_field_name(name):
+            problems.append(
+                f"field {number}: {name[:40]!r} is not a field name (letters, digits, _)"
+            )
+            continue
+        field_type = _DECLARED.get(kind)
+        if field_type is None:
+            problems.append(f"{name}: type {kind[:40]!r}; use one of {', '.join(DECLARABLE)}")
+            continue
+        if name.lower() in seen:
+            problems.append(f"{name}: declared twice")
+            continue
+        seen.add(name.lower())
+        fields.append(Field(name, field_type))
+    return (None if problems else Schema(fields)), problems
+
+
+def _is_field_name(value: Any) -> TypeGuard[str]:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 128
+        and all(c.isascii() and (c.isalnum() or c == "_") for c in value)
+    )
+
+
+def output(
+    operator: str, params: Mapping[str, Any], given: Schema
+) -> tuple[Schema, list[ParamProblem]]:
+    """What ``operator`` with ``params`` writes when it reads ``given``, and every
+    problem of its parameters against ``given``."""
+    rule = _RULES.get(operator)
+    if rule is None:
+        return given, []
+    return rule(params, given)
+
+
+def _read(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    problems = _fields(params, given, {"route_by": "key"})
+    return given, problems
+
+
+def _filter(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    tree = expressions.parse(str(params.get("condition", "")))
+    if tree is None:  # refused by the expression check, which says why
+        return given, []
+    problems = [ParamProblem("condition", m) for m in _references(tree, given)]
+    kind = infer(tree, given)
+    if not problems and kind not in ("boolean", "unknown"):
+        problems.append(ParamProblem("condition", f"is a {kind}, not a true/false condition"))
+    return given, problems
+
+
+def _project(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    columns = params.get("columns")
+    if not isinstance(columns, list):
+        return given, []
+    fields: list[Field] = []
+    problems: list[ParamProblem] = []
+    for index, text in enumerate(columns):
+        tree = expressions.parse(str(text), project=True)
+        if tree is None:
+            continue
+        if tree.kind == "star":
+            fields += given.fields
+            continue
+        problems += [ParamProblem("columns", f"[{index}] {m}") for m in _references(tree, given)]
+        if tree.kind == "alias":
+            name = tree.name
+        elif tree.kind == "column":
+            found = given.find(tree.name)
+            name = found.name if found is not None else tree.name
+        else:
+            name = str(text).strip()  # Spark names an unnamed column by its text
+        fields.append(Field(name, infer(tree, given)))
+    seen: set[str] = set()
+    for field in fields:
+        if field.name.lower() in seen:
+            problems.append(
+                ParamProblem("columns", f"column {field.name!r} twice: name one with AS")
+            )
+        seen.add(field.name.lower())
+    return Schema(fields), problems
+
+
+#: What each aggregate writes, by its name in ``aggregates``: a type, or ``None`` for
+#: the value's own type.
+_AGGREGATED: Mapping[str, FieldType | None] = {
+    "count": "long",
+    "sum": "double",
+    "min": None,
+    "max": None,
+    "avg": "double",
+    "count_distinct": "long",
+}
+
+
+def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    names = {"key": "key", "value": "value", "distinct": "user"}
+    if params.get("window_s") is not None:
+        names["event_time"] = "event_time"
+    problems = _fields(params, given, names)
+    value = given.find(str(params.get("value", "value")))
+    if value is not None and value.type not in NUMERIC | {"unknown"}:
+        problems.append(ParamProblem("value", f"{value.name!r} is a {value.type}, not a number"))
+    time = given.find(str(params.get("event_time", "event_time")))
+    if "event_time" in names and time is not None and time.type in ("boolean", "date"):
+        problems.append(
+            ParamProblem(
+                "event_time",
+                f"{time.name!r} is a {time.type}; an event time is a timestamp, epoch "
+                "seconds or ISO-8601 text",
+            )
+        )
+    key_name = str(params.get("key", "key"))
+    key = given.find(key_name)
+    fields = [key if key is not None else Field(key_name, "unknown")]
+    if "event_time" in names:
+        fields += [Field("window_start", "timestamp"), Field("window_end", "timestamp")]
+    value_type: FieldType = value.type if value is not None else "unknown"
+    wanted = params.get("aggregates") or list(_AGGREGATED)
+    for name in wanted if isinstance(wanted, list) else []:
+        if name in _AGGREGATED:
+            fields.append(Field(name, _AGGREGATED[name] or value_type))
+    return Schema(fields), problems
+
+
+def _fields(
+    params: Mapping[str, Any], given: Schema, names: Mapping[str, str]
+) -> list[ParamProblem]:
+    """A problem for each parameter in ``names`` (with its default) naming no field."""
+    problems = []
+    for param, default in names.items():
+        name = params.get(param, default)
+        if isinstance(name, str) and name and given.find(name) is None:
+            problems.append(ParamProblem(param, given.unknown(name)))
+    return problems
+
+
+_RULES = {
+    "read": _read,
+    "filter": _filter,
+    "project": _project,
+    "aggregate": _aggregate,
+    "running": _aggregate,
+}
+
+
+def _references(tree: expressions.Node, given: Schema) -> list[str]:
+    """Why each field reference in ``tree`` names no field of ``given``."""
+    problems = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node.kind == "column" and given.find(node.name) is None:
+            problems.append(expressions.ExpressionProblem(node.position, given.unknown(node.name)))
+        stack.extend(node.children)
+    return [str(p) for p in sorted(problems, key=lambda p: p.position)]
+
+
+# -- what an expression's value is -----------------------------------------------------
+
+_CAST_TYPES: Mapping[str, FieldType] = {
+    **dict.fromkeys(("string", "varchar", "char"), "string"),
+    **dict.fromkeys(
+        ("int", "integer", "bigint", "smallint", "tinyint", "long", "short", "byte"), "long"
+    ),
+    **dict.fromkeys(("double", "float", "real", "decimal", "dec", "numeric"), "double"),
+    **dict.fromkeys(("boolean", "bool"), "boolean"),
+    "date": "date",
+    **dict.fromkeys(("timestamp", "timestamp_ntz", "timestamp_ltz"), "timestamp"),
+}
+_BOOLEAN_OPERATORS = frozenset(
+    [*expressions.words("= == <=> != <> < <= > >= and or not in like ilike is"), "is distinct"]
+)
+_LONG_OPERATORS = frozenset(expressions.words("div ~ & | ^ << >> >>>"))
+_FUNCTION_TYPES: Mapping[str, FieldType] = {
+    **dict.fromkeys(
+        expressions.words(
+            "between isnull isnotnull isnan startswith endswith contains array_contains "
+            "luhn_check equal_null arrays_overlap map_contains_key"
+        ),
+        "boolean",
+    ),
+    **dict.fromkeys(
+        expressions.words(
+            "length len char_length character_length bit_length octet_length instr locate "
+            "position levenshtein ascii crc32 hash xxhash64 json_array_length size "
+            "cardinality array_size year month day dayofmonth dayofweek dayofyear hour "
+            "minute second quarter weekday weekofyear unix_date unix_seconds unix_millis "
+            "unix_micros to_unix_timestamp datediff date_diff bit_count floor ceil ceiling "
+            "width_bucket"
+        ),
+        "long",
+    ),
+    **dict.fromkeys(
+        expressions.words(
+            "acos acosh asin asinh atan atan2 atanh cbrt cos cosh cot csc degrees e exp "
+            "expm1 hypot ln log log10 log1p log2 pi pow power radians rint sec sin sinh sqrt "
+            "tan tanh try_divide months_between"
+        ),
+        "double",
+    ),
+    **dict.fromkeys(
+        expressions.words(
+            "base64 btrim chr concat concat_ws format_number format_string "
+            "initcap lcase left lower lpad ltrim mask overlay repeat replace reverse right "
+            "rpad rtrim soundex space split_part substr substring substring_index "
+            "to_char to_varchar translate trim ucase upper md5 sha sha1 sha2 "
+            "get_json_object to_json typeof date_format dayname monthname hex bin"
+        ),
+        "string",
+    ),
+    **dict.fromkeys(
+        expressions.words(
+            "to_date date_add date_sub dateadd add_months last_day next_day make_date "
+            "date_from_unix_date trunc"
+        ),
+        "date",
+    ),
+    **dict.fromkeys(
+        expressions.words(
+            "to_timestamp to_timestamp_ltz to_timestamp_ntz timestamp_seconds "
+            "timestamp_millis timestamp_micros make_timestamp from_utc_timestamp "
+            "to_utc_timestamp date_trunc"
+        ),
+        "timestamp",
+    ),
+}
+# Functions whose value has the type their arguments share (``if``: from its second).
+_COMMON_FUNCTIONS = frozenset(
+    expressions.words("coalesce ifnull nvl nullif greatest least abs negative positive")
+)
+
+
+def infer(node: expressions.Node, given: Schema) -> FieldType:
+    """What ``node``'s value is, when the admitted language makes it certain."""
+    kind, name = node.kind, node.name.lower()
+    children = node.children
+    if kind == "column":
+        found = given.find(node.name)
+        return found.type if found is not None else "unknown"
+    if kind == "string":
+        return "string"
+    if kind == "number":
+        return "long" if name.isdigit() else "double" if _decimal(name) else "unknown"
+    if kind == "literal":
+        return {
+            "true": "boolean",
+            "false": "boolean",
+            "date": "date",
+            "timestamp": "timestamp",
+            "timestamp_ntz": "timestamp",
+            "timestamp_ltz": "timestamp",
+        }.get(name, "unknown")  # type: ignore[return-value]
+    if kind == "alias":
+        return infer(children[0], given)
+    if kind == "operator":
+        if name in _BOOLEAN_OPERATORS:
+            return "boolean"
+        if name in _LONG_OPERATORS:
+            return "long"
+        if name == "||":
+            return "string"
+        if name == "/":
+            return "double"
+        if name in ("+", "-", "*", "%"):
+            return _arithmetic([infer(c, given) for c in children])
+        return "unknown"  # a CASE, a field of a struct, an element
+    if kind == "function":
+        if name in ("cast", "try_cast"):
+            return _CAST_TYPES.get(node.cast_to, "unknown")
+        if name in _COMMON_FUNCTIONS:
+            return _common([infer(c, given) for c in children])
+        if name in ("if", "nvl2"):
+            return _common([infer(c, given) for c in children[1:]])
+        return _FUNCTION_TYPES.get(name, "unknown")
+    return "unknown"
+
+
+def _decimal(text: str) -> bool:
+    digits = text.replace(".", "", 1)
+    return "." in text and digits.isdigit()
+
+
+def _arithmetic(types: list[FieldType]) -> FieldType:
+    if types and all(t == "long" for t in types):
+        return "long"
+    if types and all(t in NUMERIC for t in types):
+        return "double"
+    return "unknown"
+
+
+def _common(types: list[FieldType]) -> FieldType:
+    """The type values of ``types`` share: one type, or numbers of both kinds."""
+    kinds = set(types)
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "double" if kinds == NUMERIC else "unknown"

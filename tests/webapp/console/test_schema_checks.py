@@ -1,0 +1,89 @@
+"""A source's declared fields, checked when a pipeline is saved: a misspelt field is
+refused where it is and nothing is saved, and the editor's check returns what each node
+writes (sparkjobs/schemas.py, orchestrator/pipeline/schemas.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.webapp.console.factories import client_for, reference
+from webapp.console.models import Pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+
+def test_a_viewer_s_check_returns_each_node_s_fields_and_a_misspelt_one_where_it_is() -> None:
+    reference()
+    client, _ = client_for("vera", "viewer")
+    doc = client.get("/api/pipelines/reference/").json()["document"]
+    for node in doc["nodes"][1:4]:
+        node["params"]["distinct"] = "usr"
+    check = client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+    assert check["valid"] is False
+    problems = [(p["location"], p["message"]) for p in check["problems"]]
+    assert problems == [
+        (
+            f"nodes[{i}] (task{i}).params.distinct",
+            "unknown field 'usr' (did you mean 'user'?); the input has key, value, user",
+        )
+        for i in (1, 2, 3)
+    ]
+    assert check["schemas"]["source"] == [
+        {"name": "key", "type": "string"},
+        {"name": "value", "type": "double"},
+        {"name": "user", "type": "string"},
+    ]
+    assert [f["name"] for f in check["schemas"]["output"]][:2] == ["key", "count"]
+
+
+def test_a_save_with_a_field_the_source_does_not_declare_is_refused_and_changes_nothing() -> None:
+    pipeline = reference()
+    client, _ = client_for("otto", "operator")
+    doc = client.get("/api/pipelines/reference/").json()["document"]
+    for node in doc["nodes"][1:4]:
+        node["params"]["value"] = "amount"
+    refused = client.put("/api/pipelines/reference/", doc, content_type="application/json")
+    assert refused.status_code == 400
+    locations = {p["location"] for p in refused.json()["problems"]}
+    assert locations == {f"nodes[{i}] (task{i}).params.value" for i in (1, 2, 3)}
+    assert pipeline.nodes.get(name="task1").params["value"] == "value"
+    # Declared, the same field is accepted
+    doc["nodes"][0]["params"]["schema"] += ", amount long"
+    saved = client.put("/api/pipelines/reference/", doc, content_type="application/json")
+    assert saved.status_code == 200, saved.content
+    task1 = Pipeline.objects.get(name="reference").nodes.get(name="task1")
+    assert task1.params["value"] == "amount"
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ("key varchar", "type 'varchar'; use one of string, long, double"),
+        ({"key": "string"}, "must list the fields and their types"),
+        ("key string, Key long", "Key: declared twice"),
+        ("a" * 500 + " string", "is not a field name"),
+    ],
+)
+def test_a_bad_schema_is_a_400_naming_the_parameter(schema: object, says: str) -> None:
+    reference()
+    client, _ = client_for("otto", "operator")
+    doc = client.get("/api/pipelines/reference/").json()["document"]
+    doc["nodes"][0]["params"]["schema"] = schema
+    refused = client.put("/api/pipelines/reference/", doc, content_type="application/json")
+    assert refused.status_code == 400
+    messages = [p["message"] for p in refused.json()["problems"]]
+    assert any(m.startswith("parameter 'schema'") and says in m for m in messages), messages
+    stored = Pipeline.objects.get(name="reference").nodes.get(name="source").params["schema"]
+    assert stored == "key string, value double, user string"
+
+
+def test_a_parameter_refused_for_its_form_is_not_also_an_unknown_field() -> None:
+    reference()
+    client, _ = client_for("vera", "viewer")
+    doc = client.get("/api/pipelines/reference/").json()["document"]
+    for node in doc["nodes"][1:4]:
+        node["params"]["key"] = "a.b"
+    check = client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+    assert [(p["location"], p["message"].split(" (")[0]) for p in check["problems"]] == [
+        (f"nodes[{i}] (task{i}).params", "parameter 'key' must be a field name") for i in (1, 2, 3)
+    ]
