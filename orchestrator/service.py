@@ -36,6 +36,7 @@ from orchestrator.ledger.sink_owners import owner_problem
 from orchestrator.pipeline.generator import GeneratorError
 from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
+from orchestrator.pipeline.sample import Sample, sample_schema
 from orchestrator.pipeline.schemas import derive as derive_schemas
 from orchestrator.run.lifecycle import (
     RunError,
@@ -117,6 +118,7 @@ __all__ = [
     "ReplayError",
     "RunError",
     "RunQuotaExceeded",
+    "Sample",
     "StreamSpec",
     "UnboundedSpec",
     "arm_policy",
@@ -135,6 +137,7 @@ __all__ = [
     "request_migration",
     "run_checks",
     "run_summary",
+    "sample_schema",
     "set_status",
     "sink_owner_problem",
     "snapshot",

@@ -20,7 +20,8 @@ fields and the expressions' (bounded) sizes.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
@@ -398,3 +399,114 @@ def _common(types: list[FieldType]) -> FieldType:
     if len(kinds) == 1:
         return kinds.pop()
     return "double" if kinds == NUMERIC else "unknown"
+
+
+# -- a schema proposed from sample records ----------------------------------------------
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})?"
+)
+_LONG = re.compile(r"[+-]?\d{1,18}")
+_DOUBLE = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+@dataclass
+class Proposal:
+    """The fields sample records suggest, for an operator to confirm: each field's
+    type across the records, in the order fields were first seen; the fields that
+    hold nested values, which a schema does not declare."""
+
+    schema: Schema
+    nested: list[str]
+
+    @property
+    def ddl(self) -> str:
+        return ", ".join(f"{f.name} {f.type}" for f in self.schema.fields)
+
+
+def propose(records: Iterable[Mapping[str, object]], *, text: bool) -> Proposal:
+    """The schema ``records`` suggest. ``text``: every value is text (CSV), and a type
+    is read from its form (``12`` a long, ``2026-12-05T08:00:00Z`` a timestamp);
+    otherwise values are JSON's (a JSON string stays a string unless it is a date or a
+    timestamp in ISO-8601). A field whose values disagree is a string, but longs and
+    doubles make a double and dates and timestamps a timestamp. Names that are not
+    field names, and fields past :data:`MAX_FIELDS`, are left out."""
+    seen: dict[str, FieldType | None] = {}
+    nested: dict[str, None] = {}
+    for record in records:
+        for name, value in record.items():
+            if not _is_field_name(name) or (name not in seen and len(seen) >= MAX_FIELDS):
+                continue
+            if isinstance(value, dict | list):
+                nested[name] = None
+                continue
+            kind = _text_type(value) if text and isinstance(value, str) else _value_type(value)
+            seen[name] = kind if name not in seen else _merged(seen[name], kind)
+    fields = [Field(name, kind or "string") for name, kind in seen.items() if name not in nested]
+    return Proposal(Schema(fields), list(nested))
+
+
+def _value_type(value: object) -> FieldType | None:
+    if value is None:
+        return None  # says nothing of the field's type
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "long" if -(2**63) <= value < 2**63 else "double"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return _time_type(value) or "string"
+    return "string"
+
+
+def _text_type(value: str) -> FieldType | None:
+    text = value.strip()
+    if not text:
+        return None  # an empty CSV cell: null
+    if text.lower() in ("true", "false"):
+        return "boolean"
+    if _LONG.fullmatch(text):
+        return "long"
+    if _DOUBLE.fullmatch(text):
+        return "double"
+    return _time_type(text) or "string"
+
+
+def _time_type(text: str) -> FieldType | None:
+    if len(text) > 40:
+        return None
+    if _TIMESTAMP.fullmatch(text):
+        return "timestamp"
+    if _DATE.fullmatch(text):
+        return "date"
+    return None
+
+
+def _merged(was: FieldType | None, now: FieldType | None) -> FieldType | None:
+    if was is None or was == now:
+        return now if was is None else was
+    if now is None:
+        return was
+    if {was, now} == {"long", "double"}:
+        return "double"
+    if {was, now} == {"date", "timestamp"}:
+        return "timestamp"
+    return "string"
+
+
+def declared_proposal(typed: Iterable[tuple[str, FieldType | None]]) -> Proposal:
+    """The fields a file declares itself (a Parquet footer), each with its type or
+    ``None`` for a nested one; names that are not field names, and fields past
+    :data:`MAX_FIELDS`, left out."""
+    fields: list[Field] = []
+    nested: list[str] = []
+    for name, kind in typed:
+        if not _is_field_name(name) or len(fields) >= MAX_FIELDS:
+            continue
+        if kind is None:
+            nested.append(name)
+        else:
+            fields.append(Field(name, kind))
+    return Proposal(Schema(fields), nested)

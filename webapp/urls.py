@@ -48,6 +48,11 @@ api_urlpatterns = [
     path("api/pipelines/", api.PipelineListView.as_view(), name="api-pipelines"),
     path("api/pipelines/validate/", api.PipelineValidateView.as_view(), name="api-validate"),
     path("api/pipelines/import/", api.PipelineImportView.as_view(), name="api-import"),
+    path(
+        "api/pipelines/sample-schema/",
+        api.SampleSchemaView.as_view(),
+        name="api-sample-schema",
+    ),
     path("api/pipelines/<pipeline:name>/", api.PipelineDetailView.as_view(), name="api-pipeline"),
     path("api/pipelines/<pipeline:name>/yaml/", api.PipelineYamlView.as_view(), name="api-yaml"),
     path("api/pipelines/<pipeline:name>/labs/", api.PipelineLabsView.as_view(), name="api-labs"),

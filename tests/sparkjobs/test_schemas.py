@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkjobs import expressions
-from sparkjobs.schemas import MAX_FIELDS, Field, Schema, declared, infer, output
+from sparkjobs.schemas import MAX_FIELDS, Field, Schema, declared, infer, output, propose
 
 RECORDS = Schema(
     [
@@ -195,3 +195,31 @@ def test_the_checks_are_linear_in_the_fields() -> None:
         output("project", {"columns": ["*", "field_499 + field_0 AS total"]}, many)
         output("aggregate", {"key": "field_1", "value": "field_2", "distinct": "missing"}, many)
     assert time.perf_counter() - began < 2.0
+
+
+def test_json_records_propose_their_values_types_in_the_order_fields_come() -> None:
+    records = [
+        {"key": "a", "qty": 1, "ok": True, "at": "2026-12-05T08:00:00Z", "meta": {"x": 1}},
+        {"key": "b", "qty": 2.5, "ok": None, "at": "2026-12-05", "day": "2026-12-05"},
+        {"key": 7, "tags": [1], "bad name": 1},
+    ]
+    proposal = propose(records, text=False)
+    # a field whose values disagree is a string; longs and doubles make a double, dates
+    # and timestamps a timestamp; nested values and names that are not field names left out
+    assert proposal.ddl == "key string, qty double, ok boolean, at timestamp, day date"
+    assert proposal.nested == ["meta", "tags"]
+    assert declared(proposal.ddl)[1] == []
+
+
+def test_csv_text_proposes_the_type_its_form_says() -> None:
+    rows = [
+        {"carrier": "UA", "dep_delay": "12", "distance": "1400.5", "hour": "5", "ok": "true"},
+        {"carrier": "AA", "dep_delay": "", "distance": "733", "hour": "x", "ok": "False"},
+    ]
+    assert propose(rows, text=True).ddl == (
+        "carrier string, dep_delay long, distance double, hour string, ok boolean"
+    )
+
+
+def test_a_field_seen_only_as_null_is_a_string() -> None:
+    assert propose([{"a": None}, {"a": None}], text=False).ddl == "a string"

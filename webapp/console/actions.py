@@ -188,6 +188,23 @@ def checked_input_files(raw: str) -> list[str]:
         raise ActionError(str(exc)) from None
 
 
+def sample_schema(body: Any, user: User) -> service.Sample:
+    """The schema the first records of an input file suggest (an operator's: it reads
+    a file below the input folders, as a run would)."""
+    require(user, "operator", action="sample_input")
+    if not isinstance(body, Mapping):
+        raise ActionError("the body must be an object: path and format")
+    path, fmt = body.get("path"), body.get("format", "jsonl")
+    if not isinstance(path, str) or not isinstance(fmt, str):
+        raise ActionError("path and format must be text")
+    try:
+        return service.sample_schema(
+            path, fmt, input_roots(), follow_symlinks=settings.INPUT_FOLLOW_SYMLINKS
+        )
+    except service.InputError as exc:
+        raise ActionError(str(exc)) from None
+
+
 def bounded_source(raw: Any) -> tuple[str, dict[str, str | float]]:
     """The kind of an unbounded source and its fields, each a string or a number of
     bounded length; empty values are left out (the source's defaults apply)."""

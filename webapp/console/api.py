@@ -45,6 +45,8 @@ from webapp.console.serializers import (
     ProblemsSerializer,
     ResultsSerializer,
     RunSerializer,
+    SampledSchemaSerializer,
+    SampleRequestSerializer,
     StartLabRunSerializer,
     StartLabSerializer,
     StartRunSerializer,
@@ -292,6 +294,32 @@ class PipelineValidateView(APIView):
                 "valid": not problems,
                 "problems": _problem_list(problems),
                 "schemas": {name: s.as_list() for name, s in schemas.by_node.items()},
+            }
+        )
+
+
+class SampleSchemaView(APIView):
+    permission_classes = TAKES_A_BODY
+
+    @extend_schema(
+        request=SampleRequestSerializer,
+        responses={200: SampledSchemaSerializer, **BAD_BODY, **DENIED},
+        tags=["pipelines"],
+        summary="Propose a source's schema from the first records of an input file",
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            sample = actions.sample_schema(request.data, request.user)
+        except actions.ActionError as exc:
+            return _error(exc)
+        proposal = sample.proposal
+        return Response(
+            {
+                "schema": proposal.ddl,
+                "nested": proposal.nested,
+                "file": sample.file,
+                "records": sample.records,
+                "malformed": sample.malformed,
             }
         )
 

@@ -73,6 +73,7 @@ ROLE_BEFORE_BODY: dict[str, Needs] = {
     "api-pipeline": Needs("operator", "edit_pipeline"),
     "api-validate": Needs("viewer", "validate_pipeline"),
     "api-import": Needs("operator", "edit_pipeline"),
+    "api-sample-schema": Needs("operator", "sample_input"),
     "api-labs": Needs("operator", "run_policy_lab"),
     "api-lab-runs": Needs("operator", "start_run"),
     "api-runs": Needs("operator", "start_run"),

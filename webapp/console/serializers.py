@@ -111,6 +111,25 @@ class FieldSerializer(serializers.Serializer[JsonObject]):
     )
 
 
+class SampleRequestSerializer(serializers.Serializer[JsonObject]):
+    path = serializers.CharField(
+        help_text="a file (or glob: its first file) below the input folders"
+    )
+    format = serializers.ChoiceField(choices=["jsonl", "csv", "parquet"], default="jsonl")
+
+
+class SampledSchemaSerializer(serializers.Serializer[JsonObject]):
+    schema = serializers.CharField(
+        help_text='the fields proposed, as a source declares them: "key string, ..."'
+    )
+    nested = serializers.ListField(
+        child=serializers.CharField(), help_text="fields holding objects or lists, left out"
+    )
+    file = serializers.CharField(help_text="the file read")
+    records = serializers.IntegerField(help_text="records read (at most 1,000)")
+    malformed = serializers.IntegerField(help_text="lines that are not a JSON object")
+
+
 class ValidationResultSerializer(serializers.Serializer[JsonObject]):
     valid = serializers.BooleanField()
     problems = ProblemSerializer(many=True)

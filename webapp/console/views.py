@@ -146,6 +146,7 @@ def _editor(
                 "can_change_policy": has_role(request.user, "admin"),
                 "editing": pipeline.name if pipeline else None,
                 "validate_url": reverse("api-validate"),
+                "sample_url": reverse("api-sample-schema"),
             },
         },
         status=status,

@@ -4,8 +4,12 @@ writes (sparkjobs/schemas.py, orchestrator/pipeline/schemas.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from orchestrator.models import Event
 from tests.webapp.console.factories import client_for, reference
 from webapp.console.models import Pipeline
 
@@ -87,3 +91,56 @@ def test_a_parameter_refused_for_its_form_is_not_also_an_unknown_field() -> None
     assert [(p["location"], p["message"].split(" (")[0]) for p in check["problems"]] == [
         (f"nodes[{i}] (task{i}).params", "parameter 'key' must be a field name") for i in (1, 2, 3)
     ]
+
+
+@pytest.fixture
+def inputs(settings: Any, tmp_path: Path) -> Path:
+    root = tmp_path / "inputs"
+    root.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    (root / "events.jsonl").write_text('{"key": "a", "value": 1.5, "user": "u1", "at": {"x": 1}}\n')
+    (tmp_path / "secret.jsonl").write_text('{"password": "hunter2"}\n')
+    return root
+
+
+def test_an_operator_gets_a_schema_proposed_from_an_input_file(inputs: Path) -> None:
+    client, _ = client_for("otto", "operator")
+    body = {"path": "events.jsonl", "format": "jsonl"}
+    answer = client.post("/api/pipelines/sample-schema/", body, content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {
+        "schema": "key string, value double, user string",
+        "nested": ["at"],
+        "file": str((inputs / "events.jsonl").resolve()),
+        "records": 1,
+        "malformed": 0,
+    }
+
+
+def test_a_viewer_may_not_read_input_files_and_the_attempt_is_recorded(inputs: Path) -> None:
+    client, _ = client_for("vera", "viewer")
+    body = {"path": "events.jsonl"}
+    refused = client.post("/api/pipelines/sample-schema/", body, content_type="application/json")
+    assert refused.status_code == 403
+    assert Event.objects.filter(kind="action_refused", user__username="vera").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"path": "../secret.jsonl"}, "must lie under an input folder"),
+        ({"path": "/etc/passwd"}, "must lie under an input folder"),
+        ({"path": "events.jsonl", "format": "xml"}, "format must be one of jsonl, csv, parquet"),
+        ({"path": ["events.jsonl"]}, "path and format must be text"),
+        ({"path": "events.jsonl", "format": "csv"}, "its name says JSON lines"),
+        (["events.jsonl"], "the body must be an object"),
+    ],
+)
+def test_a_path_outside_the_input_folders_or_a_bad_body_is_a_400_saying_why(
+    inputs: Path, body: object, says: str
+) -> None:
+    client, _ = client_for("otto", "operator")
+    answer = client.post("/api/pipelines/sample-schema/", body, content_type="application/json")
+    assert answer.status_code == 400
+    assert says in answer.json()["detail"]
+    assert "hunter2" not in answer.content.decode()

@@ -171,6 +171,7 @@
           const wrap = BP.el("div");
           wrap.appendChild(field);
           wrap.appendChild(slot(loc));
+          wrap.appendChild(sampler(node, field, i));
           box.appendChild(wrap);
           continue;
         }
@@ -200,6 +201,27 @@
         delete node.params[name]; renderNodes(); changed(true);
       } }, "remove " + name));
     }
+    return box;
+  }
+
+  // Proposes a source's schema from the first records of an input file (the operator
+  // confirms it: it only fills the field).
+  function sampler(node, field, i) {
+    const path = BP.el("input", { type: "text", id: `sample-${i}`, "aria-label": "sample file",
+      placeholder: "a file below the input folders", size: 24 });
+    const said = BP.el("div", { class: "schema muted", "data-sample-for": `nodes[${i}]` });
+    const button = BP.el("button", { type: "button", class: "secondary", onclick: async () => {
+      said.textContent = "reading…";
+      const r = await BP.api("POST", config.sample_url, { path: path.value, format: (node.params || {}).format || "jsonl" });
+      if (!r.ok || !r.data) { said.textContent = (r.data && r.data.detail) || `could not read it (HTTP ${r.status})`; return; }
+      field.value = shownSchema(r.data.schema);
+      setOrDelete(node.params, "schema", r.data.schema || undefined);
+      const left = r.data.nested.length ? `; left out (nested): ${r.data.nested.join(", ")}` : "";
+      said.textContent = `from ${r.data.records} records of ${r.data.file}${left}: check the types, then save`;
+      changed(true);
+    } }, "Propose from a file");
+    const box = BP.el("div", { class: "sampler" });
+    box.append(path, button, said);
     return box;
   }
 

@@ -1,0 +1,131 @@
+"""A schema proposed from the first records of an input file, for an operator to confirm
+in the editor (``sparkjobs/schemas.py``, :func:`propose`).
+
+The file is named as a run's input is: a path or glob below the input roots, resolved
+by ``confined_files`` and opened by a walk that follows no link; the first file it names
+is read. At most :data:`MAX_SAMPLE_BYTES` and :data:`MAX_SAMPLE_RECORDS` of it, whatever
+its size; a Parquet file's schema is read from its footer, refused past
+:data:`MAX_FOOTER_BYTES`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.pipeline.beneath import FROM_TOP
+from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
+from sparkjobs.schemas import FieldType, Proposal, declared_proposal, propose
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+MAX_SAMPLE_BYTES = 1024 * 1024
+MAX_SAMPLE_RECORDS = 1000
+MAX_FOOTER_BYTES = 1024 * 1024
+
+
+@dataclass
+class Sample:
+    """What the first records of ``file`` suggest."""
+
+    file: str
+    records: int
+    malformed: int  # lines that are not a JSON object (JSON lines only)
+    proposal: Proposal
+
+
+def sample_schema(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool) -> Sample:
+    """The schema the first records of the first file ``raw`` names suggest; raises
+    :class:`InputError` saying why there is none."""
+    if fmt not in FORMATS:
+        raise InputError(f"format must be one of {', '.join(FORMATS)}, not {str(fmt)[:20]!r}")
+    # Never empty: a path or glob that names no file is an InputError.
+    path = min(confined_files(raw, roots, follow_symlinks=follow_symlinks))
+    check_suffix(path, fmt)
+    try:
+        descriptor = FROM_TOP.open_file(path)
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        if fmt == "parquet":
+            return Sample(path, 0, 0, _parquet(path, handle))
+        head = handle.read(MAX_SAMPLE_BYTES)
+    # A line cut by the byte bound is not a record: drop what follows the last newline.
+    lines = head.split(b"\n")
+    if len(head) == MAX_SAMPLE_BYTES:
+        lines = lines[:-1]
+    text = [line.decode("utf-8", errors="replace") for line in lines]
+    if fmt == "csv":
+        try:
+            rows = list(
+                itertools.islice(csv.DictReader(io.StringIO("\n".join(text))), MAX_SAMPLE_RECORDS)
+            )
+        except csv.Error as exc:
+            raise InputError(f"{path}: not readable as CSV ({exc})") from None
+        records = [{k: v for k, v in row.items() if isinstance(k, str)} for row in rows]
+        return Sample(path, len(records), 0, propose(records, text=True))
+    objects: list[dict[str, object]] = []
+    malformed = 0
+    for line in text:
+        if not line.strip():
+            continue
+        if len(objects) >= MAX_SAMPLE_RECORDS:
+            break
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            objects.append(value)
+        else:
+            malformed += 1
+    return Sample(path, len(objects), malformed, propose(objects, text=False))
+
+
+def _parquet(path: str, handle: io.BufferedReader) -> Proposal:
+    """The fields a Parquet file's footer declares, mapped to the types a schema
+    declares; nested ones left out."""
+    import pyarrow.parquet as pq
+
+    size = os.fstat(handle.fileno()).st_size
+    if size < 12:
+        raise InputError(f"{path}: not a Parquet file (too short)")
+    handle.seek(size - 8)
+    footer, magic = struct.unpack("<I4s", handle.read(8))
+    if magic != b"PAR1":
+        raise InputError(f"{path}: not a Parquet file")
+    if footer > MAX_FOOTER_BYTES:
+        raise InputError(f"{path}: its Parquet footer is over {MAX_FOOTER_BYTES // 1024} KB")
+    handle.seek(0)
+    try:
+        schema = pq.ParquetFile(handle).schema_arrow
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    return declared_proposal((item.name, _arrow_type(item.type)) for item in schema)
+
+
+def _arrow_type(kind: pa.DataType) -> FieldType | None:
+    from pyarrow import types
+
+    if types.is_boolean(kind):
+        return "boolean"
+    if types.is_integer(kind):
+        return "long"
+    if types.is_floating(kind) or types.is_decimal(kind):
+        return "double"
+    if types.is_string(kind) or types.is_large_string(kind):
+        return "string"
+    if types.is_date(kind):
+        return "date"
+    if types.is_timestamp(kind):
+        return "timestamp"
+    return None
