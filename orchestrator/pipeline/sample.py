@@ -46,6 +46,14 @@ class Sample:
 def sample_schema(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool) -> Sample:
     """The schema the first records of the first file ``raw`` names suggest; raises
     :class:`InputError` saying why there is none."""
+    sample = _sample(raw, fmt, roots, follow_symlinks=follow_symlinks)
+    if not sample.proposal.schema.fields:
+        bound = "its footer" if fmt == "parquet" else f"its first {MAX_SAMPLE_BYTES // 1024} KB"
+        raise InputError(f"{sample.file}: no field to propose in {bound}")
+    return sample
+
+
+def _sample(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool) -> Sample:
     if fmt not in FORMATS:
         raise InputError(f"format must be one of {', '.join(FORMATS)}, not {str(fmt)[:20]!r}")
     # Never empty: a path or glob that names no file is an InputError.

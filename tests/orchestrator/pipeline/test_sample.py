@@ -68,7 +68,9 @@ def test_a_file_larger_than_the_sample_is_read_only_to_its_bounds(root: Path) ->
     assert sample.proposal.ddl == "key string, value long"
     # One line longer than the sample is no record, not an unbounded read
     (root / "one.jsonl").write_text('{"key": "' + "x" * MAX_SAMPLE_BYTES + '"}\n')
-    assert _sample(root, "one.jsonl").records == 0
+    with pytest.raises(InputError) as refused:
+        _sample(root, "one.jsonl")
+    assert "no field to propose in its first 1024 KB" in str(refused.value)
 
 
 @pytest.mark.parametrize(
