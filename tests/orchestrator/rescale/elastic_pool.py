@@ -17,7 +17,9 @@ from orchestrator.services.runconsole import Child
 from orchestrator.services.spark_pool import SparkPool
 from orchestrator.services.supervisor import Supervisor
 from orchestrator.zk.control_plane import ControlPlane
-from tests.conftest import Workers
+from tests.conftest import WORKER_COMMANDS, Workers
+
+SPARK_WORKER = WORKER_COMMANDS["spark"]
 
 
 class RunningPool:
@@ -39,28 +41,14 @@ def elastic_pool(
     workers: Workers, control: ControlPlane, base: int, room: int = 1
 ) -> Iterator[RunningPool]:
     """A pool of ``base`` workers and ``room`` more for the runs to ask for, starting
-    Celery Spark workers ``elastic<n>@<host>`` like ``workers``' own."""
+    Celery Spark workers ``elastic<n>@<host>`` as ``workers`` starts its own."""
 
     def make(number: int) -> Child:
         name = f"elastic{number}"
+        args = [a.replace("{name}", name).replace("{host}", workers.host) for a in SPARK_WORKER]
         return Child(
             f"spark worker-{number}",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "orchestrator.celery",
-                "worker",
-                "-Q",
-                "spark",
-                "--concurrency",
-                "1",
-                "-n",
-                f"{name}@{workers.host}",
-                "--loglevel",
-                "INFO",
-            ],
+            [sys.executable, "-m", "celery", "-A", "orchestrator.celery", *args],
             workers.env,
             Path(workers.log_dir) / f"{name}.log",
         )
