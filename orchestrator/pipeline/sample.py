@@ -16,13 +16,15 @@ import itertools
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from balancer.document import PipelineDocument
 from orchestrator.pipeline.beneath import FROM_TOP
 from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
+from sparkjobs.catalog import operator_name
 from sparkjobs.schemas import FieldType, Proposal, declared_proposal, propose
 
 if TYPE_CHECKING:
@@ -38,9 +40,10 @@ class Sample:
     """What the first records of ``file`` suggest."""
 
     file: str
-    records: int
+    records: int  # read (of a Parquet file: all of them, as its footer counts them)
     malformed: int  # lines that are not a JSON object (JSON lines only)
     proposal: Proposal
+    names: frozenset[str]  # every top-level field name the records have, in lower case
 
 
 def sample_schema(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool) -> Sample:
@@ -57,7 +60,12 @@ def _sample(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool)
     if fmt not in FORMATS:
         raise InputError(f"format must be one of {', '.join(FORMATS)}, not {str(fmt)[:20]!r}")
     # Never empty: a path or glob that names no file is an InputError.
-    path = min(confined_files(raw, roots, follow_symlinks=follow_symlinks))
+    return read_sample(min(confined_files(raw, roots, follow_symlinks=follow_symlinks)), fmt)
+
+
+def read_sample(path: str, fmt: str) -> Sample:
+    """The first records of the file at ``path`` (resolved, inside an input root), read
+    by a walk that follows no link."""
     check_suffix(path, fmt)
     try:
         descriptor = FROM_TOP.open_file(path)
@@ -65,7 +73,8 @@ def _sample(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool)
         raise InputError(f"{path}: {exc.strerror}") from None
     with os.fdopen(descriptor, "rb") as handle:
         if fmt == "parquet":
-            return Sample(path, 0, 0, _parquet(path, handle))
+            count, proposal, names = _parquet(path, handle)
+            return Sample(path, count, 0, proposal, names)
         head = handle.read(MAX_SAMPLE_BYTES)
     # A line cut by the byte bound is not a record: drop what follows the last newline.
     lines = head.split(b"\n")
@@ -80,7 +89,8 @@ def _sample(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool)
         except csv.Error as exc:
             raise InputError(f"{path}: not readable as CSV ({exc})") from None
         records = [{k: v for k, v in row.items() if isinstance(k, str)} for row in rows]
-        return Sample(path, len(records), 0, propose(records, text=True))
+        header = [] if not text else next(csv.reader([text[0]]), [])
+        return Sample(path, len(records), 0, propose(records, text=True), _lowered(header))
     objects: list[dict[str, object]] = []
     malformed = 0
     for line in text:
@@ -96,12 +106,46 @@ def _sample(raw: str, fmt: str, roots: Sequence[Path], *, follow_symlinks: bool)
             objects.append(value)
         else:
             malformed += 1
-    return Sample(path, len(objects), malformed, propose(objects, text=False))
+    names = _lowered(name for record in objects for name in record)
+    return Sample(path, len(objects), malformed, propose(objects, text=False), names)
 
 
-def _parquet(path: str, handle: io.BufferedReader) -> Proposal:
-    """The fields a Parquet file's footer declares, mapped to the types a schema
-    declares; nested ones left out."""
+def _lowered(names: Iterable[str]) -> frozenset[str]:
+    """Names in lower case, as written and without a byte-order mark or surrounding
+    blanks: a check that refuses a run must not miss a field a reader would find."""
+    found: set[str] = set()
+    for name in names:
+        found.update((name.lower(), name.strip().lstrip("\ufeff").strip().lower()))
+    return frozenset(found)
+
+
+def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
+    """Why every record of a run over the sampled file would be quarantined: each field
+    an aggregating node reads (key, value, distinct; the event time when windowed) that
+    no sampled record has, whatever its case. Nothing for a sample without records."""
+    if not sample.records:
+        return []
+    missing = []
+    for node in doc["nodes"]:
+        if operator_name(node) not in ("aggregate", "running"):
+            continue
+        params = node.get("params") or {}
+        read = {"key": "key", "value": "value", "distinct": "user"}
+        if params.get("window_s") is not None:
+            read["event_time"] = "event_time"
+        for param, default in read.items():
+            field = str(params.get(param, default))
+            if field.lower() not in sample.names:
+                missing.append(
+                    f"{node['name']} reads {field!r} ({param}), which none of the first "
+                    f"{sample.records} records of {sample.file} has"
+                )
+    return list(dict.fromkeys(missing))
+
+
+def _parquet(path: str, handle: io.BufferedReader) -> tuple[int, Proposal, frozenset[str]]:
+    """The rows a Parquet file's footer counts and the fields it declares, mapped to
+    the types a schema declares (nested ones left out), and their names."""
     import pyarrow.parquet as pq
 
     size = os.fstat(handle.fileno()).st_size
@@ -115,10 +159,12 @@ def _parquet(path: str, handle: io.BufferedReader) -> Proposal:
         raise InputError(f"{path}: its Parquet footer is over {MAX_FOOTER_BYTES // 1024} KB")
     handle.seek(0)
     try:
-        schema = pq.ParquetFile(handle).schema_arrow
+        parquet = pq.ParquetFile(handle)
+        schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-    return declared_proposal((item.name, _arrow_type(item.type)) for item in schema)
+    proposal = declared_proposal((item.name, _arrow_type(item.type)) for item in schema)
+    return rows, proposal, _lowered(schema.names)
 
 
 def _arrow_type(kind: pa.DataType) -> FieldType | None:

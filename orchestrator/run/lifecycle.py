@@ -17,8 +17,9 @@ from orchestrator.ledger.sink_owners import claim, owner_problem
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
-from orchestrator.pipeline.inputs import input_record, resolve_inputs
+from orchestrator.pipeline.inputs import InputError, input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
+from orchestrator.pipeline.sample import read_sample, unread_fields
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
 from orchestrator.run.wakeups import announce
@@ -120,6 +121,7 @@ def create_run(
         )
     else:
         files = resolve_inputs(input_path, fmt)  # type: ignore[arg-type]
+        _check_fields_read(topology, files[0].path, fmt)
         input_spec = {**input_record(files), "format": fmt, "generator": None}
         what = f"run created over {len(files)} input file(s)"
     with transaction.atomic():
@@ -240,6 +242,23 @@ def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | Non
         mine = Run.objects.filter(created_by=user, status__in=Run.ACTIVE)
         if mine.count() >= max_active:
             raise RunQuotaExceeded(max_active)
+
+
+def _check_fields_read(topology: PipelineDocument, path: str, fmt: str) -> None:
+    """Refuse a run whose every record would be quarantined: the first input file's
+    first records lack a field an aggregating node reads (orchestrator/pipeline/sample.py,
+    ``unread_fields``)."""
+    try:
+        missing = unread_fields(topology, read_sample(path, fmt))
+    except InputError as exc:
+        raise RunError(f"the input could not be read: {exc}") from None
+    if missing:
+        raise RunError(
+            "every record would be quarantined: "
+            + "; ".join(missing)
+            + " (a field named otherwise in the data, or a misspelt parameter); nothing "
+            "was created"
+        )
 
 
 def set_status(run_id: int, status: str, *, user: Any = None, reason: str = "") -> Run:
