@@ -138,7 +138,7 @@ def output(
 
 
 def _read(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
-    problems = _fields(params, given, {"route_by": "key"})
+    problems = _fields(params, given, {"route_by": str(params.get("route_by", "key"))})
     return given, problems
 
 
@@ -198,9 +198,7 @@ _AGGREGATED: Mapping[str, FieldType | None] = {
 
 
 def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
-    names = {"key": "key", "value": "value", "distinct": "user"}
-    if params.get("window_s") is not None:
-        names["event_time"] = "event_time"
+    names = aggregate_fields(params)
     problems = _fields(params, given, names)
     value = given.find(str(params.get("value", "value")))
     if value is not None and value.type not in NUMERIC | {"unknown"}:
@@ -227,16 +225,25 @@ def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[P
     return Schema(fields), problems
 
 
+def aggregate_fields(params: Mapping[str, Any]) -> dict[str, str]:
+    """The field an ``aggregate`` or ``running`` node reads by each parameter naming one
+    (the catalog's defaults where unset): key, value, distinct, and the event time when
+    it windows."""
+    names = {"key": "key", "value": "value", "distinct": "user"}
+    if params.get("window_s") is not None:
+        names["event_time"] = "event_time"
+    return {param: str(params.get(param, default)) for param, default in names.items()}
+
+
 def _fields(
     params: Mapping[str, Any], given: Schema, names: Mapping[str, str]
 ) -> list[ParamProblem]:
-    """A problem for each parameter in ``names`` (with its default) naming no field."""
-    problems = []
-    for param, default in names.items():
-        name = params.get(param, default)
-        if isinstance(name, str) and name and given.find(name) is None:
-            problems.append(ParamProblem(param, given.unknown(name)))
-    return problems
+    """A problem for each parameter naming (in ``names``) no field of ``given``."""
+    return [
+        ParamProblem(param, given.unknown(name))
+        for param, name in names.items()
+        if name and given.find(name) is None
+    ]
 
 
 _RULES = {

@@ -25,7 +25,7 @@ from balancer.document import PipelineDocument
 from orchestrator.pipeline.beneath import FROM_TOP
 from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
 from sparkjobs.catalog import operator_name
-from sparkjobs.schemas import FieldType, Proposal, declared_proposal, propose
+from sparkjobs.schemas import FieldType, Proposal, aggregate_fields, declared_proposal, propose
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -129,12 +129,7 @@ def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
     for node in doc["nodes"]:
         if operator_name(node) not in ("aggregate", "running"):
             continue
-        params = node.get("params") or {}
-        read = {"key": "key", "value": "value", "distinct": "user"}
-        if params.get("window_s") is not None:
-            read["event_time"] = "event_time"
-        for param, default in read.items():
-            field = str(params.get(param, default))
+        for param, field in aggregate_fields(node.get("params") or {}).items():
             if field.lower() not in sample.names:
                 missing.append(
                     f"{node['name']} reads {field!r} ({param}), which none of the first "

@@ -17,14 +17,13 @@ from pytest_django.fixtures import Settings
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment, SourceFile
 from orchestrator.run.lifecycle import live_workers, request_adjustment, set_status
-from orchestrator.source.replay import write_ingested
-from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from tests.cluster.conftest import Cluster
 from tests.cluster.engines import MasterApp, SparkWorker
 from tests.orchestrator.rescale.elastic_pool import elastic_pool
 from tests.orchestrator.run.scenarios import (
     landed_at_once,
+    plain_rows_over_intake,
     policy,
     start,
     unemulated_reference,
@@ -177,7 +176,4 @@ def test_a_scale_out_gets_an_executor_from_the_cluster_and_a_scale_in_gives_it_b
     result = summary(run)
     assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact", result["error"]
-    taken = tmp_path / "ingested.jsonl"
-    write_ingested(run, taken)
-    expected = batch_summary(topology=doc, input_path=str(taken), generator=None)
-    assert result["rows"] == expected["rows"]
+    assert result["rows"] == plain_rows_over_intake(run, doc, tmp_path)

@@ -25,12 +25,11 @@ from django.conf import settings
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Segment, SourceFile
 from orchestrator.run.lifecycle import live_workers, request_adjustment, set_status
-from orchestrator.source.replay import write_ingested
-from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from tests.orchestrator.rescale.elastic_pool import elastic_pool, kill_tree, tree
 from tests.orchestrator.run.scenarios import (
     landed_at_once,
+    plain_rows_over_intake,
     policy,
     start,
     unemulated_reference,
@@ -227,7 +226,4 @@ def test_a_scale_out_starts_a_worker_a_killed_one_loses_nothing_and_the_run_scal
     result = summary(run)
     assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact", result["error"]
-    taken = tmp_path / "ingested.jsonl"
-    write_ingested(run, taken)
-    expected = batch_summary(topology=doc, input_path=str(taken), generator=None)
-    assert result["rows"] == expected["rows"]
+    assert result["rows"] == plain_rows_over_intake(run, doc, tmp_path)

@@ -25,8 +25,10 @@ from orchestrator.run.lifecycle import (
     set_status,
     snapshot,
 )
+from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
+from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from tests.waiting import wait_for
 
@@ -300,3 +302,12 @@ def wait_for_spark_workers(*prefixes: str) -> list[str]:
         timeout_s=90,
         detail=lambda: f"they are {sorted(live_workers())}",
     )
+
+
+def plain_rows_over_intake(run: Run, doc: PipelineDocument, folder: Path) -> list[Any]:
+    """The plain Spark job's rows over what an unbounded run took in (its records
+    written again, in the order it read them, into ``folder``)."""
+    taken = folder / "ingested.jsonl"
+    write_ingested(run, taken)
+    rows: list[Any] = batch_summary(topology=doc, input_path=str(taken), generator=None)["rows"]
+    return rows

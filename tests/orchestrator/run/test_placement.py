@@ -26,13 +26,13 @@ from orchestrator.models import Adjustment, Event, Instance, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
 from orchestrator.rescale.plan import key_groups
 from orchestrator.run.lifecycle import set_status
-from orchestrator.source.replay import write_ingested
 from orchestrator.worker.plain_job import batch_summary
 from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.keygroups import KEY_SLOTS, slot_of
 from tests.orchestrator.run.scenarios import (
     TOPOLOGIES,
     landed_at_once,
+    plain_rows_over_intake,
     policy,
     start,
     two_branches,
@@ -274,8 +274,4 @@ def test_a_stream_outgrowing_its_measured_capacity_asks_for_instances_sized_by_m
     result = summary(run)
     assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact"
-    taken = tmp_path / "ingested.jsonl"
-    write_ingested(run, taken)
-    assert (
-        result["rows"] == batch_summary(topology=doc, input_path=str(taken), generator=None)["rows"]
-    )
+    assert result["rows"] == plain_rows_over_intake(run, doc, tmp_path)

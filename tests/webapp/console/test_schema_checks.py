@@ -16,13 +16,19 @@ from webapp.console.models import Pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
-def test_a_viewer_s_check_returns_each_node_s_fields_and_a_misspelt_one_where_it_is() -> None:
+def _viewer_checks_the_stage_reading(param: str, field: str) -> Any:
+    """A viewer's check of the reference pipeline whose aggregating stage reads
+    ``field`` as ``param``."""
     reference()
     client, _ = client_for("vera", "viewer")
     doc = client.get("/api/pipelines/reference/").json()["document"]
     for node in doc["nodes"][1:4]:
-        node["params"]["distinct"] = "usr"
-    check = client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+        node["params"][param] = field
+    return client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+
+
+def test_a_viewer_s_check_returns_each_node_s_fields_and_a_misspelt_one_where_it_is() -> None:
+    check = _viewer_checks_the_stage_reading("distinct", "usr")
     assert check["valid"] is False
     problems = [(p["location"], p["message"]) for p in check["problems"]]
     assert problems == [
@@ -82,12 +88,7 @@ def test_a_bad_schema_is_a_400_naming_the_parameter(schema: object, says: str) -
 
 
 def test_a_parameter_refused_for_its_form_is_not_also_an_unknown_field() -> None:
-    reference()
-    client, _ = client_for("vera", "viewer")
-    doc = client.get("/api/pipelines/reference/").json()["document"]
-    for node in doc["nodes"][1:4]:
-        node["params"]["key"] = "a.b"
-    check = client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+    check = _viewer_checks_the_stage_reading("key", "a.b")
     assert [(p["location"], p["message"].split(" (")[0]) for p in check["problems"]] == [
         (f"nodes[{i}] (task{i}).params", "parameter 'key' must be a field name") for i in (1, 2, 3)
     ]
