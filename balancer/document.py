@@ -42,6 +42,9 @@ class NodeDocument(TypedDict):
     # A keyed member's key slots ``[low, high)`` after a key-group move: set by the
     # orchestrator in a run's graph only, never accepted from a user's document.
     key_slots: NotRequired[list[int]]
+    # A join's reference table as the run snapshotted it (orchestrator/pipeline/
+    # reference.py): set in a run's graph only, never accepted from a user's document.
+    reference_file: NotRequired[str]
 
 
 # One entry of ``edges`` ("from" is a keyword, hence the functional form).

@@ -1,10 +1,11 @@
 """Scenario S3: a keyed ``running`` stage with one hot key group, its key groups moved by
-the balancer or left even, every emulation knob at 0, on Spark workers the operating
-system caps.
+the balancer or left even, or its keys aggregated local-global, every emulation knob at
+0, on Spark workers the operating system caps.
 
     .venv/bin/python bench/bench_key_moves.py [--records 2000000] [--rounds 2]
-        [--instances 2] [--quotas 1.0,1.0] [--hot-key hot8] [--hot-share 0.4] [--keys 300]
-        [--seed 1] [--buffer-mb 0] [--segment-mb 0.25] [--run-timeout-s 900] [--json]
+        [--arms even,moved,local] [--instances 2] [--quotas 1.0,1.0] [--hot-key hot8]
+        [--hot-share 0.4] [--keys 300] [--seed 1] [--buffer-mb 0] [--segment-mb 0.25]
+        [--run-timeout-s 900] [--json]
 
 The pipeline: webapp/console/topologies/running-totals.yaml (a source, a keyed
 ``running`` stage of ``--instances`` instances totals1, totals2.., a merging sink) with
@@ -33,15 +34,20 @@ warm-up run of a tenth of the records:
   the quotas (bench_real_balance's ``run_plain``), timed from the call of the job;
 - ``even``: ``key_moves = off``: the key groups stay even;
 - ``moved``: ``key_moves = auto``: the balancer moves key groups when the instance
-  holding the hot one is backpressured (balancer/key_moves.py).
+  holding the hot one is backpressured (balancer/key_moves.py);
+- ``local``: the stage keyed ``local_global``: each segment goes to one instance by
+  water level (``routing = water_level``), which aggregates every key in it and folds
+  its partial totals into state of its own (a key's state is merged over its holders).
 
-Both live arms use ``routing = static``, ``migration = off`` and the default watermark
-throttling. Per run: completion (the ledger's start to finish), throughput (records per
-second of it), the key-group moves (each with when, and the shares before and after),
-the run's adjustments (when each began and ended, seconds from the run's start), each
-instance's batches (how many, their MB, their busy seconds), exactness
-(rows equal to the plain job's, coverage exact). The table: median completion and
-throughput per arm, ``moved`` over ``even`` (the S3 target is 1.5x), each arm over
+The key-group arms use ``routing = static`` (their segments go to every instance); every
+live arm ``migration = off`` and the default watermark throttling.
+
+Per run: completion (the ledger's start to finish), throughput (records per second of
+it), the key-group moves (each with when, and the shares before and after), the run's
+adjustments (when each began and ended, seconds from the run's start), each instance's
+batches (how many, their MB, their busy seconds), exactness (rows equal to the plain
+job's, coverage exact). The table: median completion and throughput per arm, each arm
+over ``even`` (the stage left unbalanced; the S3 target is 1.5x), each arm over
 ``plain``.
 """
 
@@ -54,6 +60,7 @@ import random
 import shlex
 import statistics
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -78,7 +85,29 @@ from balancer.policy import Policy  # noqa: E402
 from orchestrator.services.cpu_quota import CpuQuotas  # noqa: E402
 
 TOPOLOGY = ROOT / "webapp" / "console" / "topologies" / "running-totals.yaml"
-ARMS = {"even": "off", "moved": "auto"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    keying: str  # the running stage's keying (sparkjobs/catalog.py)
+    key_moves: str  # the policy's
+    routing: str  # the policy's
+
+
+ARMS = {
+    "even": Arm("key_groups", "off", "static"),
+    "moved": Arm("key_groups", "auto", "static"),
+    "local": Arm("local_global", "off", "water_level"),
+}
+
+
+def keyed_as(doc: PipelineDocument, keying: str) -> PipelineDocument:
+    """``doc`` with its running stage keyed ``keying``."""
+    keyed = copy.deepcopy(doc)
+    for node in keyed["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**node.get("params", {}), "keying": keying}
+    return keyed
 
 
 def keyed_document(args: argparse.Namespace) -> PipelineDocument:
@@ -127,9 +156,11 @@ def run_arm(
     from orchestrator.ledger.results import summary
     from orchestrator.models import Adjustment, Event
 
-    values = {"placement": "placed", "routing": "static", "migration": "off"}
-    policy = Policy.from_mapping({**values, "key_moves": ARMS[arm]}).to_dict()
-    run = run_to_end(doc, policy, None, input_path=str(path))
+    chosen = ARMS[arm]
+    values = {"placement": "placed", "migration": "off"}
+    values |= {"routing": chosen.routing, "key_moves": chosen.key_moves}
+    policy = Policy.from_mapping(values).to_dict()
+    run = run_to_end(keyed_as(doc, chosen.keying), policy, None, input_path=str(path))
     result = summary(run)
     rows = json.loads(json.dumps(result["rows"]))
     seconds = float(result["seconds"] or 0.0)
@@ -174,9 +205,10 @@ def run_arm(
 
 
 def instance_work(batches: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per instance: its batches, their MB, and the seconds they were busy. Every
-    instance of a keyed stage reads every segment, so each runs a batch over all of the
-    input whatever share of its records it keeps."""
+    """Per instance: its batches, their MB, and the seconds they were busy. Keyed by key
+    groups, every instance reads every segment, so each runs a batch over all of the
+    input whatever share of its records it keeps; keyed local_global, each reads the
+    segments routed to it."""
     work: dict[str, dict[str, float]] = {}
     for batch in batches:
         row = work.setdefault(batch["nodes"], {"batches": 0, "mb": 0.0, "busy_s": 0.0})
@@ -206,7 +238,7 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
             {"arm": "plain", "round": 1, "completion_s": reference["job_s"], "exact": True}
         ]
         for index in range(args.rounds):
-            order = list(ARMS) if index % 2 == 0 else list(reversed(ARMS))
+            order = args.arms if index % 2 == 0 else list(reversed(args.arms))
             for arm in order:
                 row = {"arm": arm, "round": index + 1}
                 row |= run_arm(stack, doc, arm, inputs / "keyed.jsonl", reference["rows"])
@@ -218,15 +250,20 @@ def bench(args: argparse.Namespace, quotas: CpuQuotas, cgroups: list[str]) -> di
         )
     medians = {
         arm: statistics.median(r["completion_s"] for r in runs if r["arm"] == arm)
-        for arm in ("plain", *ARMS)
+        for arm in ("plain", *args.arms)
+    }
+    over_even = {
+        f"{arm}_over_even": round(medians["even"] / medians[arm], 3)
+        for arm in args.arms
+        if arm != "even" and "even" in medians
     }
     return {
         "command": shlex.join(sys.orig_argv),
         "quotas": dict(zip(cgroups, args.quota_list, strict=True)),
         "input": shape,
         "median_completion_s": medians,
-        "moved_over_even": round(medians["even"] / medians["moved"], 3),
-        "over_plain": {arm: round(medians[arm] / medians["plain"], 3) for arm in ARMS},
+        **over_even,
+        "over_plain": {arm: round(medians[arm] / medians["plain"], 3) for arm in args.arms},
         "all_exact": all(r["exact"] for r in runs),
         "runs": runs,
     }
@@ -244,6 +281,12 @@ def main() -> int:
         dest="quota_list",
         help="cores per worker, one per instance (default: the machine's two cores shared)",
     )
+    parser.add_argument(
+        "--arms",
+        type=lambda text: text.split(","),
+        default=list(ARMS),
+        help=f"comma-separated, from {', '.join(ARMS)} (default: all)",
+    )
     parser.add_argument("--hot-key", default="hot8")
     parser.add_argument("--hot-share", type=float, default=0.4)
     parser.add_argument("--keys", type=int, default=300)
@@ -255,6 +298,8 @@ def main() -> int:
     parser.add_argument("--run-timeout-s", type=float, default=900.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if not args.arms or not set(args.arms) <= set(ARMS):
+        parser.error(f"--arms names arms from {', '.join(ARMS)}")
     if args.instances < 2:
         parser.error("--instances is at least 2: a move needs somewhere to go")
     if args.quota_list is None:

@@ -64,6 +64,7 @@ from sparkjobs.catalog import (
     DEFAULT_OPERATOR,
     OPERATORS,
     OperatorSpec,
+    keyed,
     operator_name,
     validate_params,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "create_run",
     "derive_schemas",
     "emulated",
+    "keyed",
     "lab_json",
     "live_workers",
     "operator_name",

@@ -105,6 +105,8 @@ def _expressions(value: Any) -> str | None:
 
 
 SINKS = ("results", "postgres", "parquet")
+# How a stateful stage's instances share its keys: the first is the default.
+KEYINGS = ("local_global", "key_groups")
 MAX_PATH_CHARS = 500
 
 
@@ -139,6 +141,47 @@ def _sink_problems(params: Mapping[str, Any]) -> list[str]:
         if name in params and name not in used:
             problems.append(f"{name} is not used by sink {sink}")
     return problems
+
+
+# A reference table's file, by its suffix: what Spark reads it as.
+REFERENCE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+JOINS = ("inner", "left")
+MAX_JOIN_FIELDS = 16
+
+
+def _reference_file(value: Any) -> str | None:
+    """A file below the input roots: relative, no ``..``, no wildcard, a known suffix."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
+        return f"must be a relative file name of at most {MAX_PATH_CHARS} characters"
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
+        return f"must be a file below an input folder (relative, no '..'), got {value!r}"
+    if any(c in value for c in "*?["):
+        return f"must name one file, not a pattern, got {value!r}"
+    if Path(value).suffix.lower() not in REFERENCE_FORMATS:
+        return f"must end in {', '.join(REFERENCE_FORMATS)} (its format), got {value!r}"
+    return None
+
+
+def _field_names(value: Any) -> str | None:
+    if not isinstance(value, list) or not value or len(value) > MAX_JOIN_FIELDS:
+        return f"must be a list of 1 to {MAX_JOIN_FIELDS} field names"
+    for index, item in enumerate(value):
+        problem = _field_name(item)
+        if problem is not None:
+            return f"[{index}] {problem}"
+    if len({str(v).lower() for v in value}) != len(value):
+        return "names a field twice"
+    return None
+
+
+def _join_problems(params: Mapping[str, Any]) -> list[str]:
+    """The fields a join matches on are not among those it adds."""
+    on, columns = params.get("on"), params.get("columns")
+    if not isinstance(on, list) or not isinstance(columns, list):
+        return []
+    both = sorted({str(c).lower() for c in columns} & {str(f).lower() for f in on})
+    return [f"columns and on both name {', '.join(both)}"] if both else []
 
 
 def _optional(check: Check) -> Check:
@@ -183,6 +226,7 @@ class ParamSpec:
     help: str
     required: bool = False
     number: bool = False  # a number even when its default is none (an editor types it)
+    list: bool = False  # a list even when its default is none (an editor splits it)
 
 
 class BatchJob(Protocol):
@@ -214,7 +258,6 @@ class OperatorSpec:
     kind: NodeKind
     description: str
     params: Mapping[str, ParamSpec]
-    mergeable: bool = True
     stateful: bool = False
     # Its batch job on Spark, "module:function" in sparkjobs/ (a :class:`BatchJob`),
     # imported only when a batch runs: this module never imports pyspark. None for the
@@ -300,7 +343,49 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "project",
             "operator",
             "Computes columns from Spark SQL expressions.",
-            {"columns": ParamSpec(None, _expressions, "Spark SQL expressions", required=True)},
+            {
+                "columns": ParamSpec(
+                    None, _expressions, "Spark SQL expressions", required=True, list=True
+                )
+            },
+            batch_job=RECORD_JOB,
+        ),
+        OperatorSpec(
+            "join",
+            "operator",
+            "Adds columns of a reference table (a CSV, JSON lines or Parquet file below the "
+            "input folders) to each record whose on fields equal a row's. The file is read "
+            "when a run starts and that version is joined throughout the run, its retries "
+            "and its plain job.",
+            {
+                "reference": ParamSpec(
+                    None,
+                    _reference_file,
+                    "the table's file, below an input folder (.csv with a header, "
+                    ".jsonl or .parquet)",
+                    required=True,
+                ),
+                "on": ParamSpec(
+                    None,
+                    _field_names,
+                    "fields equal in the record and the table",
+                    required=True,
+                    list=True,
+                ),
+                "columns": ParamSpec(
+                    None,
+                    _field_names,
+                    "the table's columns added to the record",
+                    required=True,
+                    list=True,
+                ),
+                "how": ParamSpec(
+                    JOINS[0],
+                    _one_of(JOINS),
+                    "inner: a record without a matching row is dropped; left: kept, its added "
+                    "columns null",
+                ),
+            },
             batch_job=RECORD_JOB,
         ),
         OperatorSpec(
@@ -322,18 +407,25 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "running",
             "operator",
             "Stateful running totals per key (count, sum, min, max), kept across segments "
-            "(per event-time window too, each dropped once its window closes); each "
-            "instance owns a key group, and passes its keys' partial aggregates on.",
+            "(per event-time window too, each dropped once its window closes), and its keys' "
+            "partial aggregates passed on. keying local_global (the default): any instance "
+            "aggregates any segment and keeps partial totals of the keys it saw, merged "
+            "when read, so a hot key is spread over every instance; key_groups: each "
+            "instance owns a key group and keeps only its keys (the balancer moves key "
+            "groups live).",
             {
                 "key": ParamSpec("key", _field_name, "grouping field"),
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                "keying": ParamSpec(
+                    KEYINGS[0],
+                    _one_of(KEYINGS),
+                    "local_global: a key's records go to any instance, its totals merged "
+                    "over them; key_groups: to the instance owning its key group",
+                ),
                 **_WINDOW_PARAMS,
             },
-            # A key's records go to the instance owning its key group: the balancer may
-            # neither shift shares between the stage's instances nor migrate data into one.
-            mergeable=False,
             stateful=True,
             batch_job=AGGREGATE_JOB,
             partials=True,
@@ -382,6 +474,18 @@ def operator_name(node: Mapping[str, Any]) -> str:
     return DEFAULT_OPERATOR.get(str(node.get("kind")), "")
 
 
+def keyed(node: Mapping[str, Any]) -> bool:
+    """Whether each instance of ``node``'s stage owns a key group: its stateful operator
+    keeps a key's state at one instance, so a key's records must all go there (the
+    balancer may neither shift shares between the stage's instances nor migrate data
+    into one; it moves key groups instead). A stateful operator keyed ``local_global``
+    is not: any instance takes any record and a key's state is merged over them."""
+    spec = OPERATORS.get(operator_name(node))
+    params = node.get("params")
+    keying = params.get("keying", KEYINGS[0]) if isinstance(params, Mapping) else KEYINGS[0]
+    return spec is not None and spec.stateful and keying == "key_groups"
+
+
 def operator_of(node: Mapping[str, Any]) -> OperatorSpec:
     """The catalog's entry for the operator a node runs; ``KeyError`` when unknown."""
     return OPERATORS[operator_name(node)]
@@ -411,4 +515,6 @@ def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list
         problems.extend(_window_field_problems(params))
     if "sink" in spec.params and not problems:
         problems.extend(_sink_problems(params))
+    if operator == "join" and not problems:
+        problems.extend(_join_problems(params))
     return problems

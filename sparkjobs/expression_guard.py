@@ -28,6 +28,7 @@ from sparkjobs.expressions import (
     refusal_reason,
     words,
 )
+from sparkjobs.reference import join_reference
 
 #: Catalyst expressions the admitted language parses into (checked against Spark 4).
 ALLOWED_NODES = frozenset(
@@ -232,7 +233,8 @@ def admitted(
 def apply_record_step(
     frame: DataFrame, operator: str, params: Any, *, keep: Collection[str] = ()
 ) -> DataFrame:
-    """``frame`` after a filter or project node, its expressions admitted first.
+    """``frame`` after a filter, project or join node, a filter's and a project's
+    expressions admitted first.
 
     ``keep``: columns carried through a project untouched (the segment a record came
     from); they are neither fields an expression may name nor part of the output.
@@ -250,4 +252,6 @@ def apply_record_step(
         if row:
             raise ExpressionRefused(", ".join(texts), [ExpressionProblem(0, row)])
         return frame.select(*keep, *columns)
+    if operator == "join":
+        return join_reference(frame, params, keep=keep)
     raise ValueError(f"unknown record operator {operator!r}")

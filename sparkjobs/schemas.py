@@ -246,10 +246,32 @@ def _fields(
     ]
 
 
+def _join(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    """The record's fields, then the table's ``columns`` (their types are the table's,
+    known when a run reads it). Each ``on`` field must be the record's, and no added
+    column may hide one of its fields."""
+    on, columns = params.get("on"), params.get("columns")
+    if not isinstance(on, list) or not isinstance(columns, list):
+        return given, []
+    problems = [
+        ParamProblem("on", given.unknown(str(name))) for name in on if given.find(str(name)) is None
+    ]
+    problems += [
+        ParamProblem(
+            "columns", f"{name!r} is already a field of the input, the table's would hide it"
+        )
+        for name in columns
+        if given.find(str(name)) is not None
+    ]
+    added = [Field(str(name), "unknown") for name in columns if given.find(str(name)) is None]
+    return Schema([*given.fields, *added]), problems
+
+
 _RULES = {
     "read": _read,
     "filter": _filter,
     "project": _project,
+    "join": _join,
     "aggregate": _aggregate,
     "running": _aggregate,
 }

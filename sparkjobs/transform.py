@@ -1,4 +1,5 @@
-"""Record-at-a-time operators: filter by a Spark SQL condition, project expressions.
+"""Record-at-a-time operators: filter by a Spark SQL condition, project expressions,
+join with a reference table.
 
 One Spark job per batch; each input segment yields one output segment (possibly empty),
 so outputs keep their input's place in the source data, as JSON lines. Lines that are
@@ -33,7 +34,7 @@ def record_batch(
     highs: Mapping[str, int | None] | None = None,
     together: Mapping[str, str] | None = None,
 ) -> dict[str, PartialOutput]:
-    """The batch job of ``filter`` and ``project`` (sparkjobs/catalog.py). Records are
+    """The batch job of ``filter``, ``project`` and ``join`` (sparkjobs/catalog.py). Records are
     not grouped by key, so a key group changes nothing here; nor are they windowed, so
     neither do ``highs`` (their outputs carry their inputs' event-time marks). Nor are
     they combined (``together``): each segment's records stay in its own output, which

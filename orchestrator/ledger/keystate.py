@@ -8,6 +8,11 @@ pair, never a copy that could be applied twice. A windowed pipeline's state is p
 window) and a window's state is dropped once the sink closes the window: no record can
 reach a closed window any more (it would be late), and a run that goes on for days must
 not keep every window it ever saw.
+
+A key's state is the merge of its rows over holders. In a stage keyed by key groups
+each key has one holder, its group's owner, once a hand-off completes; in a stage keyed
+``local_global`` any instance folds any key it sees into a row of its own, and a
+retired instance's rows are merged into a member that stays.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from balancer.document import (
 )
 from balancer.topology import Topology
 from orchestrator.pipeline.inputs import InputFile
-from sparkjobs.catalog import OPERATORS, operator_name, operator_of, validate_params
+from sparkjobs.catalog import OPERATORS, operator_name, validate_params
+from sparkjobs.catalog import keyed as is_keyed_node
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KeyGroup, stage_key_groups
 
@@ -53,7 +54,7 @@ class RunGraph:
     bandwidths: Mapping[tuple[str, str], float]  # Mb/s per link; 0 = unlimited
     stages: Mapping[str, tuple[str, ...]]  # stage -> members, in declaration order
     stage_of: Mapping[str, str]
-    keyed: frozenset[str]  # nodes of stateful operators: their input splits by key group
+    keyed: frozenset[str]  # nodes whose input splits by key group (sparkjobs.catalog.keyed)
     source: str  # the (first) source node
 
     @classmethod
@@ -68,11 +69,7 @@ class RunGraph:
         stages: dict[str, list[str]] = {}
         for node in doc["nodes"]:
             stages.setdefault(stage_of(node), []).append(node["name"])
-        keyed = frozenset(
-            name
-            for name, node in nodes.items()
-            if (spec := OPERATORS.get(operator_name(node))) is not None and spec.stateful
-        )
+        keyed = frozenset(name for name, node in nodes.items() if is_keyed_node(node))
         source = next((n["name"] for n in doc["nodes"] if n["kind"] == "source"), "")
         return cls(
             document=doc,
@@ -108,10 +105,8 @@ class RunGraph:
 
     @cached_property
     def topology(self) -> Topology:
-        """The balancer's view of this graph: mergeable as the catalog says."""
-        return Topology.from_document(
-            self.document, mergeable=lambda node: operator_of(node).mergeable
-        )
+        """The balancer's view of this graph: a keyed node's data is not mergeable."""
+        return Topology.from_document(self.document, mergeable=lambda node: not is_keyed_node(node))
 
     def node(self, name: str) -> NodeDocument:
         return self.nodes[name]
@@ -220,7 +215,7 @@ def graph_of(doc: PipelineDocument | StoredDocument) -> RunGraph:
 
 def balancer_topology(doc: PipelineDocument | StoredDocument) -> Topology:
     """The balancer's view of ``doc``: :meth:`balancer.topology.Topology.from_document`,
-    mergeable as the catalog says."""
+    a keyed node's data not mergeable (:func:`sparkjobs.catalog.keyed`)."""
     return graph_of(doc).topology
 
 

@@ -122,12 +122,14 @@ def _lowered(names: Iterable[str]) -> frozenset[str]:
 def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
     """Why every record of a run over the sampled file would be quarantined: each field
     an aggregating node reads (key, value, distinct; the event time when windowed) that
-    no sampled record has, whatever its case. Nothing for a sample without records."""
+    no sampled record has, whatever its case. Nothing for a sample without records, nor
+    for a node after a project or a join, whose fields may be made on the way."""
     if not sample.records:
         return []
     missing = []
+    made = _after_field_makers(doc)
     for node in doc["nodes"]:
-        if operator_name(node) not in ("aggregate", "running"):
+        if operator_name(node) not in ("aggregate", "running") or node["name"] in made:
             continue
         for param, field in aggregate_fields(node.get("params") or {}).items():
             if field.lower() not in sample.names:
@@ -136,6 +138,21 @@ def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
                     f"{sample.records} records of {sample.file} has"
                 )
     return list(dict.fromkeys(missing))
+
+
+def _after_field_makers(doc: PipelineDocument) -> set[str]:
+    """The nodes downstream of a project or a join (operators that make fields)."""
+    downstreams: dict[str, list[str]] = {}
+    for edge in doc["edges"]:
+        downstreams.setdefault(edge["from"], []).append(edge["to"])
+    stack = [n["name"] for n in doc["nodes"] if operator_name(n) in ("project", "join")]
+    seen: set[str] = set()
+    while stack:
+        for nxt in downstreams.get(stack.pop(), []):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
 
 
 def _parquet(path: str, handle: io.BufferedReader) -> tuple[int, Proposal, frozenset[str]]:

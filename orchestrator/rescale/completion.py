@@ -25,7 +25,8 @@ from orchestrator.ledger import keystate
 from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Instance, MergedChunk, Run, Segment
 from orchestrator.rescale.plan import key_groups, reroute, stage_members
-from sparkjobs.keygroups import slot_of
+from sparkjobs.catalog import keyed, operator_of
+from sparkjobs.keygroups import KEY_SLOTS, slot_of
 
 
 @dataclass
@@ -89,6 +90,7 @@ def complete(adjustment_id: int) -> Adjustment:
         Instance.objects.filter(run_id=run_id, name__in=retired).update(
             status=Instance.Status.RETIRED, worker=""
         )
+        _hand_on_merged_state(run_id, adjustment.before, adjustment.after, retired)
         outcome = measure(adjustment, now)
         outcome.state = state
         adjustment.status = Adjustment.Status.COMPLETE
@@ -110,6 +112,26 @@ def complete(adjustment_id: int) -> Adjustment:
             data={"version": version, **adjustment.outcome, "retired": retired},
         )
     return adjustment
+
+
+def _hand_on_merged_state(
+    run_id: int, before: Mapping[str, Any], after: Mapping[str, Any], retired: Sequence[str]
+) -> None:
+    """A retired instance of a stateful stage keyed ``local_global`` held partial totals
+    of the keys it saw (a key's state is the merge over its holders): they are merged
+    into a member of ``after`` that stays, so that holders are live instances and their
+    number stays bounded however often the stage is rescaled. Drained before an
+    adjustment completes, or fenced before one rolls back, a retired instance folds
+    nothing more. ``before`` is the graph the retired instances are in."""
+    nodes = {n["name"]: n for n in before["nodes"]}
+    for name in retired:
+        node = nodes.get(name)
+        if node is None or keyed(node) or not operator_of(node).stateful:
+            continue
+        stage = node.get("stage") or name
+        staying = stage_members(after, stage)
+        if staying:
+            keystate.move(run_id, stage, name, staying[0], range(KEY_SLOTS))
 
 
 def _owners(doc: Mapping[str, Any], stage: str) -> dict[int, str]:
@@ -137,6 +159,7 @@ def rollback(adjustment_id: int, reason: str) -> Adjustment:
         ).update(status=Instance.Status.ACTIVE, config=version, target=version)
         Segment.objects.filter(run=run, marker=True, config=version).delete()
         moved = _requeue(run, before, added)
+        _hand_on_merged_state(run.pk, adjustment.after, before, added)
         for stage in adjustment.plan["handoff"]:
             # A keyed stage's data sent with the new key groups must be split by the old
             # ones again, in flight included (its batch's completion is then refused).

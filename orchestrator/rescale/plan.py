@@ -26,7 +26,7 @@ from balancer.rescale import AdjustmentPlan, plan_adjustment, plan_handoff
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.graph import balancer_topology, downstreams_of
 from orchestrator.pipeline.routes import Routes, route
-from sparkjobs.catalog import OPERATORS
+from sparkjobs.catalog import keyed
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, stage_key_groups
 
 
@@ -75,9 +75,7 @@ def stage_members(doc: Mapping[str, Any], stage: str) -> list[str]:
 
 
 def is_keyed(doc: Mapping[str, Any], name: str) -> bool:
-    node = _nodes(doc)[name]
-    operator = node.get("operator") or ""
-    return operator in OPERATORS and OPERATORS[operator].stateful
+    return keyed(_nodes(doc)[name])
 
 
 def key_groups(doc: Mapping[str, Any], stage: str) -> dict[str, KeyGroup]:

@@ -19,6 +19,7 @@ from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
 from orchestrator.pipeline.inputs import InputError, input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
+from orchestrator.pipeline.reference import snapshot_tables
 from orchestrator.pipeline.sample import read_sample, unread_fields
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
@@ -124,6 +125,7 @@ def create_run(
         _check_fields_read(topology, files[0].path, fmt)
         input_spec = {**input_record(files), "format": fmt, "generator": None}
         what = f"run created over {len(files)} input file(s)"
+    topology = _with_tables(topology)
     with transaction.atomic():
         # The sink's table or folder becomes this pipeline's with its first run, in the
         # run's transaction: refused, nothing of the run exists.
@@ -242,6 +244,15 @@ def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | Non
         mine = Run.objects.filter(created_by=user, status__in=Run.ACTIVE)
         if mine.count() >= max_active:
             raise RunQuotaExceeded(max_active)
+
+
+def _with_tables(topology: PipelineDocument) -> PipelineDocument:
+    """The run's graph: ``topology`` with its joins' reference tables snapshotted
+    (orchestrator/pipeline/reference.py)."""
+    try:
+        return snapshot_tables(topology)
+    except InputError as exc:
+        raise RunError(f"{exc}; nothing was created") from None
 
 
 def _check_fields_read(topology: PipelineDocument, path: str, fmt: str) -> None:

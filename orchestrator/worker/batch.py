@@ -27,6 +27,7 @@ from orchestrator.ledger import failures, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.pipeline.graph import RunGraph, pipeline_windows
 from orchestrator.pipeline.layout import run_dir, segment_path
+from orchestrator.pipeline.reference import job_params
 from orchestrator.pipeline.routes import Routes
 from orchestrator.rescale import alignment, plan
 from orchestrator.worker.lease import LeaseKeeper
@@ -374,7 +375,7 @@ def _operate(
     by_file = {Path(s.path).stem: s for s in batch}
     spark = operator_session([s.bytes for s in by_file.values()])
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
-    params = node.get("params") or {}
+    params = job_params(node)
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
     spec = operator_of(node)
     copies = {

@@ -19,6 +19,7 @@ from orchestrator.pipeline.generator import (
 )
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import resolve_inputs
+from orchestrator.pipeline.reference import job_params
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of
 from sparkjobs.event_time import iso
 
@@ -93,7 +94,7 @@ def batch_summary(
     if not chain or not operator_of(chain[-1]).partials:
         ending = " or ".join(name for name, spec in OPERATORS.items() if spec.partials)
         raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
-    steps = [(operator_name(n), n.get("params") or {}) for n in chain[:-1]]
+    steps = [(operator_name(n), job_params(n)) for n in chain[:-1]]
     began = time.monotonic()
     result = batch_aggregate(
         spark_session(),

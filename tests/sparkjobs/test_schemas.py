@@ -140,6 +140,22 @@ def test_a_project_column_named_twice_is_refused() -> None:
     ]
 
 
+def test_a_join_adds_the_table_s_columns_after_the_record_s_fields() -> None:
+    params = {"reference": "airlines.csv", "on": ["key"], "columns": ["name", "country"]}
+    schema, problems = output("join", params, RECORDS)
+    assert problems == []
+    assert _types(schema)[-3:] == [("ts", "timestamp"), ("name", "unknown"), ("country", "unknown")]
+
+
+def test_a_join_on_an_unknown_field_or_adding_one_the_record_has_is_refused() -> None:
+    params = {"reference": "airlines.csv", "on": ["carrier"], "columns": ["name", "Value"]}
+    _, problems = output("join", params, RECORDS)
+    assert [(p.param, p.message.split(";")[0]) for p in problems] == [
+        ("on", "unknown field 'carrier'"),
+        ("columns", "'Value' is already a field of the input, the table's would hide it"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [

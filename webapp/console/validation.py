@@ -18,9 +18,9 @@ from orchestrator.service import (
     DEFAULT_BUFFER_MB,
     DEFAULT_MAX_RATE_MBPS,
     DEFAULT_OPERATOR,
-    OPERATORS,
     Policy,
     derive_schemas,
+    keyed,
     operator_name,
     validate_params,
     validate_policy,
@@ -370,8 +370,8 @@ def _check_stages(nodes: list[Any]) -> list[Problem]:
 
 
 def _check_keyed(nodes: list[Any], pairs: list[tuple[str, str]]) -> list[Problem]:
-    """A keyed (stateful) stage splits every upstream's records among its members by
-    key group, so each of its upstreams must feed all of its members."""
+    """A keyed stage (:func:`sparkjobs.catalog.keyed`) splits every upstream's records
+    among its members by key group, so each of its upstreams must feed all of them."""
     stages: dict[str, list[str]] = {}
     for node in nodes:
         if not isinstance(node, Mapping) or not isinstance(node.get("name"), str):
@@ -379,8 +379,7 @@ def _check_keyed(nodes: list[Any], pairs: list[tuple[str, str]]) -> list[Problem
         operator, stage = operator_name(node), node.get("stage") or node["name"]
         if not isinstance(operator, str) or not isinstance(stage, str):
             continue  # reported by _check_nodes
-        spec = OPERATORS.get(operator)
-        if spec is not None and spec.stateful:
+        if keyed(node):
             stages.setdefault(stage, []).append(node["name"])
     feeding: dict[str, set[str]] = {}
     for src, dst in pairs:

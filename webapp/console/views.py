@@ -89,6 +89,7 @@ def _operator_catalog() -> dict[str, Any]:
                     "help": p.help,
                     "required": p.required,
                     "number": p.number,
+                    "list": p.list,
                 }
                 for pname, p in spec.params.items()
             },

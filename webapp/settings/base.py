@@ -108,6 +108,14 @@ if BPCONSOLE_GENERATOR_MAX_MB < 1:
         f"BPCONSOLE_GENERATOR_MAX_MB={BPCONSOLE_GENERATOR_MAX_MB} must be at least 1 (MB)"
     )
 
+# A join's reference table is copied when a run starts and broadcast to every task: it
+# must stay small.
+BPCONSOLE_REFERENCE_MAX_MB = env_int("BPCONSOLE_REFERENCE_MAX_MB", 64)
+if not 1 <= BPCONSOLE_REFERENCE_MAX_MB <= 1024:
+    raise ImproperlyConfigured(
+        f"BPCONSOLE_REFERENCE_MAX_MB={BPCONSOLE_REFERENCE_MAX_MB} must be between 1 and 1024 (MB)"
+    )
+
 # The largest document the console parses, in KB (a pipeline in JSON or YAML: API bodies,
 # imports, the editor, load_topology); documents also nest at most 32 levels and YAML
 # may have no anchors or aliases (docs/security.md, "Bounded documents").

@@ -18,6 +18,8 @@ from orchestrator.pipeline.graph import (
     downstreams_of,
     operator_problems,
 )
+from orchestrator.pipeline.routes import Routes
+from orchestrator.rescale.plan import targets
 from sparkjobs.catalog import DEFAULT_OPERATOR, OPERATORS, operator_name, operator_of
 from sparkjobs.keygroups import KeyGroup
 
@@ -64,6 +66,21 @@ def test_the_balancer_view_comes_from_the_one_reading_with_the_catalogs_mergeabi
     assert topology.node("source").capacity_bytes == 64 * MB
     link = next(iter(topology.links))
     assert link.bandwidth_bps == bandwidth(doc, link.src, link.dst) * MEGABIT
+
+
+def test_a_running_stage_keyed_local_global_has_no_key_groups_and_its_data_merges() -> None:
+    doc = demo("running-totals")
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**node.get("params", {}), "keying": "local_global"}
+    graph = RunGraph.of(doc)
+
+    assert graph.keyed == frozenset()
+    assert all(n.mergeable for n in graph.topology.nodes)
+    # ...and its instances route like any mergeable stage's: the whole segment to one
+    routes = Routes(shares={"totals1": 0.5, "totals2": 0.5})
+    copies = targets(doc, "source", "c1", tag="", routes=routes, slots=KeyGroup())
+    assert len(copies) == 1 and copies[0][2] == KeyGroup()
 
 
 def test_a_graph_is_made_once_per_document_and_once_per_configuration() -> None:

@@ -122,6 +122,44 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
         assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
 
 
+def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across_rescales(
+    workers,
+) -> None:
+    # Given the running-totals pipeline keyed local_global, over data one key dominates
+    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {**node["params"], "keying": "local_global"}
+    generator = "seed=5,volume_mb=12,dominance=0.85,malformed_every=499"
+    run = start(doc, policy(routing="water_level"), generator=generator)
+    wait_started(run)
+    # When its stage scales out, then an original instance is removed
+    grown = adjust_and_wait(run, "add_instance", stage="totals")
+    shrunk = adjust_and_wait(run, "remove_instance", node="totals1")
+    run = wait_until_done(run, timeout_s=300)
+    # Then the result equals the batch job exactly...
+    for adjustment in (grown, shrunk):
+        assert adjustment.status == "complete", adjustment.outcome
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["malformed_records"] == expected["malformed_records"] > 0
+    assert result["rows"] == expected["rows"]
+    # ...every key's state merged over its holders is the batch job's result per key...
+    totals = keystate.totals(run.pk, "totals")
+    assert {k.key: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+        r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
+        for r in expected["rows"]
+    }
+    # ...the dominant key was folded by more than one instance, and only members that
+    # stay hold state: the removed instance's totals were merged into one of them
+    hottest = max(expected["rows"], key=lambda r: r["count"])["key"]
+    holders = keystate.holders(run.pk, "totals")
+    assert len(holders[keystate.StateKey(hottest)]) == 2, holders[keystate.StateKey(hottest)]
+    staying = {"totals2", *grown.plan["added"]}
+    assert {h for who in holders.values() for h in who} <= staying
+
+
 def _dec(value: Any) -> Any:
     from decimal import Decimal
 

@@ -276,6 +276,52 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
         assert slot_of(state.key) in old_groups[holders[0]].slots and len(holders) == 1
 
 
+def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_one_that_stays() -> (
+    None
+):
+    # Given the running stage keyed local_global, both instances holding partial totals
+    # of every key (any instance folds any key it sees)
+    run = pending_run("running-totals")
+    for node in run.topology["nodes"]:
+        if node.get("operator") == "running":
+            node["params"]["keying"] = "local_global"
+    run.save(update_fields=["topology"])
+    keys = _keys_per_slot_range()
+    for holder, count in (("totals1", 2), ("totals2", 3)):
+        deltas = [
+            (keystate.StateKey(k), keystate.Totals(count, v * count, v, v)) for k, v in keys.items()
+        ]
+        keystate.fold(run.pk, "totals", holder, deltas)
+    # When a scale-out whose new instance folded a batch is rolled back
+    grown = begin(
+        run.pk,
+        Change("scale_out", added=(NewInstance("totals-4", "totals"),)),
+        epoch=1,
+        source="source",
+    )
+    assert "totals" not in grown.plan["handoff"]  # no key groups, nothing handed off by slot
+    keystate.fold(
+        run.pk,
+        "totals",
+        "totals-4",
+        [(keystate.StateKey(k), keystate.Totals(1, v, v, v)) for k, v in keys.items()],
+    )
+    expected = keystate.totals(run.pk, "totals")
+    assert rollback(grown.pk, "forced by the test").status == Adjustment.Status.ROLLED_BACK
+    # Then every key's state is unchanged, held by the members of the old graph only
+    assert keystate.totals(run.pk, "totals") == expected
+    held = {h for who in keystate.holders(run.pk, "totals").values() for h in who}
+    assert held == {"totals1", "totals2"}
+    # And when totals1 is removed, its totals are merged into totals2, unchanged per key
+    shrunk = begin(run.pk, Change("scale_in", removed=("totals1",)), epoch=1, source="source")
+    for node in shrunk.plan["subgraph"][1:]:
+        _claim(run, node)
+    assert complete(shrunk.pk).status == Adjustment.Status.COMPLETE
+    assert keystate.totals(run.pk, "totals") == expected
+    assert {tuple(h) for h in keystate.holders(run.pk, "totals").values()} == {("totals2",)}
+    assert expected[keystate.StateKey(next(iter(keys)))].count == 6
+
+
 def test_a_key_group_move_hands_the_moved_slots_state_over_and_a_scale_out_starts_even() -> None:
     # Given two stateful instances holding their even key groups' state
     run = pending_run("running-totals")

@@ -14,7 +14,7 @@ import psutil
 import yaml
 from django.utils import timezone
 
-from balancer.document import PipelineDocument, emulated
+from balancer.document import NodeDocument, PipelineDocument, emulated
 from balancer.policy import Policy
 from orchestrator.models import Adjustment, Event, Run, Segment
 from orchestrator.pipeline.producer import FolderTarget, produce
@@ -49,6 +49,49 @@ def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> Pipel
         if node["name"] in {"task1", "task2"}:
             node["max_rate_mbps"] = slow_mbps
     return doc
+
+
+def joined_flights(reference: str = "airlines.csv", **join: Any) -> PipelineDocument:
+    """Flights (carrier, delay, tail) joined with an airlines table on the carrier, then
+    aggregated per airline name: the delay's figures and the distinct tail numbers.
+    ``join`` changes the join node's parameters."""
+    params = {"reference": reference, "on": ["carrier"], "columns": ["name"], **join}
+    return {
+        "name": "flights-by-airline",
+        "nodes": [
+            {
+                "name": "source",
+                "kind": "source",
+                "operator": "read",
+                "params": {
+                    "format": "jsonl",
+                    "route_by": "carrier",
+                    "segment_mb": SEGMENT_MB,
+                    "schema": "carrier string, delay double, tail string",
+                },
+            },
+            {"name": "enrich", "kind": "operator", "operator": "join", "params": params},
+            *[
+                NodeDocument(
+                    name=f"agg{i}",
+                    kind="operator",
+                    stage="agg",
+                    operator="aggregate",
+                    params={"key": "name", "value": "delay", "distinct": "tail"},
+                    buffer_mb=1.0,
+                )
+                for i in (1, 2)
+            ],
+            {"name": "output", "kind": "sink", "operator": "merge"},
+        ],
+        "edges": [
+            {"from": "source", "to": "enrich"},
+            {"from": "enrich", "to": "agg1"},
+            {"from": "enrich", "to": "agg2"},
+            {"from": "agg1", "to": "output"},
+            {"from": "agg2", "to": "output"},
+        ],
+    }
 
 
 def running_totals(**changes: Any) -> PipelineDocument:

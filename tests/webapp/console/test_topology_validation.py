@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.orchestrator.run.scenarios import joined_flights
 from webapp.console.topology_io import parse_yaml
 from webapp.console.validation import validate_document
 
@@ -124,6 +125,52 @@ def test_every_upstream_of_a_keyed_stage_feeds_all_its_members() -> None:
         m.startswith("node totals2: keyed stage 'totals'") and "source does not feed" in m
         for m in messages(doc)
     )
+
+
+def test_a_running_stage_keyed_local_global_takes_any_record_at_any_member() -> None:
+    doc = parse_yaml((REFERENCE.parent / "running-totals.yaml").read_text())
+    for node in doc["nodes"][1:3]:
+        node["params"]["keying"] = "local_global"
+    assert validate_document(doc) == []
+    doc["edges"] = [e for e in doc["edges"] if e != {"from": "source", "to": "totals2"}]
+    assert messages(doc) == ["node totals2: unreachable from any source"]
+    doc["nodes"][1]["params"]["keying"] = "by_magic"
+    doc["nodes"][2]["params"]["keying"] = "by_magic"
+    assert any(
+        "totals1" in m and "keying" in m and "must be one of local_global, key_groups" in m
+        for m in messages(doc)
+    ), messages(doc)
+
+
+def test_a_join_with_reference_data_is_valid_and_its_fields_reach_the_aggregate() -> None:
+    assert validate_document(joined_flights()) == []
+
+
+@pytest.mark.parametrize(
+    ("join", "says"),
+    [
+        ({"reference": "/etc/passwd.csv"}, "parameter 'reference' must be a file below an input"),
+        ({"reference": "../up.csv"}, "parameter 'reference' must be a file below an input"),
+        ({"reference": "tables/*.csv"}, "parameter 'reference' must name one file, not a pattern"),
+        ({"reference": "airlines.xlsx"}, "parameter 'reference' must end in .csv, .jsonl"),
+        ({"on": []}, "parameter 'on' must be a list of 1 to 16 field names"),
+        ({"on": ["carrier", "CARRIER"]}, "parameter 'on' names a field twice"),
+        ({"columns": ["name", "carrier"]}, "columns and on both name carrier"),
+        ({"how": "outer"}, "parameter 'how' must be one of inner, left"),
+        ({"on": ["airline"]}, "nodes[1] (enrich).params.on: unknown field 'airline'"),
+    ],
+)
+def test_a_bad_join_is_refused_saying_which_parameter_and_why(
+    join: dict[str, Any], says: str
+) -> None:
+    found = messages(joined_flights(**join))
+    assert any(says in m for m in found), found
+
+
+def test_a_user_document_cannot_name_a_snapshot_of_its_own() -> None:
+    doc = joined_flights()
+    doc["nodes"][1]["reference_file"] = "0" * 64 + ".csv"  # type: ignore[typeddict-unknown-key]
+    assert "nodes[1].reference_file: unknown key" in messages(doc)
 
 
 def test_sources_take_no_input_and_sinks_give_no_output(reference: dict[str, Any]) -> None:

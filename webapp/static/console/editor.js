@@ -163,7 +163,7 @@
         const loc = `nodes[${i}].params.${pname}`;
         const id = `p-${i}-${pname}`;
         box.appendChild(BP.el("label", { for: id, title: pspec.help }, pname + (pspec.required ? " *" : "")));
-        const isList = Array.isArray(pspec.default) || pname === "columns";
+        const isList = Array.isArray(pspec.default) || pspec.list;
         if (pname === "schema") {
           const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder: "key string\nvalue double (one field a line)" });
           field.value = shownSchema(node.params[pname]);

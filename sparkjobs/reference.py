@@ -1,0 +1,73 @@
+"""The ``join`` operator (sparkjobs/catalog.py): each record matched with the rows of a
+reference table whose ``on`` fields equal its own, the table's ``columns`` added.
+
+The table is the file a run snapshotted when it started (orchestrator/pipeline/
+reference.py), passed in as ``params["reference_path"]``: every batch of the run, its
+retries and the plain job read the same bytes, so a join is as exact as any record
+operator. The table is small (its file is bounded when it is snapshotted) and broadcast
+to every task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkjobs.catalog import REFERENCE_FORMATS
+from sparkjobs.records import column
+
+# The key under which the orchestrator passes a join's snapshotted table to its job.
+REFERENCE_PATH = "reference_path"
+
+
+class ReferenceError(ValueError):
+    """The reference table cannot be joined as the node asks."""
+
+
+def read_reference(spark: SparkSession, path: str) -> DataFrame:
+    """The table in ``path``, read by its suffix: CSV with a header (every column text),
+    JSON lines (types inferred) or Parquet (its own types)."""
+    fmt = REFERENCE_FORMATS[Path(path).suffix.lower()]
+    if fmt == "csv":
+        return spark.read.csv(path, header=True, inferSchema=False)
+    if fmt == "jsonl":
+        return spark.read.json(path)
+    return spark.read.parquet(path)
+
+
+def join_reference(
+    frame: DataFrame, params: Mapping[str, Any], *, keep: Collection[str]
+) -> DataFrame:
+    """``frame``'s records joined with the node's reference table: each record's fields
+    (and the ``keep`` columns), then the added ``columns``, one row per matching table
+    row; with ``how = left`` a record without one is kept, its added columns null."""
+    on = [str(f) for f in params["on"]]
+    added = [str(c) for c in params["columns"]]
+    table = read_reference(frame.sparkSession, str(params[REFERENCE_PATH]))
+    have = {c.lower(): c for c in table.columns}
+    missing = [c for c in (*on, *added) if c.lower() not in have]
+    if missing:
+        raise ReferenceError(
+            f"the reference table {Path(str(params['reference'])).name} has no column "
+            f"{', '.join(repr(c) for c in missing)} (it has {', '.join(table.columns)})"
+        )
+    fields = {c.lower() for c in frame.columns if c not in keep}
+    absent = [f for f in on if f.lower() not in fields]
+    if absent:
+        raise ReferenceError(f"the records have no field {', '.join(repr(f) for f in absent)}")
+    clash = [c for c in added if c.lower() in fields]
+    if clash:
+        raise ReferenceError(
+            f"the records already have a field {', '.join(repr(c) for c in clash)}; "
+            "the table's column would hide it"
+        )
+    rows = table.select(
+        *[column(have[f.lower()]).alias(f) for f in on],
+        *[column(have[c.lower()]).alias(c) for c in added],
+    )
+    joined = frame.join(F.broadcast(rows), on=on, how=str(params.get("how", "inner")))
+    return joined.select(*[column(c) for c in frame.columns], *[column(c) for c in added])
