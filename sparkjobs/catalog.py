@@ -143,6 +143,9 @@ def _sink_problems(params: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+# The console's own database, as a sink names it (BPCONSOLE_SINK_DATABASES): it holds
+# the console's users and ledger, which no pipeline reads.
+CONSOLE_DATABASE = "console"
 # A reference table's file, by its suffix: what Spark reads it as.
 REFERENCE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 JOINS = ("inner", "left")
@@ -175,13 +178,29 @@ def _field_names(value: Any) -> str | None:
     return None
 
 
+def _reference_database(value: Any) -> str | None:
+    if value == CONSOLE_DATABASE:
+        return (
+            "must be a database the admin named for pipelines (BPCONSOLE_SINK_DATABASES), "
+            "not the console's own"
+        )
+    return _field_name(value)
+
+
 def _join_problems(params: Mapping[str, Any]) -> list[str]:
-    """The fields a join matches on are not among those it adds."""
+    """A join reads a file or a table of a database, one of them; the fields it matches
+    on are not among those it adds."""
+    problems = []
+    if ("reference" in params) == ("table" in params):
+        problems.append("give reference (a file) or table and database (a PostgreSQL table)")
+    elif ("table" in params) != ("database" in params):
+        problems.append("table and database go together")
     on, columns = params.get("on"), params.get("columns")
-    if not isinstance(on, list) or not isinstance(columns, list):
-        return []
-    both = sorted({str(c).lower() for c in columns} & {str(f).lower() for f in on})
-    return [f"columns and on both name {', '.join(both)}"] if both else []
+    if isinstance(on, list) and isinstance(columns, list):
+        both = sorted({str(c).lower() for c in columns} & {str(f).lower() for f in on})
+        if both:
+            problems.append(f"columns and on both name {', '.join(both)}")
+    return problems
 
 
 def _optional(check: Check) -> Check:
@@ -354,16 +373,26 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "join",
             "operator",
             "Adds columns of a reference table (a CSV, JSON lines or Parquet file below the "
-            "input folders) to each record whose on fields equal a row's. The file is read "
-            "when a run starts and that version is joined throughout the run, its retries "
-            "and its plain job.",
+            "input folders, or a table of a database the admin named) to each record whose "
+            "on fields equal a row's. The table is read when a run starts and that version "
+            "is joined throughout the run, its retries and its plain job.",
             {
                 "reference": ParamSpec(
                     None,
-                    _reference_file,
+                    _optional(_reference_file),
                     "the table's file, below an input folder (.csv with a header, "
-                    ".jsonl or .parquet)",
-                    required=True,
+                    ".jsonl or .parquet); or give table and database",
+                ),
+                "table": ParamSpec(
+                    None,
+                    _optional(_table_name),
+                    "a PostgreSQL table, in database (instead of a file)",
+                ),
+                "database": ParamSpec(
+                    None,
+                    _optional(_reference_database),
+                    "a database the admin configured in BPCONSOLE_SINK_DATABASES, not the "
+                    "console's own",
                 ),
                 "on": ParamSpec(
                     None,

@@ -52,7 +52,8 @@ def join_reference(
     missing = [c for c in (*on, *added) if c.lower() not in have]
     if missing:
         raise ReferenceError(
-            f"the reference table {Path(str(params['reference'])).name} has no column "
+            f"the reference table {params.get('table') or Path(str(params['reference'])).name}"
+            f" has no column "
             f"{', '.join(repr(c) for c in missing)} (it has {', '.join(table.columns)})"
         )
     fields = {c.lower() for c in frame.columns if c not in keep}

@@ -1,14 +1,18 @@
 """A join's reference table, snapshotted when a run starts.
 
-A ``join`` node names a file below the input folders (``params.reference``). When a run
-is created, the file is found there as any input is (``confined_files``: inside a root,
-no link out unless links are allowed, not a console folder), opened beneath its root,
-and copied into the snapshot store, ``DATA_DIR/reference/<sha256><suffix>``, its bytes
-bounded by ``BPCONSOLE_REFERENCE_MAX_MB``. The run's graph names the copy on the node
-(``reference_file``), and every batch of the run, every retry and the run's plain job
-read that copy: a table changed or removed meanwhile changes nothing the run computes.
-The store is content-addressed, so runs over the same table share one copy, and a
-snapshot written half-way is never taken for one (written aside, then renamed).
+A ``join`` node names a file below the input folders (``params.reference``) or a
+PostgreSQL table of a database the admin named (``params.table`` and ``database``, never
+the console's own). When a run is created, a file is found there as any input is
+(``confined_files``: inside a root, no link out unless links are allowed, not a console
+folder), opened beneath its root and copied, and a table is read and written as Parquet,
+into the snapshot store, ``DATA_DIR/reference/<sha256><suffix>``, bounded by
+``BPCONSOLE_REFERENCE_MAX_MB``. Whether a pipeline may read a table another pipeline's
+sink writes is the run's creation's to say (orchestrator/run/lifecycle.py). The run's
+graph names the copy on the node (``reference_file``), and every batch of the run, every
+retry and the run's plain job read that copy: a table changed or removed meanwhile
+changes nothing the run computes. The store is content-addressed, so runs over the same
+table share one copy, and a snapshot written half-way is never taken for one (written
+aside, then renamed).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 from django.conf import settings
+from psycopg import sql
 
 from balancer.document import NodeDocument, PipelineDocument
 from orchestrator.pipeline.beneath import Roots, WalkError
 from orchestrator.pipeline.inputs import InputError, confined_files
-from sparkjobs.catalog import operator_name
+from sparkjobs.catalog import CONSOLE_DATABASE, operator_name
 from sparkjobs.reference import REFERENCE_PATH
 
 CHUNK = 1 << 20
@@ -70,6 +78,92 @@ def snapshot(reference: str) -> str:
         aside.unlink(missing_ok=True)
 
 
+def snapshot_table(table: str, database: str) -> str:
+    """Copy the PostgreSQL ``table`` of the admin-named ``database`` into the store, as
+    Parquet with the table's types, its rows in the order of all their columns (the
+    same rows give the same copy); the copy's file name. Read in a read-only
+    transaction under a statement timeout, and refused past the size bound. Raises
+    :class:`InputError` saying what is wrong."""
+    named: Mapping[str, str] = settings.BPCONSOLE_SINK_DATABASES
+    if database == CONSOLE_DATABASE or database not in named:
+        known = ", ".join(sorted(set(named) - {CONSOLE_DATABASE})) or "none"
+        raise InputError(
+            f"database {database!r} is not one the admin named for pipelines (known: {known})"
+        )
+    limit = int(settings.BPCONSOLE_REFERENCE_MAX_MB * 2**20)
+    where = f"the reference table {table!r} in database {database!r}"
+    try:
+        with psycopg.connect(named[database], connect_timeout=5) as conn:
+            conn.read_only = True
+            conn.execute("SET statement_timeout = '30s'")
+            probe = conn.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(sql.Identifier(table)))
+            names = [c.name for c in probe.description or []]
+            kinds = [_arrow_type(conn, c.type_code) for c in probe.description or []]
+            order = sql.SQL(", ").join(sql.Literal(i + 1) for i in range(len(names)))
+            query = sql.SQL("SELECT * FROM {} ORDER BY {}").format(sql.Identifier(table), order)
+            rows: list[tuple[Any, ...]] = []
+            size = 0
+            with conn.cursor(name="reference") as cursor:
+                cursor.execute(query)
+                while batch := cursor.fetchmany(10_000):
+                    size += sum(len(str(v)) for row in batch for v in row)
+                    if size > limit:
+                        raise InputError(
+                            f"{where} is over {settings.BPCONSOLE_REFERENCE_MAX_MB:g} MB "
+                            "(BPCONSOLE_REFERENCE_MAX_MB)"
+                        )
+                    rows.extend(batch)
+    except psycopg.Error as exc:
+        raise InputError(f"{where} cannot be read ({str(exc).strip()})") from None
+    try:
+        frame = pa.table(
+            {
+                name: pa.array([_value(row[i], kind) for row in rows], type=kind)
+                for i, (name, kind) in enumerate(zip(names, kinds, strict=True))
+            }
+        )
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise InputError(f"{where} has values Parquet cannot hold ({exc})") from None
+    folder = store()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    aside = folder / f".{os.getpid()}-{os.urandom(6).hex()}"
+    try:
+        made = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(made, "wb") as copy:
+            pq.write_table(frame, copy)
+            copy.flush()
+            os.fsync(copy.fileno())
+        name = hashlib.sha256(aside.read_bytes()).hexdigest() + ".parquet"
+        aside.replace(folder / name)
+        return name
+    finally:
+        aside.unlink(missing_ok=True)
+
+
+# A PostgreSQL column's type, by its name, as Parquet keeps it; any other is kept as text.
+_ARROW_TYPES: Mapping[str, pa.DataType] = {
+    "bool": pa.bool_(),
+    "int2": pa.int16(),
+    "int4": pa.int32(),
+    "int8": pa.int64(),
+    "float4": pa.float32(),
+    "float8": pa.float64(),
+    "numeric": pa.decimal128(38, 10),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+}
+
+
+def _arrow_type(conn: psycopg.Connection[Any], oid: int) -> pa.DataType:
+    info = conn.adapters.types.get(oid)
+    return _ARROW_TYPES.get(info.name if info is not None else "", pa.string())
+
+
+def _value(value: Any, kind: pa.DataType) -> Any:
+    return str(value) if value is not None and kind == pa.string() else value
+
+
 def _one_file(reference: str) -> list[str]:
     roots = [Path(r) for r in settings.INPUT_ROOTS]
     try:
@@ -81,6 +175,13 @@ def _one_file(reference: str) -> list[str]:
     return files
 
 
+def snapshot_of(params: Mapping[str, Any]) -> str:
+    """The copy of a join's table: its file, or its table in a database."""
+    if "table" in params:
+        return snapshot_table(str(params["table"]), str(params.get("database", "")))
+    return snapshot(str(params.get("reference", "")))
+
+
 def snapshot_tables(doc: PipelineDocument) -> PipelineDocument:
     """``doc`` with each join node's table snapshotted (``reference_file``), for a run's
     graph. Raises :class:`InputError` naming the node."""
@@ -88,9 +189,8 @@ def snapshot_tables(doc: PipelineDocument) -> PipelineDocument:
     for node in doc["nodes"]:
         taken = node
         if operator_name(node) == "join" and "reference_file" not in node:
-            reference = str((node.get("params") or {}).get("reference", ""))
             try:
-                taken = {**node, "reference_file": snapshot(reference)}
+                taken = {**node, "reference_file": snapshot_of(node.get("params") or {})}
             except InputError as exc:
                 raise InputError(f"node {node['name']}: {exc}") from None
         nodes.append(taken)
@@ -104,5 +204,5 @@ def job_params(node: NodeDocument) -> Mapping[str, Any]:
     params: Mapping[str, Any] = node.get("params") or {}
     if operator_name(node) != "join":
         return params
-    name = node.get("reference_file") or snapshot(str(params.get("reference", "")))
+    name = node.get("reference_file") or snapshot_of(params)
     return {**params, REFERENCE_PATH: str(store() / Path(str(name)).name)}

@@ -28,6 +28,7 @@ from orchestrator.sink.targets import SinkError, sink_of
 from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
+from sparkjobs.catalog import operator_name
 
 READERS_LOCK = 0x62_70_72_64  # "bprd": the advisory lock of run creation's checks
 
@@ -248,7 +249,21 @@ def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | Non
 
 def _with_tables(topology: PipelineDocument) -> PipelineDocument:
     """The run's graph: ``topology`` with its joins' reference tables snapshotted
-    (orchestrator/pipeline/reference.py)."""
+    (orchestrator/pipeline/reference.py). A join may not read a table another
+    pipeline's sink writes (nor its commit log): that is the other pipeline's data."""
+    for node in topology["nodes"]:
+        params = node.get("params") or {}
+        if operator_name(node) != "join" or "table" not in params:
+            continue
+        table, database = str(params["table"]), str(params.get("database", ""))
+        for written in {table, table.removesuffix("_commits")}:
+            sink = {"sink": "postgres", "table": written, "database": database}
+            owned = owner_problem(topology["name"], sink)
+            if owned:
+                raise RunError(
+                    f"node {node['name']}: a join may not read another pipeline's sink: "
+                    f"{owned}; nothing was created"
+                )
     try:
         return snapshot_tables(topology)
     except InputError as exc:

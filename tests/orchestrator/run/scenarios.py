@@ -51,11 +51,14 @@ def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> Pipel
     return doc
 
 
-def joined_flights(reference: str = "airlines.csv", **join: Any) -> PipelineDocument:
+def joined_flights(reference: str | None = "airlines.csv", **join: Any) -> PipelineDocument:
     """Flights (carrier, delay, tail) joined with an airlines table on the carrier, then
     aggregated per airline name: the delay's figures and the distinct tail numbers.
-    ``join`` changes the join node's parameters."""
-    params = {"reference": reference, "on": ["carrier"], "columns": ["name"], **join}
+    ``join`` changes the join node's parameters; ``reference`` None reads no file (give
+    ``table`` and ``database``)."""
+    params = {"on": ["carrier"], "columns": ["name"], **join}
+    if reference is not None:
+        params["reference"] = reference
     return {
         "name": "flights-by-airline",
         "nodes": [

@@ -144,6 +144,8 @@ def test_a_running_stage_keyed_local_global_takes_any_record_at_any_member() -> 
 
 def test_a_join_with_reference_data_is_valid_and_its_fields_reach_the_aggregate() -> None:
     assert validate_document(joined_flights()) == []
+    from_a_database = joined_flights(reference=None, table="airlines", database="reports")
+    assert validate_document(from_a_database) == []
 
 
 @pytest.mark.parametrize(
@@ -158,6 +160,14 @@ def test_a_join_with_reference_data_is_valid_and_its_fields_reach_the_aggregate(
         ({"columns": ["name", "carrier"]}, "columns and on both name carrier"),
         ({"how": "outer"}, "parameter 'how' must be one of inner, left"),
         ({"on": ["airline"]}, "nodes[1] (enrich).params.on: unknown field 'airline'"),
+        ({"table": "airlines", "database": "reports"}, "give reference (a file) or table and"),
+        ({"reference": None}, "give reference (a file) or table and database"),
+        ({"reference": None, "table": "airlines"}, "table and database go together"),
+        (
+            {"reference": None, "table": "airlines", "database": "console"},
+            "parameter 'database' must be a database the admin named for pipelines",
+        ),
+        ({"reference": None, "table": "Airlines", "database": "r"}, "parameter 'table' must be"),
     ],
 )
 def test_a_bad_join_is_refused_saying_which_parameter_and_why(
