@@ -121,14 +121,20 @@ def _table_name(value: Any) -> str | None:
     return None
 
 
-def _relative_path(value: Any) -> str | None:
-    """A folder below the sink root: relative, no ``..``, no control characters."""
+def _relative(value: Any, what: str, below: str) -> str | None:
+    """A ``what`` (folder, file) below ``below``: relative, no ``..``, no control
+    characters."""
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
-        return f"must be a relative folder of at most {MAX_PATH_CHARS} characters"
+        return f"must be a relative {what} of at most {MAX_PATH_CHARS} characters"
     parts = value.replace("\\", "/").split("/")
     if value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
-        return f"must be a folder below the sink root (relative, no '..'), got {value!r}"
+        return f"must be a {what} below {below} (relative, no '..'), got {value!r}"
     return None
+
+
+def _relative_path(value: Any) -> str | None:
+    """A folder below the sink root."""
+    return _relative(value, "folder", "the sink root")
 
 
 def _sink_problems(params: Mapping[str, Any]) -> list[str]:
@@ -153,12 +159,10 @@ MAX_JOIN_FIELDS = 16
 
 
 def _reference_file(value: Any) -> str | None:
-    """A file below the input roots: relative, no ``..``, no wildcard, a known suffix."""
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
-        return f"must be a relative file name of at most {MAX_PATH_CHARS} characters"
-    parts = value.replace("\\", "/").split("/")
-    if value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
-        return f"must be a file below an input folder (relative, no '..'), got {value!r}"
+    """A file below the input folders: no wildcard, a known suffix."""
+    problem = _relative(value, "file", "an input folder")
+    if problem is not None:
+        return problem
     if any(c in value for c in "*?["):
         return f"must name one file, not a pattern, got {value!r}"
     if Path(value).suffix.lower() not in REFERENCE_FORMATS:

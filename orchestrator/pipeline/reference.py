@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psycopg
 import pyarrow as pa
@@ -47,16 +47,15 @@ def snapshot(reference: str) -> str:
     :class:`InputError` saying what is wrong with it."""
     limit = int(settings.BPCONSOLE_REFERENCE_MAX_MB * 2**20)
     (path,) = _one_file(reference)
-    folder = store()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    aside = folder / f".{os.getpid()}-{os.urandom(6).hex()}"
-    size = 0
     try:
         with Roots(settings.INPUT_ROOTS) as roots:
             fd = roots.open_file(path)
-        made = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "rb") as source, os.fdopen(made, "wb") as copy:
+    except WalkError as exc:
+        raise InputError(f"the reference table {reference!r} cannot be read ({exc})") from None
+
+    def copy(into: BinaryIO) -> None:
+        size = 0
+        with os.fdopen(fd, "rb") as source:
             while chunk := source.read(CHUNK):
                 size += len(chunk)
                 if size > limit:
@@ -65,15 +64,30 @@ def snapshot(reference: str) -> str:
                         f"{settings.BPCONSOLE_REFERENCE_MAX_MB:g} MB "
                         "(BPCONSOLE_REFERENCE_MAX_MB)"
                     )
-                digest.update(chunk)
-                copy.write(chunk)
+                into.write(chunk)
+
+    return _into_store(copy, Path(path).suffix.lower())
+
+
+def _into_store(write: Callable[[BinaryIO], None], suffix: str) -> str:
+    """A copy made by ``write`` beside the store's files, then renamed to its SHA-256
+    and ``suffix``: that file name. Owner-only; nothing half-written is left."""
+    folder = store()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    aside = folder / f".{os.getpid()}-{os.urandom(6).hex()}"
+    try:
+        made = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(made, "wb") as copy:
+            write(copy)
             copy.flush()
             os.fsync(copy.fileno())
-        name = digest.hexdigest() + Path(path).suffix.lower()
+        digest = hashlib.sha256()
+        with aside.open("rb") as kept:
+            while chunk := kept.read(CHUNK):
+                digest.update(chunk)
+        name = digest.hexdigest() + suffix
         aside.replace(folder / name)
         return name
-    except WalkError as exc:
-        raise InputError(f"the reference table {reference!r} cannot be read ({exc})") from None
     finally:
         aside.unlink(missing_ok=True)
 
@@ -124,20 +138,7 @@ def snapshot_table(table: str, database: str) -> str:
         )
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise InputError(f"{where} has values Parquet cannot hold ({exc})") from None
-    folder = store()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    aside = folder / f".{os.getpid()}-{os.urandom(6).hex()}"
-    try:
-        made = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(made, "wb") as copy:
-            pq.write_table(frame, copy)
-            copy.flush()
-            os.fsync(copy.fileno())
-        name = hashlib.sha256(aside.read_bytes()).hexdigest() + ".parquet"
-        aside.replace(folder / name)
-        return name
-    finally:
-        aside.unlink(missing_ok=True)
+    return _into_store(lambda into: pq.write_table(frame, into), ".parquet")
 
 
 # A PostgreSQL column's type, by its name, as Parquet keeps it; any other is kept as text.

@@ -15,17 +15,14 @@ import pytest
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.pipeline.reference import job_params, snapshot, snapshot_tables, store
 from sparkjobs.reference import REFERENCE_PATH
-from tests.orchestrator.run.scenarios import joined_flights
+from tests.orchestrator.run.scenarios import input_folder, joined_flights
 
 AIRLINES = b"carrier,name\nUA,United Air Lines Inc.\nAA,American Airlines Inc.\n"
 
 
 @pytest.fixture
 def roots(settings: Any, tmp_path: Path) -> Path:
-    root = tmp_path / "inputs"
-    root.mkdir()
-    settings.INPUT_ROOTS = [str(root)]
-    settings.DATA_DIR = tmp_path / "data"
+    root = input_folder(settings, tmp_path)
     (root / "airlines.csv").write_bytes(AIRLINES)
     return root
 

@@ -51,6 +51,17 @@ def skewed_reference(*, slow_mbps: float = 2.0, buffer_mb: float = 0.5) -> Pipel
     return doc
 
 
+def input_folder(settings: Any, tmp_path: Path, *, data: bool = True) -> Path:
+    """A fresh input folder as the only input root (and, with ``data``, a data folder of
+    the test's own, where reference tables are copied)."""
+    root = tmp_path / "inputs"
+    root.mkdir()
+    settings.INPUT_ROOTS = [str(root)]
+    if data:
+        settings.DATA_DIR = tmp_path / "data"
+    return root
+
+
 def joined_flights(reference: str | None = "airlines.csv", **join: Any) -> PipelineDocument:
     """Flights (carrier, delay, tail) joined with an airlines table on the carrier, then
     aggregated per airline name: the delay's figures and the distinct tail numbers.

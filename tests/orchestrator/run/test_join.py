@@ -19,6 +19,7 @@ from orchestrator.worker.plain_job import batch_summary
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
     completes_like_the_batch_job,
+    input_folder,
     joined_flights,
     policy,
     start,
@@ -57,9 +58,8 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
 ) -> None:
     # Given flights, an airlines table below the input folder, and a pipeline that
     # names each flight's airline and aggregates per airline
-    root = tmp_path / "inputs"
-    root.mkdir()
-    settings.INPUT_ROOTS = [str(root)]
+    # The run's copy of the table goes to the data folder its Spark workers read.
+    root = input_folder(settings, tmp_path, data=False)
     _table(root / "airlines.csv", AIRLINES)
     _flights(root / "flights.jsonl", 150_000)
     doc = joined_flights()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.models import Run
-from tests.orchestrator.run.scenarios import joined_flights
+from tests.orchestrator.run.scenarios import input_folder, joined_flights
 from tests.webapp.console.factories import client_for
 from webapp.console.models import Pipeline
 
@@ -19,10 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 @pytest.fixture
 def inputs(settings: Any, tmp_path: Path) -> Path:
-    root = tmp_path / "inputs"
-    root.mkdir()
-    settings.INPUT_ROOTS = [str(root)]
-    settings.DATA_DIR = tmp_path / "data"
+    root = input_folder(settings, tmp_path)
     (root / "flights.jsonl").write_text('{"carrier": "UA", "delay": 3.5, "tail": "N1"}\n')
     (root / "airlines.csv").write_text("carrier,name\nUA,United Air Lines Inc.\n")
     (tmp_path / "secret.csv").write_text("carrier,name\nUA,hunter2\n")
