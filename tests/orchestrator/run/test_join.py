@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.orchestrator.run.scenarios import (
     start,
     wait_started,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -67,10 +67,8 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     # When the table changes once the run has started
     _table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
     # ...a Spark worker is killed holding a batch, and the join is hot-migrated
-    deadline = time.monotonic() + 60
-    while not Segment.objects.filter(run=run, state="claimed").exists():
-        assert time.monotonic() < deadline, "no batch was ever claimed"
-        time.sleep(0.05)
+    claimed = Segment.objects.filter(run=run, state="claimed")
+    wait_for("a batch of the run claimed", claimed.exists, timeout_s=60, every_s=0.05)
     children = psutil.Process(workers.processes["spark1"].pid).children()
     assert children, "the Spark worker has no pool process to kill"
     for child in children:
