@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from balancer.document import PipelineDocument
 from orchestrator.pipeline.beneath import FROM_TOP
+from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
 from sparkjobs.catalog import operator_name
 from sparkjobs.schemas import FieldType, Proposal, aggregate_fields, declared_proposal, propose
@@ -142,13 +143,11 @@ def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
 
 def _after_field_makers(doc: PipelineDocument) -> set[str]:
     """The nodes downstream of a project or a join (operators that make fields)."""
-    downstreams: dict[str, list[str]] = {}
-    for edge in doc["edges"]:
-        downstreams.setdefault(edge["from"], []).append(edge["to"])
+    graph = RunGraph.of(doc)
     stack = [n["name"] for n in doc["nodes"] if operator_name(n) in ("project", "join")]
     seen: set[str] = set()
     while stack:
-        for nxt in downstreams.get(stack.pop(), []):
+        for nxt in graph.downstreams_of(stack.pop()):
             if nxt not in seen:
                 seen.add(nxt)
                 stack.append(nxt)
