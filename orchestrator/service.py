@@ -37,12 +37,14 @@ from orchestrator.pipeline.generator import GeneratorError
 from orchestrator.pipeline.graph import pipeline_sink, pipeline_windows, window_problems
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.pipeline.sample import Sample, sample_schema
+from orchestrator.pipeline.schemas import SchemaProblem
 from orchestrator.pipeline.schemas import derive as derive_schemas
 from orchestrator.run.lifecycle import (
     RunError,
     RunQuotaExceeded,
     create_run,
     live_workers,
+    reference_columns,
     request_adjustment,
     request_migration,
     set_status,
@@ -86,6 +88,14 @@ def sink_owner_problem(doc: PipelineDocument) -> str:
     """Why the pipeline ``doc`` may not write the table or folder its sink names (another
     pipeline owns it), or ""."""
     return owner_problem(doc["name"], pipeline_sink(doc))
+
+
+def reference_problems(doc: PipelineDocument) -> list[SchemaProblem]:
+    """Each problem of the joins of a valid document ``doc`` against their reference
+    tables as they are now: a table that cannot be read, a column it lacks, a join field
+    of another type than the record's."""
+    tables = reference_columns(doc["name"])
+    return derive_schemas(doc["nodes"], doc.get("edges", []), tables=tables).problems
 
 
 def workers_alive(timeout_s: float = 2.0) -> bool:
@@ -135,6 +145,8 @@ __all__ = [
     "lab_json",
     "live_workers",
     "operator_name",
+    "reference_columns",
+    "reference_problems",
     "request_adjustment",
     "request_migration",
     "run_checks",

@@ -127,10 +127,13 @@ def _is_field_name(value: Any) -> TypeGuard[str]:
 
 
 def output(
-    operator: str, params: Mapping[str, Any], given: Schema
+    operator: str, params: Mapping[str, Any], given: Schema, *, table: Schema | None = None
 ) -> tuple[Schema, list[ParamProblem]]:
     """What ``operator`` with ``params`` writes when it reads ``given``, and every
-    problem of its parameters against ``given``."""
+    problem of its parameters against ``given`` (a join's also against its reference
+    ``table``'s columns, when they are known)."""
+    if operator == "join":
+        return _join(params, given, table)
     rule = _RULES.get(operator)
     if rule is None:
         return given, []
@@ -246,10 +249,13 @@ def _fields(
     ]
 
 
-def _join(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
-    """The record's fields, then the table's ``columns`` (their types are the table's,
-    known when a run reads it). Each ``on`` field must be the record's, and no added
-    column may hide one of its fields."""
+def _join(
+    params: Mapping[str, Any], given: Schema, table: Schema | None
+) -> tuple[Schema, list[ParamProblem]]:
+    """The record's fields, then the table's ``columns``, of the table's types (unknown
+    when the table's columns are not known). Each ``on`` field must be the record's and
+    the table's, of types that compare (numbers with numbers, text with text), and no
+    added column may hide one of the record's fields."""
     on, columns = params.get("on"), params.get("columns")
     if not isinstance(on, list) or not isinstance(columns, list):
         return given, []
@@ -263,15 +269,55 @@ def _join(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamP
         for name in columns
         if given.find(str(name)) is not None
     ]
-    added = [Field(str(name), "unknown") for name in columns if given.find(str(name)) is None]
+    if table is not None:
+        problems += table_problems(params, table)
+        problems += [
+            ParamProblem(
+                "on",
+                f"{name!r} is {mine.type} in the records but {theirs.type} in the table; "
+                "cast one of them in a project stage before the join",
+            )
+            for name in on
+            if (mine := given.find(str(name))) is not None
+            and (theirs := table.find(str(name))) is not None
+            and not _comparable(mine.type, theirs.type)
+        ]
+    added = [
+        Field(str(name), _added_type(table, str(name)))
+        for name in columns
+        if given.find(str(name)) is None
+    ]
     return Schema([*given.fields, *added]), problems
+
+
+def table_problems(params: Mapping[str, Any], table: Schema) -> list[ParamProblem]:
+    """Each ``on`` field and added column a join names that its reference ``table``
+    does not have."""
+    problems = []
+    for param in ("on", "columns"):
+        names = params.get(param)
+        for name in names if isinstance(names, list) else []:
+            if table.find(str(name)) is None:
+                listed = ", ".join(f.name for f in table.fields[:20])
+                problems.append(
+                    ParamProblem(param, f"the reference table has no column {name!r} ({listed})")
+                )
+    return problems
+
+
+def _added_type(table: Schema | None, name: str) -> FieldType:
+    found = table.find(name) if table is not None else None
+    return found.type if found is not None else "unknown"
+
+
+def _comparable(mine: FieldType, theirs: FieldType) -> bool:
+    return "unknown" in (mine, theirs) or mine == theirs or {mine, theirs} <= NUMERIC
 
 
 _RULES = {
     "read": _read,
     "filter": _filter,
     "project": _project,
-    "join": _join,
     "aggregate": _aggregate,
     "running": _aggregate,
 }

@@ -64,6 +64,20 @@ def owner_problem(pipeline: str, params: Mapping[str, object]) -> str:
     return _problem(pipeline, target)
 
 
+def reader_problem(pipeline: str, params: Mapping[str, object]) -> str:
+    """Why pipeline ``pipeline``'s join may not read the reference table its ``params``
+    name (a table another pipeline's sink writes, or its commit log), or ""."""
+    if "table" not in params:
+        return ""
+    table, database = str(params["table"]), str(params.get("database", ""))
+    for written in sorted({table, table.removesuffix("_commits")}):
+        sink = {"sink": "postgres", "table": written, "database": database}
+        owned = owner_problem(pipeline, sink)
+        if owned:
+            return f"a join may not read another pipeline's sink: {owned}"
+    return ""
+
+
 def claim(pipeline: str, params: Mapping[str, object]) -> str:
     """Make ``pipeline`` the owner of its sink's target unless it or one overlapping it
     is another pipeline's; returns why not, or "" (owned by ``pipeline`` now)."""

@@ -32,8 +32,10 @@ from psycopg import sql
 from balancer.document import NodeDocument, PipelineDocument
 from orchestrator.pipeline.beneath import Roots, WalkError
 from orchestrator.pipeline.inputs import InputError, confined_files
-from sparkjobs.catalog import CONSOLE_DATABASE, operator_name
+from orchestrator.pipeline.sample import field_type_of, read_sample
+from sparkjobs.catalog import CONSOLE_DATABASE, REFERENCE_FORMATS, operator_name
 from sparkjobs.reference import REFERENCE_PATH
+from sparkjobs.schemas import Field, FieldType, Schema, declared_proposal
 
 CHUNK = 1 << 20
 
@@ -98,18 +100,10 @@ def snapshot_table(table: str, database: str) -> str:
     same rows give the same copy); the copy's file name. Read in a read-only
     transaction under a statement timeout, and refused past the size bound. Raises
     :class:`InputError` saying what is wrong."""
-    named: Mapping[str, str] = settings.BPCONSOLE_SINK_DATABASES
-    if database == CONSOLE_DATABASE or database not in named:
-        known = ", ".join(sorted(set(named) - {CONSOLE_DATABASE})) or "none"
-        raise InputError(
-            f"database {database!r} is not one the admin named for pipelines (known: {known})"
-        )
     limit = int(settings.BPCONSOLE_REFERENCE_MAX_MB * 2**20)
     where = f"the reference table {table!r} in database {database!r}"
     try:
-        with psycopg.connect(named[database], connect_timeout=5) as conn:
-            conn.read_only = True
-            conn.execute("SET statement_timeout = '30s'")
+        with _reading(database) as conn:
             probe = conn.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(sql.Identifier(table)))
             names = [c.name for c in probe.description or []]
             kinds = [_arrow_type(conn, c.type_code) for c in probe.description or []]
@@ -139,6 +133,25 @@ def snapshot_table(table: str, database: str) -> str:
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise InputError(f"{where} has values Parquet cannot hold ({exc})") from None
     return _into_store(lambda into: pq.write_table(frame, into), ".parquet")
+
+
+def _reading(database: str) -> psycopg.Connection[Any]:
+    """A read-only connection to the admin-named ``database`` whose statements time out.
+    Raises :class:`InputError` for a database the admin did not name."""
+    named: Mapping[str, str] = settings.BPCONSOLE_SINK_DATABASES
+    if database == CONSOLE_DATABASE or database not in named:
+        known = ", ".join(sorted(set(named) - {CONSOLE_DATABASE})) or "none"
+        raise InputError(
+            f"database {database!r} is not one the admin named for pipelines (known: {known})"
+        )
+    conn = psycopg.connect(named[database], connect_timeout=5)
+    try:
+        conn.read_only = True
+        conn.execute("SET statement_timeout = '30s'")
+    except psycopg.Error:
+        conn.close()
+        raise
+    return conn
 
 
 # A PostgreSQL column's type, by its name, as Parquet keeps it; any other is kept as text.
@@ -174,6 +187,54 @@ def _one_file(reference: str) -> list[str]:
     if len(files) != 1:
         raise InputError(f"the reference table {reference!r} names {len(files)} files, not one")
     return files
+
+
+def columns_of(params: Mapping[str, Any]) -> Schema | None:
+    """The columns a join's table has now, typed as its job reads them; None when a file
+    has no row to tell them by. Raises :class:`InputError` saying why the table cannot be
+    read. Bounded as a schema's sample is (orchestrator/pipeline/sample.py), and a table
+    is asked for no row."""
+    if "table" in params:
+        table, database = str(params["table"]), str(params.get("database", ""))
+        where = f"the reference table {table!r} in database {database!r}"
+        try:
+            with _reading(database) as conn:
+                probe = conn.execute(
+                    sql.SQL("SELECT * FROM {} LIMIT 0").format(sql.Identifier(table))
+                )
+                described = [
+                    (c.name, _arrow_type(conn, c.type_code)) for c in probe.description or []
+                ]
+        except psycopg.Error as exc:
+            raise InputError(f"{where} cannot be read ({str(exc).strip()})") from None
+        return declared_proposal((name, field_type_of(kind)) for name, kind in described).schema
+    reference = str(params.get("reference", ""))
+    (path,) = _one_file(reference)
+    return _file_columns(path)
+
+
+def snapshot_columns(name: str) -> Schema | None:
+    """The columns of a snapshot in the store, as :func:`columns_of` tells them."""
+    return _file_columns(str(store() / Path(name).name))
+
+
+def _file_columns(path: str) -> Schema | None:
+    """A reference file's columns as Spark reads the file (sparkjobs/reference.py): a
+    CSV file's all text, a JSON lines file's as JSON has them (a date in a string stays
+    a string), a Parquet file's its own."""
+    fmt = REFERENCE_FORMATS[Path(path).suffix.lower()]
+    sample = read_sample(path, fmt)
+    if fmt == "parquet":
+        return sample.proposal.schema
+    if not sample.records:
+        return None
+    return Schema([Field(f.name, _as_read(f.type, fmt)) for f in sample.proposal.schema.fields])
+
+
+def _as_read(proposed: FieldType, fmt: str) -> FieldType:
+    if fmt == "csv" or (fmt == "jsonl" and proposed in ("date", "timestamp")):
+        return "string"
+    return proposed
 
 
 def snapshot_of(params: Mapping[str, Any]) -> str:

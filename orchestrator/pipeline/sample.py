@@ -174,11 +174,11 @@ def _parquet(path: str, handle: io.BufferedReader) -> tuple[int, Proposal, froze
         schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
-    proposal = declared_proposal((item.name, _arrow_type(item.type)) for item in schema)
+    proposal = declared_proposal((item.name, field_type_of(item.type)) for item in schema)
     return rows, proposal, _lowered(schema.names)
 
 
-def _arrow_type(kind: pa.DataType) -> FieldType | None:
+def field_type_of(kind: pa.DataType) -> FieldType | None:
     from pyarrow import types
 
     if types.is_boolean(kind):

@@ -13,14 +13,15 @@ from django.utils import timezone
 from balancer.document import PipelineDocument
 from balancer.policy import Policy
 from orchestrator.ledger.events import record_event
-from orchestrator.ledger.sink_owners import claim, owner_problem
+from orchestrator.ledger.sink_owners import claim, owner_problem, reader_problem
 from orchestrator.models import PolicyLab, Run
 from orchestrator.pipeline.generator import GeneratorFields, GeneratorSpec
 from orchestrator.pipeline.graph import operator_problems, pipeline_sink
 from orchestrator.pipeline.inputs import InputError, input_record, resolve_inputs
 from orchestrator.pipeline.layout import run_dir
-from orchestrator.pipeline.reference import snapshot_tables
+from orchestrator.pipeline.reference import columns_of, snapshot_columns, snapshot_tables
 from orchestrator.pipeline.sample import read_sample, unread_fields
+from orchestrator.pipeline.schemas import TableColumns
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
 from orchestrator.run.wakeups import announce
@@ -29,6 +30,7 @@ from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_
 from orchestrator.source.stream import answers, group_name
 from orchestrator.zk.control_plane import ControlPlane
 from sparkjobs.catalog import operator_name
+from sparkjobs.schemas import Schema, table_problems
 
 READERS_LOCK = 0x62_70_72_64  # "bprd": the advisory lock of run creation's checks
 
@@ -247,27 +249,46 @@ def _others_allow(source: UnboundedSpec | None, user: Any, max_active: int | Non
             raise RunQuotaExceeded(max_active)
 
 
+def reference_columns(pipeline: str) -> TableColumns:
+    """Reads the columns of a join's reference table, as pipeline ``pipeline`` may read
+    it (orchestrator/pipeline/reference.py, ``columns_of``): never a table another
+    pipeline's sink writes."""
+
+    def columns(params: Mapping[str, Any]) -> Schema | None:
+        owned = reader_problem(pipeline, params)
+        if owned:
+            raise InputError(owned)
+        return columns_of(params)
+
+    return columns
+
+
 def _with_tables(topology: PipelineDocument) -> PipelineDocument:
     """The run's graph: ``topology`` with its joins' reference tables snapshotted
-    (orchestrator/pipeline/reference.py). A join may not read a table another
-    pipeline's sink writes (nor its commit log): that is the other pipeline's data."""
-    for node in topology["nodes"]:
-        params = node.get("params") or {}
-        if operator_name(node) != "join" or "table" not in params:
-            continue
-        table, database = str(params["table"]), str(params.get("database", ""))
-        for written in {table, table.removesuffix("_commits")}:
-            sink = {"sink": "postgres", "table": written, "database": database}
-            owned = owner_problem(topology["name"], sink)
-            if owned:
-                raise RunError(
-                    f"node {node['name']}: a join may not read another pipeline's sink: "
-                    f"{owned}; nothing was created"
-                )
+    (orchestrator/pipeline/reference.py), each copy having the columns its join names.
+    A join may not read a table another pipeline's sink writes (nor its commit log):
+    that is the other pipeline's data."""
+    joins = [n for n in topology["nodes"] if operator_name(n) == "join"]
+    for node in joins:
+        owned = reader_problem(topology["name"], node.get("params") or {})
+        if owned:
+            raise RunError(f"node {node['name']}: {owned}; nothing was created")
     try:
-        return snapshot_tables(topology)
+        graph = snapshot_tables(topology)
     except InputError as exc:
         raise RunError(f"{exc}; nothing was created") from None
+    for node in graph["nodes"]:
+        if operator_name(node) != "join":
+            continue
+        table = snapshot_columns(str(node.get("reference_file")))
+        said = [] if table is None else table_problems(node.get("params") or {}, table)
+        if said:
+            raise RunError(
+                f"node {node['name']}: "
+                + "; ".join(p.message for p in said)
+                + "; nothing was created"
+            )
+    return graph
 
 
 def _check_fields_read(topology: PipelineDocument, path: str, fmt: str) -> None:

@@ -156,6 +156,53 @@ def test_a_join_on_an_unknown_field_or_adding_one_the_record_has_is_refused() ->
     ]
 
 
+TABLE = Schema([Field("key", "string"), Field("name", "string"), Field("fleet", "long")])
+
+
+def test_a_join_with_its_table_known_adds_the_columns_with_the_table_s_types() -> None:
+    params = {"reference": "airlines.csv", "on": ["key"], "columns": ["name", "fleet"]}
+    schema, problems = output("join", params, RECORDS, table=TABLE)
+    assert problems == []
+    assert _types(schema)[-2:] == [("name", "string"), ("fleet", "long")]
+
+
+@pytest.mark.parametrize(
+    ("on", "columns", "says"),
+    [
+        (["key"], ["name", "country"], ("columns", "the reference table has no column 'country'")),
+        (["qty"], ["name"], ("on", "the reference table has no column 'qty'")),
+        (["key"], ["name"], None),
+    ],
+)
+def test_a_join_naming_a_column_its_table_lacks_is_refused(
+    on: list[str], columns: list[str], says: tuple[str, str] | None
+) -> None:
+    params = {"reference": "airlines.csv", "on": on, "columns": columns}
+    _, problems = output("join", params, RECORDS, table=TABLE)
+    found = [(p.param, p.message.split(" (")[0]) for p in problems]
+    assert found == ([] if says is None else [says])
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "fits"),
+    [
+        ("string", "string", True),
+        ("long", "double", True),
+        ("string", "long", False),
+        ("timestamp", "string", False),
+        ("unknown", "long", True),
+    ],
+)
+def test_a_join_field_must_compare_with_the_table_s(mine: str, theirs: str, fits: bool) -> None:
+    records = Schema([Field("carrier", mine), Field("delay", "double")])  # type: ignore[arg-type]
+    table = Schema([Field("carrier", theirs), Field("name", "string")])  # type: ignore[arg-type]
+    params = {"reference": "t.csv", "on": ["carrier"], "columns": ["name"]}
+    _, problems = output("join", params, records, table=table)
+    assert (problems == []) is fits, problems
+    if not fits:
+        assert problems[0].message.startswith(f"'carrier' is {mine} in the records but {theirs}")
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [

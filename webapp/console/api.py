@@ -286,9 +286,14 @@ class PipelineValidateView(APIView):
         summary="Check a document without saving it (every problem, with where it is)",
     )
     def post(self, request: Request) -> Response:
-        problems = validate_for_save(request.data)
+        # A reference table's columns are read for an operator only, as an input
+        # file's first records are (the sample-schema view).
+        reads = has_role(request.user, "operator")
+        problems = validate_for_save(request.data, read_tables=reads)
         doc = request.data if isinstance(request.data, Mapping) else {}
-        schemas = service.derive_schemas(doc.get("nodes"), doc.get("edges"))
+        name = doc.get("name")
+        tables = service.reference_columns(name) if reads and isinstance(name, str) else None
+        schemas = service.derive_schemas(doc.get("nodes"), doc.get("edges"), tables=tables)
         return Response(
             {
                 "valid": not problems,

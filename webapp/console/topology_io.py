@@ -253,8 +253,10 @@ def check_values(doc: Any) -> None:
         raise TopologyError(listed)
 
 
-def validate_for_save(doc: Any) -> list[Problem]:
-    """Document problems plus those that need the database (named policy exists)."""
+def validate_for_save(doc: Any, *, read_tables: bool = True) -> list[Problem]:
+    """Document problems plus those that need the database (named policy exists, the
+    sink's target is not another pipeline's) and, with ``read_tables``, the joins'
+    reference tables (their columns and types)."""
     base: Policy | None = Policy.default()
     problems: list[Problem] = []
     if isinstance(doc, dict) and isinstance(doc.get("policy"), str):
@@ -269,6 +271,10 @@ def validate_for_save(doc: Any) -> list[Problem]:
         if owned:
             sink = next(n["name"] for n in doc["nodes"] if n["kind"] == "sink")
             problems.append(Problem(f"node {sink}", owned))
+    if not problems and read_tables:
+        for found in service.reference_problems(doc):
+            at = f"nodes[{found.node}] ({doc['nodes'][found.node]['name']}).params"
+            problems.append(Problem(f"{at}.{found.param}", found.message))
     return problems
 
 

@@ -10,10 +10,18 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.pipeline.inputs import InputError
-from orchestrator.pipeline.reference import job_params, snapshot, snapshot_tables, store
+from orchestrator.pipeline.reference import (
+    columns_of,
+    job_params,
+    snapshot,
+    snapshot_tables,
+    store,
+)
 from sparkjobs.reference import REFERENCE_PATH
 from tests.orchestrator.run.scenarios import input_folder, joined_flights
 
@@ -100,3 +108,39 @@ def test_another_local_user_cannot_read_a_snapshot(roots: Path) -> None:
     tried = subprocess.run([*as_nobody, str(copy)], capture_output=True, timeout=30, check=False)
     assert tried.returncode != 0
     assert b"United" not in tried.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "columns"),
+    [
+        # CSV: every column text, as the job reads it
+        ("t.csv", b"carrier,fleet\nUA,900\n", [("carrier", "string"), ("fleet", "string")]),
+        # JSON lines: JSON's types; a date in a string stays a string
+        (
+            "t.jsonl",
+            b'{"carrier": 19, "since": "1931-04-06", "share": 0.25}\n',
+            [("carrier", "long"), ("since", "string"), ("share", "double")],
+        ),
+    ],
+)
+def test_a_file_s_columns_are_read_as_its_job_reads_them(
+    roots: Path, name: str, body: bytes, columns: list[tuple[str, str]]
+) -> None:
+    (roots / name).write_bytes(body)
+    found = columns_of({"reference": name})
+    assert found is not None
+    assert [(f.name, f.type) for f in found.fields] == columns
+
+
+def test_a_parquet_file_s_columns_are_its_own(roots: Path) -> None:
+    pq.write_table(
+        pa.table({"carrier": ["UA"], "fleet": pa.array([900], pa.int32())}), roots / "t.parquet"
+    )
+    found = columns_of({"reference": "t.parquet"})
+    assert found is not None
+    assert [(f.name, f.type) for f in found.fields] == [("carrier", "string"), ("fleet", "long")]
+
+
+def test_a_file_with_no_row_tells_no_columns(roots: Path) -> None:
+    (roots / "empty.csv").write_bytes(b"carrier,name\n")
+    assert columns_of({"reference": "empty.csv"}) is None

@@ -18,7 +18,7 @@ import pytest
 from orchestrator.ledger.sink_owners import claim
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import InputError
-from orchestrator.pipeline.reference import snapshot_table, store
+from orchestrator.pipeline.reference import columns_of, snapshot_table, store
 from orchestrator.run.lifecycle import RunError, create_run
 from tests.orchestrator.run.scenarios import joined_flights, policy
 
@@ -111,3 +111,31 @@ def test_a_run_may_not_read_another_pipeline_s_sink(
     run = create_run(topology=doc, policy=policy(), input_path=str(flights))
     (enrich,) = [n for n in run.topology["nodes"] if n["name"] == "enrich"]
     assert (store() / enrich["reference_file"]).exists()
+
+
+def test_a_table_s_columns_are_read_with_their_types_and_no_row(reports: str) -> None:
+    columns = columns_of({"table": "airlines", "database": "reports"})
+    assert columns is not None
+    assert [(f.name, f.type) for f in columns.fields] == [
+        ("carrier", "string"),
+        ("name", "string"),
+        ("fleet", "long"),
+        ("share", "double"),
+    ]
+
+
+def test_a_run_whose_table_lost_a_column_its_join_adds_is_refused(
+    reports: str, tmp_path: Path
+) -> None:
+    flights = tmp_path / "flights.jsonl"
+    flights.write_text('{"carrier": "UA", "delay": 1.0, "tail": "N1"}\n')
+    doc = joined_flights(reference=None, table="airlines", database="reports", columns=["fleet"])
+    # Given the table changed after the pipeline was saved
+    with psycopg.connect(reports) as conn:
+        conn.execute("ALTER TABLE airlines DROP COLUMN fleet")
+    # When a run is created, it is refused before anything exists
+    with pytest.raises(RunError) as refused:
+        create_run(topology=doc, policy=policy(), input_path=str(flights))
+    assert "node enrich: the reference table has no column 'fleet'" in str(refused.value)
+    assert "nothing was created" in str(refused.value)
+    assert not Run.objects.exists()
