@@ -269,6 +269,25 @@ class ResultKey(models.Model):
         return f"run {self.run_id} key {self.key}"
 
 
+class ResultGroup(models.Model):
+    """Per-group result of a stage of grouped measures (sparkjobs/measures.py): the
+    group's values and each measure's partial state, merged by every sink batch, its
+    values computed when read."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_groups")
+    # The SHA-256 of the group's values as JSON: values of any length and number make
+    # a key an index takes.
+    digest = models.CharField(max_length=64)
+    group = models.JSONField(help_text="The group's values, in group_by's order.")
+    states = models.JSONField(help_text="Each measure's partial state, by its name.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "digest"], name="one_row_per_group")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} group {self.group}"
+
+
 class WindowKey(models.Model):
     """Per-(window, key) result of a windowed pipeline, open until the sink's
     watermark passes the window's end; then closed, once, and final."""

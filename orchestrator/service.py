@@ -462,7 +462,7 @@ __all__ += ["source_view"]
 def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
     """The run's result so far: its keys with the most records, and where it is exact up
     to (every chunk before that point merged exactly once), for the run page and the API."""
-    from orchestrator.ledger.results import top_rows
+    from orchestrator.ledger.results import result_columns, top_rows
     from orchestrator.ledger.window_view import windows_view
     from orchestrator.models import Run
     from orchestrator.run.snapshot import exact_up_to
@@ -477,6 +477,7 @@ def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
         "exact_up_to": exact_up_to(run),
         "final": not run.is_active,
         "keys": keys,
+        "columns": result_columns(run),
         "rows": rows,
         "windows": None if spec is None else windows_view(run, spec, rows=limit),
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,11 @@ from pyspark.sql import functions as F
 
 from sparkjobs import long_sums
 from sparkjobs.event_time import WindowSpec
+from sparkjobs.grouped import grouped_partials
+from sparkjobs.holders import held_by, holders_of
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
+from sparkjobs.measures import Grouping
+from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import (
     MALFORMED_COL,
     RAW_COL,
@@ -76,22 +80,6 @@ class AggregateParams:
 _IN_DECIMALS: set[AggregateParams] = set()
 
 
-@dataclass
-class PartialOutput:
-    """What one input segment produced: ``records``, the good records its operator took
-    from it (malformed ones are counted apart)."""
-
-    segment: str
-    path: Path
-    records: int = 0
-    malformed: int = 0
-    late: int = 0  # (record, window) pairs whose window had closed (windowed only)
-    keys: int = 0
-    bytes: int = 0
-    quarantined: list[str] = field(default_factory=list)
-    late_lines: list[str] = field(default_factory=list)
-
-
 def partial_aggregate(
     spark: SparkSession,
     inputs: Mapping[str, Path],
@@ -118,7 +106,7 @@ def partial_aggregate(
     """
     strings = params.strings
     paths = {seg: str(path) for seg, path in inputs.items()}
-    holders = _holders(paths, together or {})
+    holders = holders_of(paths, together or {})
     parsed = in_one_task(
         read_records(
             spark, list(paths.values()), strings=strings, numbers=[params.value], keys=[params.key]
@@ -232,7 +220,7 @@ def partial_aggregate(
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     lines_by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
     for row in partial_rows:
-        seg = _held_by(row[SEGMENT_COL], holders)
+        seg = held_by(row[SEGMENT_COL], holders)
         result = results[seg]
         result.records += row["count"]
         result.keys += 1
@@ -374,41 +362,6 @@ def _decimals_of_partials() -> list[Column]:
     return [F.sum("sum").alias("sum"), F.min("min").alias("min"), F.max("max").alias("max")]
 
 
-@dataclass(frozen=True)
-class _Holders:
-    """Where the good records of a batch whose segments are aggregated together go:
-    ``of``, a record's holder from its own segment; ``sole``, the one segment that holds
-    them all, whose good records are then keyed by null (``of`` is null), so that the
-    job hashes and keeps no file name per record."""
-
-    of: Column
-    sole: str | None
-
-
-def _holders(paths: Mapping[str, str], together: Mapping[str, str]) -> _Holders | None:
-    """The segment whose output holds a record's partial, from the record's own
-    (``SEGMENT_COL``); None when each segment holds its own."""
-    names = {
-        Path(path).name: Path(paths[together.get(seg, seg)]).name for seg, path in paths.items()
-    }
-    held = set(names.values())
-    if all(own == holds for own, holds in names.items()):
-        return None
-    if len(held) == 1:
-        return _Holders(of=F.lit(None).cast("STRING"), sole=segment_of(held.pop()))
-    lookup = F.create_map(*[F.lit(name) for pair in sorted(names.items()) for name in pair])
-    return _Holders(of=F.element_at(lookup, file_name(F.col(SEGMENT_COL))), sole=None)
-
-
-def _held_by(segment: str | None, holders: _Holders | None) -> str:
-    """The segment a good group's partial goes to: its own, or the sole holder's."""
-    if segment is not None:
-        return segment_of(segment)
-    if holders is None or holders.sole is None:
-        raise ValueError("a partial of no segment, though no one segment holds the batch's")
-    return holders.sole
-
-
 def _missing_field_lines(
     spark: SparkSession,
     paths: Mapping[str, str],
@@ -453,7 +406,11 @@ def aggregate_batch(
 ) -> dict[str, PartialOutput]:
     """The batch job of ``aggregate`` and ``running`` (sparkjobs/catalog.py): per-key
     partials of each segment, or of the segments named ``together``, only of
-    ``key_group``'s keys when it is a part."""
+    ``key_group``'s keys when it is a part; a stage of grouped measures' per group
+    (sparkjobs/grouped.py)."""
+    grouping = Grouping.of(params)
+    if grouping is not None:
+        return grouped_partials(spark, inputs, outputs, grouping, together=together)
     return partial_aggregate(
         spark,
         inputs,

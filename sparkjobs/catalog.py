@@ -13,19 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sparkjobs import expression_budget, expressions, schemas
+from sparkjobs import expression_budget, expressions, measures, schemas
 from sparkjobs.event_time import (
     MAX_LATENESS_S,
     MAX_WINDOW_S,
     MAX_WINDOWS_PER_RECORD,
     MIN_WINDOW_S,
 )
+from sparkjobs.measures import FUNCTIONS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sparkjobs.aggregate import PartialOutput
     from sparkjobs.keygroups import KeyGroup
+    from sparkjobs.outputs import PartialOutput
 
 NodeKind = Literal["source", "operator", "sink"]
 AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
@@ -205,6 +206,12 @@ def _join_problems(params: Mapping[str, Any]) -> list[str]:
         if both:
             problems.append(f"columns and on both name {', '.join(both)}")
     return problems
+
+
+def _checked_with_measures(value: Any) -> str | None:
+    """``group_by`` and ``measures`` are checked together, once each is known
+    (sparkjobs/measures.py, ``problems``), where each problem says which item it is."""
+    return None
 
 
 def _optional(check: Check) -> Check:
@@ -431,6 +438,18 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                "group_by": ParamSpec(
+                    None,
+                    _checked_with_measures,
+                    "fields whose values make a group (with measures, instead of key)",
+                    list=True,
+                ),
+                "measures": ParamSpec(
+                    None,
+                    _checked_with_measures,
+                    "named measures, each {name, fn, field}; fn one of "
+                    f"{', '.join(FUNCTIONS)} (instead of value, distinct and aggregates)",
+                ),
                 **_WINDOW_PARAMS,
             },
             batch_job=AGGREGATE_JOB,
@@ -550,4 +569,6 @@ def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list
         problems.extend(_sink_problems(params))
     if operator == "join" and not problems:
         problems.extend(_join_problems(params))
+    if operator == "aggregate" and not problems:
+        problems.extend(measures.problems(params))
     return problems

@@ -1,4 +1,5 @@
-"""The sink's pre-merge: partial aggregates of a batch combined per key.
+"""The sink's pre-merge: partial aggregates of a batch combined per key (per group, for a
+stage of grouped measures).
 
 Partials are small (one line per key per segment), so they are folded here in Python:
 a Spark job per sink batch cost 0.6 to 2.7 s of scheduling for a fold of a few
@@ -17,6 +18,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+
+from sparkjobs.measures import Grouping, State
 
 # DECIMAL(38, 10) values summed over any number of partials stay exact well below this.
 EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
@@ -99,3 +102,39 @@ def combine_partials(paths: Sequence[Path], rows: dict[Path, int] | None = None)
             rows[path] = seen
 
     return combine(p for path in paths for p in counted(path))
+
+
+@dataclass(frozen=True)
+class GroupPartial:
+    """A group's partial states of a grouped stage's measures (sparkjobs/measures.py):
+    ``group`` its values, ``states`` by measure name."""
+
+    group: tuple[str | None, ...]
+    states: dict[str, State]
+
+
+def combine_groups(
+    grouping: Grouping, paths: Sequence[Path], rows: dict[Path, int] | None = None
+) -> list[GroupPartial]:
+    """The grouped partials of several segments combined per group, in group order
+    (a null value first); ``rows``, if given, gets how many partial rows each path held."""
+    merged: dict[tuple[str | None, ...], dict[str, State]] = {}
+    for path in paths:
+        seen = 0
+        with path.open(encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                seen += 1
+                row = json.loads(line)
+                group = tuple(row["g"])
+                have = merged.get(group)
+                merged[group] = row["m"] if have is None else grouping.merge(have, row["m"])
+        if rows is not None:
+            rows[path] = seen
+    return [GroupPartial(g, merged[g]) for g in sorted(merged, key=group_order)]
+
+
+def group_order(group: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:
+    """A group's place among others: by each value, a null one first."""
+    return tuple((value is not None, value or "") for value in group)

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import apply_record_step
+from sparkjobs.measures import Grouping, Measure, Value, average
 from sparkjobs.records import (
     CORRUPT,
     MALFORMED_COL,
@@ -155,3 +156,81 @@ def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> Ba
     return BatchResult(
         rows=[], records=counts.get(False, 0), malformed=counts.get(True, 0), windows=windows
     )
+
+
+@dataclass(frozen=True)
+class GroupedResult:
+    rows: list[tuple[tuple[str | None, ...], dict[str, Value]]]  # (group, measures)
+    records: int
+    malformed: int
+
+
+def batch_grouped(
+    spark: SparkSession,
+    paths: Sequence[str],
+    fmt: str,
+    grouping: Grouping,
+    steps: Sequence[tuple[str, Any]] = (),
+) -> GroupedResult:
+    """A stage of grouped measures over the whole input, after the record operators
+    ``steps``: ``groupBy(...).agg(...)``, as a Spark engineer writes it, over the records
+    as the live stage reads them (nulls as SQL has them)."""
+    strings, numbers = grouping.strings, grouping.numbers
+    if steps:
+        lines = _after_record_steps(spark, paths, fmt, steps)
+        frame = parse_fields(
+            lines, strings=strings, numbers=numbers, keys=grouping.group_by, nullable=True
+        )
+    else:
+        frame = read_records(
+            spark,
+            paths,
+            strings,
+            numbers,
+            fmt=fmt,
+            segments=False,
+            keys=grouping.group_by,
+            nullable=True,
+        )
+    aggregates = [
+        agg.alias(f"_m{i}_{part}")
+        for i, m in enumerate(grouping.measures)
+        for part, agg in _measure(m).items()
+    ]
+    # Malformed records are counted in the same aggregation: a record is malformed by
+    # the fields the reader parses, and a plan that parsed fewer would find fewer.
+    grouped = collect_all(
+        frame.groupBy(MALFORMED_COL, *[column(f) for f in grouping.group_by]).agg(
+            F.count(F.lit(1)).alias("_records"), *aggregates
+        )
+    )
+    malformed = sum(int(r["_records"]) for r in grouped if r[MALFORMED_COL])
+    rows = []
+    for row in (r for r in grouped if not r[MALFORMED_COL]):
+        values: dict[str, Value] = {}
+        for i, m in enumerate(grouping.measures):
+            if m.fn == "avg":
+                values[m.name] = average(row[f"_m{i}_sum"], int(row[f"_m{i}_count"]))
+            else:
+                values[m.name] = row[f"_m{i}_value"]
+        rows.append((tuple(row[f] for f in grouping.group_by), values))
+    records = sum(int(r["_records"]) for r in grouped) - malformed
+    return GroupedResult(rows, records=records, malformed=malformed)
+
+
+def _measure(measure: Measure) -> dict[str, Column]:
+    """A measure's aggregates: its value, or an average's exact sum and count."""
+    if measure.field is None:
+        return {"value": F.count(F.lit(1))}
+    field = column(measure.field)
+    if measure.fn == "avg":
+        return {"sum": F.sum(field), "count": F.count(field)}
+    return {
+        "value": {
+            "count": F.count,
+            "sum": F.sum,
+            "min": F.min,
+            "max": F.max,
+            "count_distinct": F.count_distinct,
+        }[measure.fn](field)
+    }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -82,13 +82,15 @@ def read_records(
     keys: Sequence[str],
     fmt: str | None = None,
     segments: bool = True,
+    nullable: bool = False,
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
     also one that is malformed for a missing field: see ``lines_missing_fields``). With
     ``segments``, the file each record came from. Files are read in ``fmt``, or each in
     the format its suffix names (segments). ``keys``: the fields of ``strings`` that
-    become result keys (``unkeepable``)."""
+    become result keys (``unkeepable``). ``nullable``: a field missing or null is null,
+    as in SQL, and the record is not malformed for it."""
     frame = _each_format(
         paths,
         fmt,
@@ -97,11 +99,13 @@ def read_records(
         parquet=lambda files: _typed(spark.read.parquet(*files), strings, numbers),
     )
     wanted = [*strings, *numbers]
-    bad = F.col(RAW_COL).isNotNull()
-    for name in wanted:
-        bad = bad | F.col(f"`{name}`").isNull()
-    for name in strings:
-        bad = bad | unkeepable(F.col(f"`{name}`"), key=name in keys)
+    bad = _malformed(
+        F.col(RAW_COL).isNotNull(),
+        {name: F.col(f"`{name}`") for name in wanted},
+        strings,
+        keys=keys,
+        nullable=nullable,
+    )
     kept = [F.col(f"`{name}`") for name in wanted]
     if segments:
         kept.insert(0, F.col(SEGMENT_COL))
@@ -381,22 +385,50 @@ def _json_lines_missing(
 
 
 def parse_fields(
-    lines: DataFrame, strings: Sequence[str], numbers: Sequence[str], *, keys: Sequence[str]
+    lines: DataFrame,
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
+    nullable: bool = False,
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
-    objects in the ``_raw`` column (records a record operator wrote, in the batch job)."""
+    objects in the ``_raw`` column (records a record operator wrote, in the batch job),
+    by ``read_records``' rules."""
     parsed = lines.withColumn("_r", F.from_json(F.col(RAW_COL), _ddl(_fields(strings, numbers))))
     wanted = [*strings, *numbers]
-    bad = F.col("_r").isNull()
-    for name in wanted:
-        bad = bad | F.col(f"_r.`{name}`").isNull()
-    for name in strings:
-        bad = bad | unkeepable(F.col(f"_r.`{name}`"), key=name in keys)
+    bad = _malformed(
+        F.col("_r").isNull(),
+        {name: F.col(f"_r.`{name}`") for name in wanted},
+        strings,
+        keys=keys,
+        nullable=nullable,
+    )
     return parsed.select(
         *[c for c in lines.columns],
         *[F.col(f"_r.`{name}`").alias(name) for name in wanted],
         bad.alias(MALFORMED_COL),
     )
+
+
+def _malformed(
+    unread: Column,
+    fields: Mapping[str, Column],
+    strings: Sequence[str],
+    *,
+    keys: Sequence[str],
+    nullable: bool,
+) -> Column:
+    """Whether a record is malformed: ``unread`` (its line could not be read), a field
+    missing or null (unless ``nullable``), or a text field that could not be kept."""
+    bad = unread
+    if not nullable:
+        for column in fields.values():
+            bad = bad | column.isNull()
+    for name in strings:
+        kept = unkeepable(fields[name], key=name in keys)
+        bad = bad | (F.coalesce(kept, F.lit(False)) if nullable else kept)  # noqa: FBT003
+    return bad
 
 
 def _fields(strings: Sequence[str], numbers: Sequence[str]) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
 from sparkjobs import expressions
+from sparkjobs.measures import OF_NUMBERS, Grouping
 
 FieldType = Literal["string", "long", "double", "boolean", "date", "timestamp", "unknown"]
 #: The types a source may declare.
@@ -200,7 +201,40 @@ _AGGREGATED: Mapping[str, FieldType | None] = {
 }
 
 
+def _grouped(grouping: Grouping, given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    """Grouped measures: the group's fields, then each measure (a count a long; a sum, an
+    average, a minimum or a maximum a double; each of a number)."""
+    problems = [
+        ParamProblem("group_by", given.unknown(name))
+        for name in grouping.group_by
+        if given.find(name) is None
+    ]
+    fields = [given.find(name) or Field(name, "unknown") for name in grouping.group_by]
+    for index, measure in enumerate(grouping.measures):
+        found = given.find(measure.field) if measure.field else None
+        at = f"measures[{index}]"
+        if measure.field and found is None:
+            problems.append(ParamProblem("measures", f"{at}: {given.unknown(measure.field)}"))
+        elif (
+            found is not None
+            and measure.fn in OF_NUMBERS
+            and found.type not in NUMERIC | {"unknown"}
+        ):
+            problems.append(
+                ParamProblem(
+                    "measures",
+                    f"{at}: {measure.fn} of {found.name!r}, a {found.type}: it needs a number",
+                )
+            )
+        kind: FieldType = "double" if measure.fn in OF_NUMBERS else "long"
+        fields.append(Field(measure.name, kind))
+    return Schema(fields), problems
+
+
 def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    grouping = Grouping.of(params)
+    if grouping is not None:
+        return _grouped(grouping, given)
     names = aggregate_fields(params)
     problems = _fields(params, given, names)
     value = given.find(str(params.get("value", "value")))
@@ -231,7 +265,14 @@ def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[P
 def aggregate_fields(params: Mapping[str, Any]) -> dict[str, str]:
     """The field an ``aggregate`` or ``running`` node reads by each parameter naming one
     (the catalog's defaults where unset): key, value, distinct, and the event time when
-    it windows."""
+    it windows; or each group_by field and measured field."""
+    grouping = Grouping.of(params)
+    if grouping is not None:
+        named = {f"group_by[{i}]": name for i, name in enumerate(grouping.group_by)}
+        for index, measure in enumerate(grouping.measures):
+            if measure.field:
+                named[f"measures[{index}].field"] = measure.field
+        return named
     names = {"key": "key", "value": "value", "distinct": "user"}
     if params.get("window_s") is not None:
         names["event_time"] = "event_time"

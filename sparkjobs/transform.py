@@ -15,9 +15,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sparkjobs.aggregate import PartialOutput
 from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
+from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import CORRUPT, SEGMENT_COL, column, read_rows, segment_of
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task

@@ -14,9 +14,10 @@ from django.db import transaction
 from django.db.models import BigIntegerField, QuerySet
 from django.db.models.functions import Coalesce
 
+from orchestrator.ledger.groups import GroupRow, group_rows
 from orchestrator.ledger.windows import Cardinality, distinct_of
-from orchestrator.models import ResultKey, Run, WindowKey
-from orchestrator.pipeline.graph import pipeline_windows
+from orchestrator.models import ResultGroup, ResultKey, Run, WindowKey
+from orchestrator.pipeline.graph import pipeline_grouping, pipeline_windows
 from sparkjobs.event_time import iso
 
 
@@ -44,15 +45,30 @@ def format_row(
     )
 
 
-def top_rows(run: Run, limit: int) -> tuple[int, list[ResultRow]]:
-    """The number of keys and the ``limit`` keys with the most records (then by key):
-    what the run page shows while results merge, at a cost bounded by ``limit``."""
+def result_columns(run: Run) -> list[str]:
+    """The names of a result row's values, in the order a table shows them."""
+    grouping = pipeline_grouping(run.topology)
+    if grouping is not None:
+        return [*grouping.group_by, *(m.name for m in grouping.measures)]
+    return list(ResultRow.__annotations__)
+
+
+def top_rows(run: Run, limit: int) -> tuple[int, list[ResultRow] | list[GroupRow]]:
+    """The number of keys (groups) and the ``limit`` keys with the most records (then by
+    key): what the run page shows while results merge, at a cost bounded by ``limit``."""
+    grouping = pipeline_grouping(run.topology)
+    if grouping is not None:
+        return ResultGroup.objects.filter(run=run).count(), group_rows(run, grouping, limit)
     keys = ResultKey.objects.filter(run=run)
     top = result_values(keys.order_by("-count", "key")[: max(0, limit)])
     return keys.count(), [format_row(*row[:5], distinct=row[5]) for row in top]
 
 
-def run_rows(run: Run) -> list[ResultRow]:
+def run_rows(run: Run) -> list[ResultRow] | list[GroupRow]:
+    """Every row of the run's result, in key (group) order."""
+    grouping = pipeline_grouping(run.topology)
+    if grouping is not None:
+        return group_rows(run, grouping)
     rows = result_values(ResultKey.objects.filter(run=run))
     return sorted(
         (format_row(*row[:5], distinct=row[5]) for row in rows), key=lambda row: row["key"]

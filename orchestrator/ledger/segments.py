@@ -26,12 +26,14 @@ from django.utils import timezone
 
 from balancer.units import MEGABIT
 from orchestrator.ledger import bound, value_sets
+from orchestrator.ledger import groups as group_ledger
 from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.known_values import KNOWN
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS
-from sparkjobs.merge import MergedKey
+from sparkjobs.measures import Grouping
+from sparkjobs.merge import GroupPartial, MergedKey
 
 
 class StaleEpochError(RuntimeError):
@@ -349,10 +351,13 @@ def complete_sink_batch(
     *,
     windows: WindowSpec | None = None,
     records: Mapping[str, int] | None = None,
+    grouping: Grouping | None = None,
+    groups: Sequence[GroupPartial] = (),
 ) -> None:
-    """Merge a batch into the result (a windowed pipeline's: into its open windows) and
-    record its chunks (or chunk parts), once, in one transaction; ``records`` the
-    partial rows each input held (what the sink's measured records per second count)."""
+    """Merge a batch into the result (a windowed pipeline's: into its open windows; a
+    stage of grouped measures': its ``groups``, by its ``grouping``) and record its
+    chunks (or chunk parts), once, in one transaction; ``records`` the partial rows each
+    input held (what the sink's measured records per second count)."""
     with transaction.atomic():
         _refuse_ended(run_id)
         _fence_retired(run_id, sink)
@@ -394,6 +399,8 @@ def complete_sink_batch(
         MergedChunk.objects.bulk_create(rows)  # the unique constraint is the last word
         if windows is not None:
             window_ledger.fold(run_id, windows, list(deltas))
+        elif grouping is not None:
+            group_ledger.fold(run_id, grouping, groups)
         else:
             last = chunks_total is not None and _nothing_else_to_merge(run_id, inputs)
             _upsert_results(run_id, list(deltas), remember=not last)

@@ -30,6 +30,7 @@ from sparkjobs.catalog import OPERATORS, operator_name, validate_params
 from sparkjobs.catalog import keyed as is_keyed_node
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KeyGroup, stage_key_groups
+from sparkjobs.measures import Grouping
 
 # Graphs kept per process: a run has one per configuration in use (two while a hot
 # rescale is under way), and a process serves a few runs at a time.
@@ -261,6 +262,20 @@ def window_problems(
     sinks = {json.dumps(n.get("params") or {}, sort_keys=True) for n in _sinks(doc)}
     if len(sinks) > 1:
         return ["sink nodes must have the same parameters: closed windows go to one place"]
+    groupings = {n["name"]: Grouping.of(n.get("params") or {}) for n in _aggregating(doc)}
+    if len(set(groupings.values())) > 1:
+        named = sorted(name for name, grouping in groupings.items() if grouping is not None)
+        return [
+            "aggregating nodes must compute the same group_by and measures (their partials "
+            f"meet at the sink); {', '.join(named)} differ from the others"
+        ]
+    if groupings and next(iter(groupings.values())) is not None:
+        kind = pipeline_sink(doc).get("sink", "results")
+        if kind != "results":
+            return [
+                f"sink {kind} does not take grouped measures yet: the run's result table "
+                "(sink results) does"
+            ]
     kind = pipeline_sink(doc).get("sink", "results")
     if kind != "results" and not any(specs.values()):
         return [
@@ -291,6 +306,14 @@ def pipeline_sink(doc: PipelineDocument | StoredDocument) -> Mapping[str, object
     """The parameters of the pipeline's sink (its sink nodes share them)."""
     sinks = _sinks(doc)
     return dict(sinks[0].get("params") or {}) if sinks else {}
+
+
+def pipeline_grouping(doc: PipelineDocument | StoredDocument) -> Grouping | None:
+    """The grouped measures the pipeline computes (its aggregating nodes share them), or
+    None for the key, value and distinct form."""
+    for node in _aggregating(doc):
+        return Grouping.of(node.get("params") or {})
+    return None
 
 
 def pipeline_windows(doc: PipelineDocument | StoredDocument) -> WindowSpec | None:

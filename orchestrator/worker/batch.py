@@ -25,7 +25,7 @@ from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParam
 from balancer.units import MB
 from orchestrator.ledger import failures, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
-from orchestrator.pipeline.graph import RunGraph, pipeline_windows
+from orchestrator.pipeline.graph import RunGraph, pipeline_grouping, pipeline_windows
 from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.reference import job_params
 from orchestrator.pipeline.routes import Routes
@@ -34,12 +34,12 @@ from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel_group, job_group
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
-from sparkjobs.merge import combine_partials, read_partials
+from sparkjobs.merge import combine_groups, combine_partials, read_partials
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sparkjobs.aggregate import PartialOutput
+    from sparkjobs.outputs import PartialOutput
 
 log = logging.getLogger(__name__)
 
@@ -544,13 +544,24 @@ def _output_paths(
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
     pending = list(batch)
     windows = pipeline_windows(run.topology)
+    grouping = pipeline_grouping(run.topology)
     while pending:
         rows: dict[Path, int] = {}
-        merged = combine_partials([Path(s.path) for s in pending], rows)
+        paths = [Path(s.path) for s in pending]
+        merged = [] if grouping is not None else combine_partials(paths, rows)
+        groups = [] if grouping is None else combine_groups(grouping, paths, rows)
         records = {s.pk: rows.get(Path(s.path), 0) for s in pending}
         try:
             segments.complete_sink_batch(
-                run.pk, sink, owner, pending, merged, windows=windows, records=records
+                run.pk,
+                sink,
+                owner,
+                pending,
+                merged,
+                windows=windows,
+                records=records,
+                grouping=grouping,
+                groups=groups,
             )
             return
         except segments.AlreadyMergedError as err:

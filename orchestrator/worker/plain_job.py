@@ -10,7 +10,8 @@ from typing import Any
 from django.conf import settings
 
 from balancer.document import NodeDocument, PipelineDocument
-from orchestrator.ledger.results import WindowRow, format_row, sorted_rows
+from orchestrator.ledger.groups import GroupRow, shown_row
+from orchestrator.ledger.results import ResultRow, WindowRow, format_row, sorted_rows
 from orchestrator.pipeline import generator as generator_module
 from orchestrator.pipeline.generator import (
     GeneratorFields,
@@ -22,6 +23,8 @@ from orchestrator.pipeline.inputs import resolve_inputs
 from orchestrator.pipeline.reference import job_params
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of
 from sparkjobs.event_time import iso
+from sparkjobs.measures import Grouping
+from sparkjobs.merge import group_order
 
 
 class BatchJobError(ValueError):
@@ -80,7 +83,7 @@ def batch_summary(
     import time
 
     from sparkjobs.aggregate import AggregateParams
-    from sparkjobs.plain_job import batch_aggregate
+    from sparkjobs.plain_job import batch_aggregate, batch_grouped
     from sparkjobs.session import spark_session
 
     if (input_path is None) == (generator is None):
@@ -96,6 +99,17 @@ def batch_summary(
         raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
     steps = [(operator_name(n), job_params(n)) for n in chain[:-1]]
     began = time.monotonic()
+    grouping = Grouping.of(chain[-1].get("params") or {})
+    if grouping is not None:
+        grouped = batch_grouped(spark_session(), [f.path for f in files], fmt, grouping, steps)
+        return _summary(
+            rows=[
+                shown_row(grouping, group, values)
+                for group, values in sorted(grouped.rows, key=lambda row: group_order(row[0]))
+            ],
+            seconds=time.monotonic() - began,
+            malformed=grouped.malformed,
+        )
     result = batch_aggregate(
         spark_session(),
         [f.path for f in files],
@@ -122,13 +136,22 @@ def batch_summary(
             "late_records": 0,
         }
     )
+    return _summary(
+        rows=rows, seconds=time.monotonic() - began, malformed=result.malformed, **windows
+    )
+
+
+def _summary(
+    *, rows: list[ResultRow] | list[GroupRow], seconds: float, malformed: int, **windows: Any
+) -> dict[str, Any]:
+    """The plain job's result in the shape of a run's (orchestrator/ledger/results.py)."""
     return {
         "run": None,
         "status": "completed",
-        "seconds": round(time.monotonic() - began, 3),
+        "seconds": round(seconds, 3),
         "segments": None,
         "migrated_segments": 0,
-        "malformed_records": result.malformed,
+        "malformed_records": malformed,
         "coverage": "exact",
         "error": None,
         "rows": rows,

@@ -486,8 +486,18 @@ class ResultsSerializer(serializers.Serializer[JsonObject]):
         help_text="every chunk of the input before this position is merged exactly once"
     )
     final = serializers.BooleanField(help_text="the run has ended: the result is complete")
-    keys = serializers.IntegerField(help_text="keys in the result")
-    rows = ResultRowSerializer(many=True, help_text="the keys with the most records")
+    keys = serializers.IntegerField(help_text="keys (or groups) in the result")
+    columns = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the names of a row's values, in order: key, count, sum_value, min_value, "
+        "max_value, avg_value, distinct_users; or, for grouped measures, each group_by "
+        "field then each measure by its name",
+    )
+    rows = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="the keys (groups) with the most records, each a value per column (null "
+        "where SQL has NULL: a sum, min, max or avg of no value)",
+    )
     windows = WindowsSerializer(
         allow_null=True, help_text="a windowed pipeline's windows (null without windows)"
     )

@@ -62,12 +62,34 @@ def input_folder(settings: Any, tmp_path: Path, *, data: bool = True) -> Path:
     return root
 
 
-def joined_flights(reference: str | None = "airlines.csv", **join: Any) -> PipelineDocument:
-    """Flights (carrier, delay, tail) joined with an airlines table on the carrier, then
-    aggregated per airline name: the delay's figures and the distinct tail numbers.
-    ``join`` changes the join node's parameters; ``reference`` None reads no file (give
-    ``table`` and ``database``)."""
+# The flights query, per airline name and origin: the flights, the delay's figures and
+# the distinct tail numbers.
+FLIGHT_MEASURES: dict[str, Any] = {
+    "group_by": ["name", "origin"],
+    "measures": [
+        {"name": "flights", "fn": "count"},
+        {"name": "delayed", "fn": "count", "field": "delay"},
+        {"name": "mean_delay", "fn": "avg", "field": "delay"},
+        {"name": "total_delay", "fn": "sum", "field": "delay"},
+        {"name": "least_delay", "fn": "min", "field": "delay"},
+        {"name": "most_delay", "fn": "max", "field": "delay"},
+        {"name": "tails", "fn": "count_distinct", "field": "tail"},
+    ],
+}
+
+
+def joined_flights(
+    reference: str | None = "airlines.csv", *, grouped: bool = False, **join: Any
+) -> PipelineDocument:
+    """Flights (carrier, origin, delay, tail) joined with an airlines table on the
+    carrier, then aggregated per airline name: the delay's figures and the distinct
+    tail numbers (``grouped``: the measures of :data:`FLIGHT_MEASURES`, per name and
+    origin). ``join`` changes the join node's parameters; ``reference`` None reads no
+    file (give ``table`` and ``database``)."""
     params = {"on": ["carrier"], "columns": ["name"], **join}
+    aggregate = (
+        FLIGHT_MEASURES if grouped else {"key": "name", "value": "delay", "distinct": "tail"}
+    )
     if reference is not None:
         params["reference"] = reference
     return {
@@ -81,7 +103,7 @@ def joined_flights(reference: str | None = "airlines.csv", **join: Any) -> Pipel
                     "format": "jsonl",
                     "route_by": "carrier",
                     "segment_mb": SEGMENT_MB,
-                    "schema": "carrier string, delay double, tail string",
+                    "schema": "carrier string, origin string, delay double, tail string",
                 },
             },
             {"name": "enrich", "kind": "operator", "operator": "join", "params": params},
@@ -91,7 +113,7 @@ def joined_flights(reference: str | None = "airlines.csv", **join: Any) -> Pipel
                     kind="operator",
                     stage="agg",
                     operator="aggregate",
-                    params={"key": "name", "value": "delay", "distinct": "tail"},
+                    params=aggregate,
                     buffer_mb=1.0,
                 )
                 for i in (1, 2)

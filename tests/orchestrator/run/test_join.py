@@ -1,6 +1,7 @@
-"""A pipeline that joins its records with reference data: the run joins the table as it
-was when the run started, through a killed Spark worker and a hot migration of the join,
-and its result equals the plain Spark job over the same input and table."""
+"""A pipeline that joins its records with reference data and computes grouped measures
+(the flights query): the run joins the table as it was when the run started, through a
+killed Spark worker and a hot migration of the join, and its result equals the plain
+Spark job over the same input and table, row for row, each measure by its name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from orchestrator.models import Segment
 from tests.orchestrator.run.scenarios import (
+    FLIGHT_MEASURES,
     adjust_and_wait,
     completes_like_the_batch_job,
     input_folder,
@@ -24,6 +26,7 @@ from tests.orchestrator.run.scenarios import (
     wait_started,
 )
 from tests.waiting import wait_for
+from tests.webapp.console.factories import client_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -42,7 +45,9 @@ def _flights(path: Path, records: int) -> None:
                 continue
             flight = {
                 "carrier": rng.choice(carriers),
-                "delay": round(rng.uniform(-20, 300), 1),
+                "origin": rng.choice(["JFK", "LGA", "EWR"]),
+                # a cancelled flight has no delay: counted, not averaged
+                "delay": None if i % 13 == 0 else round(rng.uniform(-20, 300), 1),
                 "tail": f"N{rng.randrange(400)}",
             }
             out.write(json.dumps(flight) + "\n")
@@ -61,7 +66,7 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     root = input_folder(settings, tmp_path, data=False)
     _table(root / "airlines.csv", AIRLINES)
     _flights(root / "flights.jsonl", 150_000)
-    doc = joined_flights()
+    doc = joined_flights(grouped=True)
     doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
     run = start(doc, policy(), input_path=str(root / "flights.jsonl"))
     # When the table changes once the run has started
@@ -77,7 +82,18 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     migrated = adjust_and_wait(run, "hot_migrate", node="enrich")
     assert migrated.status == "complete", migrated.outcome
     # Then the run equals the plain job over the table it started with, whose names
-    # it joined, not the changed table's
+    # it joined, not the changed table's, per name and origin, its measures by name
     result = completes_like_the_batch_job(run)
-    assert sorted(r["key"] for r in result["rows"]) == sorted(AIRLINES.values())
+    assert {r["name"] for r in result["rows"]} == set(AIRLINES.values())
+    assert len(result["rows"]) == 9
+    assert all(r["delayed"] < r["flights"] and r["tails"] <= 400 for r in result["rows"])
     assert result["malformed_records"] > 0
+    # ...and the results API shows them by their names, to the lowest role that reads it
+    client, _ = client_for("vic", "viewer")
+    shown = client.get(f"/api/runs/{run.pk}/results/").json()
+    assert shown["columns"] == [
+        "name",
+        "origin",
+        *(m["name"] for m in FLIGHT_MEASURES["measures"]),
+    ]
+    assert sorted(shown["rows"], key=lambda r: (r["name"], r["origin"])) == result["rows"]

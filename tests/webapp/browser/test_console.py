@@ -373,3 +373,62 @@ def test_the_editor_shows_problems_beside_their_fields_and_saves_only_a_valid_pi
     assert pipeline.edges.filter(target__name="node6").exists()
     assert page.js_errors == []
     page.context.close()
+
+
+def test_an_operator_writes_grouped_measures_one_a_line_and_sees_their_types(
+    asgi_server, chromium, artifacts
+) -> None:
+    doc = {
+        "name": "per-carrier",
+        "nodes": [
+            {
+                "name": "source",
+                "kind": "source",
+                "params": {
+                    "route_by": "carrier",
+                    "schema": "carrier string, origin string, delay double",
+                },
+            },
+            {
+                "name": "agg",
+                "kind": "operator",
+                "operator": "aggregate",
+                "params": {"group_by": ["carrier"], "measures": [{"name": "n", "fn": "count"}]},
+            },
+            {"name": "output", "kind": "sink"},
+        ],
+        "edges": [{"from": "source", "to": "agg"}, {"from": "agg", "to": "output"}],
+    }
+    save_document(doc)
+    make_user("otto", "operator")
+    page = login(chromium, asgi_server, "otto")
+    page.goto(f"{asgi_server.url}/pipelines/per-carrier/edit/")
+    measures = '[data-loc="nodes[1].params.measures"]'
+    assert page.input_value(measures) == "n = count()"
+    # When a measure is added a line, it is typed in what the node writes
+    page.fill(measures, "n = count()\nmean_delay = avg(delay)")
+    schema = "document.querySelector('[data-schema-for=\"nodes[1]\"]')"
+    page.wait_for_function(f"() => /mean_delay double/.test({schema}.textContent)")
+    assert page.text_content('[data-schema-for="nodes[1]"]').startswith(
+        "writes carrier string, n long, mean_delay double"
+    )
+    # ...and one of another form, or of a text field, is refused where it is
+    page.fill(measures, "n = count()\nmean_delay = avg(origin)\ntotal")
+    error = page.wait_for_selector('[data-error-for="nodes[1].params"] div')
+    assert "measures[2] must be a mapping" in error.text_content()
+    page.fill(measures, "n = count()\nmean_delay = avg(origin)")
+    page.wait_for_function(
+        "() => /avg of 'origin', a string/.test("
+        "document.querySelector('[data-error-for=\"nodes[1].params.measures\"]').textContent)"
+    )
+    # Then, fixed, it saves as named measures
+    page.fill(measures, "n = count()\nmean_delay = avg(delay)")
+    page.wait_for_selector('#check-state[data-problems="0"]')
+    page.click("#save")
+    page.wait_for_url(f"{asgi_server.url}/pipelines/per-carrier/")
+    assert Pipeline.objects.get(name="per-carrier").nodes.get(name="agg").params["measures"] == [
+        {"name": "n", "fn": "count"},
+        {"name": "mean_delay", "fn": "avg", "field": "delay"},
+    ]
+    assert page.js_errors == []
+    page.context.close()

@@ -51,6 +51,7 @@ def test_an_operator_saves_a_join_and_sees_the_table_s_columns_reach_the_aggrega
     # The table's columns reach the editor with the types its job reads them with
     assert check["schemas"]["enrich"] == [
         {"name": "carrier", "type": "string"},
+        {"name": "origin", "type": "string"},
         {"name": "delay", "type": "double"},
         {"name": "tail", "type": "string"},
         {"name": "name", "type": "string"},

@@ -285,3 +285,66 @@ def test_a_field_name_is_bounded_and_quoted_short(
     else:
         assert len(found) == 1 and expected in found[0], found
         assert len(found[0]) < 200
+
+
+def test_a_grouped_pipeline_is_valid_and_its_measures_have_types() -> None:
+    from orchestrator.pipeline.schemas import derive
+
+    doc = joined_flights(grouped=True)
+    assert messages(doc) == []
+    fields = derive(doc["nodes"], doc["edges"]).by_node["agg1"]
+    assert [(f.name, f.type) for f in fields.fields] == [
+        ("name", "unknown"),  # the table's, unknown without reading it
+        ("origin", "string"),
+        ("flights", "long"),
+        ("delayed", "long"),
+        ("mean_delay", "double"),
+        ("total_delay", "double"),
+        ("least_delay", "double"),
+        ("most_delay", "double"),
+        ("tails", "long"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"measures": [{"name": "m", "fn": "avg", "field": "tail"}]},
+            "nodes[2] (agg1).params.measures: measures[0]: avg of 'tail', a string: it needs "
+            "a number",
+        ),
+        (
+            {"measures": [{"name": "m", "fn": "count", "field": "tial"}]},
+            "nodes[2] (agg1).params.measures: measures[0]: unknown field 'tial' (did you mean "
+            "'tail'?)",
+        ),
+        (
+            {"group_by": ["origen"]},
+            "nodes[2] (agg1).params.group_by: unknown field 'origen' (did you mean 'origin'?)",
+        ),
+        (
+            {"measures": [{"name": "origin", "fn": "count"}]},
+            "nodes[2] (agg1).params: measures[0].name 'origin' is also a group_by field",
+        ),
+    ],
+)
+def test_a_bad_measure_is_refused_where_it_is(change: dict[str, Any], says: str) -> None:
+    doc = joined_flights(grouped=True)
+    for node in doc["nodes"][2:4]:
+        node["params"] = {**node["params"], **change}
+    assert any(m.startswith(says) for m in messages(doc)), messages(doc)
+
+
+def test_branches_of_one_stage_must_compute_the_same_measures() -> None:
+    doc = joined_flights(grouped=True)
+    doc["nodes"][3]["params"] = {**doc["nodes"][3]["params"], "group_by": ["origin"]}
+    assert any(
+        "aggregating nodes must compute the same group_by and measures" in m for m in messages(doc)
+    )
+
+
+def test_grouped_measures_go_to_the_run_s_result_table_only_for_now() -> None:
+    doc = joined_flights(grouped=True)
+    doc["nodes"][-1]["params"] = {"sink": "postgres", "table": "flights"}
+    assert any("sink postgres does not take grouped measures yet" in m for m in messages(doc))

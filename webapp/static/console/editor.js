@@ -43,6 +43,25 @@
     return fields.length ? fields.join(", ") : undefined;
   }
 
+  // An aggregate's measures, {name, fn, field}, edited one a line as "name = fn(field)"
+  // ("flights = count()"); a line of another form is kept as it is, for the check to
+  // say what is wrong with it.
+  function measuresValue(text) {
+    const lines = String(text).split("\n").map((s) => s.trim()).filter(Boolean);
+    if (!lines.length) return undefined;
+    return lines.map((line) => {
+      const m = /^(\w+)\s*=\s*(\w+)\s*\(\s*(\w*)\s*\)$/.exec(line);
+      if (!m) return line;
+      return m[3] ? { name: m[1], fn: m[2], field: m[3] } : { name: m[1], fn: m[2] };
+    });
+  }
+
+  function shownMeasures(value) {
+    if (!Array.isArray(value)) return shownParam(value);
+    return value.map((m) => m && typeof m === "object"
+      ? `${m.name} = ${m.fn}(${m.field || ""})` : String(m)).join("\n");
+  }
+
   function shownSchema(value) {
     return typeof value === "string" ? value.split(",").map((s) => s.trim()).join("\n") : shownParam(value);
   }
@@ -172,6 +191,16 @@
           wrap.appendChild(field);
           wrap.appendChild(slot(loc));
           wrap.appendChild(sampler(node, field, i));
+          box.appendChild(wrap);
+          continue;
+        }
+        if (pname === "measures") {
+          const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder: "flights = count()\nmean_delay = avg(dep_delay) (one a line)" });
+          field.value = shownMeasures(node.params[pname]);
+          field.addEventListener("input", () => { setOrDelete(node.params, pname, measuresValue(field.value)); changed(); });
+          const wrap = BP.el("div");
+          wrap.appendChild(field);
+          wrap.appendChild(slot(loc));
           box.appendChild(wrap);
           continue;
         }

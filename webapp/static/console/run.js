@@ -700,9 +700,9 @@
     if (!(r.ok && r.data && r.data.final)) setTimeout(loadResults, RESULTS_EVERY_MS);
   }
 
-  function cells(tr, values) {
+  function cells(tr, values, tag = "td") {
     for (const value of values) {
-      const td = document.createElement("td");
+      const td = document.createElement(tag);
       td.textContent = String(value);  // text, never markup: keys come from the data
       tr.appendChild(td);
     }
@@ -765,18 +765,17 @@
     const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
     $("results-stamp").textContent = data.keys > data.rows.length
       ? `${stamp}, the ${data.rows.length} with the most records` : stamp;
+    // The columns are the pipeline's: key and its figures, or its group fields and
+    // measures by their names.
+    const head = $("results").querySelector("thead");
+    while (head.firstChild) head.removeChild(head.firstChild);
+    head.appendChild(cells(document.createElement("tr"), data.columns, "th"));
     const body = $("results").querySelector("tbody");
     while (body.firstChild) body.removeChild(body.firstChild);
-    const fixed = (v) => Number(v).toFixed(2);
+    const shown = (v) => v === null || v === undefined ? "–"
+      : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(2) : String(v);
     for (const row of data.rows) {
-      const tr = document.createElement("tr");
-      for (const value of [row.key, row.count, fixed(row.sum_value), fixed(row.min_value),
-        fixed(row.max_value), fixed(row.avg_value), row.distinct_users]) {
-        const td = document.createElement("td");
-        td.textContent = String(value);  // text, never markup: keys come from the data
-        tr.appendChild(td);
-      }
-      body.appendChild(tr);
+      body.appendChild(cells(document.createElement("tr"), data.columns.map((c) => shown(row[c]))));
     }
   }
 

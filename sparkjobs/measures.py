@@ -1,0 +1,251 @@
+"""Grouped measures: an ``aggregate`` stage's ``group_by`` fields and named ``measures``,
+each kept as a partial state that merges exactly.
+
+A measure is a name, a function and the field it reads::
+
+    group_by: [carrier, origin]
+    measures:
+      - {name: flights, fn: count}
+      - {name: mean_delay, fn: avg, field: dep_delay}
+      - {name: tails, fn: count_distinct, field: tailnum}
+
+Null follows SQL: a record whose measured field is null counts in ``count`` (without a
+field) and nowhere else; a null group field makes a group of its own. A partial state
+of each function merges with another of any grouping of the input into the state of
+the whole: counts and sums add (sums are decimals, exact in any order), min and max
+fold, an average is its sum and count (divided only when read), a distinct count is
+its set of values. So a stage's partials may be split by segment, batch, branch or
+instance, and merged in any order, and still equal one aggregation of the whole.
+
+Pure Python: the console checks a stage's measures without a JVM, and the sink merges
+partials without one (sparkjobs/grouped.py computes them on Spark).
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal, TypeAlias, TypeGuard
+
+Function = Literal["count", "sum", "min", "max", "avg", "count_distinct"]
+FUNCTIONS: tuple[Function, ...] = ("count", "sum", "min", "max", "avg", "count_distinct")
+# The functions of a number, read as DECIMAL(38,10) (sparkjobs/records.py).
+OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg"})
+MAX_GROUP_FIELDS = 16
+MAX_MEASURES = 32
+MAX_NAME = 64
+# Wide enough that sums of DECIMAL(38,10) values over any number of partials stay exact;
+# an inexact or overflowing operation raises instead of rounding.
+EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
+
+# A measure's partial state as JSON holds it: a count; a sum, min or max as decimal text
+# (None before any non-null value); an average's {"sum": ..., "count": ...}; a distinct
+# count's sorted values.
+State: TypeAlias = int | str | list[Any] | dict[str, Any] | None
+# A finished measure: what a result row shows.
+Value: TypeAlias = int | Decimal | None
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    fn: Function
+    field: str | None = None  # None: count counts records
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "fn": self.fn, **({"field": self.field} if self.field else {})}
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """What a grouped ``aggregate`` computes: per value of ``group_by``, ``measures``."""
+
+    group_by: tuple[str, ...]
+    measures: tuple[Measure, ...]
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> Grouping | None:
+        """The grouping a stage's parameters name; None for the ``key``/``value``/
+        ``distinct`` form, or for measures that are not valid (:func:`problems` says
+        why)."""
+        if "measures" not in params or _shape_problems(params):
+            return None
+        return cls._of_valid(params)
+
+    @classmethod
+    def _of_valid(cls, params: Mapping[str, Any]) -> Grouping:
+        return cls(
+            group_by=tuple(str(f) for f in params.get("group_by") or []),
+            measures=tuple(
+                Measure(str(m["name"]), m["fn"], str(m["field"]) if m.get("field") else None)
+                for m in params["measures"]
+            ),
+        )
+
+    @property
+    def numbers(self) -> list[str]:
+        """The fields read as numbers (decimals)."""
+        return _unique(m.field for m in self.measures if m.fn in OF_NUMBERS and m.field)
+
+    @property
+    def strings(self) -> list[str]:
+        """The fields read as text: the group's, and those counted."""
+        counted = (m.field for m in self.measures if m.fn not in OF_NUMBERS and m.field)
+        return [f for f in _unique([*self.group_by, *counted]) if f not in self.numbers]
+
+    def empty(self) -> dict[str, State]:
+        return {m.name: _EMPTY[m.fn] for m in self.measures}
+
+    def merge(self, into: Mapping[str, State], other: Mapping[str, State]) -> dict[str, State]:
+        """The state of two partials' records together."""
+        return {m.name: _merge(m.fn, into[m.name], other[m.name]) for m in self.measures}
+
+    def finish(self, states: Mapping[str, State]) -> dict[str, Value]:
+        """Each measure's value from its state."""
+        return {m.name: _finish(m.fn, states[m.name]) for m in self.measures}
+
+
+def _unique(names: Any) -> list[str]:
+    return list(dict.fromkeys(n for n in names if n))
+
+
+_EMPTY: Mapping[str, State] = {
+    "count": 0,
+    "sum": None,
+    "min": None,
+    "max": None,
+    "avg": {"sum": None, "count": 0},
+    "count_distinct": [],
+}
+
+
+def _merge(fn: str, a: Any, b: Any) -> State:
+    """Two partial states of ``fn`` (JSON, as :data:`State` says) as one."""
+    if fn == "count":
+        return int(a) + int(b)
+    if fn == "count_distinct":
+        return sorted(set(a) | set(b))
+    if fn == "avg":
+        return {"sum": _number("sum", a["sum"], b["sum"]), "count": a["count"] + b["count"]}
+    return _number(fn, a, b)
+
+
+def _number(fn: str, a: str | None, b: str | None) -> str | None:
+    """Two sums, minima or maxima (decimal text, None for none) as one."""
+    if a is None or b is None:
+        return b if a is None else a
+    x, y = Decimal(a), Decimal(b)
+    if fn == "sum":
+        return str(EXACT.add(x, y))
+    return a if (x <= y) == (fn == "min") else b
+
+
+def _finish(fn: str, state: Any) -> Value:
+    if fn == "count":
+        return int(state)
+    if fn == "count_distinct":
+        return len(state)
+    if fn == "avg":
+        return average(state["sum"], state["count"])
+    return None if state is None else Decimal(state)
+
+
+def average(total: str | Decimal | None, count: int) -> Decimal | None:
+    """An average from its exact sum and count (None, as SQL has it, of no value): the
+    one division, wherever the sum was made."""
+    return None if total is None or not count else Decimal(total) / Decimal(count)
+
+
+# -- what a document may say ------------------------------------------------------------
+
+
+def problems(params: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a stage's ``group_by`` and ``measures``, each saying where:
+    linear in their size."""
+    said = _shape_problems(params)
+    if said or "measures" not in params:
+        return said
+    grouping = Grouping._of_valid(params)
+    grouped = {f.lower() for f in grouping.group_by}
+    both = sorted({f.lower() for f in grouping.numbers} & grouped)
+    if both:
+        said.append(
+            f"group_by field(s) {', '.join(both)} also read as numbers by a sum, min, "
+            "max or avg: group by a copy (a project stage's column)"
+        )
+    return said
+
+
+def _shape_problems(params: Mapping[str, Any]) -> list[str]:
+    if "measures" not in params and "group_by" not in params:
+        return []
+    said: list[str] = []
+    legacy = [p for p in ("key", "value", "distinct", "aggregates") if p in params]
+    if legacy:
+        said.append(
+            f"{', '.join(legacy)} and measures are two ways to say what to compute; "
+            "give one (group_by and measures, or key, value and distinct)"
+        )
+    if "measures" not in params:
+        return [*said, "group_by is given without measures"]
+    windowed = [p for p in ("window_s", "slide_s", "event_time", "lateness_s") if p in params]
+    if windowed:
+        said.append(
+            f"measures over event-time windows ({', '.join(windowed)}) are not supported "
+            "yet: use key, value and distinct"
+        )
+    group_by = params.get("group_by", [])
+    if not isinstance(group_by, list) or len(group_by) > MAX_GROUP_FIELDS:
+        said.append(f"group_by must be a list of at most {MAX_GROUP_FIELDS} field names")
+        group_by = []
+    for index, field in enumerate(group_by):
+        if not _is_name(field, 128):
+            said.append(f"group_by[{index}] must be a field name (letters, digits, _)")
+    lowered = [str(f).lower() for f in group_by]
+    if len(set(lowered)) != len(lowered):
+        said.append("group_by names a field twice")
+    said += _measure_problems(params["measures"], set(lowered))
+    return said
+
+
+def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
+    if not isinstance(measures, list) or not 0 < len(measures) <= MAX_MEASURES:
+        return [f"measures must be a list of 1 to {MAX_MEASURES} measures"]
+    said: list[str] = []
+    seen: set[str] = set()
+    for index, measure in enumerate(measures):
+        at = f"measures[{index}]"
+        if not isinstance(measure, Mapping):
+            said.append(f"{at} must be a mapping with name, fn and (but for count) field")
+            continue
+        unknown = sorted(str(k)[:40] for k in measure if k not in ("name", "fn", "field"))
+        if unknown:
+            said.append(f"{at}: unknown key(s) {', '.join(unknown)} (allowed: name, fn, field)")
+        name, fn, field = measure.get("name"), measure.get("fn"), measure.get("field")
+        if not _is_name(name, MAX_NAME):
+            said.append(f"{at}.name must be an identifier of at most {MAX_NAME} characters")
+        elif name.lower() in groups:
+            said.append(f"{at}.name {name!r} is also a group_by field")
+        elif name.lower() in seen:
+            said.append(f"{at}.name {name!r} names two measures")
+        else:
+            seen.add(name.lower())
+        if fn not in FUNCTIONS:
+            shown = repr(fn) if len(repr(fn)) <= 40 else repr(fn)[:37] + "..."
+            said.append(f"{at}.fn must be one of {', '.join(FUNCTIONS)}, got {shown}")
+        elif field is None and fn != "count":
+            said.append(f"{at}: {fn} needs a field")
+        if field is not None and not _is_name(field, 128):
+            said.append(f"{at}.field must be a field name (letters, digits, _)")
+    return said
+
+
+def _is_name(value: Any, longest: int) -> TypeGuard[str]:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= longest
+        and not value[0].isdigit()
+        and all(c.isascii() and (c.isalnum() or c == "_") for c in value)
+    )

@@ -1,0 +1,194 @@
+"""Grouped measures' partial states merge exactly (sparkjobs/measures.py): the records
+of a stage split into any partials, merged in any order, give what one aggregation of
+all of them gives, as SQL computes it (nulls left out of all but a count of records);
+and a document's measures are checked saying which one is wrong."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkjobs.measures import FUNCTIONS, Grouping, Measure, State, problems
+
+FIELDS = ("a", "b", "c", "x", "y")
+Record = dict[str, Any]
+
+
+def _state(measure: Measure, records: list[Record]) -> State:
+    """A measure's partial state over ``records``, by its definition (the Spark job
+    computes the same: sparkjobs/grouped.py)."""
+    if measure.field is None:
+        return len(records)
+    values = [r[measure.field] for r in records if r[measure.field] is not None]
+    if measure.fn == "count":
+        return len(values)
+    if measure.fn == "count_distinct":
+        return sorted({str(v) for v in values})
+    numbers = [Decimal(v) for v in values]
+    total = str(sum(numbers, Decimal(0))) if numbers else None
+    if measure.fn == "sum":
+        return total
+    if measure.fn == "avg":
+        return {"sum": total, "count": len(numbers)}
+    if not numbers:
+        return None
+    return str(min(numbers) if measure.fn == "min" else max(numbers))
+
+
+def _partials(grouping: Grouping, records: list[Record]) -> dict[tuple[Any, ...], dict[str, State]]:
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for record in records:
+        groups.setdefault(tuple(record[f] for f in grouping.group_by), []).append(record)
+    return {g: {m.name: _state(m, rs) for m in grouping.measures} for g, rs in groups.items()}
+
+
+def _sql(grouping: Grouping, records: list[Record]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """What SQL's GROUP BY gives, computed apart from the states."""
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for record in records:
+        groups.setdefault(tuple(record[f] for f in grouping.group_by), []).append(record)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for group, rows in groups.items():
+        values: dict[str, Any] = {}
+        for m in grouping.measures:
+            seen = [r[m.field] for r in rows if m.field and r[m.field] is not None]
+            if m.field is None:
+                values[m.name] = len(rows)
+            elif m.fn == "count":
+                values[m.name] = len(seen)
+            elif m.fn == "count_distinct":
+                values[m.name] = len(set(map(str, seen)))
+            elif not seen:
+                values[m.name] = None
+            else:
+                numbers = [Decimal(v) for v in seen]
+                values[m.name] = {
+                    "sum": sum(numbers, Decimal(0)),
+                    "min": min(numbers),
+                    "max": max(numbers),
+                    "avg": sum(numbers, Decimal(0)) / Decimal(len(numbers)),
+                }[m.fn]
+        out[group] = values
+    return out
+
+
+def _values() -> st.SearchStrategy[str | None]:
+    """Decimal text of DECIMAL(38,10)'s range, or null."""
+    number = st.decimals(
+        min_value=Decimal("-1e12"), max_value=Decimal("1e12"), places=10, allow_nan=False
+    )
+    return st.one_of(st.none(), number.map(str))
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[Grouping, list[Record], int, int]:
+    group_by = tuple(draw(st.lists(st.sampled_from(FIELDS[:3]), max_size=3, unique=True)))
+    picked = draw(
+        st.lists(
+            st.tuples(st.sampled_from(FUNCTIONS), st.sampled_from((None, "x", "y"))),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    measures = tuple(
+        Measure(f"m{i}", fn, field if fn == "count" else field or "x")
+        for i, (fn, field) in enumerate(picked)
+    )
+    text = st.one_of(st.none(), st.sampled_from(("p", "q", "r")))
+    record = st.fixed_dictionaries(
+        {"a": text, "b": text, "c": text, "x": _values(), "y": _values()}
+    )
+    records = draw(st.lists(record, max_size=40))
+    return Grouping(group_by, measures), records, draw(st.integers(1, 6)), draw(st.integers())
+
+
+@settings(max_examples=300, deadline=None)
+@given(_cases())
+def test_partials_of_any_split_merged_in_any_order_equal_one_aggregation(
+    case: tuple[Grouping, list[Record], int, int],
+) -> None:
+    grouping, records, parts, seed = case
+    shuffled = random.Random(seed)
+    cuts = [records[i::parts] for i in range(parts)]  # records of a group in several parts
+    partials = [p for cut in cuts for p in _partials(grouping, cut).items()]
+    shuffled.shuffle(partials)
+
+    merged: dict[tuple[Any, ...], dict[str, State]] = {}
+    for group, states in partials:
+        merged[group] = grouping.merge(merged[group], states) if group in merged else states
+
+    whole = _partials(grouping, records)
+    assert merged == whole
+    assert {g: grouping.finish(s) for g, s in merged.items()} == _sql(grouping, records)
+
+
+def test_an_empty_state_merges_as_nothing() -> None:
+    grouping = Grouping(("a",), tuple(Measure(f"m{i}", fn, "x") for i, fn in enumerate(FUNCTIONS)))
+    states = _partials(grouping, [{"a": "p", "x": "2.5"}, {"a": "p", "x": None}])[("p",)]
+    assert grouping.merge(grouping.empty(), states) == states
+    assert grouping.finish(states) == {
+        "m0": 1,
+        "m1": Decimal("2.5"),
+        "m2": Decimal("2.5"),
+        "m3": Decimal("2.5"),
+        "m4": Decimal("2.5"),
+        "m5": 1,
+    }
+
+
+GOOD: dict[str, Any] = {
+    "group_by": ["carrier", "origin"],
+    "measures": [
+        {"name": "flights", "fn": "count"},
+        {"name": "mean_delay", "fn": "avg", "field": "dep_delay"},
+        {"name": "tails", "fn": "count_distinct", "field": "tailnum"},
+    ],
+}
+
+
+def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
+    grouping = Grouping.of(GOOD)
+    assert grouping is not None
+    assert grouping.strings == ["carrier", "origin", "tailnum"]
+    assert grouping.numbers == ["dep_delay"]
+    assert Grouping.of({"key": "k"}) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"key": "carrier"}, "key and measures are two ways to say what to compute"),
+        ({"measures": []}, "measures must be a list of 1 to 32 measures"),
+        ({"measures": [{"name": "n", "fn": "median", "field": "x"}]}, "measures[0].fn must be"),
+        ({"measures": [{"name": "1n", "fn": "count"}]}, "measures[0].name must be an identifier"),
+        ({"measures": [{"name": "origin", "fn": "count"}]}, "'origin' is also a group_by field"),
+        (
+            {"measures": [{"name": "n", "fn": "count"}, {"name": "N", "fn": "count"}]},
+            "measures[1].name 'N' names two measures",
+        ),
+        ({"measures": [{"name": "s", "fn": "sum"}]}, "measures[0]: sum needs a field"),
+        ({"measures": [{"name": "s", "fn": "sum", "field": "x", "as": 1}]}, "unknown key(s) as"),
+        ({"measures": ["count(*)"]}, "measures[0] must be a mapping"),
+        ({"group_by": ["a", "A"]}, "group_by names a field twice"),
+        ({"group_by": ["a b"]}, "group_by[0] must be a field name"),
+        ({"group_by": [f"f{i}" for i in range(17)]}, "group_by must be a list of at most 16"),
+        ({"window_s": 60}, "measures over event-time windows (window_s) are not supported yet"),
+        (
+            {"measures": [{"name": "s", "fn": "sum", "field": "origin"}]},
+            "group_by field(s) origin also read as numbers",
+        ),
+    ],
+)
+def test_a_bad_measure_is_refused_saying_which(change: dict[str, Any], says: str) -> None:
+    found = problems({**GOOD, **change})
+    assert any(says in p for p in found), found
+
+
+def test_a_hostile_measures_list_is_checked_in_linear_time() -> None:
+    huge = {"group_by": ["a"], "measures": [{"name": "n", "fn": "count"}] * 100_000}
+    assert problems(huge) == ["measures must be a list of 1 to 32 measures"]
