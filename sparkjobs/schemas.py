@@ -265,14 +265,7 @@ def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[P
 def aggregate_fields(params: Mapping[str, Any]) -> dict[str, str]:
     """The field an ``aggregate`` or ``running`` node reads by each parameter naming one
     (the catalog's defaults where unset): key, value, distinct, and the event time when
-    it windows; or each group_by field and measured field."""
-    grouping = Grouping.of(params)
-    if grouping is not None:
-        named = {f"group_by[{i}]": name for i, name in enumerate(grouping.group_by)}
-        for index, measure in enumerate(grouping.measures):
-            if measure.field:
-                named[f"measures[{index}].field"] = measure.field
-        return named
+    it windows."""
     names = {"key": "key", "value": "value", "distinct": "user"}
     if params.get("window_s") is not None:
         names["event_time"] = "event_time"

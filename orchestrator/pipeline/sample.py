@@ -26,6 +26,7 @@ from orchestrator.pipeline.beneath import FROM_TOP
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
 from sparkjobs.catalog import operator_name
+from sparkjobs.measures import Grouping
 from sparkjobs.schemas import FieldType, Proposal, aggregate_fields, declared_proposal, propose
 
 if TYPE_CHECKING:
@@ -132,7 +133,12 @@ def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
     for node in doc["nodes"]:
         if operator_name(node) not in ("aggregate", "running") or node["name"] in made:
             continue
-        for param, field in aggregate_fields(node.get("params") or {}).items():
+        params = node.get("params") or {}
+        if Grouping.of(params) is not None:
+            # Grouped measures read a missing field as null (SQL's rule), quarantining
+            # nothing: a field no record has is for the declared schema to catch.
+            continue
+        for param, field in aggregate_fields(params).items():
             if field.lower() not in sample.names:
                 missing.append(
                     f"{node['name']} reads {field!r} ({param}), which none of the first "

@@ -79,3 +79,15 @@ def test_a_windowed_pipeline_needs_its_event_time_field(tmp_path: Path) -> None:
         create_run(topology=windowed, policy=policy(), input_path=data)
     ok = _reference(window_s=60, event_time="ts")
     assert create_run(topology=ok, policy=policy(), input_path=data).pk
+
+
+def test_grouped_measures_read_a_field_no_record_has_as_null_and_start(tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "flights.jsonl", [{"key": "UA", "user": "N1"}] * 5)
+    doc = _reference()
+    for node in doc["nodes"][1:4]:
+        node["params"] = {
+            "group_by": ["key"],
+            "measures": [{"name": "mean", "fn": "avg", "field": "value"}],
+        }
+    # Nothing would be quarantined: each group's mean is null, as SQL's would be
+    assert create_run(topology=doc, policy=policy(), input_path=data).pk

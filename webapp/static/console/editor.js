@@ -183,24 +183,20 @@
         const id = `p-${i}-${pname}`;
         box.appendChild(BP.el("label", { for: id, title: pspec.help }, pname + (pspec.required ? " *" : "")));
         const isList = Array.isArray(pspec.default) || pspec.list;
-        if (pname === "schema") {
-          const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder: "key string\nvalue double (one field a line)" });
-          field.value = shownSchema(node.params[pname]);
-          field.addEventListener("input", () => { setOrDelete(node.params, pname, schemaValue(field.value)); changed(); });
+        // Parameters edited one item a line, in a form of their own.
+        const lined = {
+          schema: [shownSchema, schemaValue, "key string\nvalue double (one field a line)"],
+          measures: [shownMeasures, measuresValue, "flights = count()\nmean_delay = avg(dep_delay) (one a line)"],
+        }[pname];
+        if (lined) {
+          const [shown, parsed, placeholder] = lined;
+          const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder });
+          field.value = shown(node.params[pname]);
+          field.addEventListener("input", () => { setOrDelete(node.params, pname, parsed(field.value)); changed(); });
           const wrap = BP.el("div");
           wrap.appendChild(field);
           wrap.appendChild(slot(loc));
-          wrap.appendChild(sampler(node, field, i));
-          box.appendChild(wrap);
-          continue;
-        }
-        if (pname === "measures") {
-          const field = BP.el("textarea", { id, rows: 3, "data-loc": loc, placeholder: "flights = count()\nmean_delay = avg(dep_delay) (one a line)" });
-          field.value = shownMeasures(node.params[pname]);
-          field.addEventListener("input", () => { setOrDelete(node.params, pname, measuresValue(field.value)); changed(); });
-          const wrap = BP.el("div");
-          wrap.appendChild(field);
-          wrap.appendChild(slot(loc));
+          if (pname === "schema") wrap.appendChild(sampler(node, field, i));
           box.appendChild(wrap);
           continue;
         }
