@@ -5,7 +5,8 @@ no one's help and equals the plain Spark batch job: nothing lost, nothing twice.
 
 The session is the bench script itself, run as a child process (it configures Django
 for the stack it starts, which this test process, set up for the test database, cannot
-share). Its faults overlap (``--max-open``) to fit a few dozen into about two minutes.
+share). Its faults overlap (``--max-open``) to fit every kind, some twice, into about a
+minute.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(BENCH))  # the bench's modules import each other by file 
 from chaos_faults import Kind  # noqa: E402
 from chaos_recovery import progressed_after  # noqa: E402
 
-FAULTS = 24
+FAULTS = 12
 SHORT = [
     "--faults",
     str(FAULTS),

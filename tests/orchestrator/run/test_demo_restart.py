@@ -75,7 +75,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         produce(
             FolderTarget(self.folder),
-            rate_bps=256 * 1024,
+            rate_bps=512 * 1024,
             pattern="bursty-skewed",
             duration_s=None,
             max_bytes=12 * 1024 * 1024,

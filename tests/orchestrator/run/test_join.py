@@ -65,7 +65,7 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     # The run's copy of the table goes to the data folder its Spark workers read.
     root = input_folder(settings, tmp_path, data=False)
     _table(root / "airlines.csv", AIRLINES)
-    _flights(root / "flights.jsonl", 150_000)
+    _flights(root / "flights.jsonl", 60_000)
     doc = joined_flights(grouped=True)
     doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
     run = start(doc, policy(), input_path=str(root / "flights.jsonl"))
