@@ -18,7 +18,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.holders import held_by, holders_of
-from sparkjobs.measures import Grouping, Measure
+from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import MALFORMED_COL, RAW_COL, SEGMENT_COL, column, read_records, segment_of
 from sparkjobs.segments import write_atomic
@@ -107,7 +107,7 @@ def grouped_partials(
 def _state(measure: Measure) -> Column:
     """A measure's partial state over a group's records, as sparkjobs/measures.py keeps
     it: decimals as text, an average as its sum and count, a distinct count's sorted
-    set (nulls left out, as SQL leaves them)."""
+    set, a sketch by Spark's own sketch function (nulls left out, as SQL leaves them)."""
     if measure.field is None:  # count: every other function names one (measures.problems)
         return F.count(F.lit(1))
     field = column(measure.field)
@@ -117,5 +117,9 @@ def _state(measure: Measure) -> Column:
         return F.sort_array(F.collect_set(field.cast("STRING")))
     if measure.fn == "avg":
         return F.struct(F.sum(field).cast("STRING").alias("sum"), F.count(field).alias("count"))
+    if measure.fn == "approx_count_distinct":
+        return F.base64(F.hll_sketch_agg(field.cast("STRING"), HLL_LG_K))
+    if measure.fn == "approx_percentile":
+        return F.base64(F.kll_sketch_agg_double(field.cast("DOUBLE"), KLL_K))
     aggregate = {"sum": F.sum, "min": F.min, "max": F.max}[measure.fn]
     return aggregate(field).cast("STRING")

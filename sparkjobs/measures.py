@@ -23,16 +23,43 @@ partials without one (sparkjobs/grouped.py computes them on Spark).
 
 from __future__ import annotations
 
+import base64
 import decimal
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, TypeAlias, TypeGuard
 
-Function = Literal["count", "sum", "min", "max", "avg", "count_distinct"]
-FUNCTIONS: tuple[Function, ...] = ("count", "sum", "min", "max", "avg", "count_distinct")
+import datasketches
+
+Function = Literal[
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count_distinct",
+    "approx_count_distinct",
+    "approx_percentile",
+]
+FUNCTIONS: tuple[Function, ...] = (
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count_distinct",
+    "approx_count_distinct",
+    "approx_percentile",
+)
 # The functions of a number, read as DECIMAL(38,10) (sparkjobs/records.py).
-OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg"})
+OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg", "approx_percentile"})
+# The sketches' sizes, as Spark's own functions take them: an HLL sketch of 2^12
+# registers (relative standard error 1.6%), a KLL sketch of k = 200 (normalized rank
+# error 1.65%).
+HLL_LG_K = 12
+KLL_K = 200
 MAX_GROUP_FIELDS = 16
 MAX_MEASURES = 32
 MAX_NAME = 64
@@ -42,10 +69,11 @@ EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
 
 # A measure's partial state as JSON holds it: a count; a sum, min or max as decimal text
 # (None before any non-null value); an average's {"sum": ..., "count": ...}; a distinct
-# count's sorted values.
+# count's sorted values; a sketch's bytes in base64 (Apache DataSketches' format, as
+# Spark's hll_sketch_agg and kll_sketch_agg_double write it).
 State: TypeAlias = int | str | list[Any] | dict[str, Any] | None
 # A finished measure: what a result row shows.
-Value: TypeAlias = int | Decimal | None
+Value: TypeAlias = int | float | Decimal | None
 
 
 @dataclass(frozen=True)
@@ -53,9 +81,7 @@ class Measure:
     name: str
     fn: Function
     field: str | None = None  # None: count counts records
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "fn": self.fn, **({"field": self.field} if self.field else {})}
+    percentile: float | None = None  # approx_percentile's, in (0, 1]
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,12 @@ class Grouping:
         return cls(
             group_by=tuple(str(f) for f in params.get("group_by") or []),
             measures=tuple(
-                Measure(str(m["name"]), m["fn"], str(m["field"]) if m.get("field") else None)
+                Measure(
+                    str(m["name"]),
+                    m["fn"],
+                    str(m["field"]) if m.get("field") else None,
+                    float(m["percentile"]) if "percentile" in m else None,
+                )
                 for m in params["measures"]
             ),
         )
@@ -95,36 +126,32 @@ class Grouping:
         counted = (m.field for m in self.measures if m.fn not in OF_NUMBERS and m.field)
         return [f for f in _unique([*self.group_by, *counted]) if f not in self.numbers]
 
-    def empty(self) -> dict[str, State]:
-        return {m.name: _EMPTY[m.fn] for m in self.measures}
-
     def merge(self, into: Mapping[str, State], other: Mapping[str, State]) -> dict[str, State]:
         """The state of two partials' records together."""
         return {m.name: _merge(m.fn, into[m.name], other[m.name]) for m in self.measures}
 
     def finish(self, states: Mapping[str, State]) -> dict[str, Value]:
         """Each measure's value from its state."""
-        return {m.name: _finish(m.fn, states[m.name]) for m in self.measures}
+        return {m.name: _finish(m, states[m.name]) for m in self.measures}
 
 
 def _unique(names: Any) -> list[str]:
     return list(dict.fromkeys(n for n in names if n))
 
 
-_EMPTY: Mapping[str, State] = {
-    "count": 0,
-    "sum": None,
-    "min": None,
-    "max": None,
-    "avg": {"sum": None, "count": 0},
-    "count_distinct": [],
-}
-
-
 def _merge(fn: str, a: Any, b: Any) -> State:
     """Two partial states of ``fn`` (JSON, as :data:`State` says) as one."""
     if fn == "count":
         return int(a) + int(b)
+    if fn == "approx_count_distinct":
+        union = datasketches.hll_union(HLL_LG_K)
+        union.update(_hll(a))
+        union.update(_hll(b))
+        return _b64(union.get_result(datasketches.tgt_hll_type.HLL_8).serialize_compact())
+    if fn == "approx_percentile":
+        merged = _kll(a)
+        merged.merge(_kll(b))
+        return _b64(merged.serialize())
     if fn == "count_distinct":
         return sorted(set(a) | set(b))
     if fn == "avg":
@@ -142,14 +169,36 @@ def _number(fn: str, a: str | None, b: str | None) -> str | None:
     return a if (x <= y) == (fn == "min") else b
 
 
-def _finish(fn: str, state: Any) -> Value:
+def _finish(measure: Measure, state: Any) -> Value:
+    fn = measure.fn
     if fn == "count":
         return int(state)
     if fn == "count_distinct":
         return len(state)
     if fn == "avg":
         return average(state["sum"], state["count"])
+    if fn == "approx_count_distinct":
+        # Rounded half up, as Spark's hll_sketch_estimate rounds (Math.round)
+        return math.floor(float(_hll(state).get_estimate()) + 0.5)
+    if fn == "approx_percentile":
+        # The inclusive rank, as Spark's kll_sketch_get_quantile_double reads it
+        sketch = _kll(state)
+        if sketch.is_empty():
+            return None
+        return float(sketch.get_quantile(measure.percentile, inclusive=True))
     return None if state is None else Decimal(state)
+
+
+def _hll(state: str) -> datasketches.hll_sketch:
+    return datasketches.hll_sketch.deserialize(base64.b64decode(state))
+
+
+def _kll(state: str) -> datasketches.kll_doubles_sketch:
+    return datasketches.kll_doubles_sketch.deserialize(base64.b64decode(state))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def average(total: str | Decimal | None, count: int) -> Decimal | None:
@@ -220,9 +269,11 @@ def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
         if not isinstance(measure, Mapping):
             said.append(f"{at} must be a mapping with name, fn and (but for count) field")
             continue
-        unknown = sorted(str(k)[:40] for k in measure if k not in ("name", "fn", "field"))
+        unknown = sorted(str(k)[:40] for k in measure if k not in _MEASURE_KEYS)
         if unknown:
-            said.append(f"{at}: unknown key(s) {', '.join(unknown)} (allowed: name, fn, field)")
+            allowed = ", ".join(_MEASURE_KEYS)
+            said.append(f"{at}: unknown key(s) {', '.join(unknown)} (allowed: {allowed})")
+        said += _percentile_problems(at, measure)
         name, fn, field = measure.get("name"), measure.get("fn"), measure.get("field")
         if not _is_name(name, MAX_NAME):
             said.append(f"{at}.name must be an identifier of at most {MAX_NAME} characters")
@@ -240,6 +291,19 @@ def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
         if field is not None and not _is_name(field, 128):
             said.append(f"{at}.field must be a field name (letters, digits, _)")
     return said
+
+
+_MEASURE_KEYS = ("name", "fn", "field", "percentile")
+
+
+def _percentile_problems(at: str, measure: Mapping[str, Any]) -> list[str]:
+    """approx_percentile takes a percentile in (0, 1], and no other function does."""
+    value = measure.get("percentile")
+    if measure.get("fn") != "approx_percentile":
+        return [] if value is None else [f"{at}.percentile is for approx_percentile only"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        return [f"{at}.percentile must be a number in (0, 1], e.g. 0.95; got {value!r:.40}"]
+    return []
 
 
 def _is_name(value: Any, longest: int) -> TypeGuard[str]:

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import apply_record_step
-from sparkjobs.measures import Grouping, Measure, Value, average
+from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure, Value, average
 from sparkjobs.records import (
     CORRUPT,
     MALFORMED_COL,
@@ -225,6 +225,14 @@ def _measure(measure: Measure) -> dict[str, Column]:
     field = column(measure.field)
     if measure.fn == "avg":
         return {"sum": F.sum(field), "count": F.count(field)}
+    if measure.fn == "approx_count_distinct":
+        sketch = F.hll_sketch_agg(field.cast("STRING"), HLL_LG_K)
+        return {"value": F.hll_sketch_estimate(sketch)}
+    if measure.fn == "approx_percentile":
+        sketch = F.kll_sketch_agg_double(field.cast("DOUBLE"), KLL_K)
+        quantile = F.kll_sketch_get_quantile_double(sketch, F.lit(measure.percentile))
+        # A sketch of no value has no quantile: null, as SQL's percentile of none is
+        return {"value": F.when(F.count(field) > 0, quantile)}
     return {
         "value": {
             "count": F.count,

