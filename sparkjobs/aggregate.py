@@ -24,7 +24,6 @@ from sparkjobs.event_time import WindowSpec
 from sparkjobs.grouped import grouped_partials
 from sparkjobs.holders import held_by, holders_of
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
-from sparkjobs.measures import Grouping
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import (
     MALFORMED_COL,
@@ -38,6 +37,7 @@ from sparkjobs.records import (
 )
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
+from sparkjobs.sql_stage import query_of
 from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, late, window_starts, with_event_us
 
 log = logging.getLogger(__name__)
@@ -408,9 +408,11 @@ def aggregate_batch(
     partials of each segment, or of the segments named ``together``, only of
     ``key_group``'s keys when it is a part; a stage of grouped measures' per group
     (sparkjobs/grouped.py)."""
-    grouping = Grouping.of(params)
-    if grouping is not None:
-        return grouped_partials(spark, inputs, outputs, grouping, together=together)
+    query = query_of(params)
+    if query is not None:
+        return grouped_partials(
+            spark, inputs, outputs, query.grouping, where=query.where, together=together
+        )
     return partial_aggregate(
         spark,
         inputs,

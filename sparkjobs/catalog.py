@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sparkjobs import expression_budget, expressions, measures, schemas
+from sparkjobs import expression_budget, expressions, measures, schemas, sql_stage
 from sparkjobs.event_time import (
     MAX_LATENESS_S,
     MAX_WINDOW_S,
@@ -214,6 +214,10 @@ def _checked_with_measures(value: Any) -> str | None:
     return None
 
 
+def _statement(value: Any) -> str | None:
+    return "; ".join(sql_stage.problems_of(value)) or None
+
+
 def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
@@ -257,6 +261,7 @@ class ParamSpec:
     required: bool = False
     number: bool = False  # a number even when its default is none (an editor types it)
     list: bool = False  # a list even when its default is none (an editor splits it)
+    lines: bool = False  # text of several lines (an editor gives it a text area)
 
 
 class BatchJob(Protocol):
@@ -451,6 +456,25 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                     f"{', '.join(FUNCTIONS)} (instead of value, distinct and aggregates)",
                 ),
                 **_WINDOW_PARAMS,
+            },
+            batch_job=AGGREGATE_JOB,
+            partials=True,
+        ),
+        OperatorSpec(
+            "sql",
+            "operator",
+            "One SELECT ... FROM input [WHERE ...] [GROUP BY ...] statement: its fields "
+            "grouped by, its aggregates (count, sum, min, max, avg, count DISTINCT, "
+            "approx_count_distinct, approx_percentile) as measures that merge exactly; "
+            "an aggregate that cannot merge is refused saying why.",
+            {
+                "statement": ParamSpec(
+                    None,
+                    _statement,
+                    "SELECT fields, aggregates AS names FROM input WHERE condition GROUP BY fields",
+                    required=True,
+                    lines=True,
+                ),
             },
             batch_job=AGGREGATE_JOB,
             partials=True,

@@ -272,6 +272,16 @@ def _tokens(text: str) -> list[Token]:
     return found
 
 
+def tokens(text: str) -> list[Token]:
+    """The tokens of ``text`` as the admitted language reads them (names, quoted names,
+    strings, numbers, operators), ending with an ``end`` token; raises
+    :class:`ExpressionRefused` at a character outside the language."""
+    try:
+        return _tokens(text)
+    except _Stop as stop:
+        raise ExpressionRefused(text, [stop.problem]) from None
+
+
 def _string(text: str, start: int, found: list[Token]) -> int:
     i = start + (1 if text[start] in "rR" else 0)
     raw = i != start

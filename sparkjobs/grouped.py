@@ -14,17 +14,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs.expression_guard import admitted
 from sparkjobs.holders import held_by, holders_of
 from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
-from sparkjobs.records import MALFORMED_COL, RAW_COL, SEGMENT_COL, column, read_records, segment_of
+from sparkjobs.records import (
+    CORRUPT,
+    MALFORMED_COL,
+    RAW_COL,
+    SEGMENT_COL,
+    column,
+    parse_fields,
+    read_records,
+    read_rows,
+    segment_of,
+)
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
 
 GROUP_COL = "_group"  # a good record's group values as JSON; a malformed one's line
+KEPT_COL = "_kept"  # whether the stage's condition holds for the record
+DROPPED_COL = "_dropped"  # a good record the condition does not hold for
+UNREAD_COL = "_unread"  # a line the reader could not read as a record
 RECORDS_COL = "_records"
 LINE_COL = "_line"
 
@@ -35,25 +49,28 @@ def grouped_partials(
     outputs: Mapping[str, Path],
     grouping: Grouping,
     *,
+    where: str | None = None,
     together: Mapping[str, str] | None = None,
 ) -> dict[str, PartialOutput]:
     """Each input segment (id -> file) into its output file (id -> file): one partial
-    line per group, written atomically; what each segment held (records, groups,
+    line per group of the records ``where`` holds for (an admitted condition; None:
+    every record), written atomically; what each segment held (records, groups,
     malformed lines)."""
     paths = {seg: str(path) for seg, path in inputs.items()}
     holders = holders_of(paths, together or {})
     fields = [*grouping.strings, *grouping.numbers]
-    parsed = in_one_task(
-        read_records(
+    if where is None:
+        parsed = read_records(
             spark,
             list(paths.values()),
             strings=grouping.strings,
             numbers=grouping.numbers,
             keys=list(grouping.group_by),
             nullable=True,
-        ),
-        inputs.values(),
-    )
+        ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
+    else:
+        parsed = _held_for(spark, list(paths.values()), grouping, where)
+    parsed = in_one_task(parsed, inputs.values())
     malformed = F.col(MALFORMED_COL)
     # A malformed record groups under its line (the reader's, or its fields as read when
     # a readable line held text that cannot be kept), so its group carries what to
@@ -61,13 +78,21 @@ def grouped_partials(
     as_read = F.to_json(F.struct(*[column(name) for name in fields]))
     values = F.to_json(F.array(*[column(name).cast("STRING") for name in grouping.group_by]))
     group = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read)).otherwise(values)
+    # A record the condition does not hold for is counted (the stage took it) in a
+    # group of its own, which makes no partial; it and a malformed one stay under their
+    # own segment, a good one goes to the segment whose output holds its partial.
+    dropped = ~malformed & ~F.col(KEPT_COL)
+    group = F.when(dropped, F.lit(None)).otherwise(group)
     segment = (
         F.col(SEGMENT_COL)
         if holders is None
-        else F.when(malformed, F.col(SEGMENT_COL)).otherwise(holders.of)
+        else F.when(malformed | dropped, F.col(SEGMENT_COL)).otherwise(holders.of)
     )
     grouped = parsed.groupBy(
-        segment.alias(SEGMENT_COL), malformed.alias(MALFORMED_COL), group.alias(GROUP_COL)
+        segment.alias(SEGMENT_COL),
+        malformed.alias(MALFORMED_COL),
+        dropped.alias(DROPPED_COL),
+        group.alias(GROUP_COL),
     ).agg(
         F.count(F.lit(1)).alias(RECORDS_COL),
         *[_state(m).alias(f"_m{i}") for i, m in enumerate(grouping.measures)],
@@ -81,9 +106,10 @@ def grouped_partials(
         grouped.select(
             SEGMENT_COL,
             MALFORMED_COL,
+            DROPPED_COL,
             GROUP_COL,
             RECORDS_COL,
-            F.when(~malformed, line).alias(LINE_COL),
+            F.when(~malformed & ~F.col(DROPPED_COL), line).alias(LINE_COL),
         )
     )
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
@@ -94,6 +120,9 @@ def grouped_partials(
             result.malformed += row[RECORDS_COL]
             result.quarantined += [row[GROUP_COL]] * row[RECORDS_COL]
             continue
+        if row[DROPPED_COL]:
+            results[segment_of(row[SEGMENT_COL])].records += row[RECORDS_COL]
+            continue
         seg = held_by(row[SEGMENT_COL], holders)
         results[seg].records += row[RECORDS_COL]
         results[seg].keys += 1
@@ -102,6 +131,37 @@ def grouped_partials(
         body = "".join(line + "\n" for line in sorted(lines[seg]))
         result.bytes = write_atomic(result.path, body.encode())
     return results
+
+
+def _held_for(spark: SparkSession, paths: list[str], grouping: Grouping, where: str) -> DataFrame:
+    """The records with the fields the grouping reads, as ``read_records(nullable=True)``
+    gives them, and whether ``where`` holds for each (``KEPT_COL``; null is false, as in
+    SQL). The condition reads every field of a record, as a filter stage's does
+    (sparkjobs/expression_guard.py), so the records are read whole, and their fields
+    then as the grouping reads them; a line that is not a record is malformed."""
+    rows = read_rows(spark, paths)
+    data = [c for c in rows.columns if c not in {CORRUPT, SEGMENT_COL}]
+    whole = F.to_json(F.struct(*[column(c) for c in data]))
+    holds = F.coalesce(admitted(spark, where, fields=data), F.lit(False))  # noqa: FBT003
+    if CORRUPT in rows.columns:
+        unread = F.col(CORRUPT).isNotNull()
+        line = F.when(unread, F.col(CORRUPT)).otherwise(whole)
+    else:  # every line was read as a record
+        unread, line = F.lit(False), whole  # noqa: FBT003 - a Spark literal
+    lines = rows.select(
+        SEGMENT_COL,
+        line.alias(RAW_COL),
+        (~unread & holds).alias(KEPT_COL),
+        unread.alias(UNREAD_COL),
+    )
+    parsed = parse_fields(
+        lines,
+        strings=grouping.strings,
+        numbers=grouping.numbers,
+        keys=list(grouping.group_by),
+        nullable=True,
+    )
+    return parsed.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(UNREAD_COL))
 
 
 def _state(measure: Measure) -> Column:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
-from sparkjobs import expressions
+from sparkjobs import expressions, sql_stage
 from sparkjobs.measures import OF_NUMBERS, Grouping
 
 FieldType = Literal["string", "long", "double", "boolean", "date", "timestamp", "unknown"]
@@ -348,12 +348,28 @@ def _comparable(mine: FieldType, theirs: FieldType) -> bool:
     return "unknown" in (mine, theirs) or mine == theirs or {mine, theirs} <= NUMERIC
 
 
+def _sql(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    """A statement's WHERE as a filter's condition, its groups and measures as an
+    aggregate's, each problem at the statement (in WHERE, or which measure)."""
+    query = sql_stage.query_of(params)
+    if query is None:  # refused by the statement's check, which says why
+        return given, []
+    problems = []
+    if query.where is not None:
+        _, said = _filter({"condition": query.where}, given)
+        problems += [ParamProblem("statement", f"{p.message} (in WHERE)") for p in said]
+    schema, said = _grouped(query.grouping, given)
+    problems += [ParamProblem("statement", p.message) for p in said]
+    return schema, problems
+
+
 _RULES = {
     "read": _read,
     "filter": _filter,
     "project": _project,
     "aggregate": _aggregate,
     "running": _aggregate,
+    "sql": _sql,
 }
 
 

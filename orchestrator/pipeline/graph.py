@@ -31,6 +31,7 @@ from sparkjobs.catalog import keyed as is_keyed_node
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KeyGroup, stage_key_groups
 from sparkjobs.measures import Grouping
+from sparkjobs.sql_stage import query_of
 
 # Graphs kept per process: a run has one per configuration in use (two while a hot
 # rescale is under way), and a process serves a few runs at a time.
@@ -262,7 +263,7 @@ def window_problems(
     sinks = {json.dumps(n.get("params") or {}, sort_keys=True) for n in _sinks(doc)}
     if len(sinks) > 1:
         return ["sink nodes must have the same parameters: closed windows go to one place"]
-    groupings = {n["name"]: Grouping.of(n.get("params") or {}) for n in _aggregating(doc)}
+    groupings = {n["name"]: _grouping(n) for n in _aggregating(doc)}
     if len(set(groupings.values())) > 1:
         named = sorted(name for name, grouping in groupings.items() if grouping is not None)
         return [
@@ -312,8 +313,13 @@ def pipeline_grouping(doc: PipelineDocument | StoredDocument) -> Grouping | None
     """The grouped measures the pipeline computes (its aggregating nodes share them), or
     None for the key, value and distinct form."""
     for node in _aggregating(doc):
-        return Grouping.of(node.get("params") or {})
+        return _grouping(node)
     return None
+
+
+def _grouping(node: NodeDocument) -> Grouping | None:
+    query = query_of(node.get("params") or {})
+    return None if query is None else query.grouping
 
 
 def pipeline_windows(doc: PipelineDocument | StoredDocument) -> WindowSpec | None:

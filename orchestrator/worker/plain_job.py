@@ -23,8 +23,8 @@ from orchestrator.pipeline.inputs import resolve_inputs
 from orchestrator.pipeline.reference import job_params
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of
 from sparkjobs.event_time import iso
-from sparkjobs.measures import Grouping
 from sparkjobs.merge import group_order
+from sparkjobs.sql_stage import query_of
 
 
 class BatchJobError(ValueError):
@@ -99,8 +99,11 @@ def batch_summary(
         raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
     steps = [(operator_name(n), job_params(n)) for n in chain[:-1]]
     began = time.monotonic()
-    grouping = Grouping.of(chain[-1].get("params") or {})
-    if grouping is not None:
+    query = query_of(chain[-1].get("params") or {})
+    if query is not None:
+        grouping = query.grouping
+        if query.where is not None:
+            steps.append(("filter", {"condition": query.where}))
         grouped = batch_grouped(spark_session(), [f.path for f in files], fmt, grouping, steps)
         return _summary(
             rows=[

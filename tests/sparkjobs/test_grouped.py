@@ -19,6 +19,7 @@ from sparkjobs.grouped import grouped_partials
 from sparkjobs.measures import Grouping
 from sparkjobs.merge import combine_groups
 from sparkjobs.plain_job import batch_grouped
+from sparkjobs.sql_stage import compiled
 
 pytestmark = pytest.mark.spark
 
@@ -44,9 +45,10 @@ SQL = """
            avg(dep_delay) AS mean_delay, count(DISTINCT tailnum) AS tails,
            count(DISTINCT tailnum) AS tails_approx,
            CAST(percentile_disc(0.95) WITHIN GROUP (ORDER BY dep_delay) AS DOUBLE) AS p95
-    FROM flights WHERE carrier IS NULL OR NOT contains(carrier, char(0))
+    FROM flights WHERE (carrier IS NULL OR NOT contains(carrier, char(0))) {where}
     GROUP BY carrier, origin
 """
+CONDITION = "origin <> 'EWR' OR tailnum LIKE 'N1%'"
 
 
 def _records(n: int, seed: int) -> list[dict[str, Any]]:
@@ -78,7 +80,9 @@ def _segments(folder: Path, n: int = 600) -> dict[str, Path]:
     return segments
 
 
-def _spark_sql(spark: Any, paths: list[Path]) -> dict[tuple[Any, ...], dict[str, Any]]:
+def _spark_sql(
+    spark: Any, paths: list[Path], where: str = ""
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Spark SQL's own query over the records, as a user would write it over the files:
     the delay read as the live stage reads numbers, DECIMAL(38,10)."""
     frame = spark.read.schema(
@@ -90,7 +94,7 @@ def _spark_sql(spark: Any, paths: list[Path]) -> dict[tuple[Any, ...], dict[str,
         (row["carrier"], row["origin"]): {
             k: v for k, v in row.asDict().items() if k not in ("carrier", "origin")
         }
-        for row in spark.sql(SQL).collect()
+        for row in spark.sql(SQL.format(where=f"AND ({where})" if where else "")).collect()
     }
 
 
@@ -177,3 +181,34 @@ def test_sketches_past_their_exact_range_stay_within_their_stated_error(
     ordered = sorted(r["x"] for r in records)
     rank = sum(x <= float(values["p95"] or 0) for x in ordered) / len(ordered)
     assert abs(rank - 0.95) <= 0.05, rank
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["per-segment", "together"])
+def test_a_statement_s_condition_and_measures_equal_spark_sql_s_own_query(
+    spark: Any, tmp_path: Path, together: bool
+) -> None:
+    # Given a sql stage's statement over the flights, with a condition
+    query = compiled(
+        "SELECT carrier, origin, count(*) AS flights, count(dep_delay) AS delayed, "  # noqa: S608
+        "sum(dep_delay) AS total_delay, min(dep_delay) AS least, max(dep_delay) AS most, "
+        "avg(dep_delay) AS mean_delay, count(DISTINCT tailnum) AS tails, "
+        "approx_count_distinct(tailnum) AS tails_approx, "
+        "approx_percentile(dep_delay, 0.95) AS p95 "
+        f"FROM input WHERE {CONDITION} GROUP BY carrier, origin"
+    )
+    inputs = _segments(tmp_path)
+    outputs = {seg: tmp_path / f"{seg}.out.jsonl" for seg in inputs}
+    # When its partials are computed per segment and merged
+    held = {seg: "s0" for seg in inputs} if together else None
+    produced = grouped_partials(
+        spark, inputs, outputs, query.grouping, where=query.where, together=held
+    )
+    ours = {
+        p.group: query.grouping.finish(p.states)
+        for p in combine_groups(query.grouping, list(outputs.values()))
+    }
+    # Then they equal Spark SQL's query over the same records, the condition included
+    _equal_to_sql(ours, _spark_sql(spark, list(inputs.values()), where=CONDITION))
+    # ...and every record was taken: those the condition dropped counted, in no group
+    taken = sum(p.records + p.malformed for p in produced.values())
+    assert taken == 600 + len(BAD)

@@ -90,6 +90,7 @@ def _operator_catalog() -> dict[str, Any]:
                     "required": p.required,
                     "number": p.number,
                     "list": p.list,
+                    "lines": p.lines,
                 }
                 for pname, p in spec.params.items()
             },

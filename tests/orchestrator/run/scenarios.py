@@ -78,14 +78,28 @@ FLIGHT_MEASURES: dict[str, Any] = {
 }
 
 
+# The same query as one statement of a sql stage, over the flights that left on time or
+# later (a cancelled flight has no delay and is not among them).
+FLIGHTS_SQL = (
+    "SELECT name, origin, count(*) AS flights, count(delay) AS delayed, "
+    "avg(delay) AS mean_delay, sum(delay) AS total_delay, min(delay) AS least_delay, "
+    "max(delay) AS most_delay, count(DISTINCT tail) AS tails "
+    "FROM input WHERE delay IS NULL OR delay >= 0 GROUP BY name, origin"
+)
+
+
 def joined_flights(
-    reference: str | None = "airlines.csv", *, grouped: bool = False, **join: Any
+    reference: str | None = "airlines.csv",
+    *,
+    grouped: bool = False,
+    sql: str | None = None,
+    **join: Any,
 ) -> PipelineDocument:
     """Flights (carrier, origin, delay, tail) joined with an airlines table on the
     carrier, then aggregated per airline name: the delay's figures and the distinct
     tail numbers (``grouped``: the measures of :data:`FLIGHT_MEASURES`, per name and
-    origin). ``join`` changes the join node's parameters; ``reference`` None reads no
-    file (give ``table`` and ``database``)."""
+    origin; ``sql``: a sql stage's statement instead). ``join`` changes the join node's
+    parameters; ``reference`` None reads no file (give ``table`` and ``database``)."""
     params = {"on": ["carrier"], "columns": ["name"], **join}
     aggregate = (
         FLIGHT_MEASURES if grouped else {"key": "name", "value": "delay", "distinct": "tail"}
@@ -112,8 +126,8 @@ def joined_flights(
                     name=f"agg{i}",
                     kind="operator",
                     stage="agg",
-                    operator="aggregate",
-                    params=aggregate,
+                    operator="aggregate" if sql is None else "sql",
+                    params=aggregate if sql is None else {"statement": sql},
                     buffer_mb=1.0,
                 )
                 for i in (1, 2)

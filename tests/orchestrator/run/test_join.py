@@ -1,7 +1,8 @@
 """A pipeline that joins its records with reference data and computes grouped measures
-(the flights query): the run joins the table as it was when the run started, through a
-killed Spark worker and a hot migration of the join, and its result equals the plain
-Spark job over the same input and table, row for row, each measure by its name."""
+by a sql stage's statement (the flights query): the run joins the table as it was when
+the run started, through a killed Spark worker and a hot migration of the join, and its
+result equals the plain Spark job over the same input and table, row for row, each
+measure by its name."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from orchestrator.models import Segment
 from tests.orchestrator.run.scenarios import (
     FLIGHT_MEASURES,
+    FLIGHTS_SQL,
     adjust_and_wait,
     completes_like_the_batch_job,
     input_folder,
@@ -66,7 +68,7 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     root = input_folder(settings, tmp_path, data=False)
     _table(root / "airlines.csv", AIRLINES)
     _flights(root / "flights.jsonl", 60_000)
-    doc = joined_flights(grouped=True)
+    doc = joined_flights(sql=FLIGHTS_SQL)
     doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
     run = start(doc, policy(), input_path=str(root / "flights.jsonl"))
     # When the table changes once the run has started
@@ -87,6 +89,7 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     assert {r["name"] for r in result["rows"]} == set(AIRLINES.values())
     assert len(result["rows"]) == 9
     assert all(r["delayed"] < r["flights"] and r["tails"] <= 400 for r in result["rows"])
+    assert all(r["least_delay"] >= 0 for r in result["rows"])  # the statement's WHERE
     assert result["malformed_records"] > 0
     # ...and the results API shows them by their names, to the lowest role that reads it
     client, _ = client_for("vic", "viewer")

@@ -348,3 +348,59 @@ def test_grouped_measures_go_to_the_run_s_result_table_only_for_now() -> None:
     doc = joined_flights(grouped=True)
     doc["nodes"][-1]["params"] = {"sink": "postgres", "table": "flights"}
     assert any("sink postgres does not take grouped measures yet" in m for m in messages(doc))
+
+
+def _sql_flights(statement: str) -> dict[str, Any]:
+    """The flights pipeline whose aggregating stage is one statement."""
+    doc = joined_flights(grouped=True)
+    for node in doc["nodes"][2:4]:
+        node["operator"] = "sql"
+        node["params"] = {"statement": statement}
+    return doc
+
+
+FLIGHTS_SQL = (
+    "SELECT name, origin, count(*) AS flights, avg(delay) AS mean_delay, "
+    "approx_percentile(delay, 0.95) AS p95, count(DISTINCT tail) AS tails "
+    "FROM input WHERE delay IS NOT NULL GROUP BY name, origin"
+)
+
+
+def test_a_sql_stage_is_valid_and_writes_its_groups_and_measures() -> None:
+    from orchestrator.pipeline.schemas import derive
+
+    doc = _sql_flights(FLIGHTS_SQL)
+    assert messages(doc) == []
+    fields = derive(doc["nodes"], doc["edges"]).by_node["agg1"]
+    assert [(f.name, f.type) for f in fields.fields] == [
+        ("name", "unknown"),
+        ("origin", "string"),
+        ("flights", "long"),
+        ("mean_delay", "double"),
+        ("p95", "double"),
+        ("tails", "long"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("statement", "says"),
+    [
+        (
+            "SELECT name, collect_list(tail) AS tails FROM input GROUP BY name",
+            "nodes[2] (agg1).params: parameter 'statement' at character 14: collect_list() "
+            "cannot be a measure",
+        ),
+        (
+            FLIGHTS_SQL.replace("delay IS NOT NULL", "dealy IS NOT NULL"),
+            "nodes[2] (agg1).params.statement: at character 1: unknown field 'dealy' (did you "
+            "mean 'delay'?)",
+        ),
+        (
+            FLIGHTS_SQL.replace("avg(delay)", "avg(tail)"),
+            "nodes[2] (agg1).params.statement: measures[1]: avg of 'tail', a string",
+        ),
+    ],
+)
+def test_a_sql_stage_s_problem_is_refused_where_it_is(statement: str, says: str) -> None:
+    found = messages(_sql_flights(statement))
+    assert any(m.startswith(says) for m in found), found

@@ -202,7 +202,11 @@
         }
         const placeholder = pspec.default === null || pspec.default === undefined ? pspec.help : shownParam(pspec.default).replace(/\n/g, ", ");
         let field;
-        if (isList) {
+        if (pspec.lines) {
+          field = BP.el("textarea", { id, rows: 4, "data-loc": loc, placeholder });
+          field.value = shownParam(node.params[pname]);
+          field.addEventListener("input", () => { setOrDelete(node.params, pname, field.value.trim() ? field.value : undefined); changed(); });
+        } else if (isList) {
           field = BP.el("textarea", { id, rows: 2, "data-loc": loc, placeholder: placeholder + " (one per line)" });
           field.value = shownParam(node.params[pname]);
           field.addEventListener("input", () => {
