@@ -21,6 +21,7 @@ from sparkjobs.event_time import (
     MIN_WINDOW_S,
 )
 from sparkjobs.measures import FUNCTIONS
+from sparkjobs.reserved import reserved
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,7 +50,7 @@ def _field_name(value: Any) -> str | None:
         shown = repr(value)
         cut = shown if len(shown) <= 80 else shown[:77] + "..."
         return f"must be a field name (letters, digits, _), got {cut}"
-    return None
+    return reserved(value)
 
 
 def _expression(value: Any, *, project: bool = False) -> str | None:

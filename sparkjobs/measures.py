@@ -33,6 +33,8 @@ from typing import Any, Literal, TypeAlias, TypeGuard
 
 import datasketches
 
+from sparkjobs.reserved import reserved
+
 Function = Literal[
     "count",
     "sum",
@@ -252,6 +254,8 @@ def _shape_problems(params: Mapping[str, Any]) -> list[str]:
     for index, field in enumerate(group_by):
         if not _is_name(field, 128):
             said.append(f"group_by[{index}] must be a field name (letters, digits, _)")
+        elif reserved(field):
+            said.append(f"group_by[{index}]: {reserved(field)}")
     lowered = [str(f).lower() for f in group_by]
     if len(set(lowered)) != len(lowered):
         said.append("group_by names a field twice")
@@ -290,6 +294,8 @@ def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
             said.append(f"{at}: {fn} needs a field")
         if field is not None and not _is_name(field, 128):
             said.append(f"{at}.field must be a field name (letters, digits, _)")
+        elif field is not None and reserved(field):
+            said.append(f"{at}.field: {reserved(field)}")
     return said
 
 
