@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal, TypeAlias, TypeGuard
+from typing import Any, Literal, TypeAlias, TypeGuard, get_args
 
 import datasketches
 
@@ -45,16 +45,7 @@ Function = Literal[
     "approx_count_distinct",
     "approx_percentile",
 ]
-FUNCTIONS: tuple[Function, ...] = (
-    "count",
-    "sum",
-    "min",
-    "max",
-    "avg",
-    "count_distinct",
-    "approx_count_distinct",
-    "approx_percentile",
-)
+FUNCTIONS: tuple[Function, ...] = get_args(Function)
 # The functions of a number, read as DECIMAL(38,10) (sparkjobs/records.py).
 OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg", "approx_percentile"})
 # The sketches' sizes, as Spark's own functions take them: an HLL sketch of 2^12

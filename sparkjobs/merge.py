@@ -12,17 +12,13 @@ transaction that records which input ranges were merged (so nothing is merged tw
 
 from __future__ import annotations
 
-import decimal
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from sparkjobs.measures import Grouping, State
-
-# DECIMAL(38, 10) values summed over any number of partials stay exact well below this.
-EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
+from sparkjobs.measures import EXACT, Grouping, State
 
 
 @dataclass(frozen=True)
