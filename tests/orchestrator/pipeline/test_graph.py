@@ -126,6 +126,6 @@ def test_every_operator_a_worker_runs_names_a_batch_job_the_catalog_can_find() -
         else:
             assert spec.batch_job is None, spec.name  # the driver reads, the sink merges
     # The partial aggregates the sink merges come from exactly the aggregating operators.
-    assert {n for n, s in OPERATORS.items() if s.partials} == {"aggregate", "running"}
+    assert {n for n, s in OPERATORS.items() if s.partials} == {"aggregate", "running", "sql"}
     node: dict[str, Any] = {"name": "n", "kind": "operator", "operator": "running"}
     assert operator_of(node).stateful
