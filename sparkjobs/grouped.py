@@ -41,6 +41,7 @@ DROPPED_COL = "_dropped"  # a good record the condition does not hold for
 UNREAD_COL = "_unread"  # a line the reader could not read as a record
 RECORDS_COL = "_records"
 LINE_COL = "_line"
+DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
 
 
 def grouped_partials(
@@ -76,32 +77,44 @@ def grouped_partials(
     # a readable line held text that cannot be kept), so its group carries what to
     # quarantine.
     as_read = F.to_json(F.struct(*[column(name) for name in fields]))
-    values = F.to_json(F.array(*[column(name).cast("STRING") for name in grouping.group_by]))
-    group = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read)).otherwise(values)
+    bad_line = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read))
     # A record the condition does not hold for is counted (the stage took it) in a
     # group of its own, which makes no partial; it and a malformed one stay under their
     # own segment, a good one goes to the segment whose output holds its partial.
     dropped = ~malformed & ~F.col(KEPT_COL)
-    group = F.when(dropped, F.lit(None)).otherwise(group)
     segment = (
         F.col(SEGMENT_COL)
         if holders is None
         else F.when(malformed | dropped, F.col(SEGMENT_COL)).otherwise(holders.of)
     )
-    grouped = parsed.groupBy(
+    # Grouped by the group's own fields (a good record's; null in a malformed or dropped
+    # one's): its values are written as JSON once per group, not once per record.
+    kept = ~malformed & ~dropped
+    keys = [
+        F.when(kept, column(name).cast("STRING")).alias(f"_g{i}")
+        for i, name in enumerate(grouping.group_by)
+    ]
+    by = [
         segment.alias(SEGMENT_COL),
         malformed.alias(MALFORMED_COL),
         dropped.alias(DROPPED_COL),
-        group.alias(GROUP_COL),
-    ).agg(
-        F.count(F.lit(1)).alias(RECORDS_COL),
-        *[_state(m).alias(f"_m{i}") for i, m in enumerate(grouping.measures)],
-    )
+        bad_line.alias(GROUP_COL),
+        *keys,
+    ]
+    distinct = _pairs_first(grouping) if holders is not None else None
+    if distinct is None:
+        grouped = parsed.groupBy(*by).agg(
+            F.count(F.lit(1)).alias(RECORDS_COL),
+            *[_state(m).alias(f"_m{i}") for i, m in enumerate(grouping.measures)],
+        )
+    else:
+        grouped = _by_pairs(parsed, by, grouping, distinct)
+    values = F.to_json(F.array(*[F.col(f"_g{i}") for i in range(len(grouping.group_by))]))
     states = F.to_json(
         F.struct(*[F.col(f"_m{i}").alias(m.name) for i, m in enumerate(grouping.measures)]),
         {"ignoreNullFields": "false"},
     )
-    line = F.concat(F.lit('{"g": '), F.col(GROUP_COL), F.lit(', "m": '), states, F.lit("}"))
+    line = F.concat(F.lit('{"g": '), values, F.lit(', "m": '), states, F.lit("}"))
     rows = collect_all(
         grouped.select(
             SEGMENT_COL,
@@ -162,6 +175,69 @@ def _held_for(spark: SparkSession, paths: list[str], grouping: Grouping, where: 
         nullable=True,
     )
     return parsed.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(UNREAD_COL))
+
+
+def _pairs_first(grouping: Grouping) -> Measure | None:
+    """The one exact distinct count whose (group, value) pairs a batch aggregated as one
+    is built from, when every other measure re-aggregates (a count, sum, minimum,
+    maximum or average); None otherwise.
+
+    Segments aggregated together share their groups, and a value recurs many times in
+    its group: aggregating the pairs first, in Spark's code-generated hash aggregate,
+    and listing the values that leaves per group, costs less than copying every
+    record's value into a set kept by the object hash aggregate (the key path's plan
+    for the same case: sparkjobs/aggregate.py, ``_per_group``)."""
+    distinct = [m for m in grouping.measures if m.fn == "count_distinct"]
+    others = [m for m in grouping.measures if m.fn != "count_distinct"]
+    if len(distinct) == 1 and all(m.fn in _REAGGREGATED for m in others):
+        return distinct[0]
+    return None
+
+
+_REAGGREGATED = frozenset({"count", "sum", "min", "max", "avg"})
+
+
+def _by_pairs(
+    parsed: DataFrame, by: list[Column], grouping: Grouping, distinct: Measure
+) -> DataFrame:
+    """The groups' states of :func:`_state`, aggregated per (group, distinct value)
+    first, then per group."""
+    value = column(distinct.field or "").cast("STRING")
+    first = []
+    for i, m in enumerate(grouping.measures):
+        field = column(m.field) if m.field else None
+        if m is distinct:
+            continue
+        if m.fn == "count":
+            first.append(F.count(F.lit(1) if field is None else field).alias(f"_p{i}"))
+        elif m.fn == "avg" and field is not None:
+            first += [F.sum(field).alias(f"_p{i}"), F.count(field).alias(f"_p{i}_n")]
+        elif field is not None:
+            first.append({"sum": F.sum, "min": F.min, "max": F.max}[m.fn](field).alias(f"_p{i}"))
+    pairs = parsed.groupBy(*by, value.alias(DISTINCT_COL)).agg(
+        F.count(F.lit(1)).alias(RECORDS_COL), *first
+    )
+    names = [
+        SEGMENT_COL,
+        MALFORMED_COL,
+        DROPPED_COL,
+        GROUP_COL,
+        *(c for c in pairs.columns if c.startswith("_g")),
+    ]
+    second = []
+    for i, m in enumerate(grouping.measures):
+        if m is distinct:
+            state = F.sort_array(F.collect_list(DISTINCT_COL))  # one row per value: no repeat
+        elif m.fn == "count":
+            state = F.sum(f"_p{i}")
+        elif m.fn == "avg":
+            state = F.struct(
+                F.sum(f"_p{i}").cast("STRING").alias("sum"), F.sum(f"_p{i}_n").alias("count")
+            )
+        else:
+            state = {"sum": F.sum, "min": F.min, "max": F.max}[m.fn](f"_p{i}").cast("STRING")
+        second.append(state.alias(f"_m{i}"))
+    return pairs.groupBy(*names).agg(F.sum(RECORDS_COL).alias(RECORDS_COL), *second)
 
 
 def _state(measure: Measure) -> Column:

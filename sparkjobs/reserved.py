@@ -42,8 +42,9 @@ RESERVED = frozenset(
         "_exact",
     }
 )
-# A measure's columns while it is aggregated (sparkjobs/grouped.py, plain_job.py).
-_MEASURE_COLUMN = re.compile(r"_m\d+(_[a-z]+)?")
+# A group field's and a measure's columns while they are aggregated
+# (sparkjobs/grouped.py, plain_job.py).
+_MEASURE_COLUMN = re.compile(r"_[gmp]\d+(_[a-z]+)?")
 
 
 def reserved(name: str) -> str | None:

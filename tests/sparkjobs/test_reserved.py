@@ -53,4 +53,5 @@ def test_a_group_or_measure_field_naming_a_job_s_column_is_refused() -> None:
     )
     assert any(p.startswith("group_by[0]: '_group' is a name") for p in found), found
     assert any(p.startswith("measures[0].field: '_m0' is a name") for p in found), found
+    assert reserved("_g1") is not None
     assert reserved("carrier") is None and reserved("_id") is None
