@@ -772,10 +772,14 @@
     head.appendChild(cells(document.createElement("tr"), data.columns, "th"));
     const body = $("results").querySelector("tbody");
     while (body.firstChild) body.removeChild(body.firstChild);
-    const shown = (v) => v === null || v === undefined ? "–"
-      : typeof v === "number" && !Number.isInteger(v) ? v.toFixed(2) : String(v);
+    // A column with a fraction anywhere shows two decimals everywhere (79.00 beside
+    // 81.40); counts and text as they are.
+    const decimal = new Set(data.columns.filter((c) => data.rows.some(
+      (row) => typeof row[c] === "number" && !Number.isInteger(row[c]))));
+    const shown = (c, v) => v === null || v === undefined ? "–"
+      : decimal.has(c) && typeof v === "number" ? v.toFixed(2) : String(v);
     for (const row of data.rows) {
-      body.appendChild(cells(document.createElement("tr"), data.columns.map((c) => shown(row[c]))));
+      body.appendChild(cells(document.createElement("tr"), data.columns.map((c) => shown(c, row[c]))));
     }
   }
 
