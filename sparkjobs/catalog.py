@@ -100,6 +100,11 @@ def _expressions(value: Any) -> str | None:
         problem = _expression(item, project=True)
         if problem:
             problems.append(f"[{index}] {problem}")
+            continue
+        tree = expressions.parse(item, project=True)
+        named = reserved(tree.name) if tree is not None and tree.kind == "alias" else None
+        if named:
+            problems.append(f"[{index}] {named}")
     if problems:
         return "; ".join(problems)
     sizes = [expressions.measure(item, project=True) for item in value]

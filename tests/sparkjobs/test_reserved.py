@@ -35,6 +35,7 @@ def test_every_column_a_job_adds_is_reserved() -> None:
         ("aggregate", {"key": "_segment"}, "'_segment' is a name the console's Spark jobs use"),
         ("aggregate", {"value": "_Raw"}, "'_Raw' is a name"),
         ("join", {"reference": "t.csv", "on": ["_malformed"], "columns": ["n"]}, "'_malformed'"),
+        ("project", {"columns": ["key", "value * 2 AS _segment"]}, "[1] '_segment' is a name"),
     ],
 )
 def test_a_parameter_naming_a_job_s_column_is_refused(
