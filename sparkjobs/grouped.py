@@ -42,6 +42,8 @@ UNREAD_COL = "_unread"  # a line the reader could not read as a record
 RECORDS_COL = "_records"
 LINE_COL = "_line"
 DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
+# The measures whose state is Spark's aggregate of the field, and of those states.
+FOLDS = {"sum": F.sum, "min": F.min, "max": F.max}
 
 
 def grouped_partials(
@@ -213,7 +215,7 @@ def _by_pairs(
         elif m.fn == "avg" and field is not None:
             first += [F.sum(field).alias(f"_p{i}"), F.count(field).alias(f"_p{i}_n")]
         elif field is not None:
-            first.append({"sum": F.sum, "min": F.min, "max": F.max}[m.fn](field).alias(f"_p{i}"))
+            first.append(FOLDS[m.fn](field).alias(f"_p{i}"))
     pairs = parsed.groupBy(*by, value.alias(DISTINCT_COL)).agg(
         F.count(F.lit(1)).alias(RECORDS_COL), *first
     )
@@ -235,7 +237,7 @@ def _by_pairs(
                 F.sum(f"_p{i}").cast("STRING").alias("sum"), F.sum(f"_p{i}_n").alias("count")
             )
         else:
-            state = {"sum": F.sum, "min": F.min, "max": F.max}[m.fn](f"_p{i}").cast("STRING")
+            state = FOLDS[m.fn](f"_p{i}").cast("STRING")
         second.append(state.alias(f"_m{i}"))
     return pairs.groupBy(*names).agg(F.sum(RECORDS_COL).alias(RECORDS_COL), *second)
 
@@ -257,5 +259,4 @@ def _state(measure: Measure) -> Column:
         return F.base64(F.hll_sketch_agg(field.cast("STRING"), HLL_LG_K))
     if measure.fn == "approx_percentile":
         return F.base64(F.kll_sketch_agg_double(field.cast("DOUBLE"), KLL_K))
-    aggregate = {"sum": F.sum, "min": F.min, "max": F.max}[measure.fn]
-    return aggregate(field).cast("STRING")
+    return FOLDS[measure.fn](field).cast("STRING")

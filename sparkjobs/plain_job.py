@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import apply_record_step
+from sparkjobs.grouped import FOLDS
 from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure, Value, average
 from sparkjobs.records import (
     CORRUPT,
@@ -233,12 +234,5 @@ def _measure(measure: Measure) -> dict[str, Column]:
         quantile = F.kll_sketch_get_quantile_double(sketch, F.lit(measure.percentile))
         # A sketch of no value has no quantile: null, as SQL's percentile of none is
         return {"value": F.when(F.count(field) > 0, quantile)}
-    return {
-        "value": {
-            "count": F.count,
-            "sum": F.sum,
-            "min": F.min,
-            "max": F.max,
-            "count_distinct": F.count_distinct,
-        }[measure.fn](field)
-    }
+    folded = {"count": F.count, **FOLDS, "count_distinct": F.count_distinct}
+    return {"value": folded[measure.fn](field)}
