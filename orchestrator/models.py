@@ -272,17 +272,27 @@ class ResultKey(models.Model):
 class ResultGroup(models.Model):
     """Per-group result of a stage of grouped measures (sparkjobs/measures.py): the
     group's values and each measure's partial state, merged by every sink batch, its
-    values computed when read."""
+    values computed when read. Over event-time windows, a row per (window, group), open
+    until the sink's watermark passes the window's end; then closed, once, and final:
+    its values kept, its states (a distinct count's set among them) dropped."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_groups")
-    # The SHA-256 of the group's values as JSON: values of any length and number make
-    # a key an index takes.
+    # The SHA-256 of the group's values (with its window's start, over windows) as JSON:
+    # values of any length and number make a key an index takes.
     digest = models.CharField(max_length=64)
     group = models.JSONField(help_text="The group's values, in group_by's order.")
     states = models.JSONField(help_text="Each measure's partial state, by its name.")
+    records = models.BigIntegerField(default=0, help_text="The records the group holds.")
+    start_us = models.BigIntegerField(null=True, blank=True, help_text="Its window's start.")
+    end_us = models.BigIntegerField(null=True, blank=True, help_text="Its window's end.")
+    closed_at = models.DateTimeField(null=True, blank=True)
+    finished = models.JSONField(
+        null=True, blank=True, help_text="Each measure's value, kept when its window closes."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "digest"], name="one_row_per_group")]
+        indexes = [models.Index(fields=["run", "closed_at", "end_us"])]
 
     def __str__(self) -> str:
         return f"run {self.run_id} group {self.group}"

@@ -30,7 +30,6 @@ from sparkjobs.records import (
     RAW_COL,
     SEGMENT_COL,
     column,
-    file_name,
     lines_missing_fields,
     read_records,
     segment_of,
@@ -38,7 +37,7 @@ from sparkjobs.records import (
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
 from sparkjobs.sql_stage import query_of
-from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, late, window_starts, with_event_us
+from sparkjobs.windows import EVENT_COL, LATE_COL, WINDOW_COL, in_windows
 
 log = logging.getLogger(__name__)
 
@@ -117,30 +116,8 @@ def partial_aggregate(
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
     if spec is not None:
-        parsed = with_event_us(parsed, spec.field).withColumn(
-            MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull()
-        )
-        # A malformed record keeps one row (no window); a good one has one per window
-        # (tumbling: one, computed without an array).
-        starts = (
-            F.array(F.col(EVENT_COL) - F.pmod(F.col(EVENT_COL), F.lit(spec.slide_us)))
-            if spec.fan_out == 1
-            else window_starts(F.col(EVENT_COL), spec)
-        )
-        parsed = parsed.withColumn(
-            WINDOW_COL,
-            F.when(F.col(MALFORMED_COL), F.lit(None).cast("BIGINT")).otherwise(starts[0])
-            if spec.fan_out == 1
-            else F.explode(
-                F.when(F.col(MALFORMED_COL), F.array(F.lit(None).cast("BIGINT"))).otherwise(starts)
-            ),
-        )
         by_file = {Path(paths[seg]).name: high for seg, high in (highs or {}).items()}
-        parsed = parsed.withColumn(
-            LATE_COL,
-            ~F.col(MALFORMED_COL)
-            & late(F.col(WINDOW_COL), file_name(F.col(SEGMENT_COL)), spec, by_file),
-        )
+        parsed = in_windows(parsed, spec, by_file)
         window, is_late = F.col(WINDOW_COL), F.col(LATE_COL)
     if key_group is not None:
         slot = F.pmod(F.crc32(F.col(params.key)), F.lit(KEY_SLOTS))
@@ -411,7 +388,14 @@ def aggregate_batch(
     query = query_of(params)
     if query is not None:
         return grouped_partials(
-            spark, inputs, outputs, query.grouping, where=query.where, together=together
+            spark,
+            inputs,
+            outputs,
+            query.grouping,
+            where=query.where,
+            together=together,
+            windows=WindowSpec.from_params(params),
+            highs=highs,
         )
     return partial_aggregate(
         spark,

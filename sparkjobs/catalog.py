@@ -481,6 +481,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                     required=True,
                     lines=True,
                 ),
+                **_WINDOW_PARAMS,
             },
             batch_job=AGGREGATE_JOB,
             partials=True,

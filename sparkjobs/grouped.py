@@ -2,11 +2,14 @@
 ``together``), one partial per group, each measure as its mergeable state
 (sparkjobs/measures.py).
 
-A partial is a JSON line: the group's values (``g``, as text; null for a null field)
-and each measure's state by its name (``m``). Records are read as
+A partial is a JSON line: the group's values (``g``, as text; null for a null field),
+each measure's state by its name (``m``), the records it holds (``n``) and, over
+event-time windows, its window's start in microseconds (``w``). Records are read as
 ``read_records(nullable=True)`` reads them: a missing or null field is null, as in
-SQL; a line the reader cannot read, or a group field PostgreSQL could not keep, is
-malformed, counted and quarantined per segment.
+SQL; a line the reader cannot read, a group field PostgreSQL could not keep, or (over
+windows) a record the stage keeps that has no event time, is malformed, counted and
+quarantined per segment. A record whose window the watermark of its segment's chunk
+had closed is late: counted and quarantined apart, not aggregated.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import admitted
-from sparkjobs.holders import held_by, holders_of
+from sparkjobs.holders import Holders, held_by, holders_of
 from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import (
@@ -34,6 +38,7 @@ from sparkjobs.records import (
 )
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
+from sparkjobs.windows import LATE_COL, WINDOW_COL, in_windows
 
 GROUP_COL = "_group"  # a good record's group values as JSON; a malformed one's line
 KEPT_COL = "_kept"  # whether the stage's condition holds for the record
@@ -54,44 +59,59 @@ def grouped_partials(
     *,
     where: str | None = None,
     together: Mapping[str, str] | None = None,
+    windows: WindowSpec | None = None,
+    highs: Mapping[str, int | None] | None = None,
 ) -> dict[str, PartialOutput]:
     """Each input segment (id -> file) into its output file (id -> file): one partial
-    line per group of the records ``where`` holds for (an admitted condition; None:
-    every record), written atomically; what each segment held (records, groups,
-    malformed lines)."""
+    line per group (per window and group, with ``windows``) of the records ``where``
+    holds for (an admitted condition; None: every record), written atomically; what
+    each segment held (records, groups, malformed and late lines). ``highs``: per
+    segment, the largest event time of the chunks before its own (None: none)."""
     paths = {seg: str(path) for seg, path in inputs.items()}
     holders = holders_of(paths, together or {})
-    fields = [*grouping.strings, *grouping.numbers]
+    strings = list(grouping.strings)
+    if windows is not None and windows.field not in [*strings, *grouping.numbers]:
+        strings.append(windows.field)
+    fields = [*strings, *grouping.numbers]
     if where is None:
         parsed = read_records(
             spark,
             list(paths.values()),
-            strings=grouping.strings,
+            strings=strings,
             numbers=grouping.numbers,
             keys=list(grouping.group_by),
             nullable=True,
         ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
     else:
-        parsed = _held_for(spark, list(paths.values()), grouping, where)
+        parsed = _held_for(spark, list(paths.values()), grouping, where, strings)
     parsed = in_one_task(parsed, inputs.values())
+    window = F.lit(None).cast("BIGINT")
+    is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
+    if windows is not None:
+        by_file = {Path(paths[seg]).name: high for seg, high in (highs or {}).items()}
+        # A record the condition drops needs no event time, and is never late.
+        parsed = in_windows(parsed, windows, by_file, timed=F.col(KEPT_COL))
+        window = F.col(WINDOW_COL)
+        is_late = F.col(LATE_COL) & F.col(KEPT_COL)
     malformed = F.col(MALFORMED_COL)
     # A malformed record groups under its line (the reader's, or its fields as read when
     # a readable line held text that cannot be kept), so its group carries what to
     # quarantine.
     as_read = F.to_json(F.struct(*[column(name) for name in fields]))
-    bad_line = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read))
+    bad_line = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read)).when(is_late, as_read)
     # A record the condition does not hold for is counted (the stage took it) in a
-    # group of its own, which makes no partial; it and a malformed one stay under their
-    # own segment, a good one goes to the segment whose output holds its partial.
+    # group of its own, which makes no partial; it, a malformed and a late one stay
+    # under their own segment, a good one goes to the segment whose output holds its
+    # partial (late ones only exist over windows, where segments are never together).
     dropped = ~malformed & ~F.col(KEPT_COL)
     segment = (
         F.col(SEGMENT_COL)
         if holders is None
         else F.when(malformed | dropped, F.col(SEGMENT_COL)).otherwise(holders.of)
     )
-    # Grouped by the group's own fields (a good record's; null in a malformed or dropped
-    # one's): its values are written as JSON once per group, not once per record.
-    kept = ~malformed & ~dropped
+    # Grouped by the group's own fields (a good record's; null in a malformed, dropped
+    # or late one's): its values are written as JSON once per group, not once per record.
+    kept = ~malformed & ~dropped & ~is_late
     keys = [
         F.when(kept, column(name).cast("STRING")).alias(f"_g{i}")
         for i, name in enumerate(grouping.group_by)
@@ -100,7 +120,9 @@ def grouped_partials(
         segment.alias(SEGMENT_COL),
         malformed.alias(MALFORMED_COL),
         dropped.alias(DROPPED_COL),
+        is_late.alias(LATE_COL),
         bad_line.alias(GROUP_COL),
+        F.when(kept, window).alias(WINDOW_COL),
         *keys,
     ]
     distinct = _pairs_first(grouping) if holders is not None else None
@@ -116,19 +138,32 @@ def grouped_partials(
         F.struct(*[F.col(f"_m{i}").alias(m.name) for i, m in enumerate(grouping.measures)]),
         {"ignoreNullFields": "false"},
     )
-    line = F.concat(F.lit('{"g": '), values, F.lit(', "m": '), states, F.lit("}"))
+    tail = [F.lit(', "n": '), F.col(RECORDS_COL).cast("STRING")]
+    if windows is not None:
+        tail += [F.lit(', "w": '), F.col(WINDOW_COL).cast("STRING")]
+    line = F.concat(F.lit('{"g": '), values, F.lit(', "m": '), states, *tail, F.lit("}"))
+    good = ~malformed & ~F.col(DROPPED_COL) & ~F.col(LATE_COL)
     rows = collect_all(
         grouped.select(
             SEGMENT_COL,
             MALFORMED_COL,
             DROPPED_COL,
+            LATE_COL,
             GROUP_COL,
             RECORDS_COL,
-            F.when(~malformed & ~F.col(DROPPED_COL), line).alias(LINE_COL),
+            F.when(good, line).alias(LINE_COL),
         )
     )
-    results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
-    lines: dict[str, list[str]] = {seg: [] for seg in inputs}
+    return _written(rows, outputs, holders)
+
+
+def _written(
+    rows: list[Row], outputs: Mapping[str, Path], holders: Holders | None
+) -> dict[str, PartialOutput]:
+    """Each segment's output (id -> file) written from the job's groups: its good
+    groups' partial lines; what it held, counted."""
+    results = {seg: PartialOutput(seg, path) for seg, path in outputs.items()}
+    lines: dict[str, list[str]] = {seg: [] for seg in outputs}
     for row in rows:
         if row[MALFORMED_COL]:
             result = results[segment_of(row[SEGMENT_COL])]
@@ -137,6 +172,11 @@ def grouped_partials(
             continue
         if row[DROPPED_COL]:
             results[segment_of(row[SEGMENT_COL])].records += row[RECORDS_COL]
+            continue
+        if row[LATE_COL]:
+            result = results[segment_of(row[SEGMENT_COL])]
+            result.late += row[RECORDS_COL]
+            result.late_lines += [row[GROUP_COL]] * row[RECORDS_COL]
             continue
         seg = held_by(row[SEGMENT_COL], holders)
         results[seg].records += row[RECORDS_COL]
@@ -148,9 +188,12 @@ def grouped_partials(
     return results
 
 
-def _held_for(spark: SparkSession, paths: list[str], grouping: Grouping, where: str) -> DataFrame:
-    """The records with the fields the grouping reads, as ``read_records(nullable=True)``
-    gives them, and whether ``where`` holds for each (``KEPT_COL``; null is false, as in
+def _held_for(
+    spark: SparkSession, paths: list[str], grouping: Grouping, where: str, strings: list[str]
+) -> DataFrame:
+    """The records with the fields the grouping reads (``strings`` as text, its numbers
+    as decimals), as ``read_records(nullable=True)`` gives them, and whether ``where``
+    holds for each (``KEPT_COL``; null is false, as in
     SQL). The condition reads every field of a record, as a filter stage's does
     (sparkjobs/expression_guard.py), so the records are read whole, and their fields
     then as the grouping reads them; a line that is not a record is malformed."""
@@ -171,7 +214,7 @@ def _held_for(spark: SparkSession, paths: list[str], grouping: Grouping, where: 
     )
     parsed = parse_fields(
         lines,
-        strings=grouping.strings,
+        strings=strings,
         numbers=grouping.numbers,
         keys=list(grouping.group_by),
         nullable=True,
@@ -223,7 +266,9 @@ def _by_pairs(
         SEGMENT_COL,
         MALFORMED_COL,
         DROPPED_COL,
+        LATE_COL,
         GROUP_COL,
+        WINDOW_COL,
         *(c for c in pairs.columns if c.startswith("_g")),
     ]
     second = []

@@ -232,12 +232,6 @@ def _shape_problems(params: Mapping[str, Any]) -> list[str]:
         )
     if "measures" not in params:
         return [*said, "group_by is given without measures"]
-    windowed = [p for p in ("window_s", "slide_s", "event_time", "lateness_s") if p in params]
-    if windowed:
-        said.append(
-            f"measures over event-time windows ({', '.join(windowed)}) are not supported "
-            "yet: use key, value and distinct"
-        )
     group_by = params.get("group_by", [])
     if not isinstance(group_by, list) or len(group_by) > MAX_GROUP_FIELDS:
         said.append(f"group_by must be a list of at most {MAX_GROUP_FIELDS} field names")

@@ -103,18 +103,22 @@ def combine_partials(paths: Sequence[Path], rows: dict[Path, int] | None = None)
 @dataclass(frozen=True)
 class GroupPartial:
     """A group's partial states of a grouped stage's measures (sparkjobs/measures.py):
-    ``group`` its values, ``states`` by measure name."""
+    ``group`` its values, ``states`` by measure name, ``records`` how many records it
+    holds; over event-time windows, ``window`` the start of its window (microseconds)."""
 
     group: tuple[str | None, ...]
     states: dict[str, State]
+    records: int = 0
+    window: int | None = None
 
 
 def combine_groups(
     grouping: Grouping, paths: Sequence[Path], rows: dict[Path, int] | None = None
 ) -> list[GroupPartial]:
-    """The grouped partials of several segments combined per group, in group order
-    (a null value first); ``rows``, if given, gets how many partial rows each path held."""
-    merged: dict[tuple[str | None, ...], dict[str, State]] = {}
+    """The grouped partials of several segments combined per window and group, in that
+    order (no window and a null value first); ``rows``, if given, gets how many partial
+    rows each path held."""
+    merged: dict[tuple[int | None, tuple[str | None, ...]], tuple[dict[str, State], int]] = {}
     for path in paths:
         seen = 0
         with path.open(encoding="utf-8") as handle:
@@ -123,12 +127,18 @@ def combine_groups(
                     continue
                 seen += 1
                 row = json.loads(line)
-                group = tuple(row["g"])
-                have = merged.get(group)
-                merged[group] = row["m"] if have is None else grouping.merge(have, row["m"])
+                at = (row.get("w"), tuple(row["g"]))
+                have = merged.get(at)
+                records = int(row.get("n", 0))
+                merged[at] = (
+                    (row["m"], records)
+                    if have is None
+                    else (grouping.merge(have[0], row["m"]), have[1] + records)
+                )
         if rows is not None:
             rows[path] = seen
-    return [GroupPartial(g, merged[g]) for g in sorted(merged, key=group_order)]
+    ordered = sorted(merged, key=lambda at: (at[0] is not None, at[0] or 0, group_order(at[1])))
+    return [GroupPartial(g, merged[(w, g)][0], merged[(w, g)][1], w) for w, g in ordered]
 
 
 def group_order(group: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:

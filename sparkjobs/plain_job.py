@@ -159,11 +159,16 @@ def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> Ba
     )
 
 
+Grouped = tuple[tuple[str | None, ...], dict[str, Value]]  # (group, measures)
+
+
 @dataclass(frozen=True)
 class GroupedResult:
-    rows: list[tuple[tuple[str | None, ...], dict[str, Value]]]  # (group, measures)
+    rows: list[Grouped]
     records: int
     malformed: int
+    # Over event-time windows: each window's (start, end) in microseconds and groups.
+    windows: list[tuple[int, int, Grouped]] | None = None
 
 
 def batch_grouped(
@@ -172,11 +177,16 @@ def batch_grouped(
     fmt: str,
     grouping: Grouping,
     steps: Sequence[tuple[str, Any]] = (),
+    *,
+    windows: WindowSpec | None = None,
 ) -> GroupedResult:
     """A stage of grouped measures over the whole input, after the record operators
     ``steps``: ``groupBy(...).agg(...)``, as a Spark engineer writes it, over the records
-    as the live stage reads them (nulls as SQL has them)."""
+    as the live stage reads them (nulls as SQL has them); with ``windows``, grouped by
+    Spark's own ``window()`` too."""
     strings, numbers = grouping.strings, grouping.numbers
+    if windows is not None and windows.field not in [*strings, *numbers]:
+        strings = [*strings, windows.field]
     if steps:
         lines = _after_record_steps(spark, paths, fmt, steps)
         frame = parse_fields(
@@ -198,6 +208,8 @@ def batch_grouped(
         for i, m in enumerate(grouping.measures)
         for part, agg in _measure(m).items()
     ]
+    if windows is not None:
+        return _grouped_windows(frame, grouping, aggregates, windows)
     # Malformed records are counted in the same aggregation: a record is malformed by
     # the fields the reader parses, and a plan that parsed fewer would find fewer.
     grouped = collect_all(
@@ -206,17 +218,46 @@ def batch_grouped(
         )
     )
     malformed = sum(int(r["_records"]) for r in grouped if r[MALFORMED_COL])
-    rows = []
-    for row in (r for r in grouped if not r[MALFORMED_COL]):
-        values: dict[str, Value] = {}
-        for i, m in enumerate(grouping.measures):
-            if m.fn == "avg":
-                values[m.name] = average(row[f"_m{i}_sum"], int(row[f"_m{i}_count"]))
-            else:
-                values[m.name] = row[f"_m{i}_value"]
-        rows.append((tuple(row[f] for f in grouping.group_by), values))
+    rows = [_grouped_row(r, grouping) for r in grouped if not r[MALFORMED_COL]]
     records = sum(int(r["_records"]) for r in grouped) - malformed
     return GroupedResult(rows, records=records, malformed=malformed)
+
+
+def _grouped_row(row: Row, grouping: Grouping) -> Grouped:
+    values: dict[str, Value] = {}
+    for i, m in enumerate(grouping.measures):
+        if m.fn == "avg":
+            values[m.name] = average(row[f"_m{i}_sum"], int(row[f"_m{i}_count"]))
+        else:
+            values[m.name] = row[f"_m{i}_value"]
+    return tuple(row[f] for f in grouping.group_by), values
+
+
+def _grouped_windows(
+    frame: DataFrame, grouping: Grouping, aggregates: list[Column], spec: WindowSpec
+) -> GroupedResult:
+    """Grouped measures per event-time window, by Spark's own ``window()`` over every
+    record (as :func:`_windowed`: no record is late to a batch job)."""
+    frame = with_event_us(frame, spec.field)
+    frame = frame.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull())
+    good = frame.where(~F.col(MALFORMED_COL)).withColumn("_t", F.timestamp_micros(EVENT_COL))
+    window = F.window("_t", f"{spec.size_us} microseconds", f"{spec.slide_us} microseconds")
+    grouped = collect_all(
+        good.groupBy(window, *[column(f) for f in grouping.group_by])
+        .agg(F.count(F.lit(1)).alias("_records"), *aggregates)
+        .select(
+            F.unix_micros(F.col("window.start")).alias("_start"),
+            F.unix_micros(F.col("window.end")).alias("_end"),
+            "*",
+        )
+    )
+    counts = {
+        r[MALFORMED_COL]: int(r["count"]) for r in frame.groupBy(MALFORMED_COL).count().collect()
+    }
+    windows = [(int(r["_start"]), int(r["_end"]), _grouped_row(r, grouping)) for r in grouped]
+    return GroupedResult(
+        [], records=counts.get(False, 0), malformed=counts.get(True, 0), windows=windows
+    )
 
 
 def _measure(measure: Measure) -> dict[str, Column]:

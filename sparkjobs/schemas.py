@@ -201,15 +201,27 @@ _AGGREGATED: Mapping[str, FieldType | None] = {
 }
 
 
-def _grouped(grouping: Grouping, given: Schema) -> tuple[Schema, list[ParamProblem]]:
-    """Grouped measures: the group's fields, then each measure (a count a long; a sum, an
-    average, a minimum, a maximum or a percentile a double, each of a number)."""
+def _grouped(
+    grouping: Grouping, given: Schema, params: Mapping[str, Any]
+) -> tuple[Schema, list[ParamProblem]]:
+    """Grouped measures: over event-time windows, each window's start and end; the
+    group's fields; then each measure (a count a long; a sum, an average, a minimum, a
+    maximum or a percentile a double, each of a number)."""
     problems = [
         ParamProblem("group_by", given.unknown(name))
         for name in grouping.group_by
         if given.find(name) is None
     ]
-    fields = [given.find(name) or Field(name, "unknown") for name in grouping.group_by]
+    fields = []
+    if params.get("window_s") is not None:
+        fields += [Field("window_start", "timestamp"), Field("window_end", "timestamp")]
+        name = str(params.get("event_time", "event_time"))
+        time = given.find(name)
+        if time is None:
+            problems.append(ParamProblem("event_time", given.unknown(name)))
+        elif time.type in ("boolean", "date"):
+            problems.append(ParamProblem("event_time", _not_a_time(time)))
+    fields += [given.find(name) or Field(name, "unknown") for name in grouping.group_by]
     for index, measure in enumerate(grouping.measures):
         found = given.find(measure.field) if measure.field else None
         at = f"measures[{index}]"
@@ -234,7 +246,7 @@ def _grouped(grouping: Grouping, given: Schema) -> tuple[Schema, list[ParamProbl
 def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
     grouping = Grouping.of(params)
     if grouping is not None:
-        return _grouped(grouping, given)
+        return _grouped(grouping, given, params)
     names = aggregate_fields(params)
     problems = _fields(params, given, names)
     value = given.find(str(params.get("value", "value")))
@@ -242,13 +254,7 @@ def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[P
         problems.append(ParamProblem("value", f"{value.name!r} is a {value.type}, not a number"))
     time = given.find(str(params.get("event_time", "event_time")))
     if "event_time" in names and time is not None and time.type in ("boolean", "date"):
-        problems.append(
-            ParamProblem(
-                "event_time",
-                f"{time.name!r} is a {time.type}; an event time is a timestamp, epoch "
-                "seconds or ISO-8601 text",
-            )
-        )
+        problems.append(ParamProblem("event_time", _not_a_time(time)))
     key_name = str(params.get("key", "key"))
     key = given.find(key_name)
     fields = [key if key is not None else Field(key_name, "unknown")]
@@ -260,6 +266,13 @@ def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[P
         if name in _AGGREGATED:
             fields.append(Field(name, _AGGREGATED[name] or value_type))
     return Schema(fields), problems
+
+
+def _not_a_time(field: Field) -> str:
+    return (
+        f"{field.name!r} is a {field.type}; an event time is a timestamp, epoch seconds or "
+        "ISO-8601 text"
+    )
 
 
 def aggregate_fields(params: Mapping[str, Any]) -> dict[str, str]:
@@ -358,8 +371,10 @@ def _sql(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamPr
     if query.where is not None:
         _, said = _filter({"condition": query.where}, given)
         problems += [ParamProblem("statement", f"{p.message} (in WHERE)") for p in said]
-    schema, said = _grouped(query.grouping, given)
-    problems += [ParamProblem("statement", p.message) for p in said]
+    schema, said = _grouped(query.grouping, given, params)
+    problems += [
+        ParamProblem(p.param if p.param == "event_time" else "statement", p.message) for p in said
+    ]
     return schema, problems
 
 

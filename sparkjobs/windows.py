@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sparkjobs.event_time import MAX_US, MIN_US, US, WindowSpec
+from sparkjobs.records import MALFORMED_COL, SEGMENT_COL, file_name
 
 EVENT_COL = "_event_us"
 WINDOW_COL = "_window"
@@ -73,3 +74,38 @@ def late(
     highest = max(known.values()) - spec.lateness_us
     own = F.coalesce(end <= high - F.lit(spec.lateness_us), never)
     return F.when(end <= F.lit(highest), own).otherwise(never)
+
+
+def in_windows(
+    parsed: DataFrame,
+    spec: WindowSpec,
+    highs: Mapping[str, int | None],
+    *,
+    timed: Column | None = None,
+) -> DataFrame:
+    """``parsed`` with each record's window (``WINDOW_COL``: a row per window holding it,
+    null for a malformed record) and whether it is late (``LATE_COL``: its window closed
+    by the watermark its segment was read under; ``highs`` per file name, see
+    :func:`late`). A record ``timed`` says needs an event time (None: every record) and
+    has none is malformed; one it does not is in no window (a row of its own)."""
+    needs = F.col(EVENT_COL).isNull() if timed is None else timed & F.col(EVENT_COL).isNull()
+    parsed = with_event_us(parsed, spec.field).withColumn(
+        MALFORMED_COL, F.col(MALFORMED_COL) | needs
+    )
+    no_window = F.lit(None).cast("BIGINT")
+    malformed = F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull()
+    if timed is not None:
+        malformed = malformed | ~timed
+    if spec.fan_out == 1:
+        # Tumbling: one window, computed without an array.
+        start = F.col(EVENT_COL) - F.pmod(F.col(EVENT_COL), F.lit(spec.slide_us))
+        window = F.when(malformed, no_window).otherwise(start)
+    else:
+        starts = window_starts(F.col(EVENT_COL), spec)
+        window = F.explode(F.when(malformed, F.array(no_window)).otherwise(starts))
+    parsed = parsed.withColumn(WINDOW_COL, window)
+    return parsed.withColumn(
+        LATE_COL,
+        F.col(WINDOW_COL).isNotNull()
+        & late(F.col(WINDOW_COL), file_name(F.col(SEGMENT_COL)), spec, highs),
+    )

@@ -3,7 +3,9 @@ partials folded into the run's groups, and the groups read as rows.
 
 A group's row holds each measure's partial state; a batch's partial of a new group is
 inserted, one of a known group merged into it under the row's lock, in the sink
-batch's transaction (the one that records its chunks: nothing is folded twice).
+batch's transaction (the one that records its chunks: nothing is folded twice). Over
+event-time windows a row is a (window, group), and a batch with data for a window the
+sink already closed is refused (orchestrator/ledger/windows.py closes them).
 """
 
 from __future__ import annotations
@@ -14,43 +16,76 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import BigIntegerField
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast
 
 from orchestrator.models import ResultGroup, Run
+from sparkjobs.event_time import WindowSpec, iso
 from sparkjobs.measures import Grouping, Value
 from sparkjobs.merge import GroupPartial, group_order
 
-# A row of a grouped result as the API and the run page show it: each group field's
-# value (text, or None), then each measure's (a count, or a number; None where SQL has
-# NULL: a sum, minimum, maximum or average of no value).
+# A row of a grouped result as the API and the run page show it: over windows, its
+# window's start and end (ISO-8601, UTC); each group field's value (text, or None),
+# then each measure's (a count, or a number; None where SQL has NULL: a sum, minimum,
+# maximum or average of no value).
 GroupRow = dict[str, str | int | float | None]
+WINDOW_COLUMNS = ("window_start", "window_end")
 
 
-def digest(group: Sequence[str | None]) -> str:
-    return hashlib.sha256(json.dumps(list(group)).encode()).hexdigest()
+class ClosedWindowError(RuntimeError):
+    """A partial for a window that was closed: a late record was not caught upstream."""
 
 
-def fold(run_id: int, grouping: Grouping, partials: Sequence[GroupPartial]) -> None:
-    """Fold a batch's partials into the run's groups; the caller's transaction."""
+def digest(group: Sequence[str | None], window: int | None = None) -> str:
+    at = list(group) if window is None else [window, list(group)]
+    return hashlib.sha256(json.dumps(at).encode()).hexdigest()
+
+
+def fold(
+    run_id: int,
+    grouping: Grouping,
+    partials: Sequence[GroupPartial],
+    *,
+    windows: WindowSpec | None = None,
+    closed_us: int | None = None,
+) -> None:
+    """Fold a batch's partials into the run's groups; the caller's transaction. Over
+    ``windows``, each partial's window must still be open (its end after
+    ``closed_us``, where the sink's watermark closed windows up to)."""
     if not partials:
         return
-    by_digest = {digest(p.group): p for p in partials}
+    if windows is not None:
+        starts = {p.window for p in partials}
+        if None in starts:
+            raise ValueError(f"run {run_id}: a partial without a window in a windowed run")
+        shut = sorted(
+            w
+            for w in starts
+            if w is not None and closed_us is not None and w + windows.size_us <= closed_us
+        )
+        if shut:
+            raise ClosedWindowError(
+                f"run {run_id}: data for windows already closed (starts {shut[:5]} us)"
+            )
+    by_digest = {digest(p.group, p.window): p for p in partials}
+    size = 0 if windows is None else windows.size_us
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            INSERT INTO orchestrator_resultgroup (run_id, digest, "group", states)
-            SELECT %s, x.d, x.g::jsonb, x.s::jsonb
-            FROM unnest(%s::text[], %s::text[], %s::text[]) AS x(d, g, s)
+            INSERT INTO orchestrator_resultgroup
+              (run_id, digest, "group", states, records, start_us, end_us)
+            SELECT %s, x.d, x.g::jsonb, x.s::jsonb, x.n, x.w, x.w + %s
+            FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
+              AS x(d, g, s, n, w)
             ON CONFLICT (run_id, digest) DO NOTHING
             RETURNING digest
             """,
             [
                 run_id,
+                size,
                 list(by_digest),
                 [json.dumps(list(p.group)) for p in by_digest.values()],
                 [json.dumps(p.states) for p in by_digest.values()],
+                [p.records for p in by_digest.values()],
+                [p.window for p in by_digest.values()],
             ],
         )
         inserted = {row[0] for row in cursor.fetchall()}
@@ -63,24 +98,32 @@ def fold(run_id: int, grouping: Grouping, partials: Sequence[GroupPartial]) -> N
         .order_by("digest")
     )
     for row in rows:
-        row.states = grouping.merge(row.states, by_digest[row.digest].states)
-    ResultGroup.objects.bulk_update(rows, ["states"], batch_size=1000)
+        partial = by_digest[row.digest]
+        row.states = grouping.merge(row.states, partial.states)
+        row.records += partial.records
+    ResultGroup.objects.bulk_update(rows, ["states", "records"], batch_size=1000)
 
 
-def group_rows(run: Run, grouping: Grouping, limit: int | None = None) -> list[GroupRow]:
-    """The run's groups as rows, in group order; with ``limit``, at most that many, those
-    with the most records first (by the first count measure, when there is one)."""
+def group_rows(
+    run: Run, grouping: Grouping, limit: int | None = None, *, windowed: bool = False
+) -> list[GroupRow]:
+    """The run's groups as rows, in (window and) group order; with ``limit``, at most
+    that many: the latest windows' first, in each those with the most records first."""
     groups = ResultGroup.objects.filter(run=run)
-    counted = next((m.name for m in grouping.measures if m.fn == "count"), None)
     if limit is not None:
-        if counted is not None:
-            most = Cast(KT(f"states__{counted}"), BigIntegerField())
-            groups = groups.annotate(records=most).order_by("-records", "digest")
-        groups = groups[: max(0, limit)]
-    rows = [(tuple(g), s) for g, s in groups.values_list("group", "states")]
+        latest = ("-start_us",) if windowed else ()
+        groups = groups.order_by(*latest, "-records", "digest")[: max(0, limit)]
+    found = list(groups.values_list("start_us", "end_us", "group", "states", "finished"))
     if limit is None:
-        rows.sort(key=lambda row: group_order(row[0]))
-    return [shown_row(grouping, group, grouping.finish(states)) for group, states in rows]
+        found.sort(key=lambda r: (r[0] or 0, group_order(tuple(r[2]))))
+    rows = []
+    for start, end, group, states, finished in found:
+        values = grouping.finish(states) if finished is None else restored(grouping, finished)
+        row = shown_row(grouping, group, values)
+        if windowed and start is not None and end is not None:
+            row = {"window_start": iso(start), "window_end": iso(end), **row}
+        rows.append(row)
+    return rows
 
 
 def shown_row(
@@ -91,3 +134,17 @@ def shown_row(
     for name, value in values.items():
         row[name] = float(value) if isinstance(value, Decimal) else value
     return row
+
+
+def stored(values: dict[str, Value]) -> dict[str, str | int | float | None]:
+    """Finished measures as JSON keeps them exactly (a decimal as its text)."""
+    return {name: str(v) if isinstance(v, Decimal) else v for name, v in values.items()}
+
+
+def restored(grouping: Grouping, kept: dict[str, str | int | float | None]) -> dict[str, Value]:
+    """:func:`stored`'s measures back, each of its own type."""
+    values: dict[str, Value] = {}
+    for m in grouping.measures:
+        v = kept[m.name]
+        values[m.name] = Decimal(v) if isinstance(v, str) else v
+    return values

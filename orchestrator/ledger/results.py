@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import BigIntegerField, QuerySet
 from django.db.models.functions import Coalesce
 
-from orchestrator.ledger.groups import GroupRow, group_rows
+from orchestrator.ledger.groups import WINDOW_COLUMNS, GroupRow, group_rows
 from orchestrator.ledger.windows import Cardinality, distinct_of
 from orchestrator.models import ResultGroup, ResultKey, Run, WindowKey
 from orchestrator.pipeline.graph import pipeline_grouping, pipeline_windows
@@ -49,26 +49,30 @@ def result_columns(run: Run) -> list[str]:
     """The names of a result row's values, in the order a table shows them."""
     grouping = pipeline_grouping(run.topology)
     if grouping is not None:
-        return [*grouping.group_by, *(m.name for m in grouping.measures)]
+        windows = WINDOW_COLUMNS if pipeline_windows(run.topology) is not None else ()
+        return [*windows, *grouping.group_by, *(m.name for m in grouping.measures)]
     return list(ResultRow.__annotations__)
 
 
 def top_rows(run: Run, limit: int) -> tuple[int, list[ResultRow] | list[GroupRow]]:
     """The number of keys (groups) and the ``limit`` keys with the most records (then by
-    key): what the run page shows while results merge, at a cost bounded by ``limit``."""
+    key; groups of the latest windows first): what the run page shows while results
+    merge, at a cost bounded by ``limit``."""
     grouping = pipeline_grouping(run.topology)
     if grouping is not None:
-        return ResultGroup.objects.filter(run=run).count(), group_rows(run, grouping, limit)
+        windowed = pipeline_windows(run.topology) is not None
+        rows = group_rows(run, grouping, limit, windowed=windowed)
+        return ResultGroup.objects.filter(run=run).count(), rows
     keys = ResultKey.objects.filter(run=run)
     top = result_values(keys.order_by("-count", "key")[: max(0, limit)])
     return keys.count(), [format_row(*row[:5], distinct=row[5]) for row in top]
 
 
 def run_rows(run: Run) -> list[ResultRow] | list[GroupRow]:
-    """Every row of the run's result, in key (group) order."""
+    """Every row of the run's result, in key (window and group) order."""
     grouping = pipeline_grouping(run.topology)
     if grouping is not None:
-        return group_rows(run, grouping)
+        return group_rows(run, grouping, windowed=pipeline_windows(run.topology) is not None)
     rows = result_values(ResultKey.objects.filter(run=run))
     return sorted(
         (format_row(*row[:5], distinct=row[5]) for row in rows), key=lambda row: row["key"]
@@ -145,9 +149,18 @@ def summary(run: Run) -> dict[str, Any]:
         "coverage": cover["status"] if cover["status"] == "exact" else cover,
         "error": run.error or None,
         "rows": run_rows(run),
-        **(
-            {"windows": window_rows(run), "late_records": segments.late_records(run.pk)}
-            if pipeline_windows(run.topology) is not None
-            else {}
-        ),
+        **_windowed(run),
     }
+
+
+def _windowed(run: Run) -> dict[str, Any]:
+    """A windowed run's late records, and the key form's rows per window (grouped
+    measures' rows carry their windows)."""
+    from orchestrator.ledger import segments
+
+    if pipeline_windows(run.topology) is None:
+        return {}
+    late = {"late_records": segments.late_records(run.pk)}
+    if pipeline_grouping(run.topology) is not None:
+        return late
+    return {"windows": window_rows(run), **late}

@@ -397,10 +397,14 @@ def complete_sink_batch(
         if already:
             raise AlreadyMergedError(already)
         MergedChunk.objects.bulk_create(rows)  # the unique constraint is the last word
-        if windows is not None:
+        if grouping is not None:
+            closed = None
+            if windows is not None:
+                run = Run.objects.only("windows_closed").get(pk=run_id)
+                closed = window_ledger.SinkWatermark.of(run).closed_us
+            group_ledger.fold(run_id, grouping, groups, windows=windows, closed_us=closed)
+        elif windows is not None:
             window_ledger.fold(run_id, windows, list(deltas))
-        elif grouping is not None:
-            group_ledger.fold(run_id, grouping, groups)
         else:
             last = chunks_total is not None and _nothing_else_to_merge(run_id, inputs)
             _upsert_results(run_id, list(deltas), remember=not last)

@@ -4,14 +4,16 @@ and how far, the latest closed ones and the records that came too late."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 from django.db.models import Count, Min, Sum
 
 from orchestrator.ledger.results import ResultRow, format_row
 from orchestrator.ledger.segments import late_records
 from orchestrator.ledger.windows import SinkWatermark
-from orchestrator.models import Run, Segment, WindowKey
+from orchestrator.models import ResultGroup, Run, Segment, WindowKey
+from orchestrator.pipeline.graph import pipeline_grouping
 from orchestrator.pipeline.layout import run_dir
 from sparkjobs.event_time import US, WindowSpec, iso
 
@@ -63,11 +65,18 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
     mark = SinkWatermark.of(run)
     raw_high = (run.source_position or {}).get("high_us")
     source_high = None if raw_high is None else int(raw_high)
-    keys = WindowKey.objects.filter(run=run)
-    open_windows = list(
-        keys.filter(closed_at__isnull=True)
+    # Grouped measures' rows are (window, group) rows; their latest closed windows are
+    # the run's result table (orchestrator/ledger/results.py).
+    grouped = pipeline_grouping(run.topology) is not None
+    rows_of = (
+        ResultGroup.objects.filter(run=run, start_us__isnull=False)
+        if grouped
+        else WindowKey.objects.filter(run=run)
+    )
+    open_windows: list[Mapping[str, Any]] = list(
+        rows_of.filter(closed_at__isnull=True)
         .values("start_us", "end_us")
-        .annotate(keys=Count("id"), records=Sum("count"))
+        .annotate(keys=Count("id"), records=Sum("records" if grouped else "count"))
         .order_by("start_us")[:OPEN_SHOWN]
     )
     watermark = None if mark.high_us is None else mark.high_us - spec.lateness_us
@@ -96,7 +105,7 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
             )
             for w in open_windows
         ],
-        latest=_latest_closed(run, rows),
+        latest=[] if grouped else _latest_closed(run, rows),
         nodes=_node_times(run, source_high),
     )
 

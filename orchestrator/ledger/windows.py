@@ -1,6 +1,7 @@
 """Event-time windows at the sink: open while data may still come, closed once.
 
-A windowed pipeline's partials are per (window, key). The sink folds them into open
+A windowed pipeline's partials are per (window, key), or per (window, group) for
+grouped measures (orchestrator/ledger/groups.py). The sink folds them into open
 windows in the transaction that records their chunks as merged (as for all-time
 results). A window is *final* when the sink's watermark passes its end: the chunks
 ``0 .. n-1`` are all merged and the largest event time among them, minus the allowed
@@ -12,17 +13,22 @@ one statement, once; an input that ends closes every window (its watermark is +i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from django.db import connection, transaction
 from django.db.models import Func, IntegerField, QuerySet
 
 from orchestrator.ledger import bound, keystate, value_sets
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
-from orchestrator.models import MergedChunk, Run, WindowKey
-from orchestrator.sink.targets import ClosedRow, ResultTable, Sink
+from orchestrator.ledger.groups import ClosedWindowError, stored
+from orchestrator.models import MergedChunk, ResultGroup, Run, WindowKey
+from orchestrator.sink.layout import KEYED, Layout
+from orchestrator.sink.targets import ClosedRow, ResultTable, Sink, SinkError
 from sparkjobs.event_time import WindowSpec
+from sparkjobs.measures import Grouping, Value
 from sparkjobs.merge import MergedKey
 
 # Most merged chunk rows one call walks, so the driver's tick never waits long.
@@ -36,10 +42,6 @@ class Cardinality(Func):
 
     function = "cardinality"
     output_field = IntegerField()
-
-
-class ClosedWindowError(RuntimeError):
-    """A delta for a window that was closed: a late record was not caught upstream."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,18 @@ def _start(delta: MergedKey) -> int:
     return delta.window
 
 
-def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -> int:
+def advance(
+    run_id: int,
+    spec: WindowSpec,
+    sink: Sink,
+    *,
+    grouping: Grouping | None = None,
+    final: bool = False,
+) -> int:
     """Move the sink's watermark over the chunks merged since, and close the windows it
-    passed (``final``: the input ended, close them all). Returns how many (window, key)
-    rows were closed."""
+    passed (``final``: the input ended, close them all), writing their rows in the
+    sink's columns (a stage of grouped measures': by its ``grouping``). Returns how
+    many rows were closed."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         mark = SinkWatermark.of(run)
@@ -168,73 +178,152 @@ def advance(run_id: int, spec: WindowSpec, sink: Sink, *, final: bool = False) -
         closed = mark.closed_us
         if high is not None:
             closed = _higher(closed, high - spec.lateness_us)
-        pending = WindowKey.objects.filter(run_id=run_id, closed_at__isnull=True)
-        if not final:
-            pending = pending.none() if closed is None else pending.filter(end_us__lte=closed)
-        rows = closing_rows(run_id, pending)
+        closing = _Groups(run_id, grouping, sink.layout) if grouping is not None else _Keys(run_id)
+        rows = closing.rows(None if final else closed, nothing=not final and closed is None)
         # The target is written first: in this transaction when it shares the ledger's
         # database, else committed before it (an upsert, so a crash between the two
         # writes the same rows again).
-        sink.write(run_id, rows)
-        _close(run_id, rows)
+        sink.write(run_id, [row for row, _ in rows])
+        closing.close(rows)
         if final:
-            last_end = WindowKey.objects.filter(run_id=run_id).order_by("-end_us").first()
-            closed = _higher(closed, last_end.end_us if last_end else None)
+            closed = _higher(closed, closing.last_end())
         if not isinstance(sink, ResultTable):
-            _forget_written(run_id)
+            closing.forget_written()
         if closed is not None:
             keystate.forget_closed(run_id, spec.size_us, closed)
         Run.objects.filter(pk=run_id).update(
             windows_closed=SinkWatermark(
-                chunk, high, closed, mark.windows + len({r.start_us for r in rows})
+                chunk, high, closed, mark.windows + len({r.start_us for r, _ in rows})
             ).to_json()
         )
         return len(rows)
 
 
-def _close(run_id: int, rows: Sequence[ClosedRow]) -> None:
-    """Mark the rows closed, keeping each set's size and dropping the set: a closed
-    window never changes, and a run that goes on for days must not keep every value
-    it ever counted."""
-    if not rows:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE orchestrator_windowkey k
-            SET closed_at = now(), "distinct" = d.n, "values" = NULL
-            FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS d(start_us, key, n)
-            WHERE k.run_id = %s AND k.start_us = d.start_us AND k.key = d.key
-            """,
-            [[r.start_us for r in rows], [r.key for r in rows], [r.distinct for r in rows], run_id],
+class _Keys:
+    """The windows of the key, value and distinct form (``WindowKey`` rows)."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
+        self.all = WindowKey.objects.filter(run_id=run_id)
+
+    def rows(self, up_to: int | None, *, nothing: bool) -> list[tuple[ClosedRow, int]]:
+        """The final rows of the windows ending by ``up_to`` (None: all), each with its
+        distinct count."""
+        pending = self.all.filter(closed_at__isnull=True)
+        if nothing:
+            return []
+        if up_to is not None:
+            pending = pending.filter(end_us__lte=up_to)
+        found = pending.order_by("start_us", "key").values_list(
+            "start_us",
+            "end_us",
+            "key",
+            "count",
+            "sum",
+            "min",
+            "max",
+            "distinct",
+            Cardinality("values"),
         )
+        rows = []
+        for start, end, key, count, total, low, high, kept, size in found:
+            distinct = kept if kept is not None else size or 0
+            avg = total / count if count else 0
+            cells = KEYED.cells([key, count, total, low, high, avg, distinct])
+            rows.append((ClosedRow(start, end, cells), distinct))
+        return rows
+
+    def close(self, rows: Sequence[tuple[ClosedRow, int]]) -> None:
+        """Mark the rows closed, keeping each set's size and dropping the set: a closed
+        window never changes, and a run that goes on for days must not keep every
+        value it ever counted."""
+        if not rows:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE orchestrator_windowkey k
+                SET closed_at = now(), "distinct" = d.n, "values" = NULL
+                FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS d(start_us, key, n)
+                WHERE k.run_id = %s AND k.start_us = d.start_us AND k.key = d.key
+                """,
+                [
+                    [r.start_us for r, _ in rows],
+                    [r.cells[0] for r, _ in rows],
+                    [n for _, n in rows],
+                    self.run_id,
+                ],
+            )
+
+    def last_end(self) -> int | None:
+        last = self.all.order_by("-end_us").first()
+        return last.end_us if last else None
+
+    def forget_written(self) -> None:
+        _forget_written(self.all)
 
 
-def _forget_written(run_id: int) -> None:
+class _Groups:
+    """The windows of grouped measures (``ResultGroup`` rows with a window)."""
+
+    def __init__(self, run_id: int, grouping: Grouping, layout: Layout) -> None:
+        self.run_id, self.grouping, self.layout = run_id, grouping, layout
+        self.all = ResultGroup.objects.filter(run_id=run_id, start_us__isnull=False)
+        self.values: dict[int, dict[str, Value]] = {}  # each closing row's measures
+
+    def rows(self, up_to: int | None, *, nothing: bool) -> list[tuple[ClosedRow, int]]:
+        """The final rows of the windows ending by ``up_to`` (None: all), each with its
+        group's row id; their measures are finished from their states once."""
+        if nothing:
+            return []
+        pending = self.all.filter(closed_at__isnull=True)
+        if up_to is not None:
+            pending = pending.filter(end_us__lte=up_to)
+        rows = []
+        for pk, start, end, group, states in pending.order_by("start_us", "digest").values_list(
+            "pk", "start_us", "end_us", "group", "states"
+        ):
+            values = self.grouping.finish(states)
+            try:
+                cells = self.layout.cells([*group, *values.values()])
+            except ValueError as exc:
+                raise SinkError(f"window starting {start} us: {exc}") from exc
+            self.values[pk] = values
+            rows.append((ClosedRow(cast("int", start), cast("int", end), cells), pk))
+        return rows
+
+    def close(self, rows: Sequence[tuple[ClosedRow, int]]) -> None:
+        """Mark the rows closed, keeping each measure's value and dropping its state."""
+        if not rows:
+            return
+        finished = [json.dumps(stored(self.values[pk])) for _, pk in rows]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE orchestrator_resultgroup g
+                SET closed_at = now(), finished = d.f::jsonb, states = '{}'::jsonb
+                FROM unnest(%s::bigint[], %s::text[]) AS d(id, f)
+                WHERE g.id = d.id AND g.run_id = %s
+                """,
+                [[pk for _, pk in rows], finished, self.run_id],
+            )
+
+    def last_end(self) -> int | None:
+        last = self.all.order_by("-end_us").first()
+        return last.end_us if last else None
+
+    def forget_written(self) -> None:
+        _forget_written(self.all)
+
+
+def _forget_written(rows: QuerySet[WindowKey] | QuerySet[ResultGroup]) -> None:
     """A sink elsewhere holds the closed windows: the ledger keeps only the latest
     ``KEEP_CLOSED`` of them, for the run page."""
-    starts = (
-        WindowKey.objects.filter(run_id=run_id, closed_at__isnull=False)
-        .values_list("start_us", flat=True)
-        .distinct()
-        .order_by("-start_us")
-    )
+    closed = rows.filter(closed_at__isnull=False)
+    starts = closed.values_list("start_us", flat=True).distinct().order_by("-start_us")
     oldest_kept = list(starts[:KEEP_CLOSED])
     if len(oldest_kept) == KEEP_CLOSED:
-        WindowKey.objects.filter(
-            run_id=run_id, closed_at__isnull=False, start_us__lt=oldest_kept[-1]
-        ).delete()
-
-
-def closing_rows(run_id: int, pending: QuerySet[WindowKey]) -> list[ClosedRow]:
-    """The final rows of the windows about to close, with their distinct counts."""
-    rows = pending.order_by("start_us", "key").values_list(
-        "start_us", "end_us", "key", "count", "sum", "min", "max", "distinct", Cardinality("values")
-    )
-    return [
-        ClosedRow(start, end, key, count, total, low, high, kept if kept is not None else size or 0)
-        for start, end, key, count, total, low, high, kept, size in rows
-    ]
+        closed.filter(start_us__lt=oldest_kept[-1]).delete()
 
 
 def distinct_of(row: WindowKey) -> int:

@@ -248,7 +248,7 @@ def operator_problems(doc: PipelineDocument) -> list[str]:
     return problems or window_problems(doc)
 
 
-def _aggregating(doc: PipelineDocument | StoredDocument) -> list[NodeDocument]:
+def aggregating_nodes(doc: PipelineDocument | StoredDocument) -> list[NodeDocument]:
     nodes = cast("PipelineDocument", doc)["nodes"]
     return [n for n in nodes if OPERATORS[operator_name(n)].partials]
 
@@ -259,24 +259,24 @@ def window_problems(
     """Partials meet at the sink, so every aggregating node must window alike: one
     sink merges (window, key) rows, and the source tracks one event-time field. A
     window shorter than the balancer's tick would close between two looks at it."""
-    specs = {n["name"]: WindowSpec.from_params(n.get("params") or {}) for n in _aggregating(doc)}
+    specs = {
+        n["name"]: WindowSpec.from_params(n.get("params") or {}) for n in aggregating_nodes(doc)
+    }
     sinks = {json.dumps(n.get("params") or {}, sort_keys=True) for n in _sinks(doc)}
     if len(sinks) > 1:
         return ["sink nodes must have the same parameters: closed windows go to one place"]
-    groupings = {n["name"]: _grouping(n) for n in _aggregating(doc)}
+    groupings = {n["name"]: _grouping(n) for n in aggregating_nodes(doc)}
     if len(set(groupings.values())) > 1:
         named = sorted(name for name, grouping in groupings.items() if grouping is not None)
         return [
             "aggregating nodes must compute the same group_by and measures (their partials "
             f"meet at the sink); {', '.join(named)} differ from the others"
         ]
-    if groupings and next(iter(groupings.values())) is not None:
-        kind = pipeline_sink(doc).get("sink", "results")
-        if kind != "results":
-            return [
-                f"sink {kind} does not take grouped measures yet: the run's result table "
-                "(sink results) does"
-            ]
+    grouping = next(iter(groupings.values()), None)
+    if grouping is not None and pipeline_sink(doc).get("sink", "results") != "results":
+        named = sink_name_problems(grouping)
+        if named:
+            return named
     kind = pipeline_sink(doc).get("sink", "results")
     if kind != "results" and not any(specs.values()):
         return [
@@ -298,6 +298,26 @@ def window_problems(
     return [f"aggregating nodes must have the same window fields, got {shown}"]
 
 
+# The columns a sink table or file has besides the stage's own; PostgreSQL keeps
+# identifiers of at most 63 bytes (it cuts longer ones).
+SINK_OWN_COLUMNS = ("window_start", "window_end", "run_id")
+MAX_COLUMN_BYTES = 63
+
+
+def sink_name_problems(grouping: Grouping) -> list[str]:
+    """The group fields and measures a sink table cannot take as its columns' names."""
+    said = []
+    for name in [*grouping.group_by, *(m.name for m in grouping.measures)]:
+        if name in SINK_OWN_COLUMNS:
+            said.append(f"{name!r} is a column the sink writes itself: name it otherwise")
+        elif len(name.encode()) > MAX_COLUMN_BYTES:
+            said.append(
+                f"{name[:20]!r}... is longer than a sink column's name may be "
+                f"({MAX_COLUMN_BYTES} bytes)"
+            )
+    return said
+
+
 def _sinks(doc: PipelineDocument | StoredDocument) -> list[NodeDocument]:
     nodes = cast("PipelineDocument", doc)["nodes"]
     return [n for n in nodes if n["kind"] == "sink"]
@@ -312,7 +332,7 @@ def pipeline_sink(doc: PipelineDocument | StoredDocument) -> Mapping[str, object
 def pipeline_grouping(doc: PipelineDocument | StoredDocument) -> Grouping | None:
     """The grouped measures the pipeline computes (its aggregating nodes share them), or
     None for the key, value and distinct form."""
-    for node in _aggregating(doc):
+    for node in aggregating_nodes(doc):
         return _grouping(node)
     return None
 
@@ -324,6 +344,6 @@ def _grouping(node: NodeDocument) -> Grouping | None:
 
 def pipeline_windows(doc: PipelineDocument | StoredDocument) -> WindowSpec | None:
     """The pipeline's event-time windows (its aggregating nodes share them), or None."""
-    for node in _aggregating(doc):
+    for node in aggregating_nodes(doc):
         return WindowSpec.from_params(node.get("params") or {})
     return None

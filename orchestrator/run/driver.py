@@ -51,7 +51,13 @@ from orchestrator.ledger.events import record_event, thin_events
 from orchestrator.ledger.failures import fail_run
 from orchestrator.ledger.segments import NodeFlow
 from orchestrator.models import Instance, Run
-from orchestrator.pipeline.graph import RunGraph, graph_of, pipeline_sink, pipeline_windows
+from orchestrator.pipeline.graph import (
+    RunGraph,
+    graph_of,
+    pipeline_grouping,
+    pipeline_sink,
+    pipeline_windows,
+)
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.rescale.control import RescaleControl
 from orchestrator.rescale.plan import topology_at
@@ -69,10 +75,12 @@ from orchestrator.run.reporter import Report, Reporter
 from orchestrator.run.runtime import LiveRuntime
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
 from orchestrator.run.wakeups import Wakeups
+from orchestrator.sink.layout import layout_of
 from orchestrator.sink.targets import ResultTable, Sink, SinkError, sink_of
 from orchestrator.source.base import SourceUnavailable
 from orchestrator.zk.control_plane import ControlPlane, Subscription
 from sparkjobs.event_time import WindowSpec
+from sparkjobs.measures import Grouping
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +133,7 @@ class RunDriver:
         self.subscriptions: list[Subscription] = []
         self.rescale: RescaleControl | None = None
         self.windows: WindowSpec | None = None
+        self.grouping: Grouping | None = None  # the stage's grouped measures, if any
         self.sink: Sink = ResultTable()
         # Made once the input exists (a generated input is written first): _start.
         self.pacer: SourcePacer
@@ -275,7 +284,8 @@ class RunDriver:
         self.runtime = LiveRuntime(self.topology, self._measure, self.table, self.signals)
         # Event-time windows the sink closes as its watermark passes them, if any.
         self.windows = pipeline_windows(run.topology)
-        self.sink = sink_of(pipeline_sink(run.topology))
+        self.grouping = pipeline_grouping(run.topology)
+        self.sink = sink_of(pipeline_sink(run.topology), layout_of(run.topology))
         self.started = True
         if run.status == Run.Status.PENDING:
             # Only a run still pending: one cancelled since it was read stays cancelled
@@ -528,7 +538,13 @@ class RunDriver:
         if self.windows is None:
             return True
         try:
-            window_ledger.advance(self.run_id, self.windows, self.sink, final=final)
+            window_ledger.advance(
+                self.run_id,
+                self.windows,
+                self.sink,
+                grouping=self.grouping,
+                final=final,
+            )
         except SinkError as exc:
             fail_run(self.run_id, f"the sink could not be written: {exc}")
             return False

@@ -25,6 +25,7 @@ from orchestrator.pipeline.schemas import TableColumns
 from orchestrator.run.publisher import forget_snapshot, last_snapshot
 from orchestrator.run.snapshot import Snapshot, build_snapshot
 from orchestrator.run.wakeups import announce
+from orchestrator.sink.layout import layout_of
 from orchestrator.sink.targets import SinkError, sink_of
 from orchestrator.source.spec import LandingSpec, StreamSpec, UnboundedSpec, is_unbounded
 from orchestrator.source.stream import answers, group_name
@@ -174,7 +175,7 @@ def _checked_sink(topology: PipelineDocument) -> Mapping[str, object]:
     if owned:
         raise RunError(owned)
     try:
-        sink_of(sink).check()
+        sink_of(sink, layout_of(topology)).check()
     except SinkError as exc:
         raise RunError(f"the sink cannot be written: {exc}") from exc
     return sink

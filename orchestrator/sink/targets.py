@@ -13,6 +13,9 @@ watermark (``orchestrator/ledger/windows.py``), and is exactly once:
 - ``parquet``: one file per window, written aside and renamed, then the manifest
   listing the committed windows, rewritten aside and renamed: a reader of the manifest
   never sees a half file or a window twice, and a rewrite after a crash is the same file.
+
+A target's columns are the pipeline's (``orchestrator/sink/layout.py``): an existing
+table whose columns do not fit them is refused before the run, naming the columns.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Protocol
 
 import psycopg
@@ -35,10 +37,10 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from orchestrator.pipeline.beneath import Folder, LeavesRoot, open_root
+from orchestrator.sink.layout import KEYED, Cell, Kind, Layout
 from sparkjobs.event_time import iso
 
 MANIFEST = "_manifest.json"
-AVG = Decimal("1.0000000000")  # the average's scale, as the other money columns
 
 
 class SinkError(RuntimeError):
@@ -47,21 +49,18 @@ class SinkError(RuntimeError):
 
 @dataclass(frozen=True)
 class ClosedRow:
+    """A row of a closed window: its bounds, then the layout's cells in order."""
+
     start_us: int
     end_us: int
-    key: str
-    count: int
-    sum: Decimal
-    min: Decimal
-    max: Decimal
-    distinct: int
-
-    @property
-    def avg(self) -> Decimal:
-        return (self.sum / self.count).quantize(AVG) if self.count else Decimal(0)
+    cells: tuple[Cell, ...]
 
 
 class Sink(Protocol):
+    @property
+    def layout(self) -> Layout:
+        """The columns it writes."""
+
     @property
     def in_ledger_transaction(self) -> bool:
         """Is it written inside the ledger's transaction?"""
@@ -73,7 +72,10 @@ class Sink(Protocol):
         """Write the rows of the windows closing now, idempotently."""
 
 
+@dataclass(frozen=True)
 class ResultTable:
+    layout: Layout = KEYED
+
     @property
     def in_ledger_transaction(self) -> bool:
         return True
@@ -85,33 +87,24 @@ class ResultTable:
         return None  # closing the ledger's rows is the write
 
 
-# The columns a table sink needs, with the types PostgreSQL reports for them.
-COLUMNS: Mapping[str, tuple[str, ...]] = {
-    "window_start": ("timestamp with time zone",),
-    "window_end": ("timestamp with time zone",),
-    "key": ("text", "character varying"),
-    "count": ("bigint",),
-    "sum": ("numeric",),
-    "min": ("numeric",),
-    "max": ("numeric",),
-    "avg": ("numeric",),
-    "distinct_users": ("bigint",),
-    "run_id": ("bigint",),
+# Each kind's PostgreSQL type as a column is created, the types PostgreSQL reports
+# that fit it, and its Parquet type.
+PG_TYPES: Mapping[Kind, tuple[str, tuple[str, ...]]] = {
+    "text": ("text", ("text", "character varying")),
+    "bigint": ("bigint", ("bigint",)),
+    "double": ("double precision", ("double precision",)),
+    "numeric": ("numeric(38, 10)", ("numeric",)),
+    "boolean": ("boolean", ("boolean",)),
 }
-CREATE = """
-CREATE TABLE IF NOT EXISTS {table} (
-  window_start timestamptz NOT NULL,
-  window_end timestamptz NOT NULL,
-  key text NOT NULL,
-  count bigint NOT NULL,
-  sum numeric(38, 10) NOT NULL,
-  min numeric(38, 10) NOT NULL,
-  max numeric(38, 10) NOT NULL,
-  avg numeric(38, 10) NOT NULL,
-  distinct_users bigint NOT NULL,
-  run_id bigint NOT NULL,
-  PRIMARY KEY (window_start, key)
-);
+ARRAY_TYPES: Mapping[Kind, str] = {
+    "text": "text[]",
+    "bigint": "bigint[]",
+    "double": "float8[]",
+    "numeric": "numeric[]",
+    "boolean": "boolean[]",
+}
+TIMESTAMP = "timestamp with time zone"
+LOG = """
 CREATE TABLE IF NOT EXISTS {log} (
   run_id bigint NOT NULL,
   window_start timestamptz NOT NULL,
@@ -121,20 +114,7 @@ CREATE TABLE IF NOT EXISTS {log} (
   PRIMARY KEY (run_id, window_start)
 )
 """
-UPSERT = """
-INSERT INTO {table} AS t (window_start, window_end, key, count, sum, min, max, avg,
-                          distinct_users, run_id)
-SELECT to_timestamp(d.s / 1e6), to_timestamp(d.e / 1e6), d.key, d.count, d.sum, d.min,
-       d.max, d.avg, d.distinct_users, %s
-FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bigint[], %s::numeric[],
-            %s::numeric[], %s::numeric[], %s::numeric[], %s::bigint[])
-  AS d(s, e, key, count, sum, min, max, avg, distinct_users)
-ON CONFLICT (window_start, key) DO UPDATE SET
-  window_end = EXCLUDED.window_end, count = EXCLUDED.count, sum = EXCLUDED.sum,
-  min = EXCLUDED.min, max = EXCLUDED.max, avg = EXCLUDED.avg,
-  distinct_users = EXCLUDED.distinct_users, run_id = EXCLUDED.run_id
-"""
-LOG = """
+COMMIT = """
 INSERT INTO {log} (run_id, window_start, window_end, rows)
 SELECT %s, to_timestamp(d.s / 1e6), to_timestamp(d.e / 1e6), d.n
 FROM unnest(%s::bigint[], %s::bigint[], %s::int[]) AS d(s, e, n)
@@ -148,6 +128,7 @@ class PostgresTable:
 
     table: str
     database: str
+    layout: Layout = KEYED
 
     @property
     def in_ledger_transaction(self) -> bool:
@@ -162,6 +143,13 @@ class PostgresTable:
 
     def _names(self) -> tuple[sql.Identifier, sql.Identifier]:
         return sql.Identifier(self.table), sql.Identifier(f"{self.table}_commits")
+
+    def _columns(self) -> list[tuple[str, str, tuple[str, ...], bool]]:
+        """(name, type created, types that fit, nullable) of every column."""
+        around = [("window_start", "timestamptz", (TIMESTAMP,), False)]
+        around.append(("window_end", "timestamptz", (TIMESTAMP,), False))
+        own = [(c.name, *PG_TYPES[c.kind], c.nullable) for c in self.layout.columns]
+        return [*around, *own, ("run_id", "bigint", ("bigint",), False)]
 
     def check(self) -> None:
         if self.in_ledger_transaction:
@@ -187,27 +175,58 @@ class PostgresTable:
         found = dict(cursor.fetchall())
         if found:
             wrong = [
-                f"{name} ({found.get(name, 'missing')}; needs {types[0]})"
-                for name, types in COLUMNS.items()
-                if found.get(name) not in types
+                f"{name} ({found.get(name, 'missing')}; needs {fits[0]})"
+                for name, _, fits, _ in self._columns()
+                if found.get(name) not in fits
             ]
             if wrong:
                 raise SinkError(
                     f"table {self.table} exists and its columns do not fit: {', '.join(wrong)}"
                 )
         table, log = self._names()
-        cursor.execute(sql.SQL(CREATE).format(table=table, log=log))
+        key = ["window_start", *self.layout.key]
+        nullable = {c.name for c in self.layout.columns if c.nullable}
+        # A null group value is a group: the key treats nulls as equal (PostgreSQL 15).
+        unique = (
+            sql.SQL("UNIQUE NULLS NOT DISTINCT ({})")
+            if nullable & set(key)
+            else sql.SQL("PRIMARY KEY ({})")
+        ).format(sql.SQL(", ").join(map(sql.Identifier, key)))
+        columns = [
+            sql.SQL("{} {}{}").format(
+                sql.Identifier(name), sql.SQL(kind), sql.SQL("" if null else " NOT NULL")
+            )
+            for name, kind, _, null in self._columns()
+        ]
         cursor.execute(
-            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
-            " WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace"
-            " AND i.indisunique AND i.indnkeyatts = 2"
-            " AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a"
-            "      WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey))"
-            "     = ARRAY['key', 'window_start']",
-            [self.table],
+            sql.SQL("CREATE TABLE IF NOT EXISTS {table} ({columns}, {unique})").format(
+                table=table, columns=sql.SQL(", ").join(columns), unique=unique
+            )
         )
-        if cursor.fetchone() is None:
-            raise SinkError(f"table {self.table} needs a unique key on (window_start, key)")
+        cursor.execute(sql.SQL(LOG).format(log=log))
+        self._check_key(cursor, key, needs_nulls_equal=bool(nullable & set(key)))
+
+    def _check_key(self, cursor: Any, key: list[str], *, needs_nulls_equal: bool) -> None:
+        """The table has a unique index on exactly the row's key (nulls equal where a key
+        column may be null), so a window written again replaces its rows."""
+        cursor.execute(
+            "SELECT (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a"
+            "        WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey)),"
+            "       i.indnullsnotdistinct"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+            " WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace"
+            " AND i.indisunique AND i.indnkeyatts = %s",
+            [self.table, len(key)],
+        )
+        wanted = sorted(key)
+        fits = [
+            names
+            for names, nulls_equal in cursor.fetchall()
+            if names == wanted and (nulls_equal or not needs_nulls_equal)
+        ]
+        if not fits:
+            nulls = " NULLS NOT DISTINCT" if needs_nulls_equal else ""
+            raise SinkError(f"table {self.table} needs a unique key{nulls} on ({', '.join(key)})")
 
     def write(self, run_id: int, rows: Sequence[ClosedRow]) -> None:
         if not rows:
@@ -224,24 +243,43 @@ class PostgresTable:
 
     def _upsert(self, cursor: Any, run_id: int, rows: Sequence[ClosedRow]) -> None:
         table, log = self._names()
+        own = self.layout.columns
+        names = ["window_start", "window_end", *(c.name for c in own), "run_id"]
+        cells = [sql.Identifier(f"c{i}") for i in range(len(own))]
+        key = {"window_start", *self.layout.key}
+        statement = sql.SQL(
+            "INSERT INTO {table} AS t ({names}) "
+            "SELECT to_timestamp(d.s / 1e6), to_timestamp(d.e / 1e6), {cells}, %s "
+            "FROM unnest(%s::bigint[], %s::bigint[], {arrays}) AS d(s, e, {aliases}) "
+            "ON CONFLICT ({key}) DO UPDATE SET {updates}"
+        ).format(
+            table=table,
+            names=sql.SQL(", ").join(map(sql.Identifier, names)),
+            cells=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in cells),
+            arrays=sql.SQL(", ").join(
+                sql.SQL("%s::" + ARRAY_TYPES[c.kind])
+                for c in own  # a fixed type name
+            ),
+            aliases=sql.SQL(", ").join(cells),
+            key=sql.SQL(", ").join(map(sql.Identifier, ["window_start", *self.layout.key])),
+            updates=sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n))
+                for n in names
+                if n not in key
+            ),
+        )
         cursor.execute(
-            sql.SQL(UPSERT).format(table=table),
+            statement,
             [
                 run_id,
                 [r.start_us for r in rows],
                 [r.end_us for r in rows],
-                [r.key for r in rows],
-                [r.count for r in rows],
-                [r.sum for r in rows],
-                [r.min for r in rows],
-                [r.max for r in rows],
-                [r.avg for r in rows],
-                [r.distinct for r in rows],
+                *([r.cells[i] for r in rows] for i in range(len(own))),
             ],
         )
         windows = _windows(rows)
         cursor.execute(
-            sql.SQL(LOG).format(log=log),
+            sql.SQL(COMMIT).format(log=log),
             [run_id, [w[0] for w in windows], [w[1] for w in windows], [w[2] for w in windows]],
         )
 
@@ -254,19 +292,26 @@ def _windows(rows: Sequence[ClosedRow]) -> list[tuple[int, int, int]]:
     return [(s, e, n) for (s, e), n in sorted(counts.items())]
 
 
-PARQUET_FIELDS: list[pa.Field[Any]] = [
-    pa.field("window_start", pa.timestamp("us", tz="UTC"), nullable=False),
-    pa.field("window_end", pa.timestamp("us", tz="UTC"), nullable=False),
-    pa.field("key", pa.string(), nullable=False),
-    pa.field("count", pa.int64(), nullable=False),
-    pa.field("sum", pa.decimal128(38, 10), nullable=False),
-    pa.field("min", pa.decimal128(38, 10), nullable=False),
-    pa.field("max", pa.decimal128(38, 10), nullable=False),
-    pa.field("avg", pa.decimal128(38, 10), nullable=False),
-    pa.field("distinct_users", pa.int64(), nullable=False),
-    pa.field("run_id", pa.int64(), nullable=False),
-]
-PARQUET_SCHEMA = pa.schema(PARQUET_FIELDS)
+ARROW_TYPES: Mapping[Kind, pa.DataType] = {
+    "text": pa.string(),
+    "bigint": pa.int64(),
+    "double": pa.float64(),
+    "numeric": pa.decimal128(38, 10),
+    "boolean": pa.bool_(),
+}
+
+
+def parquet_schema(layout: Layout) -> pa.Schema:
+    """A window file's schema: the window's bounds, the layout's columns, the run."""
+    stamp = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            pa.field("window_start", stamp, nullable=False),
+            pa.field("window_end", stamp, nullable=False),
+            *(pa.field(c.name, ARROW_TYPES[c.kind], nullable=c.nullable) for c in layout.columns),
+            pa.field("run_id", pa.int64(), nullable=False),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -274,6 +319,7 @@ class ParquetFolder:
     """One Parquet file per closed window below the sink root, and a manifest."""
 
     path: str
+    layout: Layout = KEYED
 
     @property
     def in_ledger_transaction(self) -> bool:
@@ -311,7 +357,7 @@ class ParquetFolder:
                 entries = []
                 for (start, end), window_rows in sorted(by_window.items()):
                     name = f"window-{start}.parquet"
-                    _write_parquet(folder, name, run_id, window_rows)
+                    _write_parquet(folder, name, run_id, window_rows, self.layout)
                     entries.append(
                         {
                             "start": iso(start),
@@ -327,23 +373,20 @@ class ParquetFolder:
                 raise SinkError(f"path {self.path!r} cannot be written: {exc.strerror}") from exc
 
 
-def _write_parquet(folder: Folder, name: str, run_id: int, rows: Sequence[ClosedRow]) -> None:
-    rows = sorted(rows, key=lambda r: r.key)
-    table = pa.Table.from_pydict(
-        {
-            "window_start": [r.start_us for r in rows],
-            "window_end": [r.end_us for r in rows],
-            "key": [r.key for r in rows],
-            "count": [r.count for r in rows],
-            "sum": [r.sum for r in rows],
-            "min": [r.min for r in rows],
-            "max": [r.max for r in rows],
-            "avg": [r.avg for r in rows],
-            "distinct_users": [r.distinct for r in rows],
-            "run_id": [run_id] * len(rows),
-        },
-        schema=PARQUET_SCHEMA,
-    )
+def _write_parquet(
+    folder: Folder, name: str, run_id: int, rows: Sequence[ClosedRow], layout: Layout
+) -> None:
+    """A window's rows, in key order (a null value first), as one Parquet file."""
+    at = [i for i, c in enumerate(layout.columns) if c.name in layout.key]
+    rows = sorted(rows, key=lambda r: [(r.cells[i] is not None, str(r.cells[i])) for i in at])
+    columns: dict[str, list[Any]] = {
+        "window_start": [r.start_us for r in rows],
+        "window_end": [r.end_us for r in rows],
+    }
+    for i, c in enumerate(layout.columns):
+        columns[c.name] = [r.cells[i] for r in rows]
+    columns["run_id"] = [run_id] * len(rows)
+    table = pa.Table.from_pydict(columns, schema=parquet_schema(layout))
     _atomically(folder, name, lambda handle: pq.write_table(table, handle))
 
 
@@ -382,11 +425,11 @@ def _atomically(folder: Folder, name: str, write: Any) -> None:
     folder.sync()
 
 
-def sink_of(params: Mapping[str, object]) -> Sink:
-    """The target a sink node's parameters name."""
+def sink_of(params: Mapping[str, object], layout: Layout = KEYED) -> Sink:
+    """The target a sink node's parameters name, writing ``layout``'s columns."""
     kind = params.get("sink", "results")
     if kind == "postgres":
-        return PostgresTable(str(params["table"]), str(params.get("database", "console")))
+        return PostgresTable(str(params["table"]), str(params.get("database", "console")), layout)
     if kind == "parquet":
-        return ParquetFolder(str(params["path"]))
-    return ResultTable()
+        return ParquetFolder(str(params["path"]), layout)
+    return ResultTable(layout)

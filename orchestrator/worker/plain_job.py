@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -22,9 +22,13 @@ from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import resolve_inputs
 from orchestrator.pipeline.reference import job_params
 from sparkjobs.catalog import OPERATORS, operator_name, operator_of
-from sparkjobs.event_time import iso
+from sparkjobs.event_time import WindowSpec, iso
+from sparkjobs.measures import Grouping
 from sparkjobs.merge import group_order
 from sparkjobs.sql_stage import query_of
+
+if TYPE_CHECKING:
+    from sparkjobs.plain_job import GroupedResult
 
 
 class BatchJobError(ValueError):
@@ -101,17 +105,17 @@ def batch_summary(
     began = time.monotonic()
     query = query_of(chain[-1].get("params") or {})
     if query is not None:
-        grouping = query.grouping
         if query.where is not None:
             steps.append(("filter", {"condition": query.where}))
-        grouped = batch_grouped(spark_session(), [f.path for f in files], fmt, grouping, steps)
+        spec = WindowSpec.from_params(chain[-1].get("params") or {})
+        grouped = batch_grouped(
+            spark_session(), [f.path for f in files], fmt, query.grouping, steps, windows=spec
+        )
         return _summary(
-            rows=[
-                shown_row(grouping, group, values)
-                for group, values in sorted(grouped.rows, key=lambda row: group_order(row[0]))
-            ],
+            rows=_grouped_rows(query.grouping, grouped),
             seconds=time.monotonic() - began,
             malformed=grouped.malformed,
+            **({} if spec is None else {"late_records": 0}),
         )
     result = batch_aggregate(
         spark_session(),
@@ -142,6 +146,18 @@ def batch_summary(
     return _summary(
         rows=rows, seconds=time.monotonic() - began, malformed=result.malformed, **windows
     )
+
+
+def _grouped_rows(grouping: Grouping, grouped: GroupedResult) -> list[GroupRow]:
+    """The plain job's groups as a run's result rows show them, in the same order."""
+    if grouped.windows is None:
+        in_order = sorted(grouped.rows, key=lambda row: group_order(row[0]))
+        return [shown_row(grouping, group, values) for group, values in in_order]
+    windows = sorted(grouped.windows, key=lambda w: (w[0], group_order(w[2][0])))
+    return [
+        {"window_start": iso(start), "window_end": iso(end), **shown_row(grouping, *g)}
+        for start, end, g in windows
+    ]
 
 
 def _summary(

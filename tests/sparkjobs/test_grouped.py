@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sparkjobs.event_time import WindowSpec
 from sparkjobs.grouped import grouped_partials
 from sparkjobs.measures import Grouping
 from sparkjobs.merge import combine_groups
@@ -61,6 +62,7 @@ def _records(n: int, seed: int) -> list[dict[str, Any]]:
             "origin": rng.choice(["JFK", "LGA", "EWR"]),
             "dep_delay": delay,
             "tailnum": rng.choice([None, *[f"N{i}" for i in range(30)]]),
+            "t": rng.randrange(600),  # seconds: an event time
         }
         if rng.random() < 0.1:
             del record["origin"]  # missing: null, as SQL reads it
@@ -86,7 +88,7 @@ def _spark_sql(
     """Spark SQL's own query over the records, as a user would write it over the files:
     the delay read as the live stage reads numbers, DECIMAL(38,10)."""
     frame = spark.read.schema(
-        "carrier STRING, origin STRING, dep_delay DECIMAL(38,10), tailnum STRING, "
+        "carrier STRING, origin STRING, dep_delay DECIMAL(38,10), tailnum STRING, t LONG, "
         "_corrupt_record STRING"
     ).json([str(p) for p in paths])
     frame.where("_corrupt_record IS NULL").createOrReplaceTempView("flights")
@@ -95,6 +97,33 @@ def _spark_sql(
             k: v for k, v in row.asDict().items() if k not in ("carrier", "origin")
         }
         for row in spark.sql(SQL.format(where=f"AND ({where})" if where else "")).collect()
+    }
+
+
+# The same query per hopping window of a minute, every 30 s, of the event time ``t``.
+WINDOWED = {"window_s": 60, "slide_s": 30, "event_time": "t"}
+
+
+def _spark_sql_windows(spark: Any, paths: list[Path]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Spark SQL's query per window, by Spark's own ``window()`` over the event time."""
+    _spark_sql(spark, paths)  # the view
+    windowed = (
+        SQL.format(where="AND t IS NOT NULL")
+        .replace(
+            "SELECT carrier,",
+            "SELECT unix_micros(window(timestamp_seconds(t), '60 seconds', '30 seconds').start)"
+            " AS w, carrier,",
+        )
+        .replace(
+            "GROUP BY carrier",
+            "GROUP BY window(timestamp_seconds(t), '60 seconds', '30 seconds'), carrier",
+        )
+    )
+    return {
+        (row["w"], row["carrier"], row["origin"]): {
+            k: v for k, v in row.asDict().items() if k not in ("w", "carrier", "origin")
+        }
+        for row in spark.sql(windowed).collect()
     }
 
 
@@ -223,3 +252,59 @@ def test_a_statement_s_condition_and_measures_equal_spark_sql_s_own_query(
     # ...and every record was taken: those the condition dropped counted, in no group
     taken = sum(p.records + p.malformed for p in produced.values())
     assert taken == 600 + len(BAD)
+
+
+def test_partials_per_window_equal_spark_sql_s_window_query(spark: Any, tmp_path: Path) -> None:
+    # Given grouped measures over hopping windows of the event time (a record in two)
+    grouping = Grouping.of({**PARAMS, **WINDOWED})
+    assert grouping is not None
+    inputs = _segments(tmp_path)
+    outputs = {seg: tmp_path / f"{seg}.out.jsonl" for seg in inputs}
+    # When each segment's partials are computed per window and merged
+    produced = grouped_partials(
+        spark, inputs, outputs, grouping, windows=WindowSpec.from_params(WINDOWED)
+    )
+    ours = {
+        (p.window, *p.group): grouping.finish(p.states)
+        for p in combine_groups(grouping, list(outputs.values()))
+    }
+    # Then they equal Spark SQL's query grouped by window() too
+    _equal_to_sql(ours, _spark_sql_windows(spark, list(inputs.values())))
+    assert sum(p.malformed for p in produced.values()) == len(BAD)
+    assert sum(p.late for p in produced.values()) == 0
+    # ...and so does the plain job, window by window
+    plain = batch_grouped(
+        spark,
+        [str(p) for p in inputs.values()],
+        "jsonl",
+        grouping,
+        windows=WindowSpec.from_params(WINDOWED),
+    )
+    assert plain.windows is not None and plain.malformed == len(BAD)
+    assert {(w[0], *w[2][0]): w[2][1] for w in plain.windows} == {
+        at: {**values} for at, values in ours.items()
+    }
+
+
+def test_a_record_whose_window_its_chunk_s_watermark_closed_is_late_not_counted(
+    spark: Any, tmp_path: Path
+) -> None:
+    grouping = Grouping.of({**PARAMS, **WINDOWED})
+    assert grouping is not None
+    inputs = _segments(tmp_path)
+    outputs = {seg: tmp_path / f"{seg}.out.jsonl" for seg in inputs}
+    # Given segment s3 read under a watermark at 300 s: windows ending by then closed
+    highs = {"s3": 300 * 1_000_000}
+    produced = grouped_partials(
+        spark, inputs, outputs, grouping, windows=WindowSpec.from_params(WINDOWED), highs=highs
+    )
+    # Then each of its (record, window) pairs with a window ending by 300 s is late,
+    # quarantined as the fields read, and in no partial
+    timed = [json.loads(line) for line in inputs["s3"].read_text().splitlines() if '"t"' in line]
+    ends = [t // 30 * 30 + 60 - k * 30 for t in (r["t"] for r in timed) for k in (0, 1)]
+    late = [end for end in ends if end <= 300]
+    assert produced["s3"].late == len(late) > 0
+    assert len(produced["s3"].late_lines) == produced["s3"].late
+    assert all(p.late == 0 for seg, p in produced.items() if seg != "s3")
+    windows = {p.window for p in combine_groups(grouping, [outputs["s3"]])}
+    assert windows and min(w for w in windows if w is not None) + 60_000_000 > 300 * 1_000_000

@@ -223,7 +223,6 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
         ({"group_by": ["a", "A"]}, "group_by names a field twice"),
         ({"group_by": ["a b"]}, "group_by[0] must be a field name"),
         ({"group_by": [f"f{i}" for i in range(17)]}, "group_by must be a list of at most 16"),
-        ({"window_s": 60}, "measures over event-time windows (window_s) are not supported yet"),
         (
             {"measures": [{"name": "s", "fn": "sum", "field": "origin"}]},
             "group_by field(s) origin also read as numbers",

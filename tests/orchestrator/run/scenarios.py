@@ -229,6 +229,20 @@ def driver_pid(run: Run, services: Any) -> int | None:
     return int(holder.split(":")[1]) if holder else None
 
 
+def kill_a_batch_and_hot_migrate(run: Run, workers: Any, node: str) -> None:
+    """SIGKILL the Spark worker's pool children while a batch of ``run`` is claimed, then
+    hot-migrate ``node`` once the run is running, and wait for the migration's end."""
+    claimed = Segment.objects.filter(run=run, state="claimed")
+    wait_for("a batch of the run claimed", claimed.exists, timeout_s=60, every_s=0.05)
+    children = psutil.Process(workers.processes["spark1"].pid).children()
+    assert children, "the Spark worker has no pool process to kill"
+    for child in children:
+        child.send_signal(signal.SIGKILL)
+    wait_started(run)
+    migrated = adjust_and_wait(run, "hot_migrate", node=node)
+    assert migrated.status == "complete", migrated.outcome
+
+
 def kill_a_batch_and_the_driver(run: Run, workers: Any, services: Any) -> str:
     """SIGKILL the Spark worker's pool child while it holds a batch of ``run``, then the
     control worker running the run's driver; returns the killed control worker's name."""

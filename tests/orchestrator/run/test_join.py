@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from orchestrator.models import Segment
 from tests.orchestrator.run.scenarios import (
     FLIGHT_MEASURES,
     FLIGHTS_SQL,
-    adjust_and_wait,
     completes_like_the_batch_job,
     input_folder,
     joined_flights,
+    kill_a_batch_and_hot_migrate,
     policy,
     start,
-    wait_started,
 )
-from tests.waiting import wait_for
 from tests.webapp.console.factories import client_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -74,15 +69,7 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     # When the table changes once the run has started
     _table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
     # ...a Spark worker is killed holding a batch, and the join is hot-migrated
-    claimed = Segment.objects.filter(run=run, state="claimed")
-    wait_for("a batch of the run claimed", claimed.exists, timeout_s=60, every_s=0.05)
-    children = psutil.Process(workers.processes["spark1"].pid).children()
-    assert children, "the Spark worker has no pool process to kill"
-    for child in children:
-        child.send_signal(signal.SIGKILL)
-    wait_started(run)
-    migrated = adjust_and_wait(run, "hot_migrate", node="enrich")
-    assert migrated.status == "complete", migrated.outcome
+    kill_a_batch_and_hot_migrate(run, workers, node="enrich")
     # Then the run equals the plain job over the table it started with, whose names
     # it joined, not the changed table's, per name and origin, its measures by name
     result = completes_like_the_batch_job(run)

@@ -17,24 +17,32 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
+from orchestrator.sink.layout import KEYED, CellError, grouped_layout
 from orchestrator.sink.targets import ClosedRow, ParquetFolder, SinkError, sink_of
 from sparkjobs.catalog import validate_params
+from sparkjobs.measures import Grouping
 from webapp.settings.env import sink_databases
 
 US = 1_000_000
 
 
 def rows(start_s: int, keys: int) -> list[ClosedRow]:
+    """Closed rows of the key form: key, count, sum, min, max, avg, distinct count."""
     return [
         ClosedRow(
             start_s * US,
             (start_s + 10) * US,
-            f"k{i}",
-            i + 1,
-            Decimal("10.5") * (i + 1),
-            Decimal("0.25"),
-            Decimal("9.75"),
-            i,
+            KEYED.cells(
+                [
+                    f"k{i}",
+                    i + 1,
+                    Decimal("10.5") * (i + 1),
+                    Decimal("0.25"),
+                    Decimal("9.75"),
+                    Decimal("10.5"),
+                    i,
+                ]
+            ),
         )
         for i in range(keys)
     ]
@@ -196,3 +204,136 @@ def test_a_table_in_another_database_is_created_typed_and_written_idempotently(
     assert log == [(0, 3), (10, 1)]
     assert types["window_start"] == "timestamp with time zone"
     assert types["sum"] == "numeric"
+
+
+# Per airline name and hour: flights, mean delay, 95th percentile of the delay.
+GROUPED = grouped_layout(
+    Grouping.of(
+        {
+            "group_by": ["name", "hour"],
+            "measures": [
+                {"name": "flights", "fn": "count"},
+                {"name": "mean_delay", "fn": "avg", "field": "delay"},
+                {"name": "p95", "fn": "approx_percentile", "field": "delay", "percentile": 0.95},
+            ],
+        }
+    )
+    or pytest.fail("a valid grouping"),
+    {"hour": "long"},
+)
+
+
+def grouped_rows(start_s: int) -> list[ClosedRow]:
+    """A window's groups as the ledger closes them: values as text, measures finished;
+    a group with null values (a group of its own) and no delay among them."""
+    values = [
+        ["United", "5", 3, Decimal("12.3456789012345"), 40.0],
+        ["United", "6", 1, Decimal("-2"), -2.0],
+        [None, None, 2, None, None],
+    ]
+    return [ClosedRow(start_s * US, (start_s + 60) * US, GROUPED.cells(v)) for v in values]
+
+
+def test_a_grouped_table_has_the_query_s_columns_and_types_and_a_rewrite_changes_nothing(
+    other_database: str,
+) -> None:
+    named = {"console": "postgresql://unused/x", "reports": other_database}
+    with override_settings(BPCONSOLE_SINK_DATABASES=named):
+        sink = sink_of({"sink": "postgres", "table": "by_hour", "database": "reports"}, GROUPED)
+        sink.check()
+        sink.write(5, grouped_rows(0))
+        # The ledger's commit was lost: the same window again, and the next one
+        sink.write(5, grouped_rows(0) + grouped_rows(60))
+    with psycopg.connect(other_database) as conn:
+        types = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_name = 'by_hour'"
+            ).fetchall()
+        )
+        table = conn.execute(
+            "SELECT extract(epoch FROM window_start)::bigint, name, hour, flights, mean_delay,"
+            " p95 FROM by_hour ORDER BY 1, 2, 3"
+        ).fetchall()
+    assert types == {
+        "window_start": "timestamp with time zone",
+        "window_end": "timestamp with time zone",
+        "name": "text",
+        "hour": "bigint",
+        "flights": "bigint",
+        "mean_delay": "numeric",
+        "p95": "double precision",
+        "run_id": "bigint",
+    }
+    # Each (window, group) once, the null group included (its key treats nulls as equal)
+    once = [
+        ("United", 5, 3, Decimal("12.3456789012"), 40.0),
+        ("United", 6, 1, Decimal("-2.0000000000"), -2.0),
+        (None, None, 2, None, None),
+    ]
+    assert table == [(0, *r) for r in once] + [(60, *r) for r in once]
+
+
+@pytest.mark.parametrize(
+    ("existing", "says"),
+    [
+        (
+            "window_start timestamptz, window_end timestamptz, name text, hour text, "
+            "flights bigint, run_id bigint",
+            "columns do not fit: hour (text; needs bigint), mean_delay (missing; needs numeric), "
+            "p95 (missing; needs double precision)",
+        ),
+        (
+            "window_start timestamptz, window_end timestamptz, name text, hour bigint, "
+            "flights bigint, mean_delay numeric, p95 float8, run_id bigint, "
+            "UNIQUE (window_start, name, hour)",
+            "needs a unique key NULLS NOT DISTINCT on (window_start, name, hour)",
+        ),
+    ],
+    ids=["columns", "key"],
+)
+def test_an_existing_table_that_does_not_fit_the_query_is_refused_and_left_alone(
+    other_database: str, existing: str, says: str
+) -> None:
+    with psycopg.connect(other_database) as conn:
+        conn.execute(f"CREATE TABLE by_hour ({existing})")
+        before = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'by_hour'"
+        ).fetchall()
+    named = {"console": "postgresql://unused/x", "reports": other_database}
+    with override_settings(BPCONSOLE_SINK_DATABASES=named), pytest.raises(SinkError) as raised:
+        sink_of({"sink": "postgres", "table": "by_hour", "database": "reports"}, GROUPED).check()
+    assert says in str(raised.value)
+    with psycopg.connect(other_database) as conn:
+        after = conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'by_hour'"
+        ).fetchall()
+        commits = conn.execute("SELECT to_regclass('by_hour_commits')").fetchone()
+    # Nothing was made: the refusal rolled back the commit log's table too
+    assert after == before
+    assert commits == (None,)
+
+
+def test_grouped_parquet_files_have_the_query_s_columns(tmp_path: Path) -> None:
+    with override_settings(BPCONSOLE_SINK_ROOT=tmp_path):
+        sink = sink_of({"sink": "parquet", "path": "by_hour"}, GROUPED)
+        sink.check()
+        sink.write(3, grouped_rows(0))
+    table = pq.read_table(tmp_path / "by_hour/window-0.parquet")
+    assert [(f.name, str(f.type)) for f in table.schema] == [
+        ("window_start", "timestamp[us, tz=UTC]"),
+        ("window_end", "timestamp[us, tz=UTC]"),
+        ("name", "string"),
+        ("hour", "int64"),
+        ("flights", "int64"),
+        ("mean_delay", "decimal128(38, 10)"),
+        ("p95", "double"),
+        ("run_id", "int64"),
+    ]
+    # In key order, a null value first
+    assert table.column("hour").to_pylist() == [None, 5, 6]
+
+
+def test_a_group_value_its_column_s_type_cannot_hold_is_named() -> None:
+    with pytest.raises(CellError, match="column hour: 'five' is not a bigint"):
+        GROUPED.cells(["United", "five", 1, None, None])

@@ -344,10 +344,49 @@ def test_branches_of_one_stage_must_compute_the_same_measures() -> None:
     )
 
 
-def test_grouped_measures_go_to_the_run_s_result_table_only_for_now() -> None:
+def test_grouped_measures_over_windows_go_to_a_table_whose_columns_they_name() -> None:
+    from orchestrator.pipeline.schemas import derive
+
     doc = joined_flights(grouped=True)
+    doc["nodes"][0]["params"]["schema"] += ", t long"
     doc["nodes"][-1]["params"] = {"sink": "postgres", "table": "flights"}
-    assert any("sink postgres does not take grouped measures yet" in m for m in messages(doc))
+    # Without windows, a table has no window to write
+    assert any("sink postgres writes closed windows" in m for m in messages(doc))
+    for node in doc["nodes"][2:4]:
+        node["params"] = {**node["params"], "window_s": 60, "event_time": "t"}
+    assert messages(doc) == []
+    fields = derive(doc["nodes"], doc["edges"]).by_node["agg1"].fields
+    assert [f.name for f in fields][:4] == ["window_start", "window_end", "name", "origin"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"measures": [{"name": "run_id", "fn": "count"}]},
+            "'run_id' is a column the sink writes itself: name it otherwise",
+        ),
+        (
+            {"measures": [{"name": "n" * 64, "fn": "count"}]},
+            "is longer than a sink column's name may be (63 bytes)",
+        ),
+        ({"event_time": "tt"}, "params.event_time: unknown field 'tt' (did you mean 't'?)"),
+        ({"event_time": "delay"}, ""),
+    ],
+)
+def test_a_windowed_table_sink_refuses_names_it_cannot_keep(
+    change: dict[str, Any], says: str
+) -> None:
+    doc = joined_flights(grouped=True)
+    doc["nodes"][0]["params"]["schema"] += ", t long"
+    doc["nodes"][-1]["params"] = {"sink": "parquet", "path": "flights"}
+    for node in doc["nodes"][2:4]:
+        node["params"] = {**node["params"], "window_s": 60, "event_time": "t", **change}
+    found = messages(doc)
+    if says:
+        assert any(says in m for m in found), found
+    else:
+        assert found == []  # a number of seconds is an event time
 
 
 def _sql_flights(statement: str) -> dict[str, Any]:

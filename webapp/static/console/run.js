@@ -760,8 +760,11 @@
 
   function renderResults(data) {
     renderWindows(data.windows);
-    // A windowed run's results are its windows: the all-time table stays empty.
-    document.querySelector(".results-card").hidden = !!data.windows;
+    // A windowed run of a key's figures shows its rows in the windows card; one of
+    // grouped measures, here, each row with its window.
+    const rowsHaveWindows = data.columns.includes("window_start");
+    document.querySelector(".results-card").hidden = !!data.windows && !rowsHaveWindows;
+    if ($("windows-closed-part")) $("windows-closed-part").hidden = rowsHaveWindows;
     const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
     $("results-stamp").textContent = data.keys > data.rows.length
       ? `${stamp}, the ${data.rows.length} with the most records` : stamp;
