@@ -9,6 +9,7 @@ orchestrator but ``orchestrator.models`` (tests/orchestrator/test_boundaries.py)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from balancer.document import (
@@ -484,3 +485,14 @@ def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
 
 
 __all__ += ["run_results"]
+
+
+def results_csv(run_id: int) -> Iterator[str]:
+    """The run's whole result as CSV lines, its columns by their names."""
+    from orchestrator.ledger.results import csv_lines
+    from orchestrator.models import Run
+
+    return csv_lines(Run.objects.get(pk=run_id))
+
+
+__all__ += ["results_csv"]

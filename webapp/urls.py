@@ -63,6 +63,11 @@ api_urlpatterns = [
     path("api/runs/<run_id:run_id>/snapshot/", api.RunSnapshotView.as_view(), name="api-snapshot"),
     path("api/runs/<run_id:run_id>/results/", api.RunResultsView.as_view(), name="api-results"),
     path(
+        "api/runs/<run_id:run_id>/results.csv",
+        api.RunResultsCsvView.as_view(),
+        name="api-results-csv",
+    ),
+    path(
         "api/runs/<run_id:run_id>/completion/",
         api.RunCompletionView.as_view(),
         name="api-completion",

@@ -6,7 +6,9 @@ and count, so equal inputs print equal rows to the last digit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import csv
+import io
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypedDict
 
@@ -164,3 +166,36 @@ def _windowed(run: Run) -> dict[str, Any]:
     if pipeline_grouping(run.topology) is not None:
         return late
     return {"windows": window_rows(run), **late}
+
+
+# A text cell a spreadsheet would read as a formula starts with one of these; such a
+# cell is written after a quote (OWASP's "CSV injection"). A number is never text here.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_lines(run: Run) -> Iterator[str]:
+    """The run's result as CSV (RFC 4180): a header of its columns, then every row (a
+    windowed run of the key form: each window's rows, with the window's bounds)."""
+    columns = result_columns(run)
+    rows: Iterable[Mapping[str, object]] = run_rows(run)
+    if pipeline_windows(run.topology) is not None and pipeline_grouping(run.topology) is None:
+        columns = ["window_start", "window_end", *columns]
+        rows = window_rows(run)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+
+    def line(cells: list[object]) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow(cells)
+        return buffer.getvalue()
+
+    yield line(list(columns))
+    for row in rows:
+        yield line([_cell(row.get(c)) for c in columns])
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return "" if value is None else value

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView
@@ -572,6 +573,30 @@ class RunResultsView(APIView):
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= 1000:
             return Response({"detail": "limit must be a whole number from 1 to 1000"}, status=400)
         return Response(service.run_results(run_id, limit=int(raw)))
+
+
+class RunResultsCsvView(APIView):
+    permission_classes = [IsViewer]
+
+    @extend_schema(
+        responses={
+            (200, "text/csv"): OpenApiResponse(description="the columns, then every row"),
+            **DENIED,
+            **NOT_FOUND,
+        },
+        tags=["runs"],
+        summary="The whole result as CSV, each column by its name",
+    )
+    def get(self, request: Request, run_id: int) -> HttpResponseBase:
+        try:
+            actions.get_run(run_id)
+        except actions.ActionError as exc:
+            return _error(exc)
+        response = StreamingHttpResponse(
+            service.results_csv(run_id), content_type="text/csv; charset=utf-8"
+        )
+        response["Content-Disposition"] = f'attachment; filename="run-{run_id}-results.csv"'
+        return response
 
 
 EVENT_FILTERS = [

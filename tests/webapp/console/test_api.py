@@ -312,6 +312,55 @@ def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
     assert Client().get(f"/api/runs/{run.pk}/results/").status_code in (401, 403)
 
 
+def test_the_whole_result_downloads_as_csv_its_columns_by_name_no_cell_a_formula() -> None:
+    import csv
+    import io
+
+    from orchestrator.ledger.groups import digest
+    from orchestrator.models import ResultGroup
+    from tests.orchestrator.run.scenarios import FLIGHT_MEASURES, joined_flights
+
+    # Given a run of the flights query whose groups hold text a spreadsheet would run
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(topology=joined_flights(grouped=True))
+    states = {
+        "flights": 2,
+        "delayed": 1,
+        "mean_delay": {"sum": "-7.5", "count": 1},
+        "total_delay": "-7.5",
+        "least_delay": "-7.5",
+        "most_delay": "-7.5",
+        "tails": ["N1"],
+    }
+    groups = [
+        ('=HYPERLINK("http://evil")', "JFK"),
+        ('United, "the" airline\nInc.', None),
+        ("-5", "@LGA"),
+    ]
+    for group in groups:
+        ResultGroup.objects.create(
+            run=run, digest=digest(group), group=list(group), states=states, records=2
+        )
+    # When a viewer downloads it
+    client, _ = client_for("vera", "viewer")
+    answer = client.get(f"/api/runs/{run.pk}/results.csv")
+    assert answer.status_code == 200 and answer["Content-Type"].startswith("text/csv")
+    assert f"run-{run.pk}-results.csv" in answer["Content-Disposition"]
+    rows = list(csv.reader(io.StringIO(b"".join(answer.streaming_content).decode())))
+    # Then its header is the query's columns, and every group is a row of its values
+    assert rows[0] == ["name", "origin", *(m["name"] for m in FLIGHT_MEASURES["measures"])]
+    assert sorted(r[:2] for r in rows[1:]) == sorted(
+        [
+            ['\'=HYPERLINK("http://evil")', "JFK"],
+            ['United, "the" airline\nInc.', ""],
+            ["'-5", "'@LGA"],
+        ]
+    )
+    assert all(r[2:5] == ["2", "1", "-7.5"] for r in rows[1:])
+    assert client.get("/api/runs/424242/results.csv").status_code == 404
+    assert Client().get(f"/api/runs/{run.pk}/results.csv").status_code in (401, 403)
+
+
 # -- hot migration and rescale ----------------------------------------------------------
 
 SPARE_WORKER = "spark7-apitest"
