@@ -11,14 +11,14 @@ by the console's budget (``sparkjobs/expression_budget.py``), on Spark's tree.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sparkjobs import expression_budget
+from sparkjobs import expression_budget, expressions
 from sparkjobs.expressions import (
     MAX_DEPTH,
     MAX_EXPRESSION_CHARS,
@@ -228,6 +228,22 @@ def admitted(
     if found:
         raise ExpressionRefused(text, found)
     return F.expr(text)
+
+
+def with_computed(
+    frame: DataFrame, items: Sequence[str], *, keep: Collection[str] = ()
+) -> DataFrame:
+    """``frame`` with a column per ``expression AS name`` of ``items`` (computed group
+    fields), each admitted over the fields ``frame`` had; a field of that name is
+    replaced. ``keep``: columns that are not fields (the segment, the reader's line)."""
+    spark = frame.sparkSession
+    fields = [c for c in frame.columns if c not in keep]
+    for item in items:
+        tree = expressions.parse(item, project=True)
+        if tree is None or tree.kind != "alias":
+            raise ExpressionRefused(item, [ExpressionProblem(0, "not 'expression AS name'")])
+        frame = frame.withColumn(tree.name, admitted(spark, item, fields=fields, project=True))
+    return frame
 
 
 def apply_record_step(

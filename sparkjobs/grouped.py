@@ -14,16 +14,21 @@ had closed is late: counted and quarantined apart, not aggregated.
 
 from __future__ import annotations
 
+import logging
+import operator
 from collections.abc import Mapping
+from functools import reduce
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from sparkjobs import long_sums
 from sparkjobs.event_time import WindowSpec
-from sparkjobs.expression_guard import admitted
+from sparkjobs.expression_guard import admitted, with_computed
 from sparkjobs.holders import Holders, held_by, holders_of
-from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure
+from sparkjobs.measure_parts import parts_of, with_unscaled
+from sparkjobs.measures import BY_TIME, HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import (
     CORRUPT,
@@ -38,7 +43,9 @@ from sparkjobs.records import (
 )
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
-from sparkjobs.windows import LATE_COL, WINDOW_COL, in_windows
+from sparkjobs.windows import LATE_COL, WINDOW_COL, in_windows, with_event_us
+
+log = logging.getLogger(__name__)
 
 GROUP_COL = "_group"  # a good record's group values as JSON; a malformed one's line
 KEPT_COL = "_kept"  # whether the stage's condition holds for the record
@@ -47,8 +54,9 @@ UNREAD_COL = "_unread"  # a line the reader could not read as a record
 RECORDS_COL = "_records"
 LINE_COL = "_line"
 DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
-# The measures whose state is Spark's aggregate of the field, and of those states.
-FOLDS = {"sum": F.sum, "min": F.min, "max": F.max}
+# The groupings this process found values too large to sum in longs: their later
+# batches go straight to decimals (sparkjobs/long_sums.py), as the key path's do.
+_IN_DECIMALS: set[Grouping] = set()
 
 
 def grouped_partials(
@@ -73,7 +81,7 @@ def grouped_partials(
     if windows is not None and windows.field not in [*strings, *grouping.numbers]:
         strings.append(windows.field)
     fields = [*strings, *grouping.numbers]
-    if where is None:
+    if where is None and not grouping.computed:
         parsed = read_records(
             spark,
             list(paths.values()),
@@ -84,7 +92,7 @@ def grouped_partials(
         ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
     else:
         parsed = _held_for(spark, list(paths.values()), grouping, where, strings)
-    parsed = in_one_task(parsed, inputs.values())
+    parsed = with_times(in_one_task(parsed, inputs.values()), grouping)
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
     if windows is not None:
@@ -126,34 +134,40 @@ def grouped_partials(
         *keys,
     ]
     distinct = _pairs_first(grouping) if holders is not None else None
-    if distinct is None:
-        grouped = parsed.groupBy(*by).agg(
-            F.count(F.lit(1)).alias(RECORDS_COL),
-            *[_state(m).alias(f"_m{i}") for i, m in enumerate(grouping.measures)],
+
+    def collected(*, in_longs: bool) -> list[Row]:
+        grouped = _aggregated(parsed, by, grouping, distinct, in_longs=in_longs)
+        values = F.to_json(F.array(*[F.col(f"_g{i}") for i in range(len(grouping.group_by))]))
+        states = F.to_json(
+            F.struct(*[F.col(f"_m{i}").alias(m.name) for i, m in enumerate(grouping.measures)]),
+            {"ignoreNullFields": "false"},
         )
+        tail = [F.lit(', "n": '), F.col(RECORDS_COL).cast("STRING")]
+        if windows is not None:
+            tail += [F.lit(', "w": '), F.col(WINDOW_COL).cast("STRING")]
+        line = F.concat(F.lit('{"g": '), values, F.lit(', "m": '), states, *tail, F.lit("}"))
+        good = ~malformed & ~F.col(DROPPED_COL) & ~F.col(LATE_COL)
+        return collect_all(
+            grouped.select(
+                SEGMENT_COL,
+                MALFORMED_COL,
+                DROPPED_COL,
+                LATE_COL,
+                GROUP_COL,
+                RECORDS_COL,
+                F.when(good, line).alias(LINE_COL),
+                (~good | F.col(long_sums.EXACT)).alias(long_sums.EXACT),
+            )
+        )
+
+    if grouping in _IN_DECIMALS:
+        rows = collected(in_longs=False)
     else:
-        grouped = _by_pairs(parsed, by, grouping, distinct)
-    values = F.to_json(F.array(*[F.col(f"_g{i}") for i in range(len(grouping.group_by))]))
-    states = F.to_json(
-        F.struct(*[F.col(f"_m{i}").alias(m.name) for i, m in enumerate(grouping.measures)]),
-        {"ignoreNullFields": "false"},
-    )
-    tail = [F.lit(', "n": '), F.col(RECORDS_COL).cast("STRING")]
-    if windows is not None:
-        tail += [F.lit(', "w": '), F.col(WINDOW_COL).cast("STRING")]
-    line = F.concat(F.lit('{"g": '), values, F.lit(', "m": '), states, *tail, F.lit("}"))
-    good = ~malformed & ~F.col(DROPPED_COL) & ~F.col(LATE_COL)
-    rows = collect_all(
-        grouped.select(
-            SEGMENT_COL,
-            MALFORMED_COL,
-            DROPPED_COL,
-            LATE_COL,
-            GROUP_COL,
-            RECORDS_COL,
-            F.when(good, line).alias(LINE_COL),
-        )
-    )
+        rows = collected(in_longs=True)
+        if not all(row[long_sums.EXACT] for row in rows):
+            log.info("values of %s too large to sum in longs: aggregated in decimals", grouping)
+            _IN_DECIMALS.add(grouping)
+            rows = collected(in_longs=False)
     return _written(rows, outputs, holders)
 
 
@@ -189,18 +203,31 @@ def _written(
 
 
 def _held_for(
-    spark: SparkSession, paths: list[str], grouping: Grouping, where: str, strings: list[str]
+    spark: SparkSession,
+    paths: list[str],
+    grouping: Grouping,
+    where: str | None,
+    strings: list[str],
 ) -> DataFrame:
     """The records with the fields the grouping reads (``strings`` as text, its numbers
-    as decimals), as ``read_records(nullable=True)`` gives them, and whether ``where``
-    holds for each (``KEPT_COL``; null is false, as in
-    SQL). The condition reads every field of a record, as a filter stage's does
-    (sparkjobs/expression_guard.py), so the records are read whole, and their fields
-    then as the grouping reads them; a line that is not a record is malformed."""
+    as decimals; its computed group fields computed first), as
+    ``read_records(nullable=True)`` gives them, and whether ``where`` holds for each
+    (``KEPT_COL``; null is false, as in SQL; None: it holds for every record). A
+    condition or a computed field reads any field of a record, as a filter or project
+    stage's does (sparkjobs/expression_guard.py), so the records are read whole, and
+    their fields then as the grouping reads them; a line that is not a record is
+    malformed."""
     rows = read_rows(spark, paths)
     data = [c for c in rows.columns if c not in {CORRUPT, SEGMENT_COL}]
-    whole = F.to_json(F.struct(*[column(c) for c in data]))
-    holds = F.coalesce(admitted(spark, where, fields=data), F.lit(False))  # noqa: FBT003
+    if grouping.computed:
+        rows = with_computed(rows, grouping.computed, keep={CORRUPT, SEGMENT_COL})
+    named = [c for c in rows.columns if c not in {CORRUPT, SEGMENT_COL}]
+    whole = F.to_json(F.struct(*[column(c) for c in named]))
+    holds = (
+        F.lit(True)  # noqa: FBT003 - a Spark literal
+        if where is None
+        else F.coalesce(admitted(spark, where, fields=data), F.lit(False))  # noqa: FBT003
+    )
     if CORRUPT in rows.columns:
         unread = F.col(CORRUPT).isNotNull()
         line = F.when(unread, F.col(CORRUPT)).otherwise(whole)
@@ -242,26 +269,18 @@ def _pairs_first(grouping: Grouping) -> Measure | None:
 _REAGGREGATED = frozenset({"count", "sum", "min", "max", "avg"})
 
 
-def _by_pairs(
-    parsed: DataFrame, by: list[Column], grouping: Grouping, distinct: Measure
+def _aggregated(
+    parsed: DataFrame,
+    by: list[Column],
+    grouping: Grouping,
+    distinct: Measure | None,
+    *,
+    in_longs: bool,
 ) -> DataFrame:
-    """The groups' states of :func:`_state`, aggregated per (group, distinct value)
-    first, then per group."""
-    value = column(distinct.field or "").cast("STRING")
-    first = []
-    for i, m in enumerate(grouping.measures):
-        field = column(m.field) if m.field else None
-        if m is distinct:
-            continue
-        if m.fn == "count":
-            first.append(F.count(F.lit(1) if field is None else field).alias(f"_p{i}"))
-        elif m.fn == "avg" and field is not None:
-            first += [F.sum(field).alias(f"_p{i}"), F.count(field).alias(f"_p{i}_n")]
-        elif field is not None:
-            first.append(FOLDS[m.fn](field).alias(f"_p{i}"))
-    pairs = parsed.groupBy(*by, value.alias(DISTINCT_COL)).agg(
-        F.count(F.lit(1)).alias(RECORDS_COL), *first
-    )
+    """Per group of ``by``: its records, each measure's state (``_m0``, ``_m1``...) and
+    whether its sums, minima and maxima held in longs (``long_sums.EXACT``). With a
+    ``distinct`` measure (``_pairs_first``), aggregated per (group, distinct value) first,
+    then per group; otherwise in one aggregation."""
     names = [
         SEGMENT_COL,
         MALFORMED_COL,
@@ -269,39 +288,69 @@ def _by_pairs(
         LATE_COL,
         GROUP_COL,
         WINDOW_COL,
-        *(c for c in pairs.columns if c.startswith("_g")),
+        *(f"_g{i}" for i in range(len(grouping.group_by))),
     ]
-    second = []
-    for i, m in enumerate(grouping.measures):
-        if m is distinct:
-            state = F.sort_array(F.collect_list(DISTINCT_COL))  # one row per value: no repeat
-        elif m.fn == "count":
-            state = F.sum(f"_p{i}")
-        elif m.fn == "avg":
-            state = F.struct(
-                F.sum(f"_p{i}").cast("STRING").alias("sum"), F.sum(f"_p{i}_n").alias("count")
-            )
-        else:
-            state = FOLDS[m.fn](f"_p{i}").cast("STRING")
-        second.append(state.alias(f"_m{i}"))
-    return pairs.groupBy(*names).agg(F.sum(RECORDS_COL).alias(RECORDS_COL), *second)
+    if in_longs:
+        parsed = with_unscaled(parsed, grouping)
+    parts = [parts_of(i, m, grouping, in_longs=in_longs) for i, m in enumerate(grouping.measures)]
+    first = [c for p in parts if p is not None for c in p.first]
+    records = F.count(F.lit(1)).alias(RECORDS_COL)
+    if distinct is None:
+        others = [
+            _state(m, grouping).alias(f"_m{i}")
+            for i, (m, p) in enumerate(zip(grouping.measures, parts, strict=True))
+            if p is None
+        ]
+        grouped = parsed.groupBy(*by).agg(records, *first, *others)
+    else:
+        value = column(distinct.field or "").cast("STRING")
+        pairs = parsed.groupBy(*by, value.alias(DISTINCT_COL)).agg(records, *first)
+        # One row per (group, value): the list of a group's values has no repeat.
+        listed = F.sort_array(F.collect_list(DISTINCT_COL))
+        grouped = pairs.groupBy(*names).agg(
+            F.sum(RECORDS_COL).alias(RECORDS_COL),
+            *[c for p in parts if p is not None for c in p.second],
+            listed.alias(f"_m{grouping.measures.index(distinct)}"),
+        )
+    exacts = [p.exact for p in parts if p is not None and p.exact is not None]
+    exact = reduce(operator.and_, exacts) if exacts else F.lit(True)  # noqa: FBT003
+    states = [
+        (F.col(f"_m{i}") if p is None else p.state).alias(f"_m{i}") for i, p in enumerate(parts)
+    ]
+    return grouped.select(*names, RECORDS_COL, *states, exact.alias(long_sums.EXACT))
 
 
-def _state(measure: Measure) -> Column:
-    """A measure's partial state over a group's records, as sparkjobs/measures.py keeps
-    it: decimals as text, an average as its sum and count, a distinct count's sorted
-    set, a sketch by Spark's own sketch function (nulls left out, as SQL leaves them)."""
-    if measure.field is None:  # count: every other function names one (measures.problems)
-        return F.count(F.lit(1))
-    field = column(measure.field)
-    if measure.fn == "count":
-        return F.count(field)
+def with_times(parsed: DataFrame, grouping: Grouping) -> DataFrame:
+    """``parsed`` with each event time a first or last measure is taken by, in
+    microseconds (``_t0``, ``_t1``...; null when the record has none), as windows read an
+    event time (sparkjobs/windows.py)."""
+    for index, field in enumerate(grouping.times):
+        parsed = with_event_us(parsed, field, name=f"_t{index}")
+    return parsed
+
+
+def at_time(measure: Measure, grouping: Grouping, field: Column) -> Column:
+    """The first (last) of ``field`` by the measure's event time, as a struct of the
+    time ``t`` and the value as text ``v``: the smallest (largest) (t, v), as Spark
+    orders structs (a null value smallest); records without a time left out."""
+    time = F.col(f"_t{grouping.times.index(measure.by or '')}")  # with_times' column
+    pair = F.when(time.isNotNull(), F.struct(time.alias("t"), field.cast("STRING").alias("v")))
+    return F.min(pair) if measure.fn == "first" else F.max(pair)
+
+
+def _state(measure: Measure, grouping: Grouping) -> Column:
+    """The partial state of a measure without parts (sparkjobs/measure_parts.py) over a
+    group's records, as sparkjobs/measures.py keeps it: a distinct count's sorted set,
+    a sketch by Spark's own sketch function (nulls left out, as SQL leaves them), a
+    first or last value with its time."""
+    field = column(measure.field or "")
     if measure.fn == "count_distinct":
         return F.sort_array(F.collect_set(field.cast("STRING")))
-    if measure.fn == "avg":
-        return F.struct(F.sum(field).cast("STRING").alias("sum"), F.count(field).alias("count"))
     if measure.fn == "approx_count_distinct":
         return F.base64(F.hll_sketch_agg(field.cast("STRING"), HLL_LG_K))
     if measure.fn == "approx_percentile":
         return F.base64(F.kll_sketch_agg_double(field.cast("DOUBLE"), KLL_K))
-    return FOLDS[measure.fn](field).cast("STRING")
+    if measure.fn in BY_TIME:
+        pair = at_time(measure, grouping, field)
+        return F.when(pair.isNotNull(), F.array(pair["t"].cast("STRING"), pair["v"]))
+    raise ValueError(f"{measure.fn} aggregates in parts (sparkjobs/measure_parts.py)")

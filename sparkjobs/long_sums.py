@@ -54,13 +54,17 @@ def unscaled(value: Column) -> Column:
     return Column(utils.column(expression))
 
 
-def with_unscaled(frame: DataFrame, value: str) -> DataFrame:
-    """``frame`` with ``UNSCALED``: its ``value``'s unscaled value, or null when it is
-    null or larger than longs take. A column of its own, computed once per record:
-    written into each aggregate instead, its comparisons ran once per aggregate."""
-    column = F.col(value)
+def small_unscaled(column: Column) -> Column:
+    """``column``'s unscaled value, or null when it is null or larger than longs take."""
     small = column.between(F.lit(-SMALL).cast(VALUE_TYPE), F.lit(SMALL).cast(VALUE_TYPE))
-    return frame.withColumn(UNSCALED, F.when(small, unscaled(column)))
+    return F.when(small, unscaled(column))
+
+
+def with_unscaled(frame: DataFrame, value: str) -> DataFrame:
+    """``frame`` with ``UNSCALED``: :func:`small_unscaled` of its ``value``. A column of
+    its own, computed once per record: written into each aggregate instead, its
+    comparisons ran once per aggregate."""
+    return frame.withColumn(UNSCALED, small_unscaled(F.col(value)))
 
 
 def per_record() -> list[Column]:
@@ -94,17 +98,29 @@ def as_decimals(count: Column) -> list[Column]:
     The sum is ``high / 10 + low / 10^10``: DECIMAL(26,0) times DECIMAL(1,1) is
     DECIMAL(28,1), DECIMAL(19,0) times DECIMAL(11,10) is DECIMAL(31,10), and their sum
     DECIMAL(38,10), none past 38 digits, where Spark would round the scale away."""
-    tenth = F.lit("0.1").cast("DECIMAL(1,1)")
-    ulp = F.lit("0.0000000001").cast("DECIMAL(11,10)")
-
-    def value_of(unscaled_value: Column) -> Column:
-        return (unscaled_value.cast("DECIMAL(19,0)") * ulp).cast(VALUE_TYPE)
-
-    total = F.col(HIGH).cast("DECIMAL(26,0)") * tenth + F.col(LOW).cast("DECIMAL(19,0)") * ulp
     exact = (F.col(IN_LONGS) == count) & (count < F.lit(MAX_RECORDS))
     return [
-        total.cast(VALUE_TYPE).alias("sum"),
+        total_of(F.col(HIGH), F.col(LOW)).alias("sum"),
         value_of(F.col(LEAST)).alias("min"),
         value_of(F.col(MOST)).alias("max"),
         exact.alias(EXACT),
     ]
+
+
+_TENTH = "0.1"
+_ULP = "0.0000000001"
+
+
+def total_of(high: Column, low: Column) -> Column:
+    """The DECIMAL(38,10) sum of the unscaled values whose ``u div 10^9`` sum to ``high``
+    and ``u % 10^9`` to ``low``: ``high / 10 + low / 10^10`` (see :func:`as_decimals`)."""
+    tenth = F.lit(_TENTH).cast("DECIMAL(1,1)")
+    ulp = F.lit(_ULP).cast("DECIMAL(11,10)")
+    total = high.cast("DECIMAL(26,0)") * tenth + low.cast("DECIMAL(19,0)") * ulp
+    return total.cast(VALUE_TYPE)
+
+
+def value_of(unscaled_value: Column) -> Column:
+    """The DECIMAL(38,10) value of an unscaled value."""
+    ulp = F.lit(_ULP).cast("DECIMAL(11,10)")
+    return (unscaled_value.cast("DECIMAL(19,0)") * ulp).cast(VALUE_TYPE)

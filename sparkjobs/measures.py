@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeAlias, TypeGuard, get_args
 
 import datasketches
 
+from sparkjobs import expression_budget, expressions
 from sparkjobs.reserved import reserved
 
 Function = Literal[
@@ -44,6 +45,8 @@ Function = Literal[
     "count_distinct",
     "approx_count_distinct",
     "approx_percentile",
+    "first",
+    "last",
 ]
 FUNCTIONS: tuple[Function, ...] = get_args(Function)
 # The functions of a number, read as DECIMAL(38,10) (sparkjobs/records.py).
@@ -54,6 +57,7 @@ OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg", "approx_perc
 HLL_LG_K = 12
 KLL_K = 200
 MAX_GROUP_FIELDS = 16
+MAX_FIELD_NAME = 128
 MAX_MEASURES = 32
 MAX_NAME = 64
 # Wide enough that sums of DECIMAL(38,10) values over any number of partials stay exact;
@@ -63,10 +67,13 @@ EXACT = decimal.Context(prec=80, traps=[decimal.Inexact, decimal.Overflow])
 # A measure's partial state as JSON holds it: a count; a sum, min or max as decimal text
 # (None before any non-null value); an average's {"sum": ..., "count": ...}; a distinct
 # count's sorted values; a sketch's bytes in base64 (Apache DataSketches' format, as
-# Spark's hll_sketch_agg and kll_sketch_agg_double write it).
+# Spark's hll_sketch_agg and kll_sketch_agg_double write it); a first or last value's
+# [time in microseconds, value as text] (None before any record with a time).
 State: TypeAlias = int | str | list[Any] | dict[str, Any] | None
 # A finished measure: what a result row shows.
-Value: TypeAlias = int | float | Decimal | None
+Value: TypeAlias = int | float | Decimal | str | None
+# The functions of a value at an event time, and the field that time is (``by``).
+BY_TIME: frozenset[str] = frozenset({"first", "last"})
 
 
 @dataclass(frozen=True)
@@ -75,14 +82,18 @@ class Measure:
     fn: Function
     field: str | None = None  # None: count counts records
     percentile: float | None = None  # approx_percentile's, in (0, 1]
+    by: str | None = None  # first's and last's event time field
 
 
 @dataclass(frozen=True)
 class Grouping:
-    """What a grouped ``aggregate`` computes: per value of ``group_by``, ``measures``."""
+    """What a grouped ``aggregate`` computes: per value of ``group_by`` (field names),
+    ``measures``. ``computed``: the group fields computed from each record, each as an
+    admitted ``expression AS name`` (sparkjobs/expressions.py), its name in ``group_by``."""
 
     group_by: tuple[str, ...]
     measures: tuple[Measure, ...]
+    computed: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> Grouping | None:
@@ -95,18 +106,31 @@ class Grouping:
 
     @classmethod
     def _of_valid(cls, params: Mapping[str, Any]) -> Grouping:
+        items = [str(f) for f in params.get("group_by") or []]
         return cls(
-            group_by=tuple(str(f) for f in params.get("group_by") or []),
+            group_by=tuple(_group_name(item) for item in items),
+            computed=tuple(item for item in items if _group_name(item) != item),
             measures=tuple(
                 Measure(
                     str(m["name"]),
                     m["fn"],
                     str(m["field"]) if m.get("field") else None,
                     float(m["percentile"]) if "percentile" in m else None,
+                    str(m["by"]) if m.get("by") else None,
                 )
                 for m in params["measures"]
             ),
         )
+
+    @property
+    def computing(self) -> dict[str, str]:
+        """Each computed group field's ``expression AS name``, by its name."""
+        return {_group_name(item): item for item in self.computed}
+
+    @property
+    def times(self) -> list[str]:
+        """The event time fields of first and last measures, each once."""
+        return _unique(m.by for m in self.measures if m.by)
 
     @property
     def numbers(self) -> list[str]:
@@ -115,9 +139,11 @@ class Grouping:
 
     @property
     def strings(self) -> list[str]:
-        """The fields read as text: the group's, and those counted."""
+        """The fields read as text: the group's, those counted or taken first or last,
+        and the times those are taken by."""
         counted = (m.field for m in self.measures if m.fn not in OF_NUMBERS and m.field)
-        return [f for f in _unique([*self.group_by, *counted]) if f not in self.numbers]
+        times = (m.by for m in self.measures if m.by)
+        return [f for f in _unique([*self.group_by, *counted, *times]) if f not in self.numbers]
 
     def merge(self, into: Mapping[str, State], other: Mapping[str, State]) -> dict[str, State]:
         """The state of two partials' records together."""
@@ -126,6 +152,14 @@ class Grouping:
     def finish(self, states: Mapping[str, State]) -> dict[str, Value]:
         """Each measure's value from its state."""
         return {m.name: _finish(m, states[m.name]) for m in self.measures}
+
+
+def _group_name(item: str) -> str:
+    """A group_by item's field name: itself, or a computed one's alias."""
+    if _is_name(item, MAX_FIELD_NAME):
+        return item
+    tree = expressions.parse(item, project=True)
+    return tree.name if tree is not None and tree.kind == "alias" else item
 
 
 def _unique(names: Any) -> list[str]:
@@ -149,7 +183,24 @@ def _merge(fn: str, a: Any, b: Any) -> State:
         return sorted(set(a) | set(b))
     if fn == "avg":
         return {"sum": _number("sum", a["sum"], b["sum"]), "count": a["count"] + b["count"]}
+    if fn in BY_TIME:
+        return _at_time(fn, a, b)
     return _number(fn, a, b)
+
+
+def _at_time(fn: str, a: list[Any] | None, b: list[Any] | None) -> list[Any] | None:
+    """Two first (or last) values, each [time, value], as one: the earliest (latest)
+    time's; at one time, the smaller (larger) value, a null one smallest, as Spark
+    orders min(struct(time, value)) (max)."""
+    if a is None or b is None:
+        return b if a is None else a
+    earliest = min(a, b, key=_time_order)
+    return earliest if fn == "first" else max(a, b, key=_time_order)
+
+
+def _time_order(state: list[Any]) -> tuple[int, bool, str]:
+    time, value = state
+    return int(time), value is not None, value or ""
 
 
 def _number(fn: str, a: str | None, b: str | None) -> str | None:
@@ -168,6 +219,8 @@ def _finish(measure: Measure, state: Any) -> Value:
         return int(state)
     if fn == "count_distinct":
         return len(state)
+    if fn in BY_TIME:
+        return None if state is None else state[1]
     if fn == "avg":
         return average(state["sum"], state["count"])
     if fn == "approx_count_distinct":
@@ -234,18 +287,46 @@ def _shape_problems(params: Mapping[str, Any]) -> list[str]:
         return [*said, "group_by is given without measures"]
     group_by = params.get("group_by", [])
     if not isinstance(group_by, list) or len(group_by) > MAX_GROUP_FIELDS:
-        said.append(f"group_by must be a list of at most {MAX_GROUP_FIELDS} field names")
+        said.append(
+            f"group_by must be a list of at most {MAX_GROUP_FIELDS} field names or "
+            "'expression AS name' items"
+        )
         group_by = []
-    for index, field in enumerate(group_by):
-        if not _is_name(field, 128):
-            said.append(f"group_by[{index}] must be a field name (letters, digits, _)")
-        elif reserved(field):
-            said.append(f"group_by[{index}]: {reserved(field)}")
-    lowered = [str(f).lower() for f in group_by]
+    sizes = []
+    for index, item in enumerate(group_by):
+        if _is_name(item, MAX_FIELD_NAME):
+            if reserved(item):
+                said.append(f"group_by[{index}]: {reserved(item)}")
+            continue
+        problem = _computed_problem(item)
+        if problem:
+            said.append(f"group_by[{index}] {problem}")
+        else:
+            sizes.append(expressions.measure(item, project=True))
+    row = expression_budget.row_problem([s for s in sizes if s is not None])
+    if row:
+        said.append(f"group_by: {row}")
+    lowered = [_group_name(str(f)).lower() for f in group_by]
     if len(set(lowered)) != len(lowered):
         said.append("group_by names a field twice")
     said += _measure_problems(params["measures"], set(lowered))
     return said
+
+
+def _computed_problem(item: object) -> str | None:
+    """Why ``item`` is neither a field name nor an admitted ``expression AS name``."""
+    if not isinstance(item, str) or not item.strip():
+        return "must be a field name (letters, digits, _) or 'expression AS name'"
+    found = expressions.check(item, project=True)
+    if found:
+        return "; ".join(str(p) for p in found)
+    tree = expressions.parse(item, project=True)
+    said = [t for t in expressions.tokens(item) if t.kind != "end"]
+    if tree is None or tree.kind != "alias" or len(said) < 2 or said[-2].word() != "as":
+        return "must be a field name, or an expression named with AS ('hour(t) AS hour')"
+    if not _is_name(tree.name, MAX_FIELD_NAME):
+        return f"names its field {tree.name[:40]!r}: a name is letters, digits and _"
+    return reserved(tree.name)
 
 
 def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
@@ -263,6 +344,7 @@ def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
             allowed = ", ".join(_MEASURE_KEYS)
             said.append(f"{at}: unknown key(s) {', '.join(unknown)} (allowed: {allowed})")
         said += _percentile_problems(at, measure)
+        said += _by_problems(at, measure)
         name, fn, field = measure.get("name"), measure.get("fn"), measure.get("field")
         if not _is_name(name, MAX_NAME):
             said.append(f"{at}.name must be an identifier of at most {MAX_NAME} characters")
@@ -284,7 +366,18 @@ def _measure_problems(measures: Any, groups: set[str]) -> list[str]:
     return said
 
 
-_MEASURE_KEYS = ("name", "fn", "field", "percentile")
+_MEASURE_KEYS = ("name", "fn", "field", "percentile", "by")
+
+
+def _by_problems(at: str, measure: Mapping[str, Any]) -> list[str]:
+    """first and last take the event time field they are first and last by (``by``), and
+    no other function does."""
+    by = measure.get("by")
+    if measure.get("fn") not in BY_TIME:
+        return [] if by is None else [f"{at}.by is for first and last only"]
+    if not _is_name(by, MAX_FIELD_NAME):
+        return [f"{at}.by must name the event time field it is {measure.get('fn')} by"]
+    return [f"{at}.by: {reserved(by)}"] if reserved(by) else []
 
 
 def _percentile_problems(at: str, measure: Mapping[str, Any]) -> list[str]:

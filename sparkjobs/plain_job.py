@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 
 from sparkjobs.aggregate import AggregateParams
 from sparkjobs.event_time import WindowSpec
-from sparkjobs.expression_guard import apply_record_step
-from sparkjobs.grouped import FOLDS
-from sparkjobs.measures import HLL_LG_K, KLL_K, Grouping, Measure, Value, average
+from sparkjobs.expression_guard import apply_record_step, with_computed
+from sparkjobs.grouped import at_time, with_times
+from sparkjobs.measures import BY_TIME, HLL_LG_K, KLL_K, Grouping, Measure, Value, average
 from sparkjobs.records import (
     CORRUPT,
     MALFORMED_COL,
@@ -68,15 +68,30 @@ def read_input(
 
 
 def _after_record_steps(
-    spark: SparkSession, paths: Sequence[str], fmt: str, steps: Sequence[tuple[str, Any]]
+    spark: SparkSession,
+    paths: Sequence[str],
+    fmt: str,
+    steps: Sequence[tuple[str, Any]],
+    computed: Sequence[str] = (),
 ) -> DataFrame:
-    """The input after filter/project steps, as JSON lines again (as segments would be)."""
+    """The input after filter/project steps (and with a stage's ``computed`` group
+    fields), as JSON lines again (as segments would be). A line the reader could not
+    read stays as it is, past the steps, to be counted malformed by the aggregation, as
+    the live run's first stage counts it. (Spark refuses a query of a file's corrupt
+    lines alone: the unread ones are selected beside the record they would be, which
+    makes them a second scan of the input.)"""
     frame = read_rows(spark, paths, fmt).drop(SEGMENT_COL)
+    unread = None
     if CORRUPT in frame.columns:
+        whole = F.to_json(F.struct(*[column(c) for c in frame.columns if c != CORRUPT]))
+        line = F.coalesce(F.col(CORRUPT), whole).alias(RAW_COL)
+        unread = frame.where(F.col(CORRUPT).isNotNull()).select(line)
         frame = frame.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
     for operator, params in steps:
         frame = apply_record_step(frame, operator, params)
-    return frame.select(F.to_json(F.struct(*[column(c) for c in frame.columns])).alias(RAW_COL))
+    frame = with_computed(frame, computed)
+    lines = frame.select(F.to_json(F.struct(*[column(c) for c in frame.columns])).alias(RAW_COL))
+    return lines if unread is None else lines.unionByName(unread)
 
 
 def batch_aggregate(
@@ -187,8 +202,8 @@ def batch_grouped(
     strings, numbers = grouping.strings, grouping.numbers
     if windows is not None and windows.field not in [*strings, *numbers]:
         strings = [*strings, windows.field]
-    if steps:
-        lines = _after_record_steps(spark, paths, fmt, steps)
+    if steps or grouping.computed:
+        lines = _after_record_steps(spark, paths, fmt, steps, grouping.computed)
         frame = parse_fields(
             lines, strings=strings, numbers=numbers, keys=grouping.group_by, nullable=True
         )
@@ -203,10 +218,11 @@ def batch_grouped(
             keys=grouping.group_by,
             nullable=True,
         )
+    frame = with_times(frame, grouping)
     aggregates = [
         agg.alias(f"_m{i}_{part}")
         for i, m in enumerate(grouping.measures)
-        for part, agg in _measure(m).items()
+        for part, agg in _measure(m, grouping).items()
     ]
     if windows is not None:
         return _grouped_windows(frame, grouping, aggregates, windows)
@@ -260,7 +276,7 @@ def _grouped_windows(
     )
 
 
-def _measure(measure: Measure) -> dict[str, Column]:
+def _measure(measure: Measure, grouping: Grouping) -> dict[str, Column]:
     """A measure's aggregates: its value, or an average's exact sum and count."""
     if measure.field is None:
         return {"value": F.count(F.lit(1))}
@@ -270,10 +286,18 @@ def _measure(measure: Measure) -> dict[str, Column]:
     if measure.fn == "approx_count_distinct":
         sketch = F.hll_sketch_agg(field.cast("STRING"), HLL_LG_K)
         return {"value": F.hll_sketch_estimate(sketch)}
+    if measure.fn in BY_TIME:
+        return {"value": at_time(measure, grouping, field)["v"]}
     if measure.fn == "approx_percentile":
         sketch = F.kll_sketch_agg_double(field.cast("DOUBLE"), KLL_K)
         quantile = F.kll_sketch_get_quantile_double(sketch, F.lit(measure.percentile))
         # A sketch of no value has no quantile: null, as SQL's percentile of none is
         return {"value": F.when(F.count(field) > 0, quantile)}
-    folded = {"count": F.count, **FOLDS, "count_distinct": F.count_distinct}
+    folded = {
+        "count": F.count,
+        "sum": F.sum,
+        "min": F.min,
+        "max": F.max,
+        "count_distinct": F.count_distinct,
+    }
     return {"value": folded[measure.fn](field)}

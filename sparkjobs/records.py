@@ -394,20 +394,26 @@ def parse_fields(
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
     objects in the ``_raw`` column (records a record operator wrote, in the batch job),
-    by ``read_records``' rules."""
-    parsed = lines.withColumn("_r", F.from_json(F.col(RAW_COL), _ddl(_fields(strings, numbers))))
-    wanted = [*strings, *numbers]
-    bad = _malformed(
-        F.col("_r").isNull(),
-        {name: F.col(f"_r.`{name}`") for name in wanted},
-        strings,
-        keys=keys,
-        nullable=nullable,
-    )
+    by ``read_records``' rules: a number is read as its text and converted, and a value
+    that does not convert makes the record malformed, as the JSON reader's schema does."""
+    # A line that is not a JSON object is the reader's corrupt record (PERMISSIVE
+    # from_json gives it a row of nulls, not a null).
+    as_text = [(name, "STRING") for name in [*strings, *numbers]]
+    schema = _ddl([*as_text, (CORRUPT, "STRING")])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+    parsed = lines.withColumn("_r", F.from_json(F.col(RAW_COL), schema, options))
+    typed = {name: F.col(f"_r.`{name}`") for name in strings}
+    unconverted = F.lit(False)  # noqa: FBT003 - a Spark literal
+    for name in numbers:
+        text = F.col(f"_r.`{name}`")
+        typed[name] = text.try_cast(VALUE_TYPE)
+        unconverted = unconverted | (text.isNotNull() & typed[name].isNull())
+    unread = F.col("_r").isNull() | F.col(f"_r.`{CORRUPT}`").isNotNull()
+    bad = _malformed(unread, typed, strings, keys=keys, nullable=nullable)
     return parsed.select(
         *[c for c in lines.columns],
-        *[F.col(f"_r.`{name}`").alias(name) for name in wanted],
-        bad.alias(MALFORMED_COL),
+        *[typed[name].alias(name) for name in [*strings, *numbers]],
+        (bad | unconverted).alias(MALFORMED_COL),
     )
 
 

@@ -42,9 +42,10 @@ RESERVED = frozenset(
         "_exact",
     }
 )
-# A group field's and a measure's columns while they are aggregated
-# (sparkjobs/grouped.py, plain_job.py).
-_MEASURE_COLUMN = re.compile(r"_[gmp]\d+(_[a-z]+)?")
+# A group field's, a measure's (and its parts'), a measure's event time's and a number's
+# unscaled value's columns while they are aggregated (sparkjobs/grouped.py,
+# measure_parts.py, plain_job.py).
+_MEASURE_COLUMN = re.compile(r"_[gmtu]\d+(_[a-z]+)?")
 
 
 def reserved(name: str) -> str | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
 from sparkjobs import expressions, sql_stage
-from sparkjobs.measures import OF_NUMBERS, Grouping
+from sparkjobs.measures import BY_TIME, OF_NUMBERS, Grouping
 
 FieldType = Literal["string", "long", "double", "boolean", "date", "timestamp", "unknown"]
 #: The types a source may declare.
@@ -207,11 +207,18 @@ def _grouped(
     """Grouped measures: over event-time windows, each window's start and end; the
     group's fields; then each measure (a count a long; a sum, an average, a minimum, a
     maximum or a percentile a double, each of a number)."""
+    computing = grouping.computing
     problems = [
         ParamProblem("group_by", given.unknown(name))
         for name in grouping.group_by
-        if given.find(name) is None
+        if name not in computing and given.find(name) is None
     ]
+    computed: dict[str, Field] = {}
+    for name, item in computing.items():
+        tree = expressions.parse(item, project=True)
+        if tree is not None:  # else refused by the stage's own check
+            problems += [ParamProblem("group_by", f"{name}: {m}") for m in _references(tree, given)]
+            computed[name] = Field(name, infer(tree, given))
     fields = []
     if params.get("window_s") is not None:
         fields += [Field("window_start", "timestamp"), Field("window_end", "timestamp")]
@@ -221,7 +228,10 @@ def _grouped(
             problems.append(ParamProblem("event_time", given.unknown(name)))
         elif time.type in ("boolean", "date"):
             problems.append(ParamProblem("event_time", _not_a_time(time)))
-    fields += [given.find(name) or Field(name, "unknown") for name in grouping.group_by]
+    fields += [
+        computed.get(name) or given.find(name) or Field(name, "unknown")
+        for name in grouping.group_by
+    ]
     for index, measure in enumerate(grouping.measures):
         found = given.find(measure.field) if measure.field else None
         at = f"measures[{index}]"
@@ -238,7 +248,15 @@ def _grouped(
                     f"{at}: {measure.fn} of {found.name!r}, a {found.type}: it needs a number",
                 )
             )
+        if measure.by:
+            time = given.find(measure.by)
+            if time is None:
+                problems.append(ParamProblem("measures", f"{at}: {given.unknown(measure.by)}"))
+            elif time.type in ("boolean", "date"):
+                problems.append(ParamProblem("measures", f"{at}: {_not_a_time(time)}"))
         kind: FieldType = "double" if measure.fn in OF_NUMBERS else "long"
+        if measure.fn in BY_TIME:  # a value of the field, as it is
+            kind = found.type if found is not None else "unknown"
         fields.append(Field(measure.name, kind))
     return Schema(fields), problems
 

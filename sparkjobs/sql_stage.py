@@ -36,6 +36,8 @@ MAX_STATEMENT_CHARS = 8000
 # Aggregate calls and the measure each is, by the shape of its arguments.
 _SIMPLE = {"sum": "sum", "min": "min", "max": "max", "avg": "avg", "mean": "avg"}
 _PERCENTILES = ("approx_percentile", "percentile_approx")
+# min_by(field, time) and max_by(field, time): the first and last value by an event time
+_BY_TIME = {"min_by": "first", "max_by": "last"}
 _ORDERED = (
     "its result depends on the order the records arrive in, which partials merged in any "
     "order do not keep"
@@ -43,8 +45,7 @@ _ORDERED = (
 _UNMERGEABLE: Mapping[str, str] = {
     **dict.fromkeys(
         expressions.words(
-            "collect_list array_agg first first_value last last_value any_value string_agg "
-            "listagg max_by min_by"
+            "collect_list array_agg first first_value last last_value any_value string_agg listagg"
         ),
         _ORDERED,
     ),
@@ -63,7 +64,7 @@ _UNMERGEABLE: Mapping[str, str] = {
             "bit_and bit_or bit_xor count_if count_min_sketch histogram_numeric"
         ),
         "it is not among the measures yet (count, sum, min, max, avg, count DISTINCT, "
-        "approx_count_distinct, approx_percentile)",
+        "approx_count_distinct, approx_percentile, min_by, max_by)",
     ),
     **dict.fromkeys(
         expressions.words("row_number rank dense_rank percent_rank ntile lag lead cume_dist"),
@@ -98,6 +99,10 @@ class StatementError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+
+
+# An expression's tokens as two expressions are compared (``_shape``).
+Shape = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -176,13 +181,13 @@ class _Statement:
         if [t.word() for t in source] != ["input"]:
             where = source[0] if source else self.tokens[-1]
             self.at(where, "FROM must name input (the records reaching this stage), only")
-        group_by = self._group_fields(clauses.get("group by"))
-        fields, measures = self._select(clauses["select"])
+        group_by = self._group_items(clauses.get("group by"))
+        fields, computed, measures = self._select(clauses["select"], group_by)
         where_text = self._condition(clauses.get("where"))
-        self._same_fields(fields, group_by)
+        grouped = self._same_fields(fields, computed, group_by)
         if self.said:
             raise StatementError(self.said)
-        params = {"group_by": [t.text for t in group_by], "measures": measures}
+        params = {"group_by": grouped, "measures": measures}
         found = problems(params)
         if found:
             raise StatementError(found)
@@ -248,24 +253,31 @@ class _Statement:
                 items[-1].append(token)
         return items
 
-    def _group_fields(self, tokens: list[Token] | None) -> list[Token]:
+    def _group_items(self, tokens: list[Token] | None) -> list[list[Token]]:
+        """GROUP BY's items: a field (or a selected expression's AS name), or an
+        expression, which SELECT names with AS."""
         if tokens is None:
             return []
-        fields = []
-        for item in self._items(tokens):
-            if len(item) == 1 and item[0].kind in ("ident", "quoted"):
-                fields.append(item[0])
-            elif item:
-                self.at(item[0], "GROUP BY takes fields only; compute a value in a project stage")
-            else:
-                self.at(self.tokens[-1], "GROUP BY names nothing")
-        return fields
-
-    def _select(self, tokens: list[Token]) -> tuple[list[Token], list[dict[str, Any]]]:
-        """The fields selected, and the measures, each named by its AS."""
-        fields: list[Token] = []
-        measures: list[dict[str, Any]] = []
         items = self._items(tokens)
+        for item in items:
+            if not item:
+                self.at(self.tokens[-1], "GROUP BY names nothing")
+        return [item for item in items if item]
+
+    def _select(
+        self, tokens: list[Token], group_by: list[list[Token]]
+    ) -> tuple[list[Token], dict[str, tuple[Shape, str]], list[dict[str, Any]]]:
+        """The fields selected; the group fields computed, by their names (each its
+        expression's shape and its ``expression AS name``): an expression GROUP BY has,
+        or whose name it has; and the measures, each named by its AS."""
+        fields: list[Token] = []
+        computed: dict[str, tuple[Shape, str]] = {}
+        measures: list[dict[str, Any]] = []
+        expressions_grouped = {_shape(item) for item in group_by if not _is_field(item)}
+        items = self._items(tokens)
+        # A name GROUP BY has is a selected field's, else an expression's AS name.
+        plain = {item[0].text.lower() for item in items if _is_field(item)}
+        names_grouped = {item[0].text.lower() for item in group_by if _is_field(item)} - plain
         for item in items:
             if not item:
                 self.at(self.tokens[-1], "an empty item in SELECT")
@@ -282,12 +294,16 @@ class _Statement:
             if not named:
                 self.at(item[0], "name each measure with AS (count(*) AS flights)")
                 continue
+            if _shape(item[:-2]) in expressions_grouped or item[-1].text.lower() in names_grouped:
+                text = self.text[item[0].position : item[-2].position].rstrip()
+                computed[item[-1].text.lower()] = (_shape(item[:-2]), f"{text} AS {item[-1].text}")
+                continue
             measure = self._measure(item[:-2])
             if measure is not None:
                 measures.append({"name": item[-1].text, **measure})
-        if len(fields) == len(items):
+        if len(fields) + len(computed) == len(items):
             self.at(tokens[0] if tokens else self.tokens[-1], "select at least one measure")
-        return fields, measures
+        return fields, computed, measures
 
     def _measure(self, call: list[Token]) -> dict[str, Any] | None:
         """The measure an aggregate call is: ``fn(args)``, nothing else."""
@@ -315,6 +331,15 @@ class _Statement:
             if len(args) == 1 and args[0].kind in ("ident", "quoted"):
                 return {"fn": fn, "field": args[0].text}
             self.at(head, f"{head.text}() takes one field")
+            return None
+        if name in _BY_TIME:
+            shape = [t.kind for t in args]
+            if (
+                shape in (["ident", "op", "ident"], ["quoted", "op", "quoted"])
+                and args[1].text == ","
+            ):
+                return {"fn": _BY_TIME[name], "field": args[0].text, "by": args[2].text}
+            self.at(head, f"{head.text}() takes a field and the event time field, (tailnum, t)")
             return None
         if name in _PERCENTILES:
             shape = [t.kind for t in args]
@@ -363,16 +388,43 @@ class _Statement:
             )
         return condition
 
-    def _same_fields(self, selected: list[Token], grouped: list[Token]) -> None:
-        """A selected field is grouped by, and a group field is selected."""
-        named = {t.text.lower() for t in grouped}
+    def _same_fields(
+        self,
+        selected: list[Token],
+        computed: dict[str, tuple[Shape, str]],
+        grouped: list[list[Token]],
+    ) -> list[str]:
+        """A selected field is grouped by, and what is grouped by is selected (an
+        expression named with AS); the stage's group_by, in GROUP BY's order."""
+        named = {item[0].text.lower() for item in grouped if _is_field(item)}
         for token in selected:
             if token.text.lower() not in named:
                 self.at(token, f"{token.text!r} is selected but not in GROUP BY")
-        chosen = {t.text.lower() for t in selected}
-        for token in grouped:
-            if token.text.lower() not in chosen:
-                self.at(token, f"{token.text!r} is grouped by but not selected")
+        chosen = {t.text.lower(): t.text for t in selected}
+        by_shape = dict(computed.values())
+        group_by = []
+        for item in grouped:
+            if _is_field(item) and item[0].text.lower() in chosen:
+                group_by.append(chosen[item[0].text.lower()])
+            elif _is_field(item) and item[0].text.lower() in computed:
+                group_by.append(computed[item[0].text.lower()][1])
+            elif not _is_field(item) and _shape(item) in by_shape:
+                group_by.append(by_shape[_shape(item)])
+            elif _is_field(item):
+                self.at(item[0], f"{item[0].text!r} is grouped by but not selected")
+            else:
+                self.at(item[0], "an expression grouped by must be selected, named with AS")
+        return list(dict.fromkeys(group_by))
+
+
+def _is_field(item: list[Token]) -> bool:
+    return len(item) == 1 and item[0].kind in ("ident", "quoted")
+
+
+def _shape(item: list[Token]) -> Shape:
+    """An expression's tokens as compared: names whatever their case, the rest as
+    written."""
+    return tuple((t.kind, t.word() if t.kind == "ident" else t.text) for t in item)
 
 
 def _closes(call: list[Token]) -> bool:

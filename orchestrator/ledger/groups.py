@@ -146,5 +146,9 @@ def restored(grouping: Grouping, kept: dict[str, str | int | float | None]) -> d
     values: dict[str, Value] = {}
     for m in grouping.measures:
         v = kept[m.name]
-        values[m.name] = Decimal(v) if isinstance(v, str) else v
+        values[m.name] = Decimal(v) if isinstance(v, str) and m.fn in DECIMALS else v
     return values
+
+
+# The measures whose value is an exact decimal (kept as its text).
+DECIMALS = frozenset({"sum", "min", "max", "avg"})

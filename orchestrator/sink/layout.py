@@ -19,7 +19,7 @@ from typing import Literal
 
 from orchestrator.pipeline.graph import aggregating_nodes, pipeline_grouping
 from orchestrator.pipeline.schemas import derive
-from sparkjobs.measures import OF_NUMBERS, Grouping
+from sparkjobs.measures import BY_TIME, OF_NUMBERS, Grouping
 from sparkjobs.schemas import FieldType
 
 Kind = Literal["text", "bigint", "double", "numeric", "boolean"]
@@ -95,13 +95,16 @@ KEYED = Layout(
 
 
 def grouped_layout(grouping: Grouping, types: Mapping[str, FieldType]) -> Layout:
-    """The columns of grouped measures: each group field typed by ``types`` (text for
-    a type a sink keeps as written, such as a date), then each measure."""
+    """The columns of grouped measures: each group field typed by ``types`` (the
+    stage's output types by column name; text for a type a sink keeps as written, such
+    as a date), then each measure (a first or last value typed by ``types`` too)."""
     columns = [
         Column(name, _OF_FIELD.get(types.get(name, "string"), "text")) for name in grouping.group_by
     ]
     for m in grouping.measures:
-        if m.fn == "approx_percentile":
+        if m.fn in BY_TIME:  # a value of its field, typed as the field
+            columns.append(Column(m.name, _OF_FIELD.get(types.get(m.name, "string"), "text")))
+        elif m.fn == "approx_percentile":
             columns.append(Column(m.name, "double"))
         elif m.fn in OF_NUMBERS:
             columns.append(Column(m.name, "numeric"))
@@ -119,7 +122,7 @@ def layout_of(topology: Mapping[str, object]) -> Layout:
     types: dict[str, FieldType] = {}
     for node in aggregating_nodes(topology):
         schema = schemas.by_node.get(node["name"])
-        for name in grouping.group_by:
+        for name in [*grouping.group_by, *(m.name for m in grouping.measures)]:
             found = None if schema is None else schema.find(name)
             if found is not None and found.type != "unknown":
                 types.setdefault(name, found.type)

@@ -36,6 +36,8 @@ PARAMS: dict[str, Any] = {
         {"name": "tails", "fn": "count_distinct", "field": "tailnum"},
         {"name": "tails_approx", "fn": "approx_count_distinct", "field": "tailnum"},
         {"name": "p95", "fn": "approx_percentile", "field": "dep_delay", "percentile": 0.95},
+        {"name": "first_tail", "fn": "first", "field": "tailnum", "by": "t"},
+        {"name": "last_tail", "fn": "last", "field": "tailnum", "by": "t"},
     ],
 }
 GROUPING = Grouping.of(PARAMS)
@@ -45,7 +47,11 @@ SQL = """
            sum(dep_delay) AS total_delay, min(dep_delay) AS least, max(dep_delay) AS most,
            avg(dep_delay) AS mean_delay, count(DISTINCT tailnum) AS tails,
            count(DISTINCT tailnum) AS tails_approx,
-           CAST(percentile_disc(0.95) WITHIN GROUP (ORDER BY dep_delay) AS DOUBLE) AS p95
+           CAST(percentile_disc(0.95) WITHIN GROUP (ORDER BY dep_delay) AS DOUBLE) AS p95,
+           min(CASE WHEN t IS NOT NULL THEN named_struct('t', t, 'v', tailnum) END).v
+             AS first_tail,
+           max(CASE WHEN t IS NOT NULL THEN named_struct('t', t, 'v', tailnum) END).v
+             AS last_tail
     FROM flights WHERE (carrier IS NULL OR NOT contains(carrier, char(0))) {where}
     GROUP BY carrier, origin
 """
@@ -141,10 +147,17 @@ def _equal_to_sql(
         assert {**values, "mean_delay": mean} == expected, group
 
 
-# Exact measures only, one distinct count among them: a batch aggregated as one builds
+# Measures that re-aggregate, and one distinct count: a batch aggregated as one builds
 # their partials from (group, value) pairs first.
 EXACT = Grouping.of(
-    {**PARAMS, "measures": [m for m in PARAMS["measures"] if not m["fn"].startswith("approx")]}
+    {
+        **PARAMS,
+        "measures": [
+            m
+            for m in PARAMS["measures"]
+            if not m["fn"].startswith("approx") and m["fn"] not in ("first", "last")
+        ],
+    }
 )
 
 
@@ -308,3 +321,85 @@ def test_a_record_whose_window_its_chunk_s_watermark_closed_is_late_not_counted(
     assert all(p.late == 0 for seg, p in produced.items() if seg != "s3")
     windows = {p.window for p in combine_groups(grouping, [outputs["s3"]])}
     assert windows and min(w for w in windows if w is not None) + 60_000_000 > 300 * 1_000_000
+
+
+def test_a_computed_group_field_equals_spark_sql_s_group_by_its_expression(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Given flights grouped by carrier and the minute of their event time, computed
+    grouping = Grouping.of({**PARAMS, "group_by": ["carrier", "floor(t / 60) AS minute"]})
+    assert grouping is not None
+    inputs = _segments(tmp_path)
+    outputs = {seg: tmp_path / f"{seg}.out.jsonl" for seg in inputs}
+    # When each segment's partials are computed and merged
+    produced = grouped_partials(spark, inputs, outputs, grouping)
+    ours = {
+        p.group: grouping.finish(p.states) for p in combine_groups(grouping, list(outputs.values()))
+    }
+    # Then they equal Spark SQL's GROUP BY of the same expression
+    _spark_sql(spark, list(inputs.values()))  # the view
+    query = (
+        SQL.format(where="")
+        .replace("SELECT carrier, origin,", "SELECT carrier, floor(t / 60) AS minute,")
+        .replace("GROUP BY carrier, origin", "GROUP BY carrier, floor(t / 60)")
+    )
+    sql = {
+        (row["carrier"], None if row["minute"] is None else str(row["minute"])): {
+            k: v for k, v in row.asDict().items() if k not in ("carrier", "minute")
+        }
+        for row in spark.sql(query).collect()
+    }
+    _equal_to_sql(ours, sql)
+    assert sum(p.malformed for p in produced.values()) == len(BAD)
+    # ...and so does the plain job
+    plain = batch_grouped(spark, [str(p) for p in inputs.values()], "jsonl", grouping)
+    assert plain.malformed == len(BAD)
+    assert dict(plain.rows) == ours
+
+
+def test_values_too_large_for_longs_are_still_summed_exactly(spark: Any, tmp_path: Path) -> None:
+    # Given values of a billion and more (past what the sums in longs take), in a
+    # group beside small ones, and fractions to the tenth decimal place
+    records = [
+        {"g": "a", "x": "0.0000000001"},
+        {"g": "a", "x": 987654321012.5},
+        {"g": "b", "x": -3.25},
+        {"g": "b", "x": 2},
+    ]
+    inputs = {"s0": tmp_path / "s0.jsonl"}
+    inputs["s0"].write_text("".join(json.dumps(r) + "\n" for r in records))
+    grouping = Grouping.of(
+        {
+            "group_by": ["g"],
+            "measures": [
+                {"name": "total", "fn": "sum", "field": "x"},
+                {"name": "least", "fn": "min", "field": "x"},
+                {"name": "most", "fn": "max", "field": "x"},
+                {"name": "mean", "fn": "avg", "field": "x"},
+            ],
+        }
+    )
+    assert grouping is not None
+    outputs = {"s0": tmp_path / "s0.out.jsonl"}
+    # When its partials are computed (twice: the second batch of a process that saw
+    # such values goes to decimals at once)
+    for _ in range(2):
+        grouped_partials(spark, inputs, outputs, grouping)
+        found = {
+            p.group: grouping.finish(p.states) for p in combine_groups(grouping, [outputs["s0"]])
+        }
+        # Then every figure is exact
+        assert found == {
+            ("a",): {
+                "total": Decimal("987654321012.5000000001"),
+                "least": Decimal("0.0000000001"),
+                "most": Decimal("987654321012.5"),
+                "mean": Decimal("493827160506.25000000005"),
+            },
+            ("b",): {
+                "total": Decimal("-1.25"),
+                "least": Decimal("-3.25"),
+                "most": Decimal("2"),
+                "mean": Decimal("-0.625"),
+            },
+        }

@@ -18,9 +18,19 @@ from hypothesis import strategies as st
 
 from sparkjobs.measures import FUNCTIONS, HLL_LG_K, KLL_K, Grouping, Measure, State, problems
 
-FIELDS = ("a", "b", "c", "x", "y")
+FIELDS = ("a", "b", "c", "x", "y", "t")
 PERCENTILE = 0.75
 Record = dict[str, Any]
+
+
+def _at_time(measure: Measure, records: list[Record]) -> tuple[int, str | None] | None:
+    """The first (last) record's (time, value) by its time ``t``, at one time the
+    smallest (largest) value, a null one smallest; records without a time left out."""
+    timed = [(r["t"], r[measure.field or ""]) for r in records if r["t"] is not None]
+    if not timed:
+        return None
+    key = lambda pair: (pair[0], pair[1] is not None, pair[1] or "")  # noqa: E731
+    return min(timed, key=key) if measure.fn == "first" else max(timed, key=key)
 
 
 def _state(measure: Measure, records: list[Record]) -> State:
@@ -28,6 +38,9 @@ def _state(measure: Measure, records: list[Record]) -> State:
     computes the same: sparkjobs/grouped.py)."""
     if measure.field is None:
         return len(records)
+    if measure.fn in ("first", "last"):
+        found = _at_time(measure, records)
+        return None if found is None else [str(found[0]), found[1]]
     values = [r[measure.field] for r in records if r[measure.field] is not None]
     if measure.fn == "count":
         return len(values)
@@ -73,6 +86,9 @@ def _sql(grouping: Grouping, records: list[Record]) -> dict[tuple[Any, ...], dic
             seen = [r[m.field] for r in rows if m.field and r[m.field] is not None]
             if m.field is None:
                 values[m.name] = len(rows)
+            elif m.fn in ("first", "last"):
+                found = _at_time(m, rows)
+                values[m.name] = None if found is None else found[1]
             elif m.fn == "count":
                 values[m.name] = len(seen)
             elif m.fn in ("count_distinct", "approx_count_distinct"):
@@ -120,12 +136,15 @@ def _cases(draw: st.DrawFn) -> tuple[Grouping, list[Record], int, int]:
             fn,
             field if fn == "count" else field or "x",
             PERCENTILE if fn == "approx_percentile" else None,
+            "t" if fn in ("first", "last") else None,
         )
         for i, (fn, field) in enumerate(picked)
     )
     text = st.one_of(st.none(), st.sampled_from(("p", "q", "r")))
+    # few distinct times, so that records often share one
+    time = st.one_of(st.none(), st.integers(0, 5))
     record = st.fixed_dictionaries(
-        {"a": text, "b": text, "c": text, "x": _values(), "y": _values()}
+        {"a": text, "b": text, "c": text, "x": _values(), "y": _values(), "t": time}
     )
     records = draw(st.lists(record, max_size=40))
     return Grouping(group_by, measures), records, draw(st.integers(1, 6)), draw(st.integers())
@@ -155,9 +174,16 @@ def test_partials_of_any_split_merged_in_any_order_equal_one_aggregation(
 def test_each_function_finishes_as_sql_computes_it() -> None:
     grouping = Grouping(
         ("a",),
-        tuple(Measure(f"m{i}", fn, "x", PERCENTILE) for i, fn in enumerate(FUNCTIONS)),
+        tuple(
+            Measure(f"m{i}", fn, "x", PERCENTILE, "t" if fn in ("first", "last") else None)
+            for i, fn in enumerate(FUNCTIONS)
+        ),
     )
-    records = [{"a": "p", "x": "2.5"}, {"a": "p", "x": None}, {"a": "p", "x": "-1"}]
+    records = [
+        {"a": "p", "x": "2.5", "t": 7},
+        {"a": "p", "x": None, "t": 3},
+        {"a": "p", "x": "-1", "t": None},
+    ]
     states = _partials(grouping, records)[("p",)]
     assert grouping.finish(states) == {
         "m0": 2,
@@ -168,6 +194,8 @@ def test_each_function_finishes_as_sql_computes_it() -> None:
         "m5": 2,
         "m6": 2,
         "m7": 2.5,
+        "m8": None,  # the first by time: a null value, at time 3
+        "m9": "2.5",  # the last by time, as its text; a record with no time is in neither
     }
 
 
@@ -221,7 +249,28 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
             "measures[0].percentile is for approx_percentile only",
         ),
         ({"group_by": ["a", "A"]}, "group_by names a field twice"),
-        ({"group_by": ["a b"]}, "group_by[0] must be a field name"),
+        (
+            {"measures": [{"name": "f", "fn": "first", "field": "x"}]},
+            "measures[0].by must name the event time field it is first by",
+        ),
+        (
+            {"measures": [{"name": "n", "fn": "count", "by": "t"}]},
+            "measures[0].by is for first and last only",
+        ),
+        (
+            {"measures": [{"name": "f", "fn": "last", "field": "x", "by": "_segment"}]},
+            "measures[0].by: '_segment' is a name the console's Spark jobs use",
+        ),
+        ({"group_by": ["a", "upper(b) AS A"]}, "group_by names a field twice"),
+        ({"group_by": ["hour(t)"]}, "group_by[0] must be a field name, or an expression named"),
+        ({"group_by": ["hour(t) AS _segment"]}, "group_by[0] "),
+        ({"group_by": ["reflect('java.lang.Runtime', 'x') AS r"]}, "group_by[0] "),
+        ({"group_by": ["hour(t AS h"]}, "group_by[0] "),
+        (
+            {"group_by": ["hour(t) AS origin"], "measures": [{"name": "origin", "fn": "count"}]},
+            "measures[0].name 'origin' is also a group_by field",
+        ),
+        ({"group_by": ["a b"]}, "group_by[0] must be a field name, or an expression named with AS"),
         ({"group_by": [f"f{i}" for i in range(17)]}, "group_by must be a list of at most 16"),
         (
             {"measures": [{"name": "s", "fn": "sum", "field": "origin"}]},
@@ -232,6 +281,16 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
 def test_a_bad_measure_is_refused_saying_which(change: dict[str, Any], says: str) -> None:
     found = problems({**GOOD, **change})
     assert any(says in p for p in found), found
+
+
+def test_a_group_field_may_be_computed_from_the_record_by_an_admitted_expression() -> None:
+    params = {**GOOD, "group_by": ["carrier", "hour(dep_time) AS dep_hour"]}
+    assert problems(params) == []
+    grouping = Grouping.of(params)
+    assert grouping is not None
+    assert grouping.group_by == ("carrier", "dep_hour")
+    assert grouping.computing == {"dep_hour": "hour(dep_time) AS dep_hour"}
+    assert "dep_hour" in grouping.strings  # read as the expression's value, as text
 
 
 def test_a_hostile_measures_list_is_checked_in_linear_time() -> None:

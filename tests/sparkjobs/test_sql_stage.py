@@ -41,6 +41,14 @@ def test_the_flights_query_is_a_condition_and_grouped_measures() -> None:
     )
 
 
+def test_min_by_and_max_by_an_event_time_are_the_first_and_last_values() -> None:
+    query = compiled("SELECT min_by(tail, t) AS first_tail, max_by(tail, t) AS l FROM input")
+    assert query.grouping.measures == (
+        Measure("first_tail", "first", "tail", by="t"),
+        Measure("l", "last", "tail", by="t"),
+    )
+
+
 def test_a_statement_without_where_or_groups_is_one_group_of_every_record() -> None:
     query = compiled("select count(*) as n, sum(value) as total from input")
     assert query.where is None
@@ -48,8 +56,31 @@ def test_a_statement_without_where_or_groups_is_one_group_of_every_record() -> N
 
 
 @pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT carrier, hour(dep_time) AS dep_hour, count(*) AS n FROM input "
+        "GROUP BY carrier, hour(dep_time)",
+        "SELECT carrier, hour(dep_time) AS dep_hour, count(*) AS n FROM input "
+        "GROUP BY carrier, dep_hour",
+        "SELECT carrier, HOUR( dep_time ) AS dep_hour, count(*) AS n FROM input "
+        "GROUP BY carrier, hour(DEP_TIME)",
+    ],
+    ids=["by-expression", "by-its-name", "as-written-otherwise"],
+)
+def test_an_expression_grouped_by_is_a_computed_group_field(statement: str) -> None:
+    query = compiled(statement)
+    assert query.grouping.group_by == ("carrier", "dep_hour")
+    (computed,) = query.grouping.computed
+    assert computed.lower().replace(" ", "") == "hour(dep_time)asdep_hour"
+
+
+@pytest.mark.parametrize(
     ("statement", "says"),
     [
+        (
+            "SELECT count(*) AS n FROM input GROUP BY hour(dep_time)",
+            "an expression grouped by must be selected, named with AS",
+        ),
         (
             "SELECT carrier, collect_list(tailnum) AS tails FROM input GROUP BY carrier",
             "at character 17: collect_list() cannot be a measure: its result depends on the "

@@ -336,6 +336,25 @@ def test_a_bad_measure_is_refused_where_it_is(change: dict[str, Any], says: str)
     assert any(m.startswith(says) for m in messages(doc)), messages(doc)
 
 
+def test_a_computed_group_field_has_its_expression_s_type_and_names_known_fields() -> None:
+    from orchestrator.pipeline.schemas import derive
+
+    doc = joined_flights(grouped=True)
+    for node in doc["nodes"][2:4]:
+        node["params"] = {**node["params"], "group_by": ["name", "length(tail) AS tail_len"]}
+    assert messages(doc) == []
+    fields = derive(doc["nodes"], doc["edges"]).by_node["agg1"].fields
+    assert [(f.name, f.type) for f in fields][:2] == [("name", "unknown"), ("tail_len", "long")]
+    for node in doc["nodes"][2:4]:
+        node["params"] = {**node["params"], "group_by": ["name", "length(tial) AS tail_len"]}
+    assert any(
+        m.startswith(
+            "nodes[2] (agg1).params.group_by: tail_len: at character 8: unknown field 'tial'"
+        )
+        for m in messages(doc)
+    ), messages(doc)
+
+
 def test_branches_of_one_stage_must_compute_the_same_measures() -> None:
     doc = joined_flights(grouped=True)
     doc["nodes"][3]["params"] = {**doc["nodes"][3]["params"], "group_by": ["origin"]}

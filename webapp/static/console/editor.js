@@ -43,23 +43,28 @@
     return fields.length ? fields.join(", ") : undefined;
   }
 
-  // An aggregate's measures, {name, fn, field}, edited one a line as "name = fn(field)"
-  // ("flights = count()"); a line of another form is kept as it is, for the check to
-  // say what is wrong with it.
+  // An aggregate's measures, {name, fn, field[, percentile | by]}, edited one a line as
+  // "name = fn(field)" ("flights = count()", "p95 = approx_percentile(delay, 0.95)",
+  // "first_tail = first(tail, dep_time)"); a line of another form is kept as it is, for
+  // the check to say what is wrong with it.
   function measuresValue(text) {
     const lines = String(text).split("\n").map((s) => s.trim()).filter(Boolean);
     if (!lines.length) return undefined;
     return lines.map((line) => {
-      const m = /^(\w+)\s*=\s*(\w+)\s*\(\s*(\w*)\s*\)$/.exec(line);
+      const m = /^(\w+)\s*=\s*(\w+)\s*\(\s*(\w*)\s*(?:,\s*([\w.]+)\s*)?\)$/.exec(line);
       if (!m) return line;
-      return m[3] ? { name: m[1], fn: m[2], field: m[3] } : { name: m[1], fn: m[2] };
+      const measure = m[3] ? { name: m[1], fn: m[2], field: m[3] } : { name: m[1], fn: m[2] };
+      if (m[4] !== undefined && /^[0-9.]+$/.test(m[4])) measure.percentile = Number(m[4]);
+      else if (m[4] !== undefined) measure.by = m[4];
+      return measure;
     });
   }
 
   function shownMeasures(value) {
     if (!Array.isArray(value)) return shownParam(value);
     return value.map((m) => m && typeof m === "object"
-      ? `${m.name} = ${m.fn}(${m.field || ""})` : String(m)).join("\n");
+      ? `${m.name} = ${m.fn}(${m.field || ""}${m.percentile !== undefined ? ", " + m.percentile : ""}${m.by ? ", " + m.by : ""})`
+      : String(m)).join("\n");
   }
 
   function shownSchema(value) {
