@@ -190,7 +190,7 @@ class _Statement:
         params = {"group_by": grouped, "measures": measures}
         found = problems(params)
         if found:
-            raise StatementError(found)
+            raise StatementError([_in_statement(problem, grouped) for problem in found])
         grouping = Grouping.of(params)
         if grouping is None:  # problems() found none: it is a grouping
             raise StatementError(["not a grouping"])
@@ -415,6 +415,16 @@ class _Statement:
             else:
                 self.at(item[0], "an expression grouped by must be selected, named with AS")
         return list(dict.fromkeys(group_by))
+
+
+def _in_statement(problem: str, grouped: list[str]) -> str:
+    """A problem of the grouping a statement compiles to, said of the statement: a group
+    field's as of the GROUP BY item it is (its characters counted in that item)."""
+    head, _, rest = problem.partition("] ")
+    if head.startswith("group_by[") and head[9:].isdigit() and int(head[9:]) < len(grouped):
+        item = grouped[int(head[9:])]
+        return f"in GROUP BY's {item[:80]!r}: {rest}"
+    return problem
 
 
 def _is_field(item: list[Token]) -> bool:

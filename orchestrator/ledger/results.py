@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any, TypedDict
@@ -169,8 +170,10 @@ def _windowed(run: Run) -> dict[str, Any]:
 
 
 # A text cell a spreadsheet would read as a formula starts with one of these; such a
-# cell is written after a quote (OWASP's "CSV injection"). A number is never text here.
+# cell is written after a quote (OWASP's "CSV injection"), unless it is a number's text
+# (a group value "-1"), which no spreadsheet reads as anything but that number.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def csv_lines(run: Run) -> Iterator[str]:
@@ -196,6 +199,6 @@ def csv_lines(run: Run) -> Iterator[str]:
 
 
 def _cell(value: object) -> object:
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not NUMBER.fullmatch(value):
         return "'" + value
     return "" if value is None else value

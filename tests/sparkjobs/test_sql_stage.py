@@ -82,6 +82,12 @@ def test_an_expression_grouped_by_is_a_computed_group_field(statement: str) -> N
             "an expression grouped by must be selected, named with AS",
         ),
         (
+            "SELECT reflect('java.lang.System', 'exit', 0) AS x, count(*) AS n FROM input "
+            "GROUP BY reflect('java.lang.System', 'exit', 0)",
+            "in GROUP BY's \"reflect('java.lang.System', 'exit', 0) AS x\": at character 1: "
+            "function 'reflect' is not allowed",
+        ),
+        (
             "SELECT carrier, collect_list(tailnum) AS tails FROM input GROUP BY carrier",
             "at character 17: collect_list() cannot be a measure: its result depends on the "
             "order the records arrive in",

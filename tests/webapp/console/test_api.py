@@ -336,6 +336,7 @@ def test_the_whole_result_downloads_as_csv_its_columns_by_name_no_cell_a_formula
         ('=HYPERLINK("http://evil")', "JFK"),
         ('United, "the" airline\nInc.', None),
         ("-5", "@LGA"),
+        ("-cmd|' /C calc'!A0", "+1.5e3"),
     ]
     for group in groups:
         ResultGroup.objects.create(
@@ -353,7 +354,8 @@ def test_the_whole_result_downloads_as_csv_its_columns_by_name_no_cell_a_formula
         [
             ['\'=HYPERLINK("http://evil")', "JFK"],
             ['United, "the" airline\nInc.', ""],
-            ["'-5", "'@LGA"],
+            ["-5", "'@LGA"],  # a number's text stays as it is
+            ["'-cmd|' /C calc'!A0", "+1.5e3"],
         ]
     )
     assert all(r[2:5] == ["2", "1", "-7.5"] for r in rows[1:])
