@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
+import random
 import signal
 import threading
 import time
@@ -86,6 +88,38 @@ FLIGHTS_SQL = (
     "max(delay) AS most_delay, count(DISTINCT tail) AS tails "
     "FROM input WHERE delay IS NULL OR delay >= 0 GROUP BY name, origin"
 )
+
+
+AIRLINES = {"UA": "United Air Lines Inc.", "AA": "American Airlines Inc.", "B6": "JetBlue Airways"}
+T0 = 1_790_000_040  # the flights' event times count from here, a minute's start
+
+
+def write_flights(path: Path, records: int, *, seed: int, per_second: int | None = None) -> None:
+    """Flights of the three :data:`AIRLINES` and of one an airlines table lacks (ZZ: an
+    inner join drops them), a malformed line now and then; with ``per_second``, departing
+    that many a second (event time ``t``, epoch seconds from :data:`T0`, up to 4 s out
+    of order)."""
+    rng = random.Random(seed)
+    carriers = [*AIRLINES, "ZZ"]
+    with path.open("w") as out:
+        for i in range(records):
+            if i % 997 == 0:
+                out.write("not json\n")
+                continue
+            flight = {
+                "carrier": rng.choice(carriers),
+                "origin": rng.choice(["JFK", "LGA", "EWR"]),
+                # a cancelled flight has no delay: counted, not averaged
+                "delay": None if i % 13 == 0 else round(rng.uniform(-20, 300), 1),
+                "tail": f"N{rng.randrange(400)}",
+            }
+            if per_second is not None:
+                flight["t"] = T0 + i // per_second - rng.randrange(5)
+            out.write(json.dumps(flight) + "\n")
+
+
+def airlines_table(path: Path, names: dict[str, str]) -> None:
+    path.write_text("carrier,name\n" + "".join(f"{c},{n}\n" for c, n in names.items()))
 
 
 def joined_flights(

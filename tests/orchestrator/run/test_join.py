@@ -6,52 +6,27 @@ measure by its name."""
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.orchestrator.run.scenarios import (
+    AIRLINES,
     FLIGHT_MEASURES,
     FLIGHTS_SQL,
+    airlines_table,
     completes_like_the_batch_job,
     input_folder,
     joined_flights,
     kill_a_batch_and_hot_migrate,
     policy,
     start,
+    write_flights,
 )
 from tests.webapp.console.factories import client_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
-
-AIRLINES = {"UA": "United Air Lines Inc.", "AA": "American Airlines Inc.", "B6": "JetBlue Airways"}
-
-
-def _flights(path: Path, records: int) -> None:
-    """Flights of the three airlines and of one the table lacks (ZZ: an inner join
-    drops them), a malformed line now and then."""
-    rng = random.Random(7)
-    carriers = [*AIRLINES, "ZZ"]
-    with path.open("w") as out:
-        for i in range(records):
-            if i % 997 == 0:
-                out.write("not json\n")
-                continue
-            flight = {
-                "carrier": rng.choice(carriers),
-                "origin": rng.choice(["JFK", "LGA", "EWR"]),
-                # a cancelled flight has no delay: counted, not averaged
-                "delay": None if i % 13 == 0 else round(rng.uniform(-20, 300), 1),
-                "tail": f"N{rng.randrange(400)}",
-            }
-            out.write(json.dumps(flight) + "\n")
-
-
-def _table(path: Path, names: dict[str, str]) -> None:
-    path.write_text("carrier,name\n" + "".join(f"{c},{n}\n" for c, n in names.items()))
 
 
 def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
@@ -61,13 +36,13 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
     # names each flight's airline and aggregates per airline
     # The run's copy of the table goes to the data folder its Spark workers read.
     root = input_folder(settings, tmp_path, data=False)
-    _table(root / "airlines.csv", AIRLINES)
-    _flights(root / "flights.jsonl", 60_000)
+    airlines_table(root / "airlines.csv", AIRLINES)
+    write_flights(root / "flights.jsonl", 60_000, seed=7)
     doc = joined_flights(sql=FLIGHTS_SQL)
     doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
     run = start(doc, policy(), input_path=str(root / "flights.jsonl"))
     # When the table changes once the run has started
-    _table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
+    airlines_table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
     # ...a Spark worker is killed holding a batch, and the join is hot-migrated
     kill_a_batch_and_hot_migrate(run, workers, node="enrich")
     # Then the run equals the plain job over the table it started with, whose names

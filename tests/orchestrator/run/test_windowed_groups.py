@@ -6,7 +6,6 @@ join, every (window, group) row is written once, and equals the plain Spark job'
 from __future__ import annotations
 
 import json
-import random
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -18,20 +17,21 @@ from django.db import connection
 
 from sparkjobs.event_time import US, iso
 from tests.orchestrator.run.scenarios import (
+    AIRLINES,
     FLIGHTS_SQL,
+    airlines_table,
     completes_like_the_batch_job,
     input_folder,
     joined_flights,
     kill_a_batch_and_hot_migrate,
     policy,
     start,
+    write_flights,
 )
 from tests.webapp.console.factories import client_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
-T0 = 1_790_000_040  # event times count from here, a minute's start
-AIRLINES = {"UA": "United Air Lines Inc.", "AA": "American Airlines Inc.", "B6": "JetBlue Airways"}
 # Minute windows; a record is at most 5 s out of order, well within the lateness.
 WINDOWS = {"window_s": 60, "event_time": "t", "lateness_s": 15}
 # The query's own columns, after the window's bounds
@@ -48,31 +48,8 @@ COLUMNS = [
 ]
 
 
-def _flights(path: Path, records: int, per_second: int) -> None:
-    """Flights departing ``per_second`` a second (event time ``t``, epoch seconds), a
-    few seconds out of order, of three airlines and one the table lacks, a malformed
-    line now and then."""
-    rng = random.Random(11)
-    carriers = [*AIRLINES, "ZZ"]
-    with path.open("w") as out:
-        for i in range(records):
-            if i % 997 == 0:
-                out.write("not json\n")
-                continue
-            flight = {
-                "carrier": rng.choice(carriers),
-                "origin": rng.choice(["JFK", "LGA", "EWR"]),
-                "delay": None if i % 13 == 0 else round(rng.uniform(-20, 300), 1),
-                "tail": f"N{rng.randrange(400)}",
-                "t": T0 + i // per_second - rng.randrange(5),
-            }
-            out.write(json.dumps(flight) + "\n")
-
-
 def _pipeline(root: Path, sink: dict[str, str]) -> dict[str, Any]:
-    (root / "airlines.csv").write_text(
-        "carrier,name\n" + "".join(f"{c},{n}\n" for c, n in AIRLINES.items())
-    )
+    airlines_table(root / "airlines.csv", AIRLINES)
     doc: dict[str, Any] = joined_flights(sql=FLIGHTS_SQL)
     doc["nodes"][0]["params"]["schema"] += ", t long"
     for node in doc["nodes"][2:4]:
@@ -101,7 +78,7 @@ def test_windows_go_to_a_table_of_the_query_s_columns_once_through_a_kill_and_a_
 ) -> None:
     # Given four minutes of flights, and the flights query per minute into a table
     root = input_folder(settings, tmp_path, data=False)
-    _flights(root / "flights.jsonl", 24_000, per_second=100)
+    write_flights(root / "flights.jsonl", 24_000, seed=11, per_second=100)
     table = f"flights_{uuid.uuid4().hex[:8]}"
     doc = _pipeline(root, {"sink": "postgres", "table": table})
     doc["nodes"][1]["max_rate_mbps"] = 1.5  # long enough a run for what follows
@@ -151,7 +128,7 @@ def test_windows_go_to_parquet_files_of_the_query_s_columns_once_each(
     workers: Any, settings: Any, tmp_path: Path
 ) -> None:
     root = input_folder(settings, tmp_path, data=False)
-    _flights(root / "flights.jsonl", 9_000, per_second=50)
+    write_flights(root / "flights.jsonl", 9_000, seed=11, per_second=50)
     # Below the sink root the workers write under, as configured for the whole session
     path = f"test-{uuid.uuid4().hex[:8]}/by-minute"
     doc = _pipeline(root, {"sink": "parquet", "path": path})
