@@ -199,8 +199,29 @@ def advance(
         return len(rows)
 
 
-class _Keys:
+class _Closing:
+    """A run's window rows (``all``), as one closing step reads and closes them."""
+
+    all: QuerySet[WindowKey] | QuerySet[ResultGroup]
+
+    def last_end(self) -> int | None:
+        """The latest end of a window the run has."""
+        return self.all.order_by("-end_us").values_list("end_us", flat=True).first()
+
+    def forget_written(self) -> None:
+        """A sink elsewhere holds the closed windows: the ledger keeps only the latest
+        ``KEEP_CLOSED`` of them, for the run page."""
+        closed = self.all.filter(closed_at__isnull=False)
+        starts = closed.values_list("start_us", flat=True).distinct().order_by("-start_us")
+        oldest_kept = list(starts[:KEEP_CLOSED])
+        if len(oldest_kept) == KEEP_CLOSED:
+            closed.filter(start_us__lt=oldest_kept[-1]).delete()
+
+
+class _Keys(_Closing):
     """The windows of the key, value and distinct form (``WindowKey`` rows)."""
+
+    all: QuerySet[WindowKey]
 
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
@@ -255,16 +276,11 @@ class _Keys:
                 ],
             )
 
-    def last_end(self) -> int | None:
-        last = self.all.order_by("-end_us").first()
-        return last.end_us if last else None
 
-    def forget_written(self) -> None:
-        _forget_written(self.all)
-
-
-class _Groups:
+class _Groups(_Closing):
     """The windows of grouped measures (``ResultGroup`` rows with a window)."""
+
+    all: QuerySet[ResultGroup]
 
     def __init__(self, run_id: int, grouping: Grouping, layout: Layout) -> None:
         self.run_id, self.grouping, self.layout = run_id, grouping, layout
@@ -307,23 +323,6 @@ class _Groups:
                 """,
                 [[pk for _, pk in rows], finished, self.run_id],
             )
-
-    def last_end(self) -> int | None:
-        last = self.all.order_by("-end_us").first()
-        return last.end_us if last else None
-
-    def forget_written(self) -> None:
-        _forget_written(self.all)
-
-
-def _forget_written(rows: QuerySet[WindowKey] | QuerySet[ResultGroup]) -> None:
-    """A sink elsewhere holds the closed windows: the ledger keeps only the latest
-    ``KEEP_CLOSED`` of them, for the run page."""
-    closed = rows.filter(closed_at__isnull=False)
-    starts = closed.values_list("start_us", flat=True).distinct().order_by("-start_us")
-    oldest_kept = list(starts[:KEEP_CLOSED])
-    if len(oldest_kept) == KEEP_CLOSED:
-        closed.filter(start_us__lt=oldest_kept[-1]).delete()
 
 
 def distinct_of(row: WindowKey) -> int:
