@@ -34,6 +34,7 @@ from sparkjobs.records import (
     read_records,
     segment_of,
 )
+from sparkjobs.schemas import INPUT_SCHEMA
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
 from sparkjobs.sql_stage import query_of
@@ -396,6 +397,7 @@ def aggregate_batch(
             together=together,
             windows=WindowSpec.from_params(params),
             highs=highs,
+            schema=params.get(INPUT_SCHEMA),
         )
     return partial_aggregate(
         spark,

@@ -69,12 +69,14 @@ def grouped_partials(
     together: Mapping[str, str] | None = None,
     windows: WindowSpec | None = None,
     highs: Mapping[str, int | None] | None = None,
+    schema: str | None = None,
 ) -> dict[str, PartialOutput]:
     """Each input segment (id -> file) into its output file (id -> file): one partial
     line per group (per window and group, with ``windows``) of the records ``where``
     holds for (an admitted condition; None: every record), written atomically; what
     each segment held (records, groups, malformed and late lines). ``highs``: per
-    segment, the largest event time of the chunks before its own (None: none)."""
+    segment, the largest event time of the chunks before its own (None: none). ``schema``:
+    the source's declared fields, for records read whole from the source's chunks."""
     paths = {seg: str(path) for seg, path in inputs.items()}
     holders = holders_of(paths, together or {})
     strings = list(grouping.strings)
@@ -91,7 +93,7 @@ def grouped_partials(
             nullable=True,
         ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
     else:
-        parsed = _held_for(spark, list(paths.values()), grouping, where, strings)
+        parsed = _held_for(spark, list(paths.values()), grouping, where, strings, schema=schema)
     parsed = with_times(in_one_task(parsed, inputs.values()), grouping)
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
@@ -208,6 +210,8 @@ def _held_for(
     grouping: Grouping,
     where: str | None,
     strings: list[str],
+    *,
+    schema: str | None,
 ) -> DataFrame:
     """The records with the fields the grouping reads (``strings`` as text, its numbers
     as decimals; its computed group fields computed first), as
@@ -217,7 +221,7 @@ def _held_for(
     stage's does (sparkjobs/expression_guard.py), so the records are read whole, and
     their fields then as the grouping reads them; a line that is not a record is
     malformed."""
-    rows = read_rows(spark, paths)
+    rows = read_rows(spark, paths, schema=schema)
     data = [c for c in rows.columns if c not in {CORRUPT, SEGMENT_COL}]
     if grouping.computed:
         rows = with_computed(rows, grouping.computed, keep={CORRUPT, SEGMENT_COL})

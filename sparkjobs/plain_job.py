@@ -73,6 +73,8 @@ def _after_record_steps(
     fmt: str,
     steps: Sequence[tuple[str, Any]],
     computed: Sequence[str] = (),
+    *,
+    schema: str | None = None,
 ) -> DataFrame:
     """The input after filter/project steps (and with a stage's ``computed`` group
     fields), as JSON lines again (as segments would be). A line the reader could not
@@ -80,7 +82,7 @@ def _after_record_steps(
     the live run's first stage counts it. (Spark refuses a query of a file's corrupt
     lines alone: the unread ones are selected beside the record they would be, which
     makes them a second scan of the input.)"""
-    frame = read_rows(spark, paths, fmt).drop(SEGMENT_COL)
+    frame = read_rows(spark, paths, fmt, schema=schema).drop(SEGMENT_COL)
     unread = None
     if CORRUPT in frame.columns:
         whole = F.to_json(F.struct(*[column(c) for c in frame.columns if c != CORRUPT]))
@@ -100,10 +102,13 @@ def batch_aggregate(
     fmt: str,
     params: AggregateParams,
     steps: Sequence[tuple[str, Any]] = (),
+    *,
+    schema: str | None = None,
 ) -> BatchResult:
-    """The aggregate over the whole input, after the record operators ``steps``."""
+    """The aggregate over the whole input, after the record operators ``steps`` (which
+    read the records with the source's declared ``schema``, as the live stages do)."""
     if steps:
-        lines = _after_record_steps(spark, paths, fmt, steps)
+        lines = _after_record_steps(spark, paths, fmt, steps, schema=schema)
         frame = parse_fields(
             lines, strings=params.strings, numbers=[params.value], keys=[params.key]
         )
@@ -194,6 +199,7 @@ def batch_grouped(
     steps: Sequence[tuple[str, Any]] = (),
     *,
     windows: WindowSpec | None = None,
+    schema: str | None = None,
 ) -> GroupedResult:
     """A stage of grouped measures over the whole input, after the record operators
     ``steps``: ``groupBy(...).agg(...)``, as a Spark engineer writes it, over the records
@@ -203,7 +209,7 @@ def batch_grouped(
     if windows is not None and windows.field not in [*strings, *numbers]:
         strings = [*strings, windows.field]
     if steps or grouping.computed:
-        lines = _after_record_steps(spark, paths, fmt, steps, grouping.computed)
+        lines = _after_record_steps(spark, paths, fmt, steps, grouping.computed, schema=schema)
         frame = parse_fields(
             lines, strings=strings, numbers=numbers, keys=grouping.group_by, nullable=True
         )

@@ -112,13 +112,20 @@ def read_records(
     return frame.select(*kept, F.col(RAW_COL), bad.alias(MALFORMED_COL))
 
 
-def read_rows(spark: SparkSession, paths: Sequence[str], fmt: str | None = None) -> DataFrame:
+def read_rows(
+    spark: SparkSession, paths: Sequence[str], fmt: str | None = None, *, schema: str | None = None
+) -> DataFrame:
     """Every field of every record, for a record operator, with the file it came from
     and, of JSON lines, the reader's corrupt record (``CORRUPT``, null in a readable
-    record). CSV fields are text; files with other columns add theirs (null elsewhere)."""
+    record). CSV fields are text; files with other columns add theirs (null elsewhere).
+    With ``schema`` (Spark DDL: the source's declared fields), JSON lines are read with
+    it: a record holding a value its field's type cannot take is a corrupt record, not
+    a batch whose types differ from the next one's."""
 
     def json_rows(files: list[str]) -> DataFrame:
         reader = spark.read.option("mode", "PERMISSIVE")
+        if schema is not None:
+            reader = reader.schema(f"{schema}, {CORRUPT} STRING")
         return reader.option("columnNameOfCorruptRecord", CORRUPT).json(files)
 
     def csv_rows(files: list[str], header: str) -> DataFrame:

@@ -79,6 +79,27 @@ class ParamProblem:
     message: str
 
 
+# A job parameter the worker adds for a batch read straight from the source: the DDL of
+# the source's declared schema (``declared_ddl``), which the jobs read records with.
+INPUT_SCHEMA = "_input_schema"
+_SPARK_TYPES: Mapping[FieldType, str] = {
+    "string": "STRING",
+    "long": "BIGINT",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+}
+
+
+def declared_ddl(value: Any) -> str | None:
+    """A valid ``schema`` parameter as the DDL Spark reads records with, or None."""
+    schema, problems = declared(value)
+    if schema is None or problems:
+        return None
+    return ", ".join(f"`{f.name}` {_SPARK_TYPES[f.type]}" for f in schema.fields)
+
+
 def declared(value: Any) -> tuple[Schema | None, list[str]]:
     """A source's ``schema`` parameter read, or its problems. It is written as Spark
     writes a schema in DDL: ``"key string, value double, user string"`` (a colon after

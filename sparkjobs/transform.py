@@ -19,6 +19,7 @@ from sparkjobs.expression_guard import apply_record_step
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import CORRUPT, SEGMENT_COL, column, read_rows, segment_of
+from sparkjobs.schemas import INPUT_SCHEMA
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
 
@@ -39,8 +40,9 @@ def record_batch(
     neither do ``highs`` (their outputs carry their inputs' event-time marks). Nor are
     they combined (``together``): each segment's records stay in its own output, which
     the balancer moves and the downstream reads as a segment of its own."""
+    paths = [str(p) for p in inputs.values()]
     frame = in_one_task(
-        read_rows(spark, [str(p) for p in inputs.values()]), inputs.values()
+        read_rows(spark, paths, schema=params.get(INPUT_SCHEMA)), inputs.values()
     ).cache()
     try:
         has_corrupt = CORRUPT in frame.columns

@@ -35,6 +35,7 @@ from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_groups, combine_partials, read_partials
+from sparkjobs.schemas import INPUT_SCHEMA, declared_ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -375,7 +376,7 @@ def _operate(
     by_file = {Path(s.path).stem: s for s in batch}
     spark = operator_session([s.bytes for s in by_file.values()])
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
-    params = job_params(node)
+    params = _with_input_schema(job_params(node), graph, batch)
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
     spec = operator_of(node)
     copies = {
@@ -466,6 +467,18 @@ def _operate(
         run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
     )
     return sum(malformed.values())
+
+
+def _with_input_schema(
+    params: Mapping[str, Any], graph: RunGraph, batch: list[Segment]
+) -> Mapping[str, Any]:
+    """A batch read straight from the source's chunks reads its records with the
+    source's declared schema, if it has one (sparkjobs/records.py, ``read_rows``)."""
+    source = graph.node(graph.source).get("params") or {}
+    ddl = declared_ddl(source.get("schema")) if "schema" in source else None
+    if ddl is None or any(s.upstream != graph.source for s in batch):
+        return params
+    return {**params, INPUT_SCHEMA: ddl}
 
 
 def _run_operator(

@@ -25,6 +25,7 @@ from sparkjobs.catalog import OPERATORS, operator_name, operator_of
 from sparkjobs.event_time import WindowSpec, iso
 from sparkjobs.measures import Grouping
 from sparkjobs.merge import group_order
+from sparkjobs.schemas import declared_ddl
 from sparkjobs.sql_stage import query_of
 
 if TYPE_CHECKING:
@@ -103,13 +104,23 @@ def batch_summary(
         raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
     steps = [(operator_name(n), job_params(n)) for n in chain[:-1]]
     began = time.monotonic()
+    # The records the first stage reads straight from the input, with the source's
+    # declared fields, as the live run's first stage reads them.
+    source = graph.node(graph.source).get("params") or {}
+    schema = declared_ddl(source.get("schema")) if "schema" in source else None
     query = query_of(chain[-1].get("params") or {})
     if query is not None:
         if query.where is not None:
             steps.append(("filter", {"condition": query.where}))
         spec = WindowSpec.from_params(chain[-1].get("params") or {})
         grouped = batch_grouped(
-            spark_session(), [f.path for f in files], fmt, query.grouping, steps, windows=spec
+            spark_session(),
+            [f.path for f in files],
+            fmt,
+            query.grouping,
+            steps,
+            windows=spec,
+            schema=schema,
         )
         return _summary(
             rows=_grouped_rows(query.grouping, grouped),
@@ -123,6 +134,7 @@ def batch_summary(
         fmt,
         AggregateParams.from_params(chain[-1].get("params") or {}),
         steps,
+        schema=schema,
     )
     rows = sorted_rows(
         format_row(r.key, r.count, r.sum, r.min, r.max, distinct=r.distinct) for r in result.rows

@@ -15,6 +15,7 @@ import pytest
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.merge import combine_partials
 from sparkjobs.plain_job import batch_aggregate
+from sparkjobs.schemas import INPUT_SCHEMA, declared_ddl
 from sparkjobs.transform import record_batch
 
 pytestmark = pytest.mark.spark
@@ -169,6 +170,39 @@ def test_filter_then_batch_matches_filtering_first(spark: Any, tmp_path: Path) -
     )
     got = {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in filtered.rows}
     assert got == oracle([r for r in GOOD if r["user"] != "u3"])
+
+
+def test_a_value_its_declared_type_cannot_take_is_a_malformed_record_not_a_failed_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Given records of a source declaring value a double, one of them holding a text
+    lines = [
+        '{"key": "a", "value": 2.5, "user": "u1"}',
+        '{"key": "a", "value": "late", "user": "u2"}',
+        '{"key": "b", "value": -1, "user": "u3"}',
+    ]
+    segment = tmp_path / "s0.jsonl"
+    segment.write_text("".join(line + "\n" for line in lines))
+    schema = declared_ddl("key string, value double, user string")
+    params = {"condition": "value >= 0", INPUT_SCHEMA: schema}
+    # When a filter comparing it with a number reads the batch
+    outputs = {"s0": tmp_path / "out.jsonl"}
+    produced = record_batch(spark, "filter", params, {"s0": segment}, outputs)
+    # Then the record is malformed and quarantined, and the others are filtered
+    assert produced["s0"].malformed == 1
+    assert produced["s0"].quarantined == [lines[1]]
+    kept = [json.loads(line) for line in outputs["s0"].read_text().splitlines()]
+    assert kept == [{"key": "a", "value": 2.5, "user": "u1"}]
+    # ...as the plain job counts it
+    result = batch_aggregate(
+        spark,
+        [str(segment)],
+        "jsonl",
+        AggregateParams(),
+        [("filter", {"condition": "value >= 0"})],
+        schema=schema,
+    )
+    assert result.malformed == 1 and result.records == 1
 
 
 # Each line, the good records it holds and how many malformed ones: a line means what
