@@ -18,11 +18,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sparkjobs import long_sums
-from sparkjobs.measures import Grouping, Measure
+from sparkjobs.measures import DECIMAL_VALUED, Grouping, Measure
 from sparkjobs.records import column
 
-# The functions kept in longs where the values allow.
-IN_LONGS = frozenset({"sum", "min", "max", "avg"})
+# The functions kept in longs where the values allow: those of an exact decimal.
+IN_LONGS = DECIMAL_VALUED
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ Function = Literal[
 FUNCTIONS: tuple[Function, ...] = get_args(Function)
 # The functions of a number, read as DECIMAL(38,10) (sparkjobs/records.py).
 OF_NUMBERS: frozenset[str] = frozenset({"sum", "min", "max", "avg", "approx_percentile"})
+# The functions whose value is an exact decimal (kept as its text once finished).
+DECIMAL_VALUED: frozenset[str] = frozenset({"sum", "min", "max", "avg"})
 # The sketches' sizes, as Spark's own functions take them: an HLL sketch of 2^12
 # registers (relative standard error 1.6%), a KLL sketch of k = 200 (normalized rank
 # error 1.65%).

@@ -19,7 +19,7 @@ from django.db import connection
 
 from orchestrator.models import ResultGroup, Run
 from sparkjobs.event_time import WindowSpec, iso
-from sparkjobs.measures import Grouping, Value
+from sparkjobs.measures import DECIMAL_VALUED, Grouping, Value
 from sparkjobs.merge import GroupPartial, group_order
 
 # A row of a grouped result as the API and the run page show it: over windows, its
@@ -146,9 +146,5 @@ def restored(grouping: Grouping, kept: dict[str, str | int | float | None]) -> d
     values: dict[str, Value] = {}
     for m in grouping.measures:
         v = kept[m.name]
-        values[m.name] = Decimal(v) if isinstance(v, str) and m.fn in DECIMALS else v
+        values[m.name] = Decimal(v) if isinstance(v, str) and m.fn in DECIMAL_VALUED else v
     return values
-
-
-# The measures whose value is an exact decimal (kept as its text).
-DECIMALS = frozenset({"sum", "min", "max", "avg"})
