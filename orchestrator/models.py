@@ -55,6 +55,15 @@ class Run(models.Model):
     source_position = models.JSONField(
         default=dict, help_text="Where the source resumes: file index and byte offset."
     )
+    references = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            "A refreshed join's latest copy of its table, per join stage: its file in the "
+            "reference store, its version (1 for the first refresh that changed it) and "
+            "when it was read. Files taken in from then on join it."
+        ),
+    )
     merged_prefix = models.JSONField(
         default=dict,
         help_text=(
@@ -353,6 +362,15 @@ class SourceFile(models.Model):
     state = models.CharField(max_length=8, choices=State.choices, default=State.READING)
     changed = models.BooleanField(
         default=False, help_text="Rewritten or truncated after it was taken in (reported)."
+    )
+    references = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            "The copy of each refreshed join's table its records join (stage -> file in "
+            "the reference store), bound when it was taken in; a node not named joins the "
+            "copy the run started with."
+        ),
     )
     discovered_at = models.DateTimeField(auto_now_add=True)
 

@@ -53,7 +53,7 @@ from orchestrator.run.lifecycle import (
 )
 from orchestrator.run.wakeups import wait_until_ended
 from orchestrator.services.health import run_checks
-from orchestrator.source.replay import ReplayError, write_ingested
+from orchestrator.source.replay import ReplayError, replay_inputs, write_ingested
 from orchestrator.source.spec import (
     LandingSpec,
     StreamSpec,
@@ -148,6 +148,7 @@ __all__ = [
     "operator_name",
     "reference_columns",
     "reference_problems",
+    "replay_inputs",
     "request_adjustment",
     "request_migration",
     "run_checks",

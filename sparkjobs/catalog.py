@@ -238,6 +238,9 @@ def _micro_precise(check: Check) -> Check:
     return precise
 
 
+# A refreshed join's period, in seconds: the least and the most.
+REFRESH_S = (5.0, 86400.0)
+
 WINDOW_PARAMS: tuple[str, ...] = ("window_s", "slide_s", "event_time", "lateness_s")
 
 
@@ -397,7 +400,9 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "Adds columns of a reference table (a CSV, JSON lines or Parquet file below the "
             "input folders, or a table of a database the admin named) to each record whose "
             "on fields equal a row's. The table is read when a run starts and that version "
-            "is joined throughout the run, its retries and its plain job.",
+            "is joined throughout the run, its retries and its plain job; with refresh_s, "
+            "read again on that period while a landing-folder run goes on, each file the "
+            "run takes in joining the version read last before it arrived.",
             {
                 "reference": ParamSpec(
                     None,
@@ -435,6 +440,12 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                     _one_of(JOINS),
                     "inner: a record without a matching row is dropped; left: kept, its added "
                     "columns null",
+                ),
+                "refresh_s": ParamSpec(
+                    None,
+                    _optional(_number(REFRESH_S[0], REFRESH_S[1])),
+                    "seconds between two reads of the table while a run over a landing "
+                    "folder goes on (none: the run joins the table as it started)",
                 ),
             },
             batch_job=RECORD_JOB,

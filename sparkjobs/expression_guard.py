@@ -247,13 +247,20 @@ def with_computed(
 
 
 def apply_record_step(
-    frame: DataFrame, operator: str, params: Any, *, keep: Collection[str] = ()
+    frame: DataFrame,
+    operator: str,
+    params: Any,
+    *,
+    keep: Collection[str] = (),
+    origin: str | None = None,
 ) -> DataFrame:
     """``frame`` after a filter, project or join node, a filter's and a project's
     expressions admitted first.
 
     ``keep``: columns carried through a project untouched (the segment a record came
     from); they are neither fields an expression may name nor part of the output.
+    ``origin``: the one of them naming the file a record was read from, for a join over
+    a refreshed table (sparkjobs/reference.py).
     """
     spark = frame.sparkSession
     fields = [c for c in frame.columns if c not in keep]
@@ -269,5 +276,5 @@ def apply_record_step(
             raise ExpressionRefused(", ".join(texts), [ExpressionProblem(0, row)])
         return frame.select(*keep, *columns)
     if operator == "join":
-        return join_reference(frame, params, keep=keep)
+        return join_reference(frame, params, keep=keep, origin=origin)
     raise ValueError(f"unknown record operator {operator!r}")

@@ -30,6 +30,7 @@ from sparkjobs.records import (
     read_records,
     read_rows,
 )
+from sparkjobs.reference import REFERENCE_BY_FILE
 from sparkjobs.session import collect_all
 from sparkjobs.windows import EVENT_COL, with_event_us
 
@@ -82,16 +83,22 @@ def _after_record_steps(
     the live run's first stage counts it. (Spark refuses a query of a file's corrupt
     lines alone: the unread ones are selected beside the record they would be, which
     makes them a second scan of the input.)"""
-    frame = read_rows(spark, paths, fmt, schema=schema).drop(SEGMENT_COL)
+    frame = read_rows(spark, paths, fmt, schema=schema)
+    # A join over a refreshed table picks each record's copy by the file it came from.
+    keep = [SEGMENT_COL] if any(REFERENCE_BY_FILE in params for _, params in steps) else []
+    if not keep:
+        frame = frame.drop(SEGMENT_COL)
     unread = None
     if CORRUPT in frame.columns:
-        whole = F.to_json(F.struct(*[column(c) for c in frame.columns if c != CORRUPT]))
+        fields = [c for c in frame.columns if c not in (CORRUPT, *keep)]
+        whole = F.to_json(F.struct(*[column(c) for c in fields]))
         line = F.coalesce(F.col(CORRUPT), whole).alias(RAW_COL)
         unread = frame.where(F.col(CORRUPT).isNotNull()).select(line)
         frame = frame.where(F.col(CORRUPT).isNull()).drop(CORRUPT)
+    origin = SEGMENT_COL if keep else None
     for operator, params in steps:
-        frame = apply_record_step(frame, operator, params)
-    frame = with_computed(frame, computed)
+        frame = apply_record_step(frame, operator, params, keep=keep, origin=origin)
+    frame = with_computed(frame, computed, keep=keep).drop(*keep)
     lines = frame.select(F.to_json(F.struct(*[column(c) for c in frame.columns])).alias(RAW_COL))
     return lines if unread is None else lines.unionByName(unread)
 

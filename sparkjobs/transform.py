@@ -49,7 +49,7 @@ def record_batch(
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
         data_cols = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
         good = good.select(SEGMENT_COL, *[column(c) for c in data_cols])
-        result = apply_record_step(good, operator, params, keep=[SEGMENT_COL])
+        result = apply_record_step(good, operator, params, keep=[SEGMENT_COL], origin=SEGMENT_COL)
         payload = [c for c in result.columns if c != SEGMENT_COL]
         rows = collect_all(
             result.select(

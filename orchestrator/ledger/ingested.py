@@ -7,6 +7,8 @@ same answer serves the run's end (coverage) and any later look at it (the summar
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from orchestrator.models import Run, SourceFile
 from orchestrator.pipeline.graph import input_extent
 from orchestrator.pipeline.inputs import recorded_inputs
@@ -39,3 +41,13 @@ def ingested_extent(run: Run) -> list[tuple[int, int]]:
     # cancelled or failed before that has nothing to cover).
     paths = spec.get("paths") or []
     return input_extent(recorded_inputs(spec, spec.get("format", "jsonl"))) if paths else []
+
+
+def joined_copies(run_id: int, stage: str, files: Collection[int]) -> dict[int, str]:
+    """The copy of join ``stage``'s refreshed table that each of the landing files
+    ``files`` (by index) joins, for the files bound to a copy other than the run's first
+    (orchestrator/source/landing.py binds it when it takes a file in)."""
+    bound = SourceFile.objects.filter(run_id=run_id, index__in=list(files)).values_list(
+        "index", "references"
+    )
+    return {index: str(refs[stage]) for index, refs in bound if stage in refs}

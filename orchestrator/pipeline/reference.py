@@ -34,7 +34,7 @@ from orchestrator.pipeline.beneath import Roots, WalkError
 from orchestrator.pipeline.inputs import InputError, confined_files
 from orchestrator.pipeline.sample import field_type_of, read_sample
 from sparkjobs.catalog import CONSOLE_DATABASE, REFERENCE_FORMATS, operator_name
-from sparkjobs.reference import REFERENCE_PATH
+from sparkjobs.reference import REFERENCE_BY_FILE, REFERENCE_PATH
 from sparkjobs.schemas import Field, FieldType, Schema, declared_proposal
 
 CHUNK = 1 << 20
@@ -259,12 +259,18 @@ def snapshot_tables(doc: PipelineDocument) -> PipelineDocument:
     return {**doc, "nodes": nodes}
 
 
-def job_params(node: NodeDocument) -> Mapping[str, Any]:
+def job_params(node: NodeDocument, by_file: Mapping[str, str] | None = None) -> Mapping[str, Any]:
     """The parameters ``node``'s Spark job runs with: its own, and for a join the file
     of its table's snapshot (taken now when the graph has none, as for a plain job
-    over a pipeline that never ran)."""
+    over a pipeline that never ran), and the later copies of a refreshed table that
+    records of the files ``by_file`` names join (file name -> copy's name)."""
     params: Mapping[str, Any] = node.get("params") or {}
     if operator_name(node) != "join":
         return params
     name = node.get("reference_file") or snapshot_of(params)
-    return {**params, REFERENCE_PATH: str(store() / Path(str(name)).name)}
+    found = {**params, REFERENCE_PATH: str(store() / Path(str(name)).name)}
+    if by_file:
+        found[REFERENCE_BY_FILE] = {
+            file: str(store() / Path(copy).name) for file, copy in by_file.items()
+        }
+    return found

@@ -71,6 +71,7 @@ from orchestrator.run.dispatch import BatchDispatch, Dispatcher
 from orchestrator.run.key_loads import KeyLoads
 from orchestrator.run.pacer import SourceGraph, SourcePacer, source_graph
 from orchestrator.run.publisher import Publisher
+from orchestrator.run.references import Refresher
 from orchestrator.run.reporter import Report, Reporter
 from orchestrator.run.runtime import LiveRuntime
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
@@ -156,6 +157,7 @@ class RunDriver:
         # each adjustment did to its stages' capacity.
         self.arrivals = ArrivalMeter()
         self.capacity_log = CapacityLog(self.run_id)
+        self.references: Refresher | None = None  # the refreshed joins' reads: _start
 
     def drive(self, lock_timeout_s: float = 2.0) -> str:
         lock = self.control.driver_lock(self.key, self.identity)
@@ -195,6 +197,8 @@ class RunDriver:
             self.reporter.stop()
             if self.rescale is not None:
                 self.rescale.close()
+            if self.references is not None:
+                self.references.close()
             for subscription in self.subscriptions:
                 subscription.cancel()
             if self.started:
@@ -286,6 +290,12 @@ class RunDriver:
         self.windows = pipeline_windows(run.topology)
         self.grouping = pipeline_grouping(run.topology)
         self.sink = sink_of(pipeline_sink(run.topology), layout_of(run.topology))
+        self.references = Refresher(
+            self.run_id,
+            self.epoch,
+            run.topology,
+            folder=(run.input_spec or {}).get("kind") == "folder",
+        )
         self.started = True
         if run.status == Run.Status.PENDING:
             # Only a run still pending: one cancelled since it was read stays cancelled
@@ -361,11 +371,19 @@ class RunDriver:
                 if self._finished(run):
                     self._give_workers_back()
                     return run.status
-            if now >= next_sweep:
-                self._retain()
-                next_sweep = now + RETENTION_S
+            next_sweep = self._upkeep(now, next_sweep, running=running)
             if not sending:  # a source with more to send now goes on at once
                 self.wakeups.sleep(self._nap_s(next_tick))
+
+    def _upkeep(self, now: float, next_sweep: float, *, running: bool) -> float:
+        """Beside the data: refreshed joins' tables read again when due, and merged data
+        swept every ``RETENTION_S``. Returns when the next sweep is due."""
+        if running and self.references is not None:
+            self.references.poll(now)
+        if now < next_sweep:
+            return next_sweep
+        self._retain()
+        return now + RETENTION_S
 
     def _dispatch_batches(self, now: float, *, sending: bool) -> None:
         """A batch task for each node with data waiting (orchestrator/run/dispatch.py),

@@ -316,8 +316,12 @@ class LandingFolderSource:
             return
         with transaction.atomic():
             owner = Run.objects.select_for_update().filter(pk=self.run_id, epoch=self.epoch)
-            if not owner.exists():
+            refreshed = owner.values_list("references", flat=True).first()
+            if refreshed is None:
                 raise StaleEpochError(f"run {self.run_id} has a newer driver")
+            # Under the run's lock, which a refresh of a join's table also takes: a file
+            # joins the copy read last before it was taken in, whoever replays it.
+            bound = {node: str(copy["file"]) for node, copy in refreshed.items()}
             first = self.taken
             SourceFile.objects.bulk_create(
                 SourceFile(
@@ -327,6 +331,7 @@ class LandingFolderSource:
                     size=item.size,
                     data_start=item.data_start,
                     mtime_ns=mtime_ns,
+                    references=bound,
                 )
                 for offset, (item, mtime_ns) in enumerate(taken)
             )

@@ -9,9 +9,12 @@ follows no symbolic link; a stream's entries are read again with XRANGE.
 
 from __future__ import annotations
 
+import json
 import os
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import redis
 from django.conf import settings
@@ -29,19 +32,61 @@ class ReplayError(ValueError):
     """What the run took in cannot be read again; the message says why."""
 
 
-def write_ingested(run: Run, out: Path) -> int:
-    """Write the run's ingested records to ``out`` (JSON lines); returns their count of
-    bytes. Raises :class:`ReplayError`."""
+@dataclass(frozen=True)
+class Replay:
+    """What a run took in, written out: the files to read, and for each join whose table
+    the run refreshed, the copy each file's records join (node -> file name -> copy's
+    name; a file not named joins the copy the run started with)."""
+
+    paths: list[str]
+    copies: dict[str, dict[str, str]]
+
+
+def replay_inputs(run: Run, out: Path) -> Replay:
+    """Write the run's ingested records to ``out`` (JSON lines), and the files bound to
+    a refreshed join's later copy beside it, one file per copy they join (``out``'s
+    name with a number added). Raises :class:`ReplayError`."""
     spec = unbounded_spec(run.input_spec or {})
     out.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(spec, LandingSpec):
-        return _files(run, spec, out)
+        _, parts = _files(run, spec, out)
+    elif isinstance(spec, StreamSpec):
+        _entries(run, spec, out)
+        parts = [(out, {})]
+    else:
+        raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
+    copies: dict[str, dict[str, str]] = {}
+    for path, bound in parts:
+        for node, copy in bound.items():
+            copies.setdefault(node, {})[path.name] = copy
+    return Replay([str(path) for path, _ in parts], copies)
+
+
+def write_ingested(run: Run, out: Path) -> int:
+    """Write the run's ingested records to ``out`` (JSON lines) alone; returns their
+    count of bytes. Raises :class:`ReplayError`, and for a run whose files joined
+    refreshed copies of a table (they need :func:`replay_inputs`)."""
+    spec = unbounded_spec(run.input_spec or {})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(spec, LandingSpec):
+        written, parts = _files(run, spec, out)
+        if len(parts) > 1:
+            raise ReplayError(
+                f"run {run.pk} joined refreshed copies of a table: its files are replayed "
+                "one part per copy (run_pipeline --batch --of-run)"
+            )
+        return written
     if isinstance(spec, StreamSpec):
         return _entries(run, spec, out)
     raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
 
 
-def _files(run: Run, spec: LandingSpec, out: Path) -> int:
+Part = tuple[Path, dict[str, str]]
+
+
+def _files(run: Run, spec: LandingSpec, out: Path) -> tuple[int, list[Part]]:
+    """Each file's bytes the run took, into ``out`` or, for a file bound to refreshed
+    copies of a join's table, into the part of the files bound to the same copies."""
     if spec.format != "jsonl":
         raise ReplayError("only a landing folder of JSON lines can be replayed as one file")
     extent = ingested_extent(run)
@@ -54,11 +99,20 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> int:
             "what it took in can no longer be replayed whole"
         )
     written = 0
-    with Roots(settings.INPUT_ROOTS) as roots, out.open("wb") as sink:
+    parts: dict[str, Part] = {"{}": (out, {})}
+    sinks: dict[str, BinaryIO] = {}
+    with Roots(settings.INPUT_ROOTS) as roots, ExitStack() as opened:
+        sinks["{}"] = opened.enter_context(out.open("wb"))
         for row in rows:
             start, end = extent[row.index]
             if end <= start:
                 continue
+            bound = json.dumps(row.references, sort_keys=True)
+            if bound not in sinks:
+                part = out.with_name(f"{out.stem}.{len(parts)}{out.suffix}")
+                parts[bound] = (part, dict(row.references))
+                sinks[bound] = opened.enter_context(part.open("wb"))
+            sink = sinks[bound]
             if row.state == SourceFile.State.CLEANED and spec.clean == "delete":
                 raise ReplayError(f"{row.path} was deleted once merged (clean: delete)")
             try:
@@ -72,9 +126,10 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> int:
                 raise ReplayError(f"{row.path} no longer holds the {end - start} bytes taken")
             sink.write(body if body.endswith(b"\n") else body + b"\n")
             written += len(body)
-        sink.flush()
-        os.fsync(sink.fileno())
-    return written
+        for sink in sinks.values():
+            sink.flush()
+            os.fsync(sink.fileno())
+    return written, list(parts.values())
 
 
 def _entries(run: Run, spec: StreamSpec, out: Path) -> int:

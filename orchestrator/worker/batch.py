@@ -23,7 +23,7 @@ from django.db import DatabaseError
 
 from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParams, PipelineDocument
 from balancer.units import MB
-from orchestrator.ledger import failures, keystate, segments
+from orchestrator.ledger import failures, ingested, keystate, segments
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.pipeline.graph import RunGraph, pipeline_grouping, pipeline_windows
 from orchestrator.pipeline.layout import run_dir, segment_path
@@ -376,7 +376,7 @@ def _operate(
     by_file = {Path(s.path).stem: s for s in batch}
     spark = operator_session([s.bytes for s in by_file.values()])
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
-    params = _with_input_schema(job_params(node), graph, batch)
+    params = _with_input_schema(job_params(node, _joined_copies(run, node, batch)), graph, batch)
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
     spec = operator_of(node)
     copies = {
@@ -467,6 +467,17 @@ def _operate(
         run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
     )
     return sum(malformed.values())
+
+
+def _joined_copies(run: Run, node: NodeDocument, batch: list[Segment]) -> dict[str, str]:
+    """For a join whose table is refreshed: the copy each segment's records join, by
+    the segment's file name, as its landing file was bound to it when taken in (a
+    retry, a migrated batch, the plain job over the run: all the same copy)."""
+    if "refresh_s" not in (node.get("params") or {}):
+        return {}
+    stage = node.get("stage") or node["name"]
+    copies = ingested.joined_copies(run.pk, stage, {s.origin_file for s in batch})
+    return {Path(s.path).name: copies[s.origin_file] for s in batch if s.origin_file in copies}
 
 
 def _with_input_schema(

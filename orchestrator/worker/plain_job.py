@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,11 @@ def batch_summary(
     topology: PipelineDocument,
     input_path: str | list[str] | None,
     generator: str | GeneratorFields | None,
+    copies: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
+    """The plain Spark job's summary of ``topology`` over the input. ``copies``: for a
+    join whose table a run refreshed, the copy each input file's records join (node ->
+    file name -> copy's name: orchestrator/source/replay.py)."""
     import time
 
     from sparkjobs.aggregate import AggregateParams
@@ -102,7 +107,10 @@ def batch_summary(
     if not chain or not operator_of(chain[-1]).partials:
         ending = " or ".join(name for name, spec in OPERATORS.items() if spec.partials)
         raise BatchJobError(f"the batch job computes pipelines that end in an {ending} stage")
-    steps = [(operator_name(n), job_params(n)) for n in chain[:-1]]
+    steps = [
+        (operator_name(n), job_params(n, (copies or {}).get(n.get("stage") or n["name"])))
+        for n in chain[:-1]
+    ]
     began = time.monotonic()
     # The records the first stage reads straight from the input, with the source's
     # declared fields, as the live run's first stage reads them.

@@ -6,11 +6,21 @@ measure by its name."""
 
 from __future__ import annotations
 
+import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.ledger.results import summary
+from orchestrator.models import Event, SourceFile
+from orchestrator.run.lifecycle import set_status, snapshot
+from orchestrator.source.replay import ReplayError, replay_inputs, write_ingested
+from orchestrator.source.spec import LandingSpec
+from orchestrator.worker.plain_job import batch_summary
+from tests.conftest import TEST_VAR_DIR
 from tests.orchestrator.run.scenarios import (
     AIRLINES,
     FLIGHT_MEASURES,
@@ -22,8 +32,10 @@ from tests.orchestrator.run.scenarios import (
     kill_a_batch_and_hot_migrate,
     policy,
     start,
+    wait_until_done,
     write_flights,
 )
+from tests.waiting import wait_for
 from tests.webapp.console.factories import client_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
@@ -62,3 +74,74 @@ def test_a_joined_run_equals_the_plain_job_over_the_table_it_started_with(
         *(m["name"] for m in FLIGHT_MEASURES["measures"]),
     ]
     assert sorted(shown["rows"], key=lambda r: (r["name"], r["origin"])) == result["rows"]
+
+
+def _land(folder: Path, name: str, records: int, *, seed: int) -> None:
+    """A file of flights landed whole: written aside, then renamed into the folder."""
+    aside = folder.parent / f".{name}"
+    write_flights(aside, records, seed=seed)
+    aside.rename(folder / name)
+
+
+@pytest.fixture
+def workers_inputs(settings: Any) -> Iterator[Path]:
+    """A folder of its own below the input folder the Spark workers read (a refresh
+    reads the table there), which the test's process reads too; removed after."""
+    root = TEST_VAR_DIR / "inputs" / f"refresh-{uuid.uuid4().hex[:8]}"
+    root.mkdir(parents=True)
+    settings.INPUT_ROOTS = [str(root.parent)]
+    yield root
+    shutil.rmtree(root)
+
+
+def test_files_landing_after_a_refresh_join_the_new_table_through_a_kill_and_a_migration(
+    workers: Any, workers_inputs: Path, tmp_path: Path
+) -> None:
+    # Given a landing folder and an airlines table where the Spark workers read inputs,
+    # and the flights query joining the table again every 5 s
+    root = workers_inputs
+    landing = root / "landing"
+    landing.mkdir()
+    airlines_table(root / "airlines.csv", AIRLINES)
+    doc = joined_flights(reference=f"{root.name}/airlines.csv", sql=FLIGHTS_SQL, refresh_s=5)
+    doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
+    _land(landing, "early.jsonl", 6_000, seed=3)
+    run = start(doc, policy(), source=LandingSpec(str(landing), "*.jsonl", stable_s=0))
+    wait_for("the early file taken in", SourceFile.objects.filter(run=run).exists, timeout_s=60)
+    # When the table changes, is read again, and a file lands after that
+    airlines_table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
+    refreshed = Event.objects.filter(run=run, kind="reference_refreshed")
+    wait_for("the table read again", refreshed.exists, timeout_s=60)
+    _land(landing, "late.jsonl", 20_000, seed=4)
+    # ...and a Spark worker is killed holding a batch, and the join is hot-migrated
+    kill_a_batch_and_hot_migrate(run, workers, node="enrich")
+    wait_for(
+        "the late file taken in and every record merged",
+        lambda: (
+            SourceFile.objects.filter(run=run).count() == 2
+            and (snapshot(run.pk)["source"]["lag"] or {}).get("entries") == 0
+        ),
+        timeout_s=180,
+    )
+    set_status(run.pk, "stopping", reason="test: both files are in")
+    run = wait_until_done(run)
+    # Then the early file joined the table as the run started, the late one the new
+    # table, both bound in the ledger...
+    bound = dict(SourceFile.objects.filter(run=run).values_list("path", "references"))
+    assert bound[str(landing / "early.jsonl")] == {}
+    assert bound[str(landing / "late.jsonl")] == {"enrich": refreshed.get().data["file"]}
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    names = {r["name"] for r in result["rows"]}
+    assert names == {*AIRLINES.values(), *(n.upper() for n in AIRLINES.values())}
+    # ...and the run equals the plain job over what it took in, each file joining the
+    # copy it was bound to (one input per copy); as one file, it cannot be replayed
+    replay = replay_inputs(run, tmp_path / "replay.jsonl")
+    assert len(replay.paths) == 2
+    expected = batch_summary(
+        topology=run.topology, input_path=replay.paths, generator=None, copies=replay.copies
+    )
+    assert result["rows"] == expected["rows"]
+    with pytest.raises(ReplayError, match="refreshed copies"):
+        write_ingested(run, tmp_path / "whole.jsonl")

@@ -98,8 +98,19 @@ def test_a_viewer_checking_a_join_reads_no_table(inputs: Path) -> None:
             "nodes[2] (agg1).params.value",
             "string",
         ),
+        (
+            joined_flights(refresh_s=1),
+            "nodes[1] (enrich).params",
+            "parameter 'refresh_s' must be between 5 and 86400, got 1",
+        ),
     ],
-    ids=["missing-column", "key-of-another-type", "missing-file", "joined-column-of-another-type"],
+    ids=[
+        "missing-column",
+        "key-of-another-type",
+        "missing-file",
+        "joined-column-of-another-type",
+        "refreshed-too-often",
+    ],
 )
 def test_a_join_that_does_not_fit_its_table_is_refused_where_it_is_and_nothing_is_saved(
     inputs: Path, doc: Any, where: str, says: str

@@ -22,12 +22,12 @@ from orchestrator.service import (
     check_landing,
     check_stream,
     create_run,
+    replay_inputs,
     run_summary,
     snapshot,
     start_run,
     wait_until_ended,
     workers_alive,
-    write_ingested,
 )
 from webapp.console.models import Pipeline, Policy
 from webapp.console.topology_io import parse_yaml, validate_for_save
@@ -98,12 +98,23 @@ class Command(BaseCommand):
         doc, pipeline = self._topology(options["pipeline"])
         policy = self._policy(options["policy"], pipeline, doc)
         try:
-            if options["batch"]:
-                input_path = options["input"]
-                if options["of_run"] is not None:
-                    input_path = self._ingested(options["of_run"])
+            if options["batch"] and options["of_run"] is not None:
+                # The run's own graph: the copies of the tables its joins read.
+                run = self._run(options["of_run"])
+                replay = replay_inputs(
+                    run, Path(settings.DATA_DIR) / "replays" / f"run-{run.pk}.jsonl"
+                )
                 result = batch_summary(
-                    topology=doc, input_path=input_path, generator=options["generator"]
+                    topology=run.topology,
+                    input_path=replay.paths,
+                    generator=None,
+                    copies=replay.copies,
+                )
+                self._print(result, as_json=options["json"])
+                return
+            if options["batch"]:
+                result = batch_summary(
+                    topology=doc, input_path=options["input"], generator=options["generator"]
                 )
                 self._print(result, as_json=options["json"])
                 return
@@ -176,13 +187,11 @@ class Command(BaseCommand):
             )
         return None
 
-    def _ingested(self, run_id: int) -> str:
+    def _run(self, run_id: int) -> Run:
         run = Run.objects.filter(pk=run_id).first()
         if run is None:
             raise CommandError(f"there is no run {run_id}")
-        out = Path(settings.DATA_DIR) / "replays" / f"run-{run_id}.jsonl"
-        write_ingested(run, out)
-        return str(out)
+        return run
 
     def _follow(self, run_id: int, *, as_json: bool) -> None:
         """One line a second until the run ends (Ctrl-C leaves it running)."""

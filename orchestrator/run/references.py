@@ -1,0 +1,127 @@
+"""A join's reference table read again on its period (``refresh_s``) while a run over a
+landing folder goes on.
+
+Each read is a copy in the content-addressed reference store (orchestrator/pipeline/
+reference.py), taken on a thread of its own so that a slow database does not hold the
+driver's loop up. A copy whose bytes differ from the run's latest becomes the run's
+latest (``Run.references``, a version more), under the run's lock; the landing source
+binds every file it takes in to the latest copy under that same lock
+(orchestrator/source/landing.py). So which copy a record joins is a fact of the ledger,
+fixed before any chunk of its file is emitted: a retry, a migrated batch and the plain
+job over the run (orchestrator/source/replay.py) join the same one. A bounded input is
+all there when the run starts, and a stream's entries come from no file: their runs join
+the copy taken at the start, as a run without ``refresh_s`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from balancer.document import PipelineDocument
+from orchestrator.ledger.events import record_event
+from orchestrator.models import Run
+from orchestrator.pipeline.inputs import InputError
+from orchestrator.pipeline.reference import snapshot_of
+from sparkjobs.catalog import operator_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Join:
+    stage: str
+    first: str  # the copy the run started with
+    params: dict[str, object]
+    period_s: float
+    next_at: float
+    reading: Future[str] | None = None
+    failed: str = ""  # the last read's error, said once until it changes
+
+
+class Refresher:
+    """The run's refreshed joins: :meth:`poll` from the driver's loop starts a read of
+    each table that is due and records each read that finished."""
+
+    def __init__(self, run_id: int, epoch: int, graph: PipelineDocument, *, folder: bool):
+        self.run_id, self.epoch = run_id, epoch
+        now = time.monotonic()
+        # One read per stage: its instances (and the ones a rescale adds) join one table.
+        stages: dict[str, _Join] = {}
+        for n in graph["nodes"]:
+            period = (n.get("params") or {}).get("refresh_s")
+            if operator_name(n) == "join" and period:
+                stage = n.get("stage") or n["name"]
+                first = str(n.get("reference_file", ""))
+                params = dict(n.get("params") or {})
+                stages.setdefault(stage, _Join(stage, first, params, float(period), now + period))
+        self.joins = list(stages.values())
+        self.pool: ThreadPoolExecutor | None = None
+        if self.joins and not folder:
+            names = ", ".join(j.stage for j in self.joins)
+            record_event(
+                run_id,
+                "reference_fixed",
+                f"{names}: refresh_s applies to a landing folder's files; this run's input "
+                "is read as it is, so it joins each table as it was when the run started",
+            )
+            self.joins = []
+        if self.joins:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"refresh-{run_id}")
+
+    def poll(self, now: float) -> None:
+        for join in self.joins:
+            if join.reading is not None and join.reading.done():
+                reading, join.reading = join.reading, None
+                self._record(join, reading)
+            if join.reading is None and now >= join.next_at and self.pool is not None:
+                join.next_at = now + join.period_s
+                join.reading = self.pool.submit(snapshot_of, join.params)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _record(self, join: _Join, reading: Future[str]) -> None:
+        try:
+            copy = reading.result()
+        except Exception as exc:  # whatever failed, the run goes on with its last copy
+            if not isinstance(exc, InputError):
+                log.warning("run %s: %s not read again", self.run_id, join.stage, exc_info=exc)
+            if str(exc) != join.failed:
+                join.failed = str(exc)
+                record_event(
+                    self.run_id,
+                    "reference_refresh_failed",
+                    f"join {join.stage}: the table could not be read again ({exc}); files go "
+                    "on joining the last copy read",
+                    data={"stage": join.stage},
+                )
+            return
+        join.failed = ""
+        with transaction.atomic():
+            run = Run.objects.select_for_update().filter(pk=self.run_id, epoch=self.epoch).first()
+            if run is None:
+                return  # a newer driver refreshes now
+            latest = run.references.get(join.stage) or {}
+            if copy == latest.get("file", join.first):
+                return
+            version = int(latest.get("version", 0)) + 1
+            taken = timezone.now().isoformat()
+            run.references = {
+                **run.references,
+                join.stage: {"file": copy, "version": version, "taken_at": taken},
+            }
+            run.save(update_fields=["references"])
+            record_event(
+                self.run_id,
+                "reference_refreshed",
+                f"join {join.stage}: the table changed; files taken in from now on join "
+                f"its version {version}",
+                data={"stage": join.stage, "version": version, "file": copy},
+            )
