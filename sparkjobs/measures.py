@@ -182,7 +182,11 @@ def _merge(fn: str, a: Any, b: Any) -> State:
         merged.merge(_kll(b))
         return _b64(merged.serialize())
     if fn == "count_distinct":
-        return sorted(set(a) | set(b))
+        # Both sorted: the values ``b`` adds, sorted, after ``a`` make two runs that
+        # Python's sort merges in one pass (a kept set is large, a batch adds few).
+        kept = set(a)
+        added = sorted(v for v in set(b) if v not in kept)
+        return sorted(a + added) if added else list(a)
     if fn == "avg":
         return {"sum": _number("sum", a["sum"], b["sum"]), "count": a["count"] + b["count"]}
     if fn in BY_TIME:

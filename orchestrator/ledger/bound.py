@@ -28,3 +28,11 @@ def execute(sql: str, params: Sequence[object]) -> None:
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
+
+
+def fetch(sql: str, params: Sequence[object]) -> list[tuple[object, ...]]:
+    """:func:`execute`'s statement's rows (one that returns some)."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

@@ -15,11 +15,10 @@ import json
 from collections.abc import Sequence
 from decimal import Decimal
 
-from django.db import connection
-
+from orchestrator.ledger import bound
 from orchestrator.models import ResultGroup, Run
 from sparkjobs.event_time import WindowSpec, iso
-from sparkjobs.measures import DECIMAL_VALUED, Grouping, Value
+from sparkjobs.measures import DECIMAL_VALUED, Grouping, State, Value
 from sparkjobs.merge import GroupPartial, group_order
 
 # A row of a grouped result as the API and the run page show it: over windows, its
@@ -66,42 +65,70 @@ def fold(
                 f"run {run_id}: data for windows already closed (starts {shut[:5]} us)"
             )
     by_digest = {digest(p.group, p.window): p for p in partials}
-    size = 0 if windows is None else windows.size_us
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO orchestrator_resultgroup
-              (run_id, digest, "group", states, records, start_us, end_us)
-            SELECT %s, x.d, x.g::jsonb, x.s::jsonb, x.n, x.w, x.w + %s
-            FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[])
-              AS x(d, g, s, n, w)
-            ON CONFLICT (run_id, digest) DO NOTHING
-            RETURNING digest
-            """,
-            [
-                run_id,
-                size,
-                list(by_digest),
-                [json.dumps(list(p.group)) for p in by_digest.values()],
-                [json.dumps(p.states) for p in by_digest.values()],
-                [p.records for p in by_digest.values()],
-                [p.window for p in by_digest.values()],
-            ],
-        )
-        inserted = {row[0] for row in cursor.fetchall()}
-    known = [d for d in by_digest if d not in inserted]
-    if not known:
+    # The known groups' rows, locked; a partial of a new group is inserted as it is.
+    rows = _locked(run_id, list(by_digest))
+    new = [d for d in by_digest if d not in rows]
+    if new:
+        size = 0 if windows is None else windows.size_us
+        inserted = {
+            str(found[0])
+            for found in bound.fetch(
+                """
+                INSERT INTO orchestrator_resultgroup
+                  (run_id, digest, "group", states, records, start_us, end_us)
+                SELECT %b, x.d, x.g::jsonb, x.s::jsonb, x.n, x.w, x.w + %b
+                FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[], %b::bigint[])
+                  AS x(d, g, s, n, w)
+                ON CONFLICT (run_id, digest) DO NOTHING
+                RETURNING digest
+                """,
+                [
+                    run_id,
+                    size,
+                    new,
+                    [json.dumps(list(by_digest[d].group)) for d in new],
+                    [json.dumps(by_digest[d].states) for d in new],
+                    [by_digest[d].records for d in new],
+                    [by_digest[d].window for d in new],
+                ],
+            )
+        }
+        # A group another sink batch inserted meanwhile merges as a known one.
+        raced = [d for d in new if d not in inserted]
+        if raced:
+            rows.update(_locked(run_id, raced))
+    if not rows:
         return
-    rows = list(
-        ResultGroup.objects.select_for_update()
-        .filter(run_id=run_id, digest__in=known)
-        .order_by("digest")
+    merged = {
+        d: (grouping.merge(states, by_digest[d].states), records + by_digest[d].records)
+        for d, (states, records) in rows.items()
+    }
+    bound.execute(
+        """
+        UPDATE orchestrator_resultgroup AS r SET states = u.s::jsonb, records = u.n
+        FROM unnest(%b::text[], %b::text[], %b::bigint[]) AS u(d, s, n)
+        WHERE r.run_id = %b AND r.digest = u.d
+        """,
+        [
+            list(merged),
+            [json.dumps(states) for states, _ in merged.values()],
+            [records for _, records in merged.values()],
+            run_id,
+        ],
     )
-    for row in rows:
-        partial = by_digest[row.digest]
-        row.states = grouping.merge(row.states, partial.states)
-        row.records += partial.records
-    ResultGroup.objects.bulk_update(rows, ["states", "records"], batch_size=1000)
+
+
+def _locked(run_id: int, digests: list[str]) -> dict[str, tuple[dict[str, State], int]]:
+    """The states and records of the run's groups among ``digests`` that exist, their
+    rows locked (in digest order, as every sink batch locks them) until the caller's
+    transaction ends."""
+    found = (
+        ResultGroup.objects.select_for_update()
+        .filter(run_id=run_id, digest__in=digests)
+        .order_by("digest")
+        .values_list("digest", "states", "records")
+    )
+    return {d: (states, records) for d, states, records in found}
 
 
 def group_rows(

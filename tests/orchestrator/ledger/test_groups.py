@@ -1,0 +1,101 @@
+"""A sink batch's fold of grouped partials into the run's groups (orchestrator/ledger/
+groups.py): a new group's row inserted, a known one's states merged; two sink batches
+bringing the same new group at once both count, the second merging into the row the
+first inserted."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from orchestrator.ledger import groups as group_ledger
+from orchestrator.models import ResultGroup, Run
+from sparkjobs.measures import Grouping, State
+from sparkjobs.merge import GroupPartial
+from tests.orchestrator.runs import pending_run
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GROUPING = Grouping.of(
+    {
+        "group_by": ["carrier"],
+        "measures": [
+            {"name": "flights", "fn": "count"},
+            {"name": "total", "fn": "sum", "field": "delay"},
+            {"name": "tails", "fn": "count_distinct", "field": "tail"},
+        ],
+    }
+) or pytest.fail("a valid grouping")
+
+
+def partial(carrier: str, flights: int, total: str, tails: list[str]) -> GroupPartial:
+    states: dict[str, State] = {"flights": flights, "total": total, "tails": sorted(tails)}
+    return GroupPartial((carrier,), states, records=flights)
+
+
+def fold(run: Run, partials: list[GroupPartial]) -> None:
+    with transaction.atomic():
+        group_ledger.fold(run.pk, GROUPING, partials)
+
+
+def test_a_known_group_merges_each_batch_and_a_new_one_is_inserted() -> None:
+    run = pending_run("reference")
+    fold(run, [partial("UA", 2, "1.5", ["N1", "N2"])])
+    fold(run, [partial("UA", 3, "-0.5", ["N3", "N2"]), partial("AA", 1, "8", ["N9"])])
+    assert group_ledger.group_rows(run, GROUPING) == [
+        {"carrier": "AA", "flights": 1, "total": 8.0, "tails": 1},
+        {"carrier": "UA", "flights": 5, "total": 1.0, "tails": 3},
+    ]
+    ua = ResultGroup.objects.get(run=run, group=["UA"])
+    assert ua.records == 5 and ua.states["tails"] == ["N1", "N2", "N3"]
+
+
+def test_two_batches_bringing_one_new_group_at_once_both_count() -> None:
+    # Given a sink batch that inserted a new group and has not committed yet
+    run = pending_run("reference")
+    inserted, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                group_ledger.fold(run.pk, GROUPING, [partial("UA", 2, "1.5", ["N1"])])
+                inserted.set()
+                release.wait(timeout=60)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert inserted.wait(timeout=60), "the first batch never inserted its group"
+
+    # When a second batch brings the same group (its insert waits for the first's commit)
+    def then() -> None:
+        try:
+            fold(run, [partial("UA", 3, "2", ["N2"])])
+        finally:
+            connection.close()
+
+    second = threading.Thread(target=then)
+    second.start()
+    wait_for("the second batch waiting on the first's row", _waiting_on_a_lock, timeout_s=30)
+    release.set()
+    holder.join(timeout=60)
+    second.join(timeout=60)
+    assert not holder.is_alive() and not second.is_alive()
+    # Then the group holds both batches' records, in one row
+    assert group_ledger.group_rows(run, GROUPING) == [
+        {"carrier": "UA", "flights": 5, "total": 3.5, "tails": 2}
+    ]
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
