@@ -307,6 +307,26 @@ class ResultGroup(models.Model):
         return f"run {self.run_id} group {self.group}"
 
 
+class SeenRecord(models.Model):
+    """A record identity a ``deduplicate`` stage kept: the digest of its fields' values
+    (orchestrator/ledger/seen.py). A record of the same digest is dropped while the row
+    lasts: the stage's ``within_s`` after it was kept."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="seen_records")
+    stage = models.CharField(max_length=100)
+    digest = models.CharField(max_length=32)
+    kept_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "stage", "digest"], name="one_seen_record")
+        ]
+        indexes = [models.Index(fields=["run", "stage", "kept_at"])]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} stage {self.stage} kept {self.digest}"
+
+
 class WindowKey(models.Model):
     """Per-(window, key) result of a windowed pipeline, open until the sink's
     watermark passes the window's end; then closed, once, and final."""

@@ -240,6 +240,8 @@ def _micro_precise(check: Check) -> Check:
 
 # A refreshed join's period, in seconds: the least and the most.
 REFRESH_S = (5.0, 86400.0)
+# How long a deduplicate stage remembers an identity, in seconds: least, default, most.
+DEDUP_WITHIN_S = (1.0, 3600.0, 7 * 86400.0)
 
 WINDOW_PARAMS: tuple[str, ...] = ("window_s", "slide_s", "event_time", "lateness_s")
 
@@ -306,7 +308,9 @@ class OperatorSpec:
     # Its batch job on Spark, "module:function" in sparkjobs/ (a :class:`BatchJob`),
     # imported only when a batch runs: this module never imports pyspark. None for the
     # source and the sink, which the orchestrator runs itself (it cuts the input into
-    # segments; it merges partials into the result).
+    # segments; it merges partials into the result), and for deduplicate, whose job
+    # asks the ledger what the run kept (sparkjobs/dedup.py, from orchestrator/worker/
+    # batch.py).
     batch_job: str | None = None
     # Its outputs are per-key partial aggregates: what the sink merges into the result,
     # and what the plain batch job (the exactness reference) must end in.
@@ -393,6 +397,28 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 )
             },
             batch_job=RECORD_JOB,
+        ),
+        OperatorSpec(
+            "deduplicate",
+            "operator",
+            "Drops a record whose fields equal those of a record the run kept within the "
+            "last within_s seconds (a redelivered event); the others go on as they are, "
+            "each identity once whatever instance, retry or migration met it.",
+            {
+                "fields": ParamSpec(
+                    None,
+                    _field_names,
+                    "the fields whose values make a record's identity",
+                    required=True,
+                    list=True,
+                ),
+                "within_s": ParamSpec(
+                    DEDUP_WITHIN_S[1],
+                    _number(DEDUP_WITHIN_S[0], DEDUP_WITHIN_S[2]),
+                    "seconds a kept identity is remembered: a copy arriving later goes on",
+                    number=True,
+                ),
+            },
         ),
         OperatorSpec(
             "join",

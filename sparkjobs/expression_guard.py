@@ -28,6 +28,7 @@ from sparkjobs.expressions import (
     refusal_reason,
     words,
 )
+from sparkjobs.identity import distinct
 from sparkjobs.reference import join_reference
 
 #: Catalyst expressions the admitted language parses into (checked against Spark 4).
@@ -254,8 +255,8 @@ def apply_record_step(
     keep: Collection[str] = (),
     origin: str | None = None,
 ) -> DataFrame:
-    """``frame`` after a filter, project or join node, a filter's and a project's
-    expressions admitted first.
+    """``frame`` after a filter, project, join or deduplicate node (the plain job's drop
+    over the whole input), a filter's and a project's expressions admitted first.
 
     ``keep``: columns carried through a project untouched (the segment a record came
     from); they are neither fields an expression may name nor part of the output.
@@ -277,4 +278,6 @@ def apply_record_step(
         return frame.select(*keep, *columns)
     if operator == "join":
         return join_reference(frame, params, keep=keep, origin=origin)
+    if operator == "deduplicate":
+        return distinct(frame, [str(f) for f in params["fields"]], keep)
     raise ValueError(f"unknown record operator {operator!r}")

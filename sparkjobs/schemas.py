@@ -417,8 +417,20 @@ def _sql(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamPr
     return schema, problems
 
 
+def _deduplicate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
+    fields = params.get("fields")
+    if not isinstance(fields, list):
+        return given, []
+    return given, [
+        ParamProblem("fields", f"[{i}] {given.unknown(str(name))}")
+        for i, name in enumerate(fields)
+        if given.find(str(name)) is None
+    ]
+
+
 _RULES = {
     "read": _read,
+    "deduplicate": _deduplicate,
     "filter": _filter,
     "project": _project,
     "aggregate": _aggregate,

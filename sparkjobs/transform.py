@@ -8,11 +8,11 @@ not JSON objects are returned for quarantine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.expression_guard import apply_record_step
@@ -40,15 +40,8 @@ def record_batch(
     neither do ``highs`` (their outputs carry their inputs' event-time marks). Nor are
     they combined (``together``): each segment's records stay in its own output, which
     the balancer moves and the downstream reads as a segment of its own."""
-    paths = [str(p) for p in inputs.values()]
-    frame = in_one_task(
-        read_rows(spark, paths, schema=params.get(INPUT_SCHEMA)), inputs.values()
-    ).cache()
-    try:
-        has_corrupt = CORRUPT in frame.columns
-        good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
-        data_cols = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
-        good = good.select(SEGMENT_COL, *[column(c) for c in data_cols])
+
+    def lines(good: DataFrame, fields: list[str]) -> list[tuple[str, str]]:
         result = apply_record_step(good, operator, params, keep=[SEGMENT_COL], origin=SEGMENT_COL)
         payload = [c for c in result.columns if c != SEGMENT_COL]
         rows = collect_all(
@@ -56,6 +49,37 @@ def record_batch(
                 SEGMENT_COL, F.to_json(F.struct(*[column(c) for c in payload])).alias("j")
             )
         )
+        return [(row[SEGMENT_COL], row["j"]) for row in rows]
+
+    return each_segment(spark, params, inputs, outputs, lines)
+
+
+# A record job's step over a batch's good records (the segment column, then the
+# records' fields): the (segment, JSON line) pairs it writes.
+Lines = Callable[[DataFrame, list[str]], list[tuple[str, str]]]
+
+
+def each_segment(
+    spark: SparkSession,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, Path],
+    outputs: Mapping[str, Path],
+    lines: Lines,
+) -> dict[str, PartialOutput]:
+    """A record job over one batch, in one Spark job: the segments' records read (with
+    the source's declared schema, if given), ``lines`` over the good ones, and each
+    segment's lines written to its own output, as JSON lines, with the records it read;
+    a line that is not a JSON object is counted malformed and returned for quarantine."""
+    paths = [str(p) for p in inputs.values()]
+    frame = in_one_task(
+        read_rows(spark, paths, schema=params.get(INPUT_SCHEMA)), inputs.values()
+    ).cache()
+    try:
+        has_corrupt = CORRUPT in frame.columns
+        good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
+        fields = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
+        good = good.select(SEGMENT_COL, *[column(c) for c in fields])
+        written = lines(good, fields)
         bad = (
             collect_all(frame.where(F.col(CORRUPT).isNotNull()).select(SEGMENT_COL, CORRUPT))
             if has_corrupt
@@ -67,14 +91,14 @@ def record_batch(
     results = {seg: PartialOutput(seg, outputs[seg]) for seg in inputs}
     for row in taken:
         results[segment_of(row[SEGMENT_COL])].records += row["count"]
-    lines: dict[str, list[str]] = {seg: [] for seg in inputs}
-    for row in rows:
-        seg = segment_of(row[SEGMENT_COL])
-        lines[seg].append(row["j"])
+    by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
+    for segment, line in written:
+        by_segment[segment_of(segment)].append(line)
     for row in bad:
         seg = segment_of(row[SEGMENT_COL])
         results[seg].malformed += 1
         results[seg].quarantined.append(row[CORRUPT])
     for seg, output in results.items():
-        output.bytes = write_atomic(output.path, "".join(f"{j}\n" for j in lines[seg]).encode())
+        text = "".join(f"{line}\n" for line in by_segment[seg])
+        output.bytes = write_atomic(output.path, text.encode())
     return results

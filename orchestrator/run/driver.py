@@ -44,7 +44,7 @@ from balancer.reductions import Reductions
 from balancer.runtime import Measured
 from balancer.sizing import ArrivalMeter, size_stages
 from balancer.topology import Topology
-from orchestrator.ledger import busy, retention, segments
+from orchestrator.ledger import busy, retention, seen, segments
 from orchestrator.ledger import windows as window_ledger
 from orchestrator.ledger.coalesce import coalesce
 from orchestrator.ledger.events import record_event, thin_events
@@ -671,11 +671,15 @@ class RunDriver:
                 log.warning("run %s: its workers' ask was not cleared", self.run_id, exc_info=True)
 
     def _retain(self) -> retention.Swept:
-        """Delete what merged data no longer needs: segment files always; for a run
-        that goes on without end, old segment rows too, its merged chunks' rows
-        coalesce into its merged prefix and its old balancer events thin out (a
-        bounded run's rows are its record until ``manage.py clean_runs``)."""
+        """Delete what merged data no longer needs: segment files always, and the
+        identities a deduplicate stage remembered for its ``within_s``; for a run that
+        goes on without end, old segment rows too, its merged chunks' rows coalesce
+        into its merged prefix and its old balancer events thin out (a bounded run's
+        rows are its record until ``manage.py clean_runs``)."""
         unbounded = self.started and self.pacer.input.unbounded
+        within = seen.periods(self.graph.document)
+        if within:
+            seen.forget(self.run_id, within)
         if unbounded:
             coalesce(self.run_id, older_than_s=settings.BPCONSOLE_MERGED_KEEP_S)
             thin_events(self.run_id, older_than_s=settings.BPCONSOLE_EVENTS_KEEP_S)

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -23,7 +23,7 @@ from django.db import DatabaseError
 
 from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParams, PipelineDocument
 from balancer.units import MB
-from orchestrator.ledger import failures, ingested, keystate, segments
+from orchestrator.ledger import failures, ingested, keystate, seen, segments
 from orchestrator.models import Adjustment, Run, Segment
 from orchestrator.pipeline.graph import RunGraph, pipeline_grouping, pipeline_windows
 from orchestrator.pipeline.layout import run_dir, segment_path
@@ -371,6 +371,7 @@ def _operate(
     from sparkjobs.session import operator_session, tag_jobs
 
     name = node["name"]
+    stage = graph.stage_of[name]
     # Keyed by file name: a segment broadcast to a keyed stage shares its file with the
     # copies for the other key groups, and operators name their results by file.
     by_file = {Path(s.path).stem: s for s in batch}
@@ -398,7 +399,7 @@ def _operate(
     max_s = settings.BPCONSOLE_BATCH_MAX_S
     with StopWatch(run.pk, cancel_group(spark, group), max_s=max_s) as watch:
         try:
-            produced = _run_operator(
+            produced, kept = _run_operator(
                 spark,
                 node=node,
                 params=params,
@@ -407,6 +408,7 @@ def _operate(
                 slots=slots,
                 highs={stem: s.high_before_us for stem, s in by_file.items()},
                 together=together,
+                seen=lambda digests: seen.already_kept(run.pk, stage, digests),
             )
         except Exception as error:
             if watch.expired:
@@ -458,10 +460,14 @@ def _operate(
             for out in produced.values()
             for m in read_partials(out.path)
         ]
-        stage = graph.stage_of[name]
 
         def fold() -> None:
             keystate.fold(run.pk, stage, name, deltas)
+
+    elif kept:
+
+        def fold() -> None:
+            seen.keep(run.pk, stage, kept)
 
     segments.complete_batch(
         run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
@@ -502,11 +508,18 @@ def _run_operator(
     slots: KeyGroup,
     highs: Mapping[str, int | None],
     together: Mapping[str, str],
-) -> Mapping[str, PartialOutput]:
-    """The node's operator on this batch: the job the catalog names for it."""
+    seen: Callable[[Sequence[str]], Collection[str]],
+) -> tuple[Mapping[str, PartialOutput], list[str]]:
+    """The node's operator on this batch: the job the catalog names for it, or a
+    deduplicate stage's, which asks ``seen`` what the run kept; and the identities the
+    batch keeps (a deduplicate stage's, for the ledger to record with the batch)."""
     spec = operator_of(node)
+    if spec.name == "deduplicate":
+        from sparkjobs.dedup import dedup_batch
+
+        return dedup_batch(spark, params, inputs, outputs, seen=seen)
     job = spec.job()
-    return job(
+    produced = job(
         spark,
         spec.name,
         params,
@@ -516,6 +529,7 @@ def _run_operator(
         highs=highs,
         together=together,
     )
+    return produced, []
 
 
 Copies = list[tuple[str, str, KeyGroup]]

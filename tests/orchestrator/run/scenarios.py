@@ -122,6 +122,21 @@ def airlines_table(path: Path, names: dict[str, str]) -> None:
     path.write_text("carrier,name\n" + "".join(f"{c},{n}\n" for c, n in names.items()))
 
 
+def _flights_source(schema: str) -> NodeDocument:
+    """A source of flights (JSON lines of ``schema``), routed by carrier, cut small."""
+    return {
+        "name": "source",
+        "kind": "source",
+        "operator": "read",
+        "params": {
+            "format": "jsonl",
+            "route_by": "carrier",
+            "segment_mb": SEGMENT_MB,
+            "schema": schema,
+        },
+    }
+
+
 def joined_flights(
     reference: str | None = "airlines.csv",
     *,
@@ -143,17 +158,7 @@ def joined_flights(
     return {
         "name": "flights-by-airline",
         "nodes": [
-            {
-                "name": "source",
-                "kind": "source",
-                "operator": "read",
-                "params": {
-                    "format": "jsonl",
-                    "route_by": "carrier",
-                    "segment_mb": SEGMENT_MB,
-                    "schema": "carrier string, origin string, delay double, tail string",
-                },
-            },
+            _flights_source("carrier string, origin string, delay double, tail string"),
             {"name": "enrich", "kind": "operator", "operator": "join", "params": params},
             *[
                 NodeDocument(
@@ -254,6 +259,41 @@ def adjust_and_wait(run: Run, command: str, timeout_s: float = 90.0, **target: s
         assert refused is None, refused.reason
         time.sleep(0.1)
     raise AssertionError(f"{command} {target} did not end within {timeout_s} s")
+
+
+def deduplicated_flights() -> PipelineDocument:
+    """Flights with their ids, redelivered ones dropped by a deduplicate stage (``once``,
+    slowed so that a test can act while it runs), then counted per carrier and origin."""
+    measures = [
+        {"name": "flights", "fn": "count"},
+        {"name": "total_delay", "fn": "sum", "field": "delay"},
+        {"name": "most_delay", "fn": "max", "field": "delay"},
+    ]
+    return {
+        "name": "flights-once",
+        "nodes": [
+            _flights_source("id string, carrier string, origin string, delay double"),
+            {
+                "name": "once",
+                "kind": "operator",
+                "operator": "deduplicate",
+                "params": {"fields": ["id"]},
+                "max_rate_mbps": 2.0,  # long enough a run for what follows
+            },
+            {
+                "name": "agg",
+                "kind": "operator",
+                "operator": "aggregate",
+                "params": {"group_by": ["carrier", "origin"], "measures": measures},
+            },
+            {"name": "output", "kind": "sink", "operator": "merge"},
+        ],
+        "edges": [
+            {"from": "source", "to": "once"},
+            {"from": "once", "to": "agg"},
+            {"from": "agg", "to": "output"},
+        ],
+    }
 
 
 def driver_pid(run: Run, services: Any) -> int | None:

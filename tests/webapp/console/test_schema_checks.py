@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.models import Event
+from tests.orchestrator.run.scenarios import deduplicated_flights
 from tests.webapp.console.factories import client_for, reference
 from webapp.console.models import Pipeline
 
@@ -145,3 +146,28 @@ def test_a_path_outside_the_input_folders_or_a_bad_body_is_a_400_saying_why(
     assert answer.status_code == 400
     assert says in answer.json()["detail"]
     assert "hunter2" not in answer.content.decode()
+
+
+def test_a_deduplicate_stage_naming_an_unknown_field_or_period_is_refused_where_it_is() -> None:
+    client, _ = client_for("otto", "operator")
+    doc: Any = deduplicated_flights()
+    doc["nodes"][1]["params"] = {"fields": ["id", "flihgt"], "within_s": 0}
+    refused = client.post("/api/pipelines/", doc, content_type="application/json")
+    assert refused.status_code == 400
+    problems = {(p["location"], p["message"]) for p in refused.json()["problems"]}
+    assert (
+        "nodes[1] (once).params",
+        "parameter 'within_s' must be between 1 and 604800, got 0",
+    ) in problems
+    assert not Pipeline.objects.exists()
+    doc["nodes"][1]["params"] = {"fields": ["id", "flihgt"]}
+    refused = client.post("/api/pipelines/", doc, content_type="application/json")
+    assert [(p["location"], p["message"]) for p in refused.json()["problems"]] == [
+        (
+            "nodes[1] (once).params.fields",
+            "[1] unknown field 'flihgt'; the input has id, carrier, origin, delay",
+        )
+    ]
+    doc["nodes"][1]["params"] = {"fields": ["id"]}
+    saved = client.post("/api/pipelines/", doc, content_type="application/json")
+    assert saved.status_code == 201, saved.content
