@@ -28,7 +28,7 @@ from sparkjobs.catalog import DEDUP_WITHIN_S, operator_name
 
 class KeptMeanwhileError(LeaseLostError):
     """Another batch kept one of this batch's records first: this batch's outputs would
-    repeat it, so it is refused (and runs again once its lease ends)."""
+    repeat it, so it is refused, and its segments given back to run again."""
 
 
 def already_kept(run_id: int, stage: str, digests: Sequence[str]) -> set[str]:

@@ -469,9 +469,15 @@ def _operate(
         def fold() -> None:
             seen.keep(run.pk, stage, kept)
 
-    segments.complete_batch(
-        run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
-    )
+    try:
+        segments.complete_batch(
+            run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
+        )
+    except seen.KeptMeanwhileError:
+        # Another batch kept one of these records first: the segments go back now, to
+        # run again (finding it kept), not once their lease has run out.
+        segments.release(owner, batch)
+        raise
     return sum(malformed.values())
 
 
