@@ -321,7 +321,7 @@ class LandingFolderSource:
                 raise StaleEpochError(f"run {self.run_id} has a newer driver")
             # Under the run's lock, which a refresh of a join's table also takes: a file
             # joins the copy read last before it was taken in, whoever replays it.
-            bound = {node: str(copy["file"]) for node, copy in refreshed.items()}
+            bound = {stage: str(copy["file"]) for stage, copy in refreshed.items()}
             first = self.taken
             SourceFile.objects.bulk_create(
                 SourceFile(

@@ -35,8 +35,8 @@ class ReplayError(ValueError):
 @dataclass(frozen=True)
 class Replay:
     """What a run took in, written out: the files to read, and for each join whose table
-    the run refreshed, the copy each file's records join (node -> file name -> copy's
-    name; a file not named joins the copy the run started with)."""
+    the run refreshed, the copy each file's records join (join stage -> file name ->
+    copy's name; a file not named joins the copy the run started with)."""
 
     paths: list[str]
     copies: dict[str, dict[str, str]]
@@ -57,8 +57,8 @@ def replay_inputs(run: Run, out: Path) -> Replay:
         raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
     copies: dict[str, dict[str, str]] = {}
     for path, bound in parts:
-        for node, copy in bound.items():
-            copies.setdefault(node, {})[path.name] = copy
+        for stage, copy in bound.items():
+            copies.setdefault(stage, {})[path.name] = copy
     return Replay([str(path) for path, _ in parts], copies)
 
 

@@ -377,7 +377,9 @@ def _operate(
     by_file = {Path(s.path).stem: s for s in batch}
     spark = operator_session([s.bytes for s in by_file.values()])
     inputs = {stem: Path(s.path) for stem, s in by_file.items()}
-    params = _with_input_schema(job_params(node, _joined_copies(run, node, batch)), graph, batch)
+    params = _with_input_schema(
+        job_params(node, _joined_copies(run, node, stage, batch)), graph, batch
+    )
     slots = KeyGroup(batch[0].slots_from, batch[0].slots_to)
     spec = operator_of(node)
     copies = {
@@ -481,13 +483,14 @@ def _operate(
     return sum(malformed.values())
 
 
-def _joined_copies(run: Run, node: NodeDocument, batch: list[Segment]) -> dict[str, str]:
+def _joined_copies(
+    run: Run, node: NodeDocument, stage: str, batch: list[Segment]
+) -> dict[str, str]:
     """For a join whose table is refreshed: the copy each segment's records join, by
     the segment's file name, as its landing file was bound to it when taken in (a
     retry, a migrated batch, the plain job over the run: all the same copy)."""
     if "refresh_s" not in (node.get("params") or {}):
         return {}
-    stage = node.get("stage") or node["name"]
     copies = ingested.joined_copies(run.pk, stage, {s.origin_file for s in batch})
     return {Path(s.path).name: copies[s.origin_file] for s in batch if s.origin_file in copies}
 
