@@ -8,7 +8,9 @@ latest (``Run.references``, a version more), under the run's lock; the landing s
 binds every file it takes in to the latest copy under that same lock
 (orchestrator/source/landing.py). So which copy a record joins is a fact of the ledger,
 fixed before any chunk of its file is emitted: a retry, a migrated batch and the plain
-job over the run (orchestrator/source/replay.py) join the same one. A bounded input is
+job over the run (orchestrator/source/replay.py) join the same one. A read is taken only as
+the run's creation would take it: not from a table another pipeline's sink has come to
+write, and only if the new copy still has the columns the join names. A bounded input is
 all there when the run starts, and a stream's entries come from no file: their runs join
 the copy taken at the start, as a run without ``refresh_s`` does.
 """
@@ -25,10 +27,12 @@ from django.utils import timezone
 
 from balancer.document import PipelineDocument
 from orchestrator.ledger.events import record_event
+from orchestrator.ledger.sink_owners import reader_problem
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import InputError
-from orchestrator.pipeline.reference import snapshot_of
+from orchestrator.pipeline.reference import snapshot_columns, snapshot_of
 from sparkjobs.catalog import operator_name
+from sparkjobs.schemas import table_problems
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ class Refresher:
     each table that is due and records each read that finished."""
 
     def __init__(self, run_id: int, epoch: int, graph: PipelineDocument, *, folder: bool):
-        self.run_id, self.epoch = run_id, epoch
+        self.run_id, self.epoch, self.pipeline = run_id, epoch, graph["name"]
         now = time.monotonic()
         # One read per stage: its instances (and the ones a rescale adds) join one table.
         stages: dict[str, _Join] = {}
@@ -74,18 +78,42 @@ class Refresher:
         if self.joins:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"refresh-{run_id}")
 
-    def poll(self, now: float) -> None:
+    def poll(self, now: float) -> int:
+        """Record the reads that finished, start those that are due (``now`` on the
+        monotonic clock); returns how many reads finished."""
+        finished = 0
         for join in self.joins:
             if join.reading is not None and join.reading.done():
                 reading, join.reading = join.reading, None
                 self._record(join, reading)
+                finished += 1
             if join.reading is None and now >= join.next_at and self.pool is not None:
                 join.next_at = now + join.period_s
+                # As when the run was created: never a table another pipeline's sink
+                # has come to write since (that is the other pipeline's data).
+                owned = reader_problem(self.pipeline, join.params)
+                if owned:
+                    self._failed(join, owned)
+                    continue
                 join.reading = self.pool.submit(snapshot_of, join.params)
+        return finished
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _failed(self, join: _Join, why: str) -> None:
+        """Say once (until the reason changes) that the table was not taken again."""
+        if why == join.failed:
+            return
+        join.failed = why
+        record_event(
+            self.run_id,
+            "reference_refresh_failed",
+            f"join {join.stage}: the table was not taken again ({why}); files go on "
+            "joining the last copy taken",
+            data={"stage": join.stage},
+        )
 
     def _record(self, join: _Join, reading: Future[str]) -> None:
         try:
@@ -93,15 +121,12 @@ class Refresher:
         except Exception as exc:  # whatever failed, the run goes on with its last copy
             if not isinstance(exc, InputError):
                 log.warning("run %s: %s not read again", self.run_id, join.stage, exc_info=exc)
-            if str(exc) != join.failed:
-                join.failed = str(exc)
-                record_event(
-                    self.run_id,
-                    "reference_refresh_failed",
-                    f"join {join.stage}: the table could not be read again ({exc}); files go "
-                    "on joining the last copy read",
-                    data={"stage": join.stage},
-                )
+            self._failed(join, str(exc))
+            return
+        table = snapshot_columns(copy)
+        unfit = [] if table is None else table_problems(join.params, table)
+        if unfit:
+            self._failed(join, "; ".join(p.message for p in unfit))
             return
         join.failed = ""
         with transaction.atomic():

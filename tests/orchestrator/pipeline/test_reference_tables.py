@@ -16,11 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.ledger.sink_owners import claim
-from orchestrator.models import Run
+from orchestrator.models import Event, Run
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.pipeline.reference import columns_of, snapshot_table, store
 from orchestrator.run.lifecycle import RunError, create_run
+from orchestrator.run.references import Refresher
 from tests.orchestrator.run.scenarios import joined_flights, policy
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -139,3 +141,50 @@ def test_a_run_whose_table_lost_a_column_its_join_adds_is_refused(
     assert "node enrich: the reference table has no column 'fleet'" in str(refused.value)
     assert "nothing was created" in str(refused.value)
     assert not Run.objects.exists()
+
+
+def test_a_refreshed_table_is_taken_again_only_if_changed_fit_and_nobody_s_sink(
+    reports: str, tmp_path: Path
+) -> None:
+    # Given a run joining the airlines table, read again every 5 s
+    flights = tmp_path / "flights.jsonl"
+    flights.write_text('{"carrier": "UA", "delay": 1.0, "tail": "N1"}\n')
+    doc = joined_flights(reference=None, table="airlines", database="reports", refresh_s=5)
+    run = create_run(topology=doc, policy=policy(), input_path=str(flights))
+    refresher = Refresher(run.pk, run.epoch, run.topology, folder=True)
+    clock = iter(range(1_000_000, 2_000_000, 1_000))
+
+    def refreshed() -> dict[str, Any]:
+        """One read of the table, finished; the run's latest copies then."""
+        now = next(clock)
+        refresher.poll(now)
+        wait_for("the table read", lambda: refresher.poll(now), timeout_s=30)
+        return Run.objects.get(pk=run.pk).references
+
+    def refused() -> str:
+        failed = Event.objects.filter(run=run, kind="reference_refresh_failed")
+        event = failed.order_by("pk").last()
+        return event.reason if event is not None else ""
+
+    try:
+        # When it is read unchanged, nothing changes; changed, it is the run's latest
+        assert refreshed() == {}
+        with psycopg.connect(reports) as conn:
+            conn.execute("UPDATE airlines SET name = upper(name)")
+        latest = refreshed()["enrich"]
+        assert latest["version"] == 1 and (store() / latest["file"]).exists()
+        assert Event.objects.filter(run=run, kind="reference_refreshed").count() == 1
+        # ...but not once it lacks a column the join adds
+        with psycopg.connect(reports) as conn:
+            conn.execute("ALTER TABLE airlines DROP COLUMN name")
+        assert refreshed()["enrich"] == latest
+        assert "the reference table has no column 'name'" in refused()
+        # ...nor once another pipeline's sink writes it (it is not even read)
+        with psycopg.connect(reports) as conn:
+            conn.execute("ALTER TABLE airlines ADD COLUMN name text")
+        claim("other", {"sink": "postgres", "table": "airlines", "database": "reports"})
+        refresher.poll(next(clock))
+        assert "a join may not read another pipeline's sink" in refused()
+        assert Run.objects.get(pk=run.pk).references["enrich"] == latest
+    finally:
+        refresher.close()
