@@ -308,9 +308,7 @@ class OperatorSpec:
     # Its batch job on Spark, "module:function" in sparkjobs/ (a :class:`BatchJob`),
     # imported only when a batch runs: this module never imports pyspark. None for the
     # source and the sink, which the orchestrator runs itself (it cuts the input into
-    # segments; it merges partials into the result), and for deduplicate, whose job
-    # asks the ledger what the run kept (sparkjobs/dedup.py, from orchestrator/worker/
-    # batch.py).
+    # segments; it merges partials into the result).
     batch_job: str | None = None
     # Its outputs are per-key partial aggregates: what the sink merges into the result,
     # and what the plain batch job (the exactness reference) must end in.
@@ -419,6 +417,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                     number=True,
                 ),
             },
+            batch_job="sparkjobs.dedup:dedup_batch",
         ),
         OperatorSpec(
             "join",

@@ -1,13 +1,12 @@
-"""The ``deduplicate`` operator's batch job (sparkjobs/catalog.py): a record whose
-``fields`` equal a record the run already kept is dropped; the others go on as they are.
+"""The ``deduplicate`` operator's batch job (sparkjobs/catalog.py): of a batch's records
+with one identity (sparkjobs/identity.py), one goes on.
 
-A record's identity is its digest (sparkjobs/identity.py). Of the records of one batch
-with one digest, the least by the segment it came from, then by its whole JSON text, is
-kept, so a retried batch keeps the same one; a digest the run kept in an earlier batch
-(``seen``, the ledger's answer: orchestrator/ledger/seen.py) keeps none. The job returns,
-with each segment's output, the digests it kept, which the ledger records in the
-batch's own transaction: a batch that finds one of them recorded meanwhile (another
-instance kept it first) is refused and runs again, so a record is kept once whatever ran
+The one kept is the least by the segment it came from, then by its whole JSON text, so
+a retried batch keeps the same one. Each output line comes with its identity
+(``PartialOutput.identities``): the worker drops the lines whose identity the run kept
+in an earlier batch (orchestrator/ledger/seen.py) and records the others in the batch's
+own transaction, where a batch that finds one of them recorded meanwhile (another
+instance kept it first) is refused and runs again. So a record is kept once whatever ran
 where (migration, rescale, a retry after a crash).
 
 The plain job drops repeats over the whole input the same way (sparkjobs/identity.py,
@@ -18,7 +17,7 @@ field that makes two records different events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +25,30 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkjobs.identity import DIGEST, digest_of
+from sparkjobs.keygroups import KeyGroup
 from sparkjobs.outputs import PartialOutput
-from sparkjobs.records import SEGMENT_COL, column
+from sparkjobs.records import SEGMENT_COL, column, segment_of
 from sparkjobs.session import collect_all
 from sparkjobs.transform import each_segment
-
-# The ledger's answer to "which of these digests did the run keep already?"
-Seen = Callable[[Sequence[str]], Collection[str]]
 
 
 def dedup_batch(
     spark: SparkSession,
+    operator: str,
     params: Mapping[str, Any],
     inputs: Mapping[str, Path],
     outputs: Mapping[str, Path],
     *,
-    seen: Seen,
-) -> tuple[dict[str, PartialOutput], list[str]]:
-    """Each input segment's records that are the first of their digest into its
-    output (sparkjobs/transform.py, ``each_segment``), and the digests kept."""
+    key_group: KeyGroup | None = None,
+    highs: Mapping[str, int | None] | None = None,
+    together: Mapping[str, str] | None = None,
+) -> dict[str, PartialOutput]:
+    """Each input segment's records that are the first of their identity in the batch
+    into its output (sparkjobs/transform.py, ``each_segment``), with their identities.
+    Records are neither grouped by key nor windowed nor combined: ``key_group``,
+    ``highs`` and ``together`` change nothing."""
     identity = [str(f) for f in params["fields"]]
-    kept: list[str] = []
+    found: dict[str, list[str]] = {}
 
     def lines(good: DataFrame, fields: list[str]) -> list[tuple[str, str]]:
         keyed = good.select(
@@ -57,9 +59,11 @@ def dedup_batch(
             ).alias("r"),
         )
         firsts = collect_all(keyed.groupBy(DIGEST).agg(F.min("r").alias("r")))
-        already = set(seen([row[DIGEST] for row in firsts]))
-        new = [row for row in firsts if row[DIGEST] not in already]
-        kept.extend(row[DIGEST] for row in new)
-        return [(row["r"]["s"], row["r"]["j"]) for row in new]
+        for row in firsts:
+            found.setdefault(segment_of(row["r"]["s"]), []).append(row[DIGEST])
+        return [(row["r"]["s"], row["r"]["j"]) for row in firsts]
 
-    return each_segment(spark, params, inputs, outputs, lines), kept
+    results = each_segment(spark, params, inputs, outputs, lines)
+    for seg, output in results.items():
+        output.identities = found.get(seg, [])
+    return results

@@ -21,3 +21,6 @@ class PartialOutput:
     bytes: int = 0
     quarantined: list[str] = field(default_factory=list)
     late_lines: list[str] = field(default_factory=list)
+    # A deduplicate job's: the identity (sparkjobs/identity.py) of each line of its
+    # output, in order, for the worker to drop those the run kept already.
+    identities: list[str] = field(default_factory=list)

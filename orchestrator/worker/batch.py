@@ -13,7 +13,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -36,6 +36,7 @@ from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.merge import combine_groups, combine_partials, read_partials
 from sparkjobs.schemas import INPUT_SCHEMA, declared_ddl
+from sparkjobs.segments import write_atomic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -401,7 +402,7 @@ def _operate(
     max_s = settings.BPCONSOLE_BATCH_MAX_S
     with StopWatch(run.pk, cancel_group(spark, group), max_s=max_s) as watch:
         try:
-            produced, kept = _run_operator(
+            produced = _run_operator(
                 spark,
                 node=node,
                 params=params,
@@ -410,7 +411,6 @@ def _operate(
                 slots=slots,
                 highs={stem: s.high_before_us for stem, s in by_file.items()},
                 together=together,
-                seen=lambda digests: seen.already_kept(run.pk, stage, digests),
             )
         except Exception as error:
             if watch.expired:
@@ -420,6 +420,7 @@ def _operate(
             # The group may be cancelled with its future jobs: this thread's next jobs
             # (another batch's, a merge's) must not be in it.
             spark.sparkContext._jsc.clearJobGroup()
+    kept = _drop_kept(run.pk, stage, produced) if spec.name == "deduplicate" else []
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
         run.pk,
@@ -517,18 +518,11 @@ def _run_operator(
     slots: KeyGroup,
     highs: Mapping[str, int | None],
     together: Mapping[str, str],
-    seen: Callable[[Sequence[str]], Collection[str]],
-) -> tuple[Mapping[str, PartialOutput], list[str]]:
-    """The node's operator on this batch: the job the catalog names for it, or a
-    deduplicate stage's, which asks ``seen`` what the run kept; and the identities the
-    batch keeps (a deduplicate stage's, for the ledger to record with the batch)."""
+) -> Mapping[str, PartialOutput]:
+    """The node's operator on this batch: the job the catalog names for it."""
     spec = operator_of(node)
-    if spec.name == "deduplicate":
-        from sparkjobs.dedup import dedup_batch
-
-        return dedup_batch(spark, params, inputs, outputs, seen=seen)
     job = spec.job()
-    produced = job(
+    return job(
         spark,
         spec.name,
         params,
@@ -538,7 +532,20 @@ def _run_operator(
         highs=highs,
         together=together,
     )
-    return produced, []
+
+
+def _drop_kept(run_id: int, stage: str, produced: Mapping[str, PartialOutput]) -> list[str]:
+    """A deduplicate batch's outputs without the records whose identity the stage kept
+    in an earlier batch (orchestrator/ledger/seen.py); the identities this batch keeps,
+    for the ledger to record with it."""
+    identities = [d for out in produced.values() for d in out.identities]
+    already = seen.already_kept(run_id, stage, identities)
+    for out in produced.values():
+        if already.intersection(out.identities):
+            lines = out.path.read_bytes().splitlines(keepends=True)
+            left = [ln for ln, d in zip(lines, out.identities, strict=True) if d not in already]
+            out.bytes = write_atomic(out.path, b"".join(left))
+    return [d for d in identities if d not in already]
 
 
 Copies = list[tuple[str, str, KeyGroup]]
@@ -621,8 +628,6 @@ def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
 
 def _quarantine(run_id: int, lines: Mapping[str, list[str]], kind: str = "") -> None:
     """Malformed records' lines (``kind`` "") or late ones' ("late"), per segment."""
-    from sparkjobs.segments import write_atomic
-
     folder = run_dir(run_id) / "quarantine"
     for seg, bad in lines.items():
         if bad:

@@ -1,6 +1,7 @@
 """The deduplicate operator on Spark (sparkjobs/dedup.py): of a batch's records equal in
-their fields one goes on, the same one whatever the batch's order; one the run kept
-already goes on nowhere; the plain job's drop over the whole input keeps the same."""
+their fields one goes on, each line with its identity (the worker drops those the run
+kept already: tests/orchestrator/worker/test_dedup_batch.py); the plain job's drop over
+the whole input keeps one of each the same way."""
 
 from __future__ import annotations
 
@@ -27,27 +28,7 @@ def _segments(tmp_path: Path, records: dict[str, list[Any]]) -> dict[str, Path]:
     return found
 
 
-def _run(spark: Any, tmp_path: Path, inputs: dict[str, Path], seen: set[str]) -> Any:
-    outputs = {name: tmp_path / "out" / f"{name}.jsonl" for name in inputs}
-    (tmp_path / "out").mkdir(exist_ok=True)
-    asked: list[list[str]] = []
-
-    def kept_already(digests: Any) -> set[str]:
-        asked.append(list(digests))
-        return seen & set(digests)
-
-    results, kept = dedup_batch(spark, {"fields": FIELDS}, inputs, outputs, seen=kept_already)
-    written = {
-        name: sorted(
-            (json.loads(line) for line in out.read_text().splitlines()),
-            key=lambda r: json.dumps(r, sort_keys=True),
-        )
-        for name, out in outputs.items()
-    }
-    return results, kept, written, asked
-
-
-def test_a_batch_keeps_one_record_of_each_identity_and_none_the_run_kept_already(
+def test_a_batch_keeps_one_record_of_each_identity_each_line_with_its_own(
     spark: Any, tmp_path: Path
 ) -> None:
     # Given two segments: UA1 on day 1 twice (once in each), AA7 twice in the second,
@@ -65,18 +46,29 @@ def test_a_batch_keeps_one_record_of_each_identity_and_none_the_run_kept_already
             ],
         },
     )
-    frame = spark.createDataFrame([("DL3", 2)], "flight string, day long")
-    (dl3_day2,) = [r[0] for r in frame.select(digest_of(frame, FIELDS)).collect()]
-    # When the batch runs, the run having kept DL3 on day 2 already
-    results, kept, written, asked = _run(spark, tmp_path, inputs, {dl3_day2})
-    # Then each other identity goes on once, in the first segment that has it
-    assert written == {
-        "seg-1": [{"day": 1, "delay": 5, "flight": "UA1"}, {"day": 1, "flight": "DL3"}],
-        "seg-2": [{"day": 1, "delay": 2, "flight": "AA7"}],
+    outputs = {name: tmp_path / f"{name}.out.jsonl" for name in inputs}
+    # When the batch runs
+    results = dedup_batch(spark, "deduplicate", {"fields": FIELDS}, inputs, outputs)
+    # Then each identity goes on once, in the first segment that has it...
+    written = {
+        name: [json.loads(line) for line in out.read_text().splitlines()]
+        for name, out in outputs.items()
     }
-    assert len(kept) == 3 and dl3_day2 not in kept
-    assert len(asked) == 1 and len(asked[0]) == 4
-    # ...every record is counted as read by its segment, the line that is not JSON apart
+    by_text = {
+        n: sorted(rows, key=lambda r: json.dumps(r, sort_keys=True)) for n, rows in written.items()
+    }
+    assert by_text == {
+        "seg-1": [{"day": 1, "delay": 5, "flight": "UA1"}, {"day": 1, "flight": "DL3"}],
+        "seg-2": [{"day": 1, "delay": 2, "flight": "AA7"}, {"day": 2, "flight": "DL3"}],
+    }
+    # ...each line with its identity, the digest of its fields
+    for name, rows in written.items():
+        frame = spark.createDataFrame(
+            [(r["flight"], r["day"]) for r in rows], "flight string, day long"
+        )
+        digests = [r[0] for r in frame.select(digest_of(frame, FIELDS)).collect()]
+        assert results[name].identities == digests
+    # ...and every record is counted as read by its segment, the line that is not JSON apart
     assert (results["seg-1"].records, results["seg-2"].records) == (2, 4)
     assert results["seg-2"].malformed == 1 and results["seg-2"].quarantined == ["not json"]
 
