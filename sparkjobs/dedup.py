@@ -9,10 +9,10 @@ own transaction, where a batch that finds one of them recorded meanwhile (anothe
 instance kept it first) is refused and runs again. So a record is kept once whatever ran
 where (migration, rescale, a retry after a crash).
 
-The plain job drops repeats over the whole input the same way (sparkjobs/identity.py,
-``distinct``). Records equal in ``fields`` and different elsewhere are one identity,
-and which of them a run keeps depends on which arrived first: name in ``fields`` every
-field that makes two records different events.
+The plain job drops repeats over the whole input with Spark's own ``dropDuplicates``
+(sparkjobs/identity.py, ``distinct``). Records equal in ``fields`` and different
+elsewhere are one identity, and which of them a run keeps depends on which arrived
+first: name in ``fields`` every field that makes two records different events.
 """
 
 from __future__ import annotations
