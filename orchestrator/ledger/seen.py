@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from uuid import UUID
 
 from django.utils import timezone
 
@@ -32,15 +33,15 @@ class KeptMeanwhileError(LeaseLostError):
 
 
 def already_kept(run_id: int, stage: str, digests: Sequence[str]) -> set[str]:
-    """Those of ``digests`` the stage kept already."""
+    """Those of ``digests`` (32 hexadecimal digits each) the stage kept already."""
     if not digests:
         return set()
     found = bound.fetch(
         "SELECT digest FROM orchestrator_seenrecord"
-        " WHERE run_id = %b AND stage = %b AND digest = ANY(%b::text[])",
-        [run_id, stage, list(digests)],
+        " WHERE run_id = %b AND stage = %b AND digest = ANY(%b::uuid[])",
+        [run_id, stage, _uuids(digests)],
     )
-    return {str(row[0]) for row in found}
+    return {UUID(str(row[0])).hex for row in found}
 
 
 def keep(run_id: int, stage: str, digests: Sequence[str]) -> None:
@@ -50,15 +51,21 @@ def keep(run_id: int, stage: str, digests: Sequence[str]) -> None:
         return
     inserted = bound.fetch(
         "INSERT INTO orchestrator_seenrecord (run_id, stage, digest, kept_at)"
-        " SELECT %b, %b, d, %b FROM unnest(%b::text[]) AS d"
+        " SELECT %b, %b, d, %b FROM unnest(%b::uuid[]) AS d"
         " ON CONFLICT (run_id, stage, digest) DO NOTHING RETURNING 1",
-        [run_id, stage, timezone.now(), list(digests)],
+        [run_id, stage, timezone.now(), _uuids(digests)],
     )
     if len(inserted) != len(digests):
         raise KeptMeanwhileError(
             f"{len(digests) - len(inserted)} of the batch's records were kept by another "
             f"batch of stage {stage} meanwhile; the batch runs again"
         )
+
+
+def _uuids(digests: Sequence[str]) -> list[UUID]:
+    """Digests as UUIDs, sent in binary and in order: the key's index takes a sorted
+    run of them in fewer page visits than the same in random order."""
+    return sorted(UUID(hex=d) for d in digests)
 
 
 def periods(doc: PipelineDocument) -> dict[str, float]:

@@ -12,32 +12,35 @@ import pytest
 pytestmark = [pytest.mark.spark]
 
 KILLED_MID_TRANSFER = """
-import signal, threading, time
+import signal, sys, threading, time
 from pyspark import SparkContext
-from sparkjobs.session import collect_all, spark_session
+from sparkjobs.session import collect_all, collect_arrow, spark_session
 
+collect, rows = {"rows": (collect_all, 1_000_000), "arrow": (collect_arrow, 8_000_000)}[sys.argv[1]]
 spark = spark_session(master="local[1]")
-frame = spark.range(1_000_000).selectExpr("id", "cast(id as string) as s")
-began = time.monotonic()
-assert len(collect_all(frame)) == 1_000_000
-whole = time.monotonic() - began
+frame = spark.range(rows).selectExpr("id", "cast(id as string) as s")
+for _ in range(2):
+    began = time.monotonic()
+    assert len(collect(frame)) == rows
+    whole = time.monotonic() - began
 # Most of a collect is the transfer and unpickling of its rows: 40% into it, the JVM is
 # still sending rows (pyspark alone then returned 1.2 of 2 million rows).
 jvm = SparkContext._gateway.proc
 threading.Timer(whole * 0.4, lambda: jvm.send_signal(signal.SIGKILL)).start()
 try:
-    rows = collect_all(frame)
+    got = collect(frame)
 except Exception as error:
     print("refused", type(error).__name__, flush=True)
 else:
-    print("returned", len(rows), flush=True)
+    print("returned", len(got), flush=True)
 """
 
 
-def test_a_result_cut_short_by_a_dying_jvm_is_refused() -> None:
+@pytest.mark.parametrize("collect", ["rows", "arrow"])
+def test_a_result_cut_short_by_a_dying_jvm_is_refused(collect: str) -> None:
     root = Path(__file__).resolve().parents[2]
     outcome = subprocess.run(
-        [sys.executable, "-c", KILLED_MID_TRANSFER],
+        [sys.executable, "-c", KILLED_MID_TRANSFER, collect],
         cwd=root,
         capture_output=True,
         text=True,
