@@ -3,11 +3,10 @@ with one identity (sparkjobs/identity.py), one goes on.
 
 The one kept is the least by the segment it came from, then by its whole JSON text, so
 a retried batch keeps the same one. Each output line comes with its identity
-(``PartialOutput.identities``): the worker drops the lines whose identity the run kept
-in an earlier batch (orchestrator/ledger/seen.py) and records the others in the batch's
-own transaction, where a batch that finds one of them recorded meanwhile (another
-instance kept it first) is refused and runs again. So a record is kept once whatever ran
-where (migration, rescale, a retry after a crash).
+(``PartialOutput.identities``): the worker records the batch's identities in the
+transaction that completes it (orchestrator/ledger/seen.py) and drops the lines whose
+identity the run kept first, in an earlier batch or in one committing meanwhile. So a
+record is kept once whatever ran where (migration, rescale, a retry after a crash).
 
 The plain job drops repeats over the whole input with Spark's own ``dropDuplicates``
 (sparkjobs/identity.py, ``distinct``). Records equal in ``fields`` and different

@@ -2,14 +2,14 @@
 stage, digest), so that a record equal to one kept earlier, in any batch of any of the
 stage's instances, is dropped.
 
-A batch asks which of its digests are kept already before it writes its outputs
-(:func:`already_kept`), and records the ones it kept in its own transaction
-(:func:`keep`): a digest another batch recorded in between refuses the batch, which runs
-again and then finds it kept. Nothing is kept twice, and nothing dropped that was not
-kept. A digest is remembered for the stage's ``within_s`` after it was kept
-(:func:`forget`, from the driver's sweep): a duplicate arriving later than that goes on,
-as Structured Streaming's ``dropDuplicatesWithinWatermark`` lets one through once its
-state expired, and a stream's state stays bounded.
+A batch records its digests in the transaction that completes it (:func:`keep_first`),
+which tells it those no batch had kept before: its outputs keep only their records.
+Nothing is kept twice (the key refuses a digest twice, and a batch that crashes before
+its commit recorded nothing), and nothing dropped that was not kept. A digest is
+remembered for the stage's ``within_s`` after it was kept (:func:`forget`, from the
+driver's sweep): a duplicate arriving later than that goes on, as Structured
+Streaming's ``dropDuplicatesWithinWatermark`` lets one through once its state expired,
+and a stream's state stays bounded.
 """
 
 from __future__ import annotations
@@ -22,44 +22,27 @@ from django.utils import timezone
 
 from balancer.document import PipelineDocument
 from orchestrator.ledger import bound
-from orchestrator.ledger.segments import LeaseLostError
 from orchestrator.models import SeenRecord
 from sparkjobs.catalog import DEDUP_WITHIN_S, operator_name
 
 
-class KeptMeanwhileError(LeaseLostError):
-    """Another batch kept one of this batch's records first: this batch's outputs would
-    repeat it, so it is refused, and its segments given back to run again."""
+def keep_first(run_id: int, stage: str, digests: Sequence[str]) -> set[str]:
+    """Record as kept those of ``digests`` (32 hexadecimal digits each) the stage has
+    not kept yet, in the caller's transaction (the batch's); returns them.
 
-
-def already_kept(run_id: int, stage: str, digests: Sequence[str]) -> set[str]:
-    """Those of ``digests`` (32 hexadecimal digits each) the stage kept already."""
+    A digest another transaction recorded and has not committed yet is waited for: kept
+    there once it commits (not returned here), or kept here if it rolls back. Digests
+    go in sorted, so two batches that share some wait for one another in one order,
+    never each for the other."""
     if not digests:
         return set()
-    found = bound.fetch(
-        "SELECT digest FROM orchestrator_seenrecord"
-        " WHERE run_id = %b AND stage = %b AND digest = ANY(%b::uuid[])",
-        [run_id, stage, _uuids(digests)],
-    )
-    return {UUID(str(row[0])).hex for row in found}
-
-
-def keep(run_id: int, stage: str, digests: Sequence[str]) -> None:
-    """Record ``digests`` as kept, in the caller's transaction (the batch's); raises
-    :class:`KeptMeanwhileError` if another batch recorded one of them first."""
-    if not digests:
-        return
     inserted = bound.fetch(
         "INSERT INTO orchestrator_seenrecord (run_id, stage, digest, kept_at)"
-        " SELECT %b, %b, d, %b FROM unnest(%b::uuid[]) AS d"
-        " ON CONFLICT (run_id, stage, digest) DO NOTHING RETURNING 1",
+        " SELECT %b, %b, d, %b FROM unnest(%b::uuid[]) WITH ORDINALITY AS u(d, i) ORDER BY i"
+        " ON CONFLICT (run_id, stage, digest) DO NOTHING RETURNING digest",
         [run_id, stage, timezone.now(), _uuids(digests)],
     )
-    if len(inserted) != len(digests):
-        raise KeptMeanwhileError(
-            f"{len(digests) - len(inserted)} of the batch's records were kept by another "
-            f"batch of stage {stage} meanwhile; the batch runs again"
-        )
+    return {UUID(str(row[0])).hex for row in inserted}
 
 
 def _uuids(digests: Sequence[str]) -> list[UUID]:

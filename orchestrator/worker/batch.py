@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParams, PipelineDocument
 from balancer.units import MB
@@ -420,13 +420,48 @@ def _operate(
             # The group may be cancelled with its future jobs: this thread's next jobs
             # (another batch's, a merge's) must not be in it.
             spark.sparkContext._jsc.clearJobGroup()
-    kept = _drop_kept(run.pk, stage, produced) if spec.name == "deduplicate" else []
     _quarantine(run.pk, {by_file[stem].pk: out.quarantined for stem, out in produced.items()})
     _quarantine(
         run.pk,
         {by_file[stem].pk: out.late_lines for stem, out in produced.items()},
         kind="late",
     )
+    malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
+    late = {by_file[stem].pk: out.late for stem, out in produced.items()}
+    records = {by_file[stem].pk: out.records + out.malformed for stem, out in produced.items()}
+    fold = None
+    if spec.stateful:
+        deltas = [
+            (keystate.StateKey(m.key, m.window), keystate.Totals(m.count, m.sum, m.min, m.max))
+            for out in produced.values()
+            for m in read_partials(out.path)
+        ]
+
+        def fold() -> None:
+            keystate.fold(run.pk, stage, name, deltas)
+
+    # A deduplicate batch keeps its identities and drops from its outputs those kept
+    # first elsewhere in the transaction that completes it: a crash before the commit
+    # keeps nothing, and a batch keeping one of them meanwhile is waited for.
+    with transaction.atomic():
+        if spec.name == "deduplicate":
+            _drop_kept(run.pk, stage, produced)
+        new = _new_segments(graph, by_file, produced, copies, config)
+        segments.complete_batch(
+            run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
+        )
+    return sum(malformed.values())
+
+
+def _new_segments(
+    graph: RunGraph,
+    by_file: Mapping[str, Segment],
+    produced: Mapping[str, PartialOutput],
+    copies: Mapping[str, Copies],
+    config: int,
+) -> list[segments.NewSegment]:
+    """The segments a batch's outputs make: each input's output, to each place the
+    plan sends it."""
     new = []
     for stem, seg in by_file.items():
         out = produced[stem]
@@ -453,35 +488,7 @@ def _operate(
                     high_us=seg.high_us,
                 )
             )
-    malformed = {by_file[stem].pk: out.malformed for stem, out in produced.items()}
-    late = {by_file[stem].pk: out.late for stem, out in produced.items()}
-    records = {by_file[stem].pk: out.records + out.malformed for stem, out in produced.items()}
-    fold = None
-    if spec.stateful:
-        deltas = [
-            (keystate.StateKey(m.key, m.window), keystate.Totals(m.count, m.sum, m.min, m.max))
-            for out in produced.values()
-            for m in read_partials(out.path)
-        ]
-
-        def fold() -> None:
-            keystate.fold(run.pk, stage, name, deltas)
-
-    elif kept:
-
-        def fold() -> None:
-            seen.keep(run.pk, stage, kept)
-
-    try:
-        segments.complete_batch(
-            run.pk, owner, batch, new, malformed, fold=fold, late=late, records=records
-        )
-    except seen.KeptMeanwhileError:
-        # Another batch kept one of these records first: the segments go back now, to
-        # run again (finding it kept), not once their lease has run out.
-        segments.release(owner, batch)
-        raise
-    return sum(malformed.values())
+    return new
 
 
 def _joined_copies(
@@ -534,18 +541,17 @@ def _run_operator(
     )
 
 
-def _drop_kept(run_id: int, stage: str, produced: Mapping[str, PartialOutput]) -> list[str]:
-    """A deduplicate batch's outputs without the records whose identity the stage kept
-    in an earlier batch (orchestrator/ledger/seen.py); the identities this batch keeps,
-    for the ledger to record with it."""
+def _drop_kept(run_id: int, stage: str, produced: Mapping[str, PartialOutput]) -> None:
+    """Keep a deduplicate batch's identities, in the caller's transaction, and rewrite
+    its outputs without the records whose identity the stage had kept already
+    (orchestrator/ledger/seen.py)."""
     identities = [d for out in produced.values() for d in out.identities]
-    already = seen.already_kept(run_id, stage, identities)
+    kept = seen.keep_first(run_id, stage, identities)
     for out in produced.values():
-        if already.intersection(out.identities):
+        if not kept.issuperset(out.identities):
             lines = out.path.read_bytes().splitlines(keepends=True)
-            left = [ln for ln, d in zip(lines, out.identities, strict=True) if d not in already]
+            left = [ln for ln, d in zip(lines, out.identities, strict=True) if d in kept]
             out.bytes = write_atomic(out.path, b"".join(left))
-    return [d for d in identities if d not in already]
 
 
 Copies = list[tuple[str, str, KeyGroup]]

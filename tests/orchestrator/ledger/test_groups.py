@@ -14,6 +14,7 @@ from orchestrator.ledger import groups as group_ledger
 from orchestrator.models import ResultGroup, Run
 from sparkjobs.measures import Grouping, State
 from sparkjobs.merge import GroupPartial
+from tests.orchestrator.ledger.locks import waiting_on_a_lock
 from tests.orchestrator.runs import pending_run
 from tests.waiting import wait_for
 
@@ -80,7 +81,7 @@ def test_two_batches_bringing_one_new_group_at_once_both_count() -> None:
 
     second = threading.Thread(target=then)
     second.start()
-    wait_for("the second batch waiting on the first's row", _waiting_on_a_lock, timeout_s=30)
+    wait_for("the second batch waiting on the first's row", waiting_on_a_lock, timeout_s=30)
     release.set()
     holder.join(timeout=60)
     second.join(timeout=60)
@@ -89,13 +90,3 @@ def test_two_batches_bringing_one_new_group_at_once_both_count() -> None:
     assert group_ledger.group_rows(run, GROUPING) == [
         {"carrier": "UA", "flights": 5, "total": 3.5, "tails": 2}
     ]
-
-
-def _waiting_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        row = cursor.fetchone()
-    return bool(row and row[0])

@@ -1,29 +1,32 @@
-"""A deduplicate stage's batch on the real PostgreSQL and Spark: when another batch keeps
-one of its records between the batch's question to the ledger and its commit, nothing of
-it is written and its segments go back at once; run again, it drops that record."""
+"""A deduplicate stage's batch on the real PostgreSQL and Spark: a record another batch
+is keeping while this one completes is waited for and, once that batch commits, left
+out of this one's output; the others go on once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from orchestrator.ledger import seen
 from orchestrator.models import Run, SeenRecord, Segment
 from orchestrator.rescale.start import ensure_instances
 from orchestrator.worker.batch import process_batch
+from tests.orchestrator.ledger.locks import waiting_on_a_lock
 from tests.orchestrator.run.scenarios import deduplicated_flights
 from tests.orchestrator.runs import queue_segments
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_batch_whose_record_another_batch_kept_meanwhile_runs_again_without_it(
-    spark: Any, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_record_another_batch_keeps_meanwhile_is_left_out_and_the_rest_go_on_once(
+    spark: Any, settings: Any, tmp_path: Path
 ) -> None:
     settings.DATA_DIR = tmp_path / "data"
     doc = deduplicated_flights()
@@ -38,29 +41,42 @@ def test_a_batch_whose_record_another_batch_kept_meanwhile_runs_again_without_it
             for i in (1, 2, 3, 2)
         )
     )
-    (segment,) = queue_segments(run, [flights], node="once")
-    # Given another batch that keeps F1 right after this batch asked what was kept
-    asked = seen.already_kept
+    queue_segments(run, [flights], node="once")
+    # Given another batch that keeps F1 and has not committed yet
+    f1 = hashlib.sha256(b'{"id":"F1"}').hexdigest()[:32]
+    keeping, commit = threading.Event(), threading.Event()
 
-    def then_another_keeps_the_first(run_id: int, stage: str, digests: Sequence[str]) -> set[str]:
-        found = asked(run_id, stage, digests)
-        first = min(digests)
-        with transaction.atomic():
-            seen.keep(run_id, stage, [first])
-        return found
+    def other_batch() -> None:
+        try:
+            with transaction.atomic():
+                seen.keep_first(run.pk, "once", [f1])
+                keeping.set()
+                commit.wait(timeout=120)
+        finally:
+            connection.close()
 
-    monkeypatch.setattr(seen, "already_kept", then_another_keeps_the_first)
-    # When the batch commits, it is refused, nothing of it written, its segment back
-    with pytest.raises(seen.KeptMeanwhileError, match="1 of the batch's records"):
-        process_batch(run.pk, "once", None)
-    assert Segment.objects.get(pk=segment).state == Segment.State.QUEUED
-    assert not Segment.objects.filter(run=run, node="agg").exists()
-    assert SeenRecord.objects.filter(run=run).count() == 1
-    # Then run again it lets through the two records not kept, each once
-    monkeypatch.setattr(seen, "already_kept", asked)
-    report = process_batch(run.pk, "once", None)
-    assert report.segments == 1
+    holder = threading.Thread(target=other_batch)
+    holder.start()
+    assert keeping.wait(timeout=60), "the other batch never kept F1"
+    # When this batch completes (waiting for the other's commit to know F1's fate)
+    reports: list[Any] = []
+
+    def this_batch() -> None:
+        try:
+            reports.append(process_batch(run.pk, "once", None))
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=this_batch)
+    worker.start()
+    wait_for("the batch waiting on the other's F1", waiting_on_a_lock, timeout_s=120)
+    commit.set()
+    holder.join(timeout=60)
+    worker.join(timeout=120)
+    assert not holder.is_alive() and not worker.is_alive()
+    # Then its output holds F2 and F3, once each, and the stage kept all three once
+    assert [r.segments for r in reports] == [1]
     (output,) = Segment.objects.filter(run=run, node="agg")
     ids = sorted(json.loads(line)["id"] for line in Path(output.path).read_text().splitlines())
-    assert len(ids) == 2 and len(set(ids)) == 2
+    assert ids == ["F2", "F3"]
     assert SeenRecord.objects.filter(run=run).count() == 3
