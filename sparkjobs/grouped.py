@@ -27,7 +27,7 @@ from sparkjobs import long_sums
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import admitted, with_computed
 from sparkjobs.holders import Holders, held_by, holders_of
-from sparkjobs.measure_parts import parts_of, with_unscaled
+from sparkjobs.measure_parts import RECORDS_COL, parts_of, with_unscaled
 from sparkjobs.measures import BY_TIME, HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
 from sparkjobs.records import (
@@ -51,7 +51,6 @@ GROUP_COL = "_group"  # a good record's group values as JSON; a malformed one's 
 KEPT_COL = "_kept"  # whether the stage's condition holds for the record
 DROPPED_COL = "_dropped"  # a good record the condition does not hold for
 UNREAD_COL = "_unread"  # a line the reader could not read as a record
-RECORDS_COL = "_records"
 LINE_COL = "_line"
 DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
 # The groupings this process found values too large to sum in longs: their later
@@ -122,23 +121,23 @@ def grouped_partials(
     # Grouped by the group's own fields (a good record's; null in a malformed, dropped
     # or late one's): its values are written as JSON once per group, not once per record.
     kept = ~malformed & ~dropped & ~is_late
-    keys = [
-        F.when(kept, column(name).cast("STRING")).alias(f"_g{i}")
-        for i, name in enumerate(grouping.group_by)
-    ]
-    by = [
-        segment.alias(SEGMENT_COL),
-        malformed.alias(MALFORMED_COL),
-        dropped.alias(DROPPED_COL),
-        is_late.alias(LATE_COL),
-        bad_line.alias(GROUP_COL),
-        F.when(kept, window).alias(WINDOW_COL),
-        *keys,
-    ]
+    keys = [F.when(kept, column(name).cast("STRING")) for name in grouping.group_by]
+    by = {
+        SEGMENT_COL: segment,
+        MALFORMED_COL: malformed,
+        DROPPED_COL: dropped,
+        LATE_COL: is_late,
+        GROUP_COL: bad_line,
+        WINDOW_COL: F.when(kept, window),
+        **{f"_g{i}": key for i, key in enumerate(keys)},
+    }
+    fixed = _fixed(where, windows)
+    for name in fixed:
+        del by[name]
     distinct = _pairs_first(grouping) if holders is not None else None
 
     def collected(*, in_longs: bool) -> list[Row]:
-        grouped = _aggregated(parsed, by, grouping, distinct, in_longs=in_longs)
+        grouped = _aggregated(parsed, by, fixed, grouping, distinct, in_longs=in_longs)
         values = F.to_json(F.array(*[F.col(f"_g{i}") for i in range(len(grouping.group_by))]))
         states = F.to_json(
             F.struct(*[F.col(f"_m{i}").alias(m.name) for i, m in enumerate(grouping.measures)]),
@@ -171,6 +170,20 @@ def grouped_partials(
             _IN_DECIMALS.add(grouping)
             rows = collected(in_longs=False)
     return _written(rows, outputs, holders)
+
+
+def _fixed(where: str | None, windows: WindowSpec | None) -> dict[str, Column]:
+    """The columns no record of the stage can differ in (no condition: none dropped; no
+    windows: none late, no window), by name, as every group has them: they are not
+    grouped by, only written beside the groups (a constant among the keys costs every
+    record its hashing and every row its width)."""
+    fixed: dict[str, Column] = {}
+    if where is None:
+        fixed[DROPPED_COL] = F.lit(False)  # noqa: FBT003 - a Spark literal
+    if windows is None:
+        fixed[LATE_COL] = F.lit(False)  # noqa: FBT003 - a Spark literal
+        fixed[WINDOW_COL] = F.lit(None).cast("BIGINT")
+    return fixed
 
 
 def _written(
@@ -275,29 +288,24 @@ _REAGGREGATED = frozenset({"count", "sum", "min", "max", "avg"})
 
 def _aggregated(
     parsed: DataFrame,
-    by: list[Column],
+    by: Mapping[str, Column],
+    fixed: Mapping[str, Column],
     grouping: Grouping,
     distinct: Measure | None,
     *,
     in_longs: bool,
 ) -> DataFrame:
-    """Per group of ``by``: its records, each measure's state (``_m0``, ``_m1``...) and
-    whether its sums, minima and maxima held in longs (``long_sums.EXACT``). With a
-    ``distinct`` measure (``_pairs_first``), aggregated per (group, distinct value) first,
-    then per group; otherwise in one aggregation."""
-    names = [
-        SEGMENT_COL,
-        MALFORMED_COL,
-        DROPPED_COL,
-        LATE_COL,
-        GROUP_COL,
-        WINDOW_COL,
-        *(f"_g{i}" for i in range(len(grouping.group_by))),
-    ]
+    """Per group of ``by`` (columns by name; ``fixed``: columns every group has alike):
+    its records, each measure's state (``_m0``, ``_m1``...) and whether its sums, minima
+    and maxima held in longs (``long_sums.EXACT``). With a ``distinct`` measure
+    (``_pairs_first``), aggregated per (group, distinct value) first, then per group;
+    otherwise in one aggregation."""
+    names = list(by)
+    keys = [key.alias(name) for name, key in by.items()]
     if in_longs:
         parsed = with_unscaled(parsed, grouping)
-    parts = [parts_of(i, m, grouping, in_longs=in_longs) for i, m in enumerate(grouping.measures)]
-    first = [c for p in parts if p is not None for c in p.first]
+    parts = [parts_of(m, grouping, in_longs=in_longs) for m in grouping.measures]
+    first = {name: c for p in parts if p is not None for name, c in p.first.items()}
     records = F.count(F.lit(1)).alias(RECORDS_COL)
     if distinct is None:
         others = [
@@ -305,15 +313,15 @@ def _aggregated(
             for i, (m, p) in enumerate(zip(grouping.measures, parts, strict=True))
             if p is None
         ]
-        grouped = parsed.groupBy(*by).agg(records, *first, *others)
+        grouped = parsed.groupBy(*keys).agg(records, *first.values(), *others)
     else:
         value = column(distinct.field or "").cast("STRING")
-        pairs = parsed.groupBy(*by, value.alias(DISTINCT_COL)).agg(records, *first)
+        pairs = parsed.groupBy(*keys, value.alias(DISTINCT_COL)).agg(records, *first.values())
         # One row per (group, value): the list of a group's values has no repeat.
         listed = F.sort_array(F.collect_list(DISTINCT_COL))
         grouped = pairs.groupBy(*names).agg(
             F.sum(RECORDS_COL).alias(RECORDS_COL),
-            *[c for p in parts if p is not None for c in p.second],
+            *{n: c for p in parts if p is not None for n, c in p.second.items()}.values(),
             listed.alias(f"_m{grouping.measures.index(distinct)}"),
         )
     exacts = [p.exact for p in parts if p is not None and p.exact is not None]
@@ -321,7 +329,13 @@ def _aggregated(
     states = [
         (F.col(f"_m{i}") if p is None else p.state).alias(f"_m{i}") for i, p in enumerate(parts)
     ]
-    return grouped.select(*names, RECORDS_COL, *states, exact.alias(long_sums.EXACT))
+    return grouped.select(
+        *names,
+        *[constant.alias(name) for name, constant in fixed.items()],
+        RECORDS_COL,
+        *states,
+        exact.alias(long_sums.EXACT),
+    )
 
 
 def with_times(parsed: DataFrame, grouping: Grouping) -> DataFrame:

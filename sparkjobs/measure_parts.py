@@ -21,14 +21,19 @@ from sparkjobs import long_sums
 from sparkjobs.measures import DECIMAL_VALUED, Grouping, Measure
 from sparkjobs.records import column
 
+RECORDS_COL = "_records"  # a group's records, counted by every grouped stage
 # The functions kept in longs where the values allow: those of an exact decimal.
 IN_LONGS = DECIMAL_VALUED
 
 
 @dataclass(frozen=True)
 class Parts:
-    first: list[Column]  # aggregates over records, each named
-    second: list[Column]  # the same over rows of ``first``, under the same names
+    """A measure's parts, each named for what it computes (its function and field), not
+    for the measure: measures over one field share them (a sum, a minimum and an average
+    of one value count its values once), and a stage aggregates each part once."""
+
+    first: dict[str, Column]  # aggregates over records, by name
+    second: dict[str, Column]  # the same over rows of ``first``, under the same names
     state: Column  # the measure's state, from either's columns
     exact: Column | None  # whether the longs held every value (None: not in longs)
 
@@ -42,49 +47,48 @@ def with_unscaled(parsed: DataFrame, grouping: Grouping) -> DataFrame:
     return parsed
 
 
-def parts_of(index: int, measure: Measure, grouping: Grouping, *, in_longs: bool) -> Parts | None:
-    """Measure ``index``'s parts (its columns named ``_m{index}_...``), or None for a
-    measure that has none; ``in_longs``, its numbers in longs (``with_unscaled``'s
-    columns on the records)."""
-    name = f"_m{index}"
+def parts_of(measure: Measure, grouping: Grouping, *, in_longs: bool) -> Parts | None:
+    """The measure's parts, or None for a measure that has none; ``in_longs``, its
+    numbers in longs (``with_unscaled``'s columns on the records)."""
+    first: dict[str, Column] = {}
+    second: dict[str, Column] = {}
 
-    def part(suffix: str, first: Column, again: str) -> tuple[Column, Column]:
-        named = f"{name}_{suffix}"
-        return first.alias(named), getattr(F, again)(named).alias(named)
+    def part(named: str, over_records: Column, again: str) -> Column:
+        first[named] = over_records.alias(named)
+        second[named] = getattr(F, again)(named).alias(named)
+        return F.col(named)
 
-    if measure.field is None or measure.fn == "count":
-        counted = F.lit(1) if measure.field is None else column(measure.field)
-        first, second = part("c", F.count(counted), "sum")
-        return Parts([first], [second], F.col(f"{name}_c"), None)
+    if measure.field is None:  # a group's records, which the stage counts anyway
+        return Parts(first, second, F.col(RECORDS_COL), None)
+    prefix = f"_p{grouping.fields.index(measure.field)}"
+    value = column(measure.field)
+    counted = part(f"{prefix}_n", F.count(value), "sum")  # its values: an average's count
+    if measure.fn == "count":
+        return Parts(first, second, counted, None)
     if measure.fn not in IN_LONGS:
         return None
-    value = column(measure.field)
-    pairs = [part("n", F.count(value), "sum")]  # the values: an average's count
     if not in_longs:
         if measure.fn in ("sum", "avg"):
-            pairs.append(part("s", F.sum(value), "sum"))
-            kept = F.col(f"{name}_s")
+            kept = part(f"{prefix}_s", F.sum(value), "sum")
         else:
-            fold = "min" if measure.fn == "min" else "max"
-            pairs.append(part("x", getattr(F, fold)(value), fold))
-            kept = F.col(f"{name}_x")
+            kept = part(f"{prefix}_{measure.fn}", getattr(F, measure.fn)(value), measure.fn)
         exact = None
     else:
         u = F.col(f"_u{grouping.numbers.index(measure.field)}")
-        pairs.append(part("l", F.count(u), "sum"))  # the values in longs
+        in_long = part(f"{prefix}_l", F.count(u), "sum")  # its values in longs
         if measure.fn in ("sum", "avg"):
-            pairs.append(part("h", F.sum(F.call_function("div", u, F.lit(long_sums.BASE))), "sum"))
-            pairs.append(part("o", F.sum(u % F.lit(long_sums.BASE)), "sum"))
-            kept = long_sums.total_of(F.col(f"{name}_h"), F.col(f"{name}_o"))
+            high = part(
+                f"{prefix}_h", F.sum(F.call_function("div", u, F.lit(long_sums.BASE))), "sum"
+            )
+            low = part(f"{prefix}_o", F.sum(u % F.lit(long_sums.BASE)), "sum")
+            kept = long_sums.total_of(high, low)
         else:
-            fold = "min" if measure.fn == "min" else "max"
-            pairs.append(part("x", getattr(F, fold)(u), fold))
-            kept = long_sums.value_of(F.col(f"{name}_x"))
-        in_long = F.col(f"{name}_l")
-        exact = (in_long == F.col(f"{name}_n")) & (in_long < F.lit(long_sums.MAX_RECORDS))
+            fold = measure.fn
+            kept = long_sums.value_of(part(f"{prefix}_{fold}", getattr(F, fold)(u), fold))
+        exact = (in_long == counted) & (in_long < F.lit(long_sums.MAX_RECORDS))
     state = (
-        F.struct(kept.cast("STRING").alias("sum"), F.col(f"{name}_n").alias("count"))
+        F.struct(kept.cast("STRING").alias("sum"), counted.alias("count"))
         if measure.fn == "avg"
         else kept.cast("STRING")
     )
-    return Parts([p[0] for p in pairs], [p[1] for p in pairs], state, exact)
+    return Parts(first, second, state, exact)

@@ -135,6 +135,11 @@ class Grouping:
         return _unique(m.by for m in self.measures if m.by)
 
     @property
+    def fields(self) -> list[str]:
+        """The fields the measures read, each once."""
+        return _unique(m.field for m in self.measures if m.field)
+
+    @property
     def numbers(self) -> list[str]:
         """The fields read as numbers (decimals)."""
         return _unique(m.field for m in self.measures if m.fn in OF_NUMBERS and m.field)
