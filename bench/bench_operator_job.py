@@ -1,7 +1,7 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
     .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
-        [--together] [--key-slots LOW,HIGH] [--quota CORES]
+        [--together] [--key-slots LOW,HIGH | --measures] [--quota CORES]
     .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
 Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
@@ -11,6 +11,10 @@ The input is the console's generator's (400 users), or with ``--peers`` bench_pe
 ``--segments`` segments. Each segment holds its own partials, or with ``--together`` the
 first holds the whole batch's, as in a live run's batch of a stage's siblings (their
 segments go to the same sink: orchestrator/worker/batch.py ``_together``).
+
+With ``--measures`` both jobs compute bench_peers.py's query as grouped measures
+(``group_by: [key]``, six named measures): the grouped operator job
+(sparkjobs/grouped.py) against ``batch_grouped``, as a user's own query runs.
 
 With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
 after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
@@ -34,6 +38,7 @@ or no cpu controller: one line says why and the bench exits with code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -41,11 +46,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_peers import Shape
+from bench_peers import MEASURES, Shape
 from bench_peers import write_input as peers_input
 from bench_real_balance import quota_list, with_quotas
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
@@ -53,9 +59,11 @@ from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.p
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
 from orchestrator.services.cpu_quota import CpuQuotas
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
+from sparkjobs.grouped import grouped_partials
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
+from sparkjobs.measures import Grouping
 from sparkjobs.merge import read_partials
-from sparkjobs.plain_job import batch_aggregate
+from sparkjobs.plain_job import batch_aggregate, batch_grouped
 from sparkjobs.session import operator_session, spark_session
 
 # Set in the bench's own process inside the cgroup ``--quota`` made.
@@ -173,9 +181,16 @@ def main() -> int:
     parser.add_argument(
         "--quota", type=quota_list, help="run inside a cgroup allowed this many cores (root)"
     )
+    parser.add_argument(
+        "--measures",
+        action="store_true",
+        help="both jobs compute bench_peers.py's six measures as grouped measures",
+    )
     args = parser.parse_args()
-    if args.plans and args.key_slots is not None:
-        parser.error("--key-slots is for the operator job against the batch job, not --plans")
+    if args.plans and (args.key_slots is not None or args.measures):
+        parser.error("--key-slots and --measures are for the operator job against the batch job")
+    if args.measures and args.key_slots is not None:
+        parser.error("--key-slots is for the key path, not --measures")
     if args.quota is not None and len(args.quota) != 1:
         parser.error("--quota is one number of cores")
     if args.quota is not None and os.environ.get(IN_QUOTA) != "1":
@@ -184,30 +199,62 @@ def main() -> int:
         sizes = [float(mb) for mb in args.plans.split(",")]
         compare_plans(sizes, args.segments, args.repeat, peers=args.peers)
         return 0
+    compare_jobs(args)
+    return 0
+
+
+def records_kept(outputs: Iterable[Path], *, grouped: bool) -> int:
+    """The records the operator job's partials hold."""
+    if grouped:
+        return sum(
+            json.loads(line)["n"] for out in outputs for line in out.read_text().splitlines()
+        )
+    return sum(p.count for out in outputs for p in read_partials(out))
+
+
+def compare_jobs(args: argparse.Namespace) -> None:
+    """The operator job against the batch job, ``--repeat`` times (the module's
+    docstring)."""
     folder = Path(tempfile.mkdtemp(prefix="bpconsole-opjob-"))
     source, segments = generated_batch(folder, args.mb, args.segments, peers=args.peers)
     data = source.read_bytes()
     records = data.count(b"\n")
     outputs = {name: folder / "out" / f"{name}.jsonl" for name in segments}
     spark = spark_session()
-    batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())  # warm the session
     file_sizes = [path.stat().st_size for path in segments.values()]
     holder = min(segments)
     together = {name: holder for name in segments} if args.together else None
+    grouping = Grouping.of(MEASURES) if args.measures else None
+
+    def operator_job() -> None:
+        if grouping is not None:
+            grouped_partials(
+                operator_session(file_sizes), segments, outputs, grouping, together=together
+            )
+        else:
+            partial_aggregate(
+                operator_session(file_sizes),
+                segments,
+                outputs,
+                AggregateParams(),
+                key_group=args.key_slots,
+                together=together,
+            )
+
+    def batch_job() -> None:
+        if grouping is not None:
+            batch_grouped(spark, [str(source)], "jsonl", grouping)
+        else:
+            batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())
+
+    batch_job()  # warm the session
     for _ in range(args.repeat):
         began, cpu = time.monotonic(), jvm_cpu_s()
-        partial_aggregate(
-            operator_session(file_sizes),
-            segments,
-            outputs,
-            AggregateParams(),
-            key_group=args.key_slots,
-            together=together,
-        )
+        operator_job()
         operator_s, operator_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
-        kept = sum(p.count for out in outputs.values() for p in read_partials(out))
+        kept = records_kept(outputs.values(), grouped=grouping is not None)
         began, cpu = time.monotonic(), jvm_cpu_s()
-        batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())
+        batch_job()
         batch_s, batch_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
         print(
             f"{len(data) / 2**20:.0f} MB: operator job {operator_s:.2f} s "
@@ -215,7 +262,6 @@ def main() -> int:
             f"ratio {batch_s / operator_s:.2f}; kept {kept / records:.1%} of the records"
         )
     shutil.rmtree(folder, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
