@@ -5,18 +5,15 @@ first inserted."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from orchestrator.ledger import groups as group_ledger
 from orchestrator.models import ResultGroup, Run
 from sparkjobs.measures import Grouping, State
 from sparkjobs.merge import GroupPartial
-from tests.orchestrator.ledger.locks import waiting_on_a_lock
+from tests.orchestrator.ledger.locks import second_waits_on_first
 from tests.orchestrator.runs import pending_run
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,37 +52,14 @@ def test_a_known_group_merges_each_batch_and_a_new_one_is_inserted() -> None:
 
 
 def test_two_batches_bringing_one_new_group_at_once_both_count() -> None:
-    # Given a sink batch that inserted a new group and has not committed yet
     run = pending_run("reference")
-    inserted, release = threading.Event(), threading.Event()
-
-    def first() -> None:
-        try:
-            with transaction.atomic():
-                group_ledger.fold(run.pk, GROUPING, [partial("UA", 2, "1.5", ["N1"])])
-                inserted.set()
-                release.wait(timeout=60)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=first)
-    holder.start()
-    assert inserted.wait(timeout=60), "the first batch never inserted its group"
-
-    # When a second batch brings the same group (its insert waits for the first's commit)
-    def then() -> None:
-        try:
-            fold(run, [partial("UA", 3, "2", ["N2"])])
-        finally:
-            connection.close()
-
-    second = threading.Thread(target=then)
-    second.start()
-    wait_for("the second batch waiting on the first's row", waiting_on_a_lock, timeout_s=30)
-    release.set()
-    holder.join(timeout=60)
-    second.join(timeout=60)
-    assert not holder.is_alive() and not second.is_alive()
+    # Given a sink batch that inserted a new group and has not committed yet, when a
+    # second batch brings the same group (its insert waits for the first's commit)
+    second_waits_on_first(
+        lambda: group_ledger.fold(run.pk, GROUPING, [partial("UA", 2, "1.5", ["N1"])]),
+        lambda: fold(run, [partial("UA", 3, "2", ["N2"])]),
+        waiting="the second batch waiting on the first's row",
+    )
     # Then the group holds both batches' records, in one row
     assert group_ledger.group_rows(run, GROUPING) == [
         {"carrier": "UA", "flights": 5, "total": 3.5, "tails": 2}

@@ -5,18 +5,16 @@ stage's period."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from uuid import UUID
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from orchestrator.ledger import seen
 from orchestrator.models import SeenRecord
-from tests.orchestrator.ledger.locks import waiting_on_a_lock
+from tests.orchestrator.ledger.locks import second_waits_on_first
 from tests.orchestrator.runs import pending_run
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,41 +48,21 @@ def test_a_batch_that_rolls_back_keeps_nothing() -> None:
 def test_an_identity_another_batch_is_keeping_is_kept_by_whichever_commits(
     first_commits: bool,
 ) -> None:
-    # Given a batch that kept "a" and has not committed yet
+    # Given a batch that kept "a" and has not committed yet, when a second batch keeps
+    # "a" and "b" (its insert of "a" waits for the first)
     run = pending_run("reference")
-    keeping, decided = threading.Event(), threading.Event()
-
-    def first() -> None:
-        try:
-            with transaction.atomic():
-                seen.keep_first(run.pk, "dedup", ["a" * 32])
-                keeping.set()
-                decided.wait(timeout=60)
-                if not first_commits:
-                    transaction.set_rollback(True)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=first)
-    holder.start()
-    assert keeping.wait(timeout=60), "the first batch never kept its identity"
-    # When a second batch keeps "a" and "b" (its insert of "a" waits for the first)
     found: list[set[str]] = []
 
     def second() -> None:
-        try:
-            with transaction.atomic():
-                found.append(seen.keep_first(run.pk, "dedup", ["b" * 32, "a" * 32]))
-        finally:
-            connection.close()
+        with transaction.atomic():
+            found.append(seen.keep_first(run.pk, "dedup", ["b" * 32, "a" * 32]))
 
-    other = threading.Thread(target=second)
-    other.start()
-    wait_for("the second batch waiting on the first's identity", waiting_on_a_lock, timeout_s=30)
-    decided.set()
-    holder.join(timeout=60)
-    other.join(timeout=60)
-    assert not holder.is_alive() and not other.is_alive()
+    second_waits_on_first(
+        lambda: seen.keep_first(run.pk, "dedup", ["a" * 32]),
+        second,
+        waiting="the second batch waiting on the first's identity",
+        rollback=not first_commits,
+    )
     # Then "a" is kept once: by the first if it committed, else by the second
     assert found == [{"b" * 32} if first_commits else {"a" * 32, "b" * 32}]
     assert kept() == [("dedup", "a" * 32), ("dedup", "b" * 32)]

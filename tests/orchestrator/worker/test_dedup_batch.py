@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
 
 from orchestrator.ledger import seen
 from orchestrator.models import Run, SeenRecord, Segment
 from orchestrator.rescale.start import ensure_instances
 from orchestrator.worker.batch import process_batch
-from tests.orchestrator.ledger.locks import waiting_on_a_lock
+from tests.orchestrator.ledger.locks import second_waits_on_first
 from tests.orchestrator.run.scenarios import deduplicated_flights
 from tests.orchestrator.runs import queue_segments
-from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -42,38 +39,15 @@ def test_a_record_another_batch_keeps_meanwhile_is_left_out_and_the_rest_go_on_o
         )
     )
     queue_segments(run, [flights], node="once")
-    # Given another batch that keeps F1 and has not committed yet
+    # Given another batch that keeps F1 and has not committed yet, when this batch
+    # completes (waiting for the other's commit to know F1's fate)
     f1 = hashlib.sha256(b'{"id":"F1"}').hexdigest()[:32]
-    keeping, commit = threading.Event(), threading.Event()
-
-    def other_batch() -> None:
-        try:
-            with transaction.atomic():
-                seen.keep_first(run.pk, "once", [f1])
-                keeping.set()
-                commit.wait(timeout=120)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=other_batch)
-    holder.start()
-    assert keeping.wait(timeout=60), "the other batch never kept F1"
-    # When this batch completes (waiting for the other's commit to know F1's fate)
     reports: list[Any] = []
-
-    def this_batch() -> None:
-        try:
-            reports.append(process_batch(run.pk, "once", None))
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=this_batch)
-    worker.start()
-    wait_for("the batch waiting on the other's F1", waiting_on_a_lock, timeout_s=120)
-    commit.set()
-    holder.join(timeout=60)
-    worker.join(timeout=120)
-    assert not holder.is_alive() and not worker.is_alive()
+    second_waits_on_first(
+        lambda: seen.keep_first(run.pk, "once", [f1]),
+        lambda: reports.append(process_batch(run.pk, "once", None)),
+        waiting="the batch waiting on the other's F1",
+    )
     # Then its output holds F2 and F3, once each, and the stage kept all three once
     assert [r.segments for r in reports] == [1]
     (output,) = Segment.objects.filter(run=run, node="agg")
