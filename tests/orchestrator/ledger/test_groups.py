@@ -10,28 +10,12 @@ from django.db import transaction
 
 from orchestrator.ledger import groups as group_ledger
 from orchestrator.models import ResultGroup, Run
-from sparkjobs.measures import Grouping, State
 from sparkjobs.merge import GroupPartial
+from tests.orchestrator.ledger.flights import GROUPING, partial
 from tests.orchestrator.ledger.locks import second_waits_on_first
 from tests.orchestrator.runs import pending_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-GROUPING = Grouping.of(
-    {
-        "group_by": ["carrier"],
-        "measures": [
-            {"name": "flights", "fn": "count"},
-            {"name": "total", "fn": "sum", "field": "delay"},
-            {"name": "tails", "fn": "count_distinct", "field": "tail"},
-        ],
-    }
-) or pytest.fail("a valid grouping")
-
-
-def partial(carrier: str, flights: int, total: str, tails: list[str]) -> GroupPartial:
-    states: dict[str, State] = {"flights": flights, "total": total, "tails": sorted(tails)}
-    return GroupPartial((carrier,), states, records=flights)
 
 
 def fold(run: Run, partials: list[GroupPartial]) -> None:

@@ -18,24 +18,15 @@ from orchestrator.models import ResultGroup, Run
 from orchestrator.sink.layout import grouped_layout
 from orchestrator.sink.targets import sink_of
 from sparkjobs.event_time import WindowSpec
-from sparkjobs.measures import Grouping, State
 from sparkjobs.merge import GroupPartial
+from tests.orchestrator.ledger.flights import GROUPING
+from tests.orchestrator.ledger.flights import partial as carrier_partial
 from tests.orchestrator.runs import pending_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MINUTE = 60_000_000
 SPEC = WindowSpec(field="t", size_us=MINUTE, slide_us=MINUTE, lateness_us=0)
-GROUPING = Grouping.of(
-    {
-        "group_by": ["carrier"],
-        "measures": [
-            {"name": "flights", "fn": "count"},
-            {"name": "total", "fn": "sum", "field": "delay"},
-            {"name": "tails", "fn": "count_distinct", "field": "tail"},
-        ],
-    }
-) or pytest.fail("a valid grouping")
 
 
 def fold(run: Run, partials: list[GroupPartial], closed_us: int | None = None) -> None:
@@ -45,8 +36,8 @@ def fold(run: Run, partials: list[GroupPartial], closed_us: int | None = None) -
 
 
 def partial(window: int, carrier: str, flights: int, total: str, tails: list[str]) -> GroupPartial:
-    states: dict[str, State] = {"flights": flights, "total": total, "tails": sorted(tails)}
-    return GroupPartial((carrier,), states, records=flights, window=window)
+    """A batch's partial of one carrier's flights in ``window``."""
+    return carrier_partial(carrier, flights, total, tails, window=window)
 
 
 def test_a_window_s_groups_merge_until_it_closes_then_are_written_once_and_kept(
