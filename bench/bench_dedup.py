@@ -2,6 +2,7 @@
 ones dropped, then counted and summed per key.
 
     .venv/bin/python bench/bench_dedup.py [--mb 256] [--rounds 2] [--again 3] [--keys 50]
+        [--files-per-trigger 7]
 
 One generated JSON-lines input of records ``{"id", "key", "value", "pad"}``: every
 ``--again``-th record delivered a second time further on (a third by default). Per key:
@@ -10,13 +11,19 @@ the records counted once and the sum of their values, computed by
 (a) spark: the idiomatic Spark batch job in this process's SparkSession (built as a
     worker builds its own), ``spark.read.schema(...).json(file)``, then
     ``dropDuplicates(["id"]).groupBy("key").agg(count, sum)``, collected;
-(b) batch: our plain job (``run_pipeline --batch``) over the same file;
-(c) live: a run of source -> deduplicate (``fields: [id]``) -> aggregate -> sink on the
+(b) streaming: Structured Streaming, the same query (``dropDuplicates`` keeps every id
+    in its state store, as a stream's exact deduplication must) over the same records
+    cut into files of the live source's segment size, file source with the same
+    schema, ``maxFilesPerTrigger`` as many files as a live batch takes
+    (``--files-per-trigger``), ``trigger(availableNow=True)``, complete mode to the
+    memory sink, a fresh checkpoint folder each time;
+(c) batch: our plain job (``run_pipeline --batch``) over the same file;
+(d) live: a run of source -> deduplicate (``fields: [id]``) -> aggregate -> sink on the
     embedded stack (bench_runtime.py's, one Spark worker), no emulation knob set.
 
 One untimed warm-up of every side on a ``--warmup-mb`` input, then ``--rounds`` rounds,
-the sides in a rotating order. Times: (a) and (b) from the call to the rows collected;
-(c) the run's own start to finish. Every side's rows are checked against a pure-Python
+the sides in a rotating order. Times: (a) to (c) from the call to the rows collected;
+(d) the run's own start to finish. Every side's rows are checked against a pure-Python
 computation over the file.
 """
 
@@ -25,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -39,7 +48,9 @@ sys.path.insert(0, str(ROOT))
 # This script's own folder is first on sys.path.
 from bench_runtime import Stack, run_to_end  # noqa: E402
 
-SIDES = ("spark", "batch", "live")
+SIDES = ("spark", "streaming", "batch", "live")
+SCHEMA = "id string, key string, value decimal(38,10), pad string"
+SEGMENT_MB = 8.0  # the live source's segments, and the streaming side's files
 Rows = dict[str, tuple[int, Decimal]]
 
 
@@ -78,7 +89,7 @@ def pipeline() -> dict[str, Any]:
                 "params": {
                     "format": "jsonl",
                     "route_by": "key",
-                    "segment_mb": 8.0,
+                    "segment_mb": SEGMENT_MB,
                     "schema": "id string, key string, value double, pad string",
                 },
             },
@@ -120,9 +131,7 @@ def spark_side(path: Path) -> tuple[float, Rows]:
 
     spark = spark_session()
     began = time.monotonic()
-    frame = spark.read.schema("id string, key string, value decimal(38,10), pad string").json(
-        str(path)
-    )
+    frame = spark.read.schema(SCHEMA).json(str(path))
     rows = (
         frame.dropDuplicates(["id"])
         .groupBy("key")
@@ -130,6 +139,60 @@ def spark_side(path: Path) -> tuple[float, Rows]:
         .collect()
     )
     seconds = time.monotonic() - began
+    return seconds, {r["key"]: (int(r["n"]), Decimal(r["total"]).normalize()) for r in rows}
+
+
+def cut(path: Path, file_mb: float) -> Path:
+    """``path``'s lines cut into files of about ``file_mb`` MB, in a folder of their own
+    beside it (made once)."""
+    folder = path.with_name(f"{path.stem}-parts")
+    if folder.exists():
+        return folder
+    folder.mkdir()
+    data = path.read_bytes()
+    step, position, index = int(file_mb * 2**20), 0, 0
+    while position < len(data):
+        end = data.find(b"\n", min(position + step, len(data) - 1)) + 1 or len(data)
+        (folder / f"part-{index:05d}.jsonl").write_bytes(data[position:end])
+        position, index = end, index + 1
+    return folder
+
+
+def streaming_side(path: Path, files_per_trigger: int) -> tuple[float, Rows]:
+    from pyspark.sql import functions as F
+
+    from sparkjobs.session import spark_session
+
+    spark = spark_session()
+    parts = cut(path, SEGMENT_MB)
+    name = f"dedup_streaming_{time.monotonic_ns()}"
+    checkpoint = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=path.parent))
+    began = time.monotonic()
+    try:
+        query = (
+            spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", files_per_trigger)
+            .json(str(parts))
+            .dropDuplicates(["id"])
+            .groupBy("key")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
+            .writeStream.outputMode("complete")
+            .format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"structured streaming failed: {query.exception()}")
+        # In complete mode the memory sink keeps only the last trigger's output: the
+        # final result.
+        rows = spark.table(name).collect()
+        seconds = time.monotonic() - began
+        spark.catalog.dropTempView(name)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
     return seconds, {r["key"]: (int(r["n"]), Decimal(r["total"]).normalize()) for r in rows}
 
 
@@ -163,6 +226,12 @@ def main() -> int:
     parser.add_argument("--again", type=int, default=3, help="every n-th record twice")
     parser.add_argument("--keys", type=int, default=50)
     parser.add_argument("--warmup-mb", type=float, default=32.0)
+    parser.add_argument(
+        "--files-per-trigger",
+        type=int,
+        default=7,
+        help="Structured Streaming's maxFilesPerTrigger (a live batch takes 7 segments here)",
+    )
     args = parser.parse_args()
     with Stack(1) as stack:
         inputs = stack.var / "inputs"
@@ -173,6 +242,7 @@ def main() -> int:
         want = {k: (n, total.normalize()) for k, (n, total) in expected.items()}
         sides: dict[str, Callable[[Path], tuple[float, Rows]]] = {
             "spark": spark_side,
+            "streaming": lambda p: streaming_side(p, args.files_per_trigger),
             "batch": batch_side,
             "live": live_side,
         }
@@ -181,7 +251,7 @@ def main() -> int:
         times: dict[str, list[float]] = {side: [] for side in SIDES}
         exact = dict.fromkeys(SIDES, True)
         for number in range(args.rounds):
-            order = SIDES[number % 3 :] + SIDES[: number % 3]
+            order = SIDES[number % len(SIDES) :] + SIDES[: number % len(SIDES)]
             for side in order:
                 seconds, rows = sides[side](path)
                 times[side].append(round(seconds, 2))
