@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -46,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # This script's own folder is first on sys.path.
-from bench_runtime import Stack, run_to_end  # noqa: E402
+from bench_runtime import Stack, run_to_end, streamed_to_end  # noqa: E402
 
 SIDES = ("spark", "streaming", "batch", "live")
 SCHEMA = "id string, key string, value decimal(38,10), pad string"
@@ -163,36 +161,19 @@ def streaming_side(path: Path, files_per_trigger: int) -> tuple[float, Rows]:
 
     from sparkjobs.session import spark_session
 
-    spark = spark_session()
     parts = cut(path, SEGMENT_MB)
-    name = f"dedup_streaming_{time.monotonic_ns()}"
-    checkpoint = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=path.parent))
     began = time.monotonic()
-    try:
-        query = (
-            spark.readStream.schema(SCHEMA)
-            .option("maxFilesPerTrigger", files_per_trigger)
-            .json(str(parts))
-            .dropDuplicates(["id"])
-            .groupBy("key")
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
-            .writeStream.outputMode("complete")
-            .format("memory")
-            .queryName(name)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"structured streaming failed: {query.exception()}")
-        # In complete mode the memory sink keeps only the last trigger's output: the
-        # final result.
-        rows = spark.table(name).collect()
-        seconds = time.monotonic() - began
-        spark.catalog.dropTempView(name)
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    aggregated = (
+        spark_session()
+        .readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", files_per_trigger)
+        .json(str(parts))
+        .dropDuplicates(["id"])
+        .groupBy("key")
+        .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
+    )
+    rows, _ = streamed_to_end(aggregated, f"dedup_streaming_{time.monotonic_ns()}", path.parent)
+    seconds = time.monotonic() - began
     return seconds, {r["key"]: (int(r["n"]), Decimal(r["total"]).normalize()) for r in rows}
 
 

@@ -72,6 +72,7 @@ from bench_runtime import (  # noqa: E402
     emitted_all_s,
     operator_batches,
     run_to_end,
+    streamed_to_end,
     throughput_pipeline,
     tree_cpu_s,
 )
@@ -201,33 +202,15 @@ def streaming_job(data: Input, files_per_trigger: int, serial: int) -> Outcome:
 
     from sparkjobs.session import spark_session
 
-    spark = spark_session()
-    name = f"peers_streaming_{serial}"
-    checkpoint = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=data.parts.parent))
-    try:
-        query = (
-            spark.readStream.schema(SCHEMA)
-            .option("maxFilesPerTrigger", files_per_trigger)
-            .json(str(data.parts))
-            .groupBy("key")
-            .agg(*aggregates(F.size(F.collect_set("user"))))
-            .writeStream.outputMode("complete")
-            .format("memory")
-            .queryName(name)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"structured streaming failed: {query.exception()}")
-        triggers = len(query.recentProgress)
-        # In complete mode the memory sink keeps only the last trigger's output: the
-        # final result.
-        rows = spark.table(name).collect()
-        spark.catalog.dropTempView(name)
-    finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    aggregated = (
+        spark_session()
+        .readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", files_per_trigger)
+        .json(str(data.parts))
+        .groupBy("key")
+        .agg(*aggregates(F.size(F.collect_set("user"))))
+    )
+    rows, triggers = streamed_to_end(aggregated, f"peers_streaming_{serial}", data.parts.parent)
     return Outcome(from_rows(rows), {"triggers": triggers})
 
 

@@ -210,6 +210,33 @@ def run_to_end(
     return run
 
 
+def streamed_to_end(aggregated: Any, name: str, scratch: Path) -> tuple[list[Any], int]:
+    """A Structured Streaming aggregation (a streaming DataFrame) run over every file
+    there now (``trigger(availableNow=True)``), in complete mode into the memory sink
+    ``name``, its checkpoint a fresh folder under ``scratch`` (removed after): its final
+    rows (the memory sink keeps only the last trigger's output in complete mode) and how
+    many triggers it took."""
+    checkpoint = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=scratch))
+    try:
+        query = (
+            aggregated.writeStream.outputMode("complete")
+            .format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise RuntimeError(f"structured streaming failed: {query.exception()}")
+        spark = aggregated.sparkSession
+        rows = spark.table(name).collect()
+        spark.catalog.dropTempView(name)
+        return rows, len(query.recentProgress)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
 def elapsed_s(start: datetime | None, end: datetime | None) -> float:
     """Seconds from ``start`` to ``end``: the times of something that has ended."""
     if start is None or end is None:
