@@ -509,24 +509,29 @@ class Adjustment(models.Model):
 
 
 class KeyState(models.Model):
-    """A stateful instance's running state of one key (count, sum, min, max), per
-    event-time window when its pipeline windows."""
+    """A stateful instance's running state of one group, per event-time window when its
+    pipeline windows: each of the stage's measures as its partial state
+    (sparkjobs/measures.py; a ``key``/``value`` stage's as the measures count, sum, min
+    and max of its value)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="key_states")
     stage = models.CharField(max_length=100)
     holder = models.CharField(max_length=100)
-    key = models.CharField(max_length=500)
+    key = models.CharField(
+        max_length=500,
+        help_text="The key; of grouped measures, the SHA-256 of the group's values as JSON.",
+    )
     window_us = models.BigIntegerField(
         null=True,
         blank=True,
         help_text="Start of the event-time window (null: over all time); dropped once "
         "the window closes.",
     )
-    slot = models.PositiveSmallIntegerField(help_text="Key-space slot: crc32(key) mod slots.")
-    count = models.BigIntegerField()
-    sum = models.DecimalField(max_digits=38, decimal_places=10)
-    min = models.DecimalField(max_digits=38, decimal_places=10)
-    max = models.DecimalField(max_digits=38, decimal_places=10)
+    slot = models.PositiveSmallIntegerField(
+        help_text="Key-space slot: crc32(key, or the group's values) mod slots."
+    )
+    states = models.JSONField(help_text="Each measure's partial state, by its name.")
+    records = models.BigIntegerField(help_text="The records the state holds.")
 
     class Meta:
         constraints = [

@@ -398,6 +398,7 @@ def aggregate_batch(
             windows=WindowSpec.from_params(params),
             highs=highs,
             schema=params.get(INPUT_SCHEMA),
+            key_group=key_group,
         )
     return partial_aggregate(
         spark,

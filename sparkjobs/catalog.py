@@ -331,6 +331,22 @@ AGGREGATE_JOB = "sparkjobs.aggregate:aggregate_batch"
 
 
 # Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
+# An aggregating stage's grouped measures (sparkjobs/measures.py), in place of the
+# key, value and distinct form.
+_GROUPED_PARAMS: Mapping[str, ParamSpec] = {
+    "group_by": ParamSpec(
+        None,
+        _checked_with_measures,
+        "fields whose values make a group (with measures, instead of key)",
+        list=True,
+    ),
+    "measures": ParamSpec(
+        None,
+        _checked_with_measures,
+        "named measures, each {name, fn, field}; fn one of "
+        f"{', '.join(FUNCTIONS)} (instead of value, distinct and aggregates)",
+    ),
+}
 _WINDOW_PARAMS: Mapping[str, ParamSpec] = {
     "window_s": ParamSpec(
         None,
@@ -485,18 +501,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
-                "group_by": ParamSpec(
-                    None,
-                    _checked_with_measures,
-                    "fields whose values make a group (with measures, instead of key)",
-                    list=True,
-                ),
-                "measures": ParamSpec(
-                    None,
-                    _checked_with_measures,
-                    "named measures, each {name, fn, field}; fn one of "
-                    f"{', '.join(FUNCTIONS)} (instead of value, distinct and aggregates)",
-                ),
+                **_GROUPED_PARAMS,
                 **_WINDOW_PARAMS,
             },
             batch_job=AGGREGATE_JOB,
@@ -525,18 +530,19 @@ OPERATORS: Mapping[str, OperatorSpec] = {
         OperatorSpec(
             "running",
             "operator",
-            "Stateful running totals per key (count, sum, min, max), kept across segments "
-            "(per event-time window too, each dropped once its window closes), and its keys' "
-            "partial aggregates passed on. keying local_global (the default): any instance "
-            "aggregates any segment and keeps partial totals of the keys it saw, merged "
-            "when read, so a hot key is spread over every instance; key_groups: each "
-            "instance owns a key group and keeps only its keys (the balancer moves key "
-            "groups live).",
+            "Stateful running totals per key (count, sum, min, max), or per group of its "
+            "measures, kept across segments (per event-time window too, each dropped once "
+            "its window closes), and its groups' partials passed on. keying local_global "
+            "(the default): any instance aggregates any segment and keeps partial totals of "
+            "the groups it saw, merged when read, so a hot group is spread over every "
+            "instance; key_groups: each instance owns a key group and keeps only its groups "
+            "(the balancer moves key groups live).",
             {
                 "key": ParamSpec("key", _field_name, "grouping field"),
                 "value": ParamSpec("value", _field_name, "numeric field"),
                 "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
                 "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                **_GROUPED_PARAMS,
                 "keying": ParamSpec(
                     KEYINGS[0],
                     _one_of(KEYINGS),
@@ -636,6 +642,6 @@ def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list
         problems.extend(_sink_problems(params))
     if operator == "join" and not problems:
         problems.extend(_join_problems(params))
-    if operator == "aggregate" and not problems:
+    if operator in ("aggregate", "running") and not problems:
         problems.extend(measures.problems(params))
     return problems

@@ -27,6 +27,7 @@ from sparkjobs import long_sums
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import admitted, with_computed
 from sparkjobs.holders import Holders, held_by, holders_of
+from sparkjobs.keygroups import GROUP_SEPARATOR, KEY_SLOTS, KeyGroup
 from sparkjobs.measure_parts import RECORDS_COL, parts_of, with_unscaled
 from sparkjobs.measures import BY_TIME, HLL_LG_K, KLL_K, Grouping, Measure
 from sparkjobs.outputs import PartialOutput
@@ -69,13 +70,16 @@ def grouped_partials(
     windows: WindowSpec | None = None,
     highs: Mapping[str, int | None] | None = None,
     schema: str | None = None,
+    key_group: KeyGroup | None = None,
 ) -> dict[str, PartialOutput]:
     """Each input segment (id -> file) into its output file (id -> file): one partial
     line per group (per window and group, with ``windows``) of the records ``where``
     holds for (an admitted condition; None: every record), written atomically; what
     each segment held (records, groups, malformed and late lines). ``highs``: per
     segment, the largest event time of the chunks before its own (None: none). ``schema``:
-    the source's declared fields, for records read whole from the source's chunks."""
+    the source's declared fields, for records read whole from the source's chunks.
+    ``key_group``: only the records of the groups whose slot it owns (its malformed
+    lines too, when it counts them), as a part of a stage keyed by key groups."""
     paths = {seg: str(path) for seg, path in inputs.items()}
     holders = holders_of(paths, together or {})
     strings = list(grouping.strings)
@@ -103,6 +107,11 @@ def grouped_partials(
         window = F.col(WINDOW_COL)
         is_late = F.col(LATE_COL) & F.col(KEPT_COL)
     malformed = F.col(MALFORMED_COL)
+    if key_group is not None:
+        parsed = parsed.where(
+            (~malformed & in_key_group(grouping, key_group))
+            | (malformed & F.lit(key_group.counts_malformed))
+        )
     # A malformed record groups under its line (the reader's, or its fields as read when
     # a readable line held text that cannot be kept), so its group carries what to
     # quarantine.
@@ -170,6 +179,14 @@ def grouped_partials(
             _IN_DECIMALS.add(grouping)
             rows = collected(in_longs=False)
     return _written(rows, outputs, holders)
+
+
+def in_key_group(grouping: Grouping, key_group: KeyGroup) -> Column:
+    """Whether a record's group is in ``key_group``: its slot as
+    ``sparkjobs.keygroups.group_slot`` computes it from the group's values as text."""
+    values = [F.coalesce(column(name).cast("STRING"), F.lit("")) for name in grouping.group_by]
+    slot = F.pmod(F.crc32(F.concat_ws(GROUP_SEPARATOR, *values)), F.lit(KEY_SLOTS))
+    return slot.between(key_group.low, key_group.high - 1)
 
 
 def _fixed(where: str | None, windows: WindowSpec | None) -> dict[str, Column]:

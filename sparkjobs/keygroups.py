@@ -2,10 +2,10 @@
 
 A key's slot is ``crc32(utf-8 key) mod KEY_SLOTS`` — the same number in Python (the
 state table) and in Spark (the filter a part applies), so an instance keeps exactly the
-keys its key group owns. Parts own contiguous slot ranges in their stage's declaration
-order: even ones (``balancer.rescale.even_key_groups``), unless a key-group move gave
-each member its own range (``key_slots`` on the node in a run's graph,
-:func:`stage_key_groups`).
+keys its key group owns; a group's is its values' (:func:`group_slot`). Parts own
+contiguous slot ranges in their stage's declaration order: even ones
+(``balancer.rescale.even_key_groups``), unless a key-group move gave each member its own
+range (``key_slots`` on the node in a run's graph, :func:`stage_key_groups`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,18 @@ from balancer.rescale import key_group
 KEY_SLOTS = 128
 
 
+# A group of several fields is keyed by its values joined by this character (a null
+# as the empty text): one field's group has the slot of its value, as a key has.
+GROUP_SEPARATOR = "\x1f"
+
+
 def slot_of(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % KEY_SLOTS
+
+
+def group_slot(group: Sequence[str | None]) -> int:
+    """The slot of a group of grouped measures (its values, in ``group_by``'s order)."""
+    return slot_of(GROUP_SEPARATOR.join("" if v is None else v for v in group))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from orchestrator.ledger.events import record_event
 from orchestrator.models import Adjustment, Instance, MergedChunk, Run, Segment
 from orchestrator.rescale.plan import key_groups, reroute, stage_members
 from sparkjobs.catalog import keyed, operator_of
-from sparkjobs.keygroups import KEY_SLOTS, slot_of
+from sparkjobs.keygroups import KEY_SLOTS
 
 
 @dataclass
@@ -64,16 +64,12 @@ def complete(adjustment_id: int) -> Adjustment:
                 for source, target, slots in hand["fetches"]
             )
             after = keystate.totals(run_id, stage)
-            owners = _owners(adjustment.after, stage)
-            holders = keystate.holders(run_id, stage)
-            misplaced = sorted(
-                {k.key for k, who in holders.items() if who != [owners[slot_of(k.key)]]}
-            )
+            misplaced = keystate.misplaced(run_id, stage, _owners(adjustment.after, stage))
             state[stage] = {
                 "keys": len(after),
                 "keys_fetched": fetched,
                 "identical": before == after,
-                "misplaced_keys": misplaced[:20],
+                "misplaced_keys": misplaced,
             }
         subgraph = adjustment.plan["subgraph"]
         Instance.objects.filter(run_id=run_id, name__in=subgraph).update(

@@ -34,6 +34,7 @@ from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel_group, job_group
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
+from sparkjobs.measures import Grouping
 from sparkjobs.merge import combine_groups, combine_partials, read_partials
 from sparkjobs.schemas import INPUT_SCHEMA, declared_ddl
 from sparkjobs.segments import write_atomic
@@ -431,14 +432,16 @@ def _operate(
     records = {by_file[stem].pk: out.records + out.malformed for stem, out in produced.items()}
     fold = None
     if spec.stateful:
-        deltas = [
-            (keystate.StateKey(m.key, m.window), keystate.Totals(m.count, m.sum, m.min, m.max))
-            for out in produced.values()
-            for m in read_partials(out.path)
-        ]
+        grouping = keystate.state_grouping(params)
+        paths = [out.path for out in produced.values()]
+        deltas = (
+            keystate.key_deltas(m for path in paths for m in read_partials(path))
+            if Grouping.of(params) is None
+            else keystate.group_deltas(combine_groups(grouping, paths))
+        )
 
         def fold() -> None:
-            keystate.fold(run.pk, stage, name, deltas)
+            keystate.fold(run.pk, stage, name, grouping, deltas)
 
     # A deduplicate batch keeps its identities and drops from its outputs those kept
     # first elsewhere in the transaction that completes it: a crash before the commit

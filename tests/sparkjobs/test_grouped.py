@@ -17,6 +17,7 @@ import pytest
 
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.grouped import grouped_partials
+from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, group_slot
 from sparkjobs.measures import Grouping
 from sparkjobs.merge import combine_groups
 from sparkjobs.plain_job import batch_grouped
@@ -188,6 +189,35 @@ def test_partials_merged_equal_spark_sql_s_group_by(
     assert sum(p.records for p in produced.values()) == 600
     if together:
         assert [seg for seg, p in produced.items() if p.keys] == ["s0"]
+
+
+def test_key_groups_split_the_groups_by_slot_and_together_equal_spark_sql(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Given a stage keyed by key groups, three parts of the slot space
+    assert GROUPING is not None
+    inputs = _segments(tmp_path)
+    parts = [KeyGroup(0, 40), KeyGroup(40, 90), KeyGroup(90, KEY_SLOTS)]
+    produced, partials = [], []
+    for i, part in enumerate(parts):
+        outputs = {seg: tmp_path / f"{seg}.part{i}.jsonl" for seg in inputs}
+        # When each part aggregates every segment
+        produced.append(grouped_partials(spark, inputs, outputs, GROUPING, key_group=part))
+        partials.append(combine_groups(GROUPING, list(outputs.values())))
+    # Then each part holds only the groups whose slot it owns, as the state table
+    # computes the slot (a null value among them)...
+    for part, held in zip(parts, partials, strict=True):
+        assert held, f"part {part} holds no group"
+        assert all(group_slot(p.group) in part.slots for p in held), part
+    assert any(None in p.group for held in partials for p in held)
+    # ...the parts together are Spark SQL's query...
+    ours = {p.group: GROUPING.finish(p.states) for held in partials for p in held}
+    assert len(ours) == sum(len(held) for held in partials)
+    _equal_to_sql(ours, _spark_sql(spark, list(inputs.values())))
+    # ...and a record is counted once: the malformed ones by the part holding slot 0
+    counted = [sum(p.records + p.malformed for p in out.values()) for out in produced]
+    assert sum(counted) == 600 + len(BAD)
+    assert [sum(p.malformed for p in out.values()) for out in produced] == [len(BAD), 0, 0]
 
 
 def test_the_plain_job_computes_the_same_rows(spark: Any, tmp_path: Path) -> None:

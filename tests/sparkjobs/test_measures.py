@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkjobs.catalog import validate_params
 from sparkjobs.measures import FUNCTIONS, HLL_LG_K, KLL_K, Grouping, Measure, State, problems
 
 FIELDS = ("a", "b", "c", "x", "y", "t")
@@ -281,6 +282,17 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
 def test_a_bad_measure_is_refused_saying_which(change: dict[str, Any], says: str) -> None:
     found = problems({**GOOD, **change})
     assert any(says in p for p in found), found
+
+
+@pytest.mark.parametrize("keying", ["local_global", "key_groups"])
+def test_a_running_stage_takes_the_same_measures_and_refuses_the_same_mistakes(
+    keying: str,
+) -> None:
+    assert validate_params("running", "operator", {**GOOD, "keying": keying}) == []
+    found = validate_params("running", "operator", {**GOOD, "keying": keying, "value": "x"})
+    assert any("value and measures are two ways to say what to compute" in p for p in found)
+    named = {**GOOD, "measures": [{"name": "origin", "fn": "count"}]}
+    assert any("also a group_by field" in p for p in validate_params("running", "operator", named))
 
 
 def test_a_group_field_may_be_computed_from_the_record_by_an_admitted_expression() -> None:

@@ -6,18 +6,33 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
 
 from orchestrator.ledger import keystate
-from orchestrator.ledger.keystate import StateKey, Totals
+from orchestrator.ledger.groups import digest
+from orchestrator.ledger.keystate import Kept, StateKey
+from orchestrator.models import KeyState
+from sparkjobs.keygroups import KEY_SLOTS, group_slot
+from sparkjobs.merge import GroupPartial, MergedKey
 from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 MINUTE_US = 60_000_000
+# The running-totals pipeline's stage: key and value.
+KEY_FORM = keystate.state_grouping({"key": "key", "value": "value"})
 
 
-def one(value: int) -> Totals:
-    return Totals(1, Decimal(value), Decimal(value), Decimal(value))
+def one(key: str, value: int, window: int | None = None) -> keystate.Delta:
+    """A batch's partial of one record of ``key``."""
+    v = Decimal(value)
+    (delta,) = keystate.key_deltas([MergedKey(key, 1, v, v, v, (), window)])
+    return delta
+
+
+def kept(count: int, total: int, low: int, high: int) -> Kept:
+    return Kept({"count": count, "sum": str(total), "min": str(low), "max": str(high)}, count)
 
 
 def test_a_window_s_state_folds_apart_from_other_windows_and_all_time() -> None:
@@ -27,16 +42,13 @@ def test_a_window_s_state_folds_apart_from_other_windows_and_all_time() -> None:
             run.pk,
             "totals",
             "totals1",
-            [
-                (StateKey("a"), one(value)),
-                (StateKey("a", 0), one(value)),
-                (StateKey("a", MINUTE_US), one(value * 10)),
-            ],
+            KEY_FORM,
+            [one("a", value), one("a", value, 0), one("a", value * 10, MINUTE_US)],
         )
     assert keystate.totals(run.pk, "totals") == {
-        StateKey("a"): Totals(2, Decimal(8), Decimal(3), Decimal(5)),
-        StateKey("a", 0): Totals(2, Decimal(8), Decimal(3), Decimal(5)),
-        StateKey("a", MINUTE_US): Totals(2, Decimal(80), Decimal(30), Decimal(50)),
+        StateKey("a"): kept(2, 8, 3, 5),
+        StateKey("a", 0): kept(2, 8, 3, 5),
+        StateKey("a", MINUTE_US): kept(2, 80, 30, 50),
     }
 
 
@@ -47,7 +59,8 @@ def test_closing_a_window_drops_its_state_and_only_its_own() -> None:
             run.pk,
             "totals",
             holder,
-            [(StateKey(k, w), one(1)) for k in ("a", "b") for w in (None, 0, MINUTE_US)],
+            KEY_FORM,
+            [one(k, 1, w) for k in ("a", "b") for w in (None, 0, MINUTE_US)],
         )
     # The sink's watermark is 1 ms short of the second window's end: only the first goes.
     assert keystate.forget_closed(run.pk, MINUTE_US, 2 * MINUTE_US - 1_000) == 4
@@ -59,3 +72,148 @@ def test_closing_a_window_drops_its_state_and_only_its_own() -> None:
     }
     assert keystate.forget_closed(run.pk, MINUTE_US, 2 * MINUTE_US) == 4
     assert set(keystate.holders(run.pk, "totals")) == {StateKey("a"), StateKey("b")}
+
+
+FLIGHTS = {
+    "group_by": ["carrier", "origin"],
+    "measures": [
+        {"name": "flights", "fn": "count"},
+        {"name": "mean_delay", "fn": "avg", "field": "dep_delay"},
+        {"name": "tails", "fn": "count_distinct", "field": "tailnum"},
+        {"name": "first_tail", "fn": "first", "field": "tailnum", "by": "time_hour"},
+    ],
+}
+
+
+def flights(count: int, delay: int, tails: list[str], first: tuple[int, str]) -> Kept:
+    """A partial of ``count`` flights of one group, delayed ``delay`` minutes in all."""
+    return Kept(
+        {
+            "flights": count,
+            "mean_delay": {"sum": str(delay), "count": count},
+            "tails": sorted(tails),
+            "first_tail": [first[0], first[1]],
+        },
+        count,
+    )
+
+
+def grouped_run() -> int:
+    run = pending_run("running-totals")
+    for node in run.topology["nodes"]:
+        if node.get("operator") == "running":
+            node["params"] = {**FLIGHTS, "keying": node["params"].get("keying", "key_groups")}
+    run.save(update_fields=["topology"])
+    return run.pk
+
+
+def test_a_grouped_stage_keeps_each_measure_merged_per_group_over_batches_and_holders() -> None:
+    run_id = grouped_run()
+    grouping = keystate.state_grouping(FLIGHTS)
+    ua = ("UA", "EWR")
+    batches = [
+        ("totals1", flights(2, 10, ["N1", "N2"], (300, "N2"))),
+        ("totals1", flights(1, 4, ["N3"], (100, "N3"))),
+        ("totals2", flights(3, 30, ["N1", "N4"], (200, "N4"))),
+    ]
+    for holder, partial in batches:
+        keystate.fold(
+            run_id,
+            "totals",
+            holder,
+            grouping,
+            keystate.group_deltas([GroupPartial(ua, partial.states, partial.records)]),
+        )
+    whole = Kept(
+        {
+            "flights": 6,
+            "mean_delay": {"sum": "44", "count": 6},
+            "tails": ["N1", "N2", "N3", "N4"],
+            "first_tail": [100, "N3"],
+        },
+        6,
+    )
+    state = keystate.StateKey(digest(list(ua)))
+    # The group's state over its two holders is the state of all six flights
+    assert keystate.totals(run_id, "totals") == {state: whole}
+    assert keystate.holders(run_id, "totals") == {state: ["totals1", "totals2"]}
+    # Its records count where its slot is, per holder
+    slot = group_slot(ua)
+    progress = keystate.progress(run_id, "totals", ["totals1", "totals2"])
+    assert progress.records == {("totals1", slot): 3, ("totals2", slot): 3}
+    # And moving totals1's slots to totals2 merges the two rows into one, unchanged
+    assert keystate.move(run_id, "totals", "totals1", "totals2", [slot]) == 1
+    assert keystate.holders(run_id, "totals") == {state: ["totals2"]}
+    assert keystate.totals(run_id, "totals") == {state: whole}
+    assert keystate.misplaced(run_id, "totals", dict.fromkeys(range(KEY_SLOTS), "totals2")) == []
+    assert keystate.misplaced(run_id, "totals", dict.fromkeys(range(KEY_SLOTS), "totals1")) == [
+        state.key
+    ]
+
+
+def test_a_move_takes_only_the_named_slots() -> None:
+    run_id = grouped_run()
+    grouping = keystate.state_grouping(FLIGHTS)
+    groups = [("UA", origin) for origin in ("EWR", "JFK", "LGA", "BOS", "SFO", "ORD")]
+    assert len({group_slot(g) for g in groups}) > 1, "the groups need two slots or more"
+    partials = [GroupPartial(g, flights(1, 1, ["N1"], (1, "N1")).states, 1) for g in groups]
+    keystate.fold(run_id, "totals", "totals1", grouping, keystate.group_deltas(partials))
+    moving = group_slot(groups[0])
+    moved = keystate.move(run_id, "totals", "totals1", "totals2", [moving])
+    held = keystate.holders(run_id, "totals")
+    assert moved == sum(1 for g in groups if group_slot(g) == moving)
+    assert {k.key: who for k, who in held.items()} == {
+        digest(list(g)): ["totals2" if group_slot(g) == moving else "totals1"] for g in groups
+    }
+
+
+def _migrate(target: str) -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("orchestrator", target)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upgrade_keeps_a_key_s_totals_as_its_measures_states_and_can_go_back() -> None:
+    # Given a running stage's state kept as four columns (before migration 0023)
+    run = pending_run("running-totals")
+    _migrate("0022_seen_records_keyed_by_digest")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO orchestrator_keystate (run_id, stage, holder, key, window_us, slot,"
+            " count, sum, min, max) VALUES (%s, 'totals', 'totals1', 'a', NULL, 7,"
+            " 3, 7.5, 1.25, 4)",
+            [run.pk],
+        )
+    # When the database is migrated
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("orchestrator")[0][1]
+    _migrate(latest)
+    # Then the key's state is the measures count, sum, min and max, exactly
+    (row,) = KeyState.objects.filter(run=run).values_list("states", "records", "slot")
+    assert row == (
+        {"count": 3, "sum": "7.5000000000", "min": "1.2500000000", "max": "4.0000000000"},
+        3,
+        7,
+    )
+    assert keystate.totals(run.pk, "totals") == {StateKey("a"): Kept(row[0], 3)}
+    # ...and going back restores the columns, while grouped state refuses to go back
+    _migrate("0022_seen_records_keyed_by_digest")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count, sum, min, max FROM orchestrator_keystate WHERE run_id = %s", [run.pk]
+        )
+        assert cursor.fetchall() == [(3, Decimal("7.5"), Decimal("1.25"), Decimal(4))]
+    _migrate(latest)
+    with transaction.atomic():
+        keystate.fold(
+            run.pk,
+            "totals",
+            "totals2",
+            keystate.state_grouping(FLIGHTS),
+            keystate.group_deltas(
+                [GroupPartial(("UA", "EWR"), flights(1, 2, ["N1"], (1, "N1")).states, 1)]
+            ),
+        )
+    with pytest.raises(DatabaseError, match="holds grouped measures"):
+        _migrate("0022_seen_records_keyed_by_digest")
+    assert KeyState.objects.filter(run=run).count() == 2

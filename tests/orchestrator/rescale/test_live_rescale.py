@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from orchestrator.ledger import keystate
+from orchestrator.ledger.groups import digest
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from orchestrator.rescale.alignment import claim_batch
@@ -109,7 +110,7 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
     assert result["coverage"] == "exact", result["error"]
     assert result["rows"] == expected["rows"]
     totals = keystate.totals(run.pk, "totals")
-    assert {k.key: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+    assert {k.key: _figures(t) for k, t in totals.items()} == {
         r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
         for r in expected["rows"]
     }
@@ -120,6 +121,57 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
     groups = key_groups(run.topology, "totals")
     for state, holders in keystate.holders(run.pk, "totals").items():
         assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
+
+
+# A stage of grouped measures over the running-totals pipeline's records.
+GROUPED_TOTALS = {
+    "group_by": ["key"],
+    "measures": [
+        {"name": "records", "fn": "count"},
+        {"name": "total", "fn": "sum", "field": "value"},
+        {"name": "top", "fn": "max", "field": "value"},
+        {"name": "users", "fn": "count_distinct", "field": "user"},
+    ],
+    "keying": "key_groups",
+}
+
+
+def test_a_keyed_stage_of_grouped_measures_hands_its_state_over_and_equals_the_batch_job(
+    workers,
+) -> None:
+    # Given the running-totals pipeline computing grouped measures, keyed by key groups
+    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = dict(GROUPED_TOTALS)
+    run = start(doc, policy(), generator="seed=6,volume_mb=6,malformed_every=499")
+    wait_started(run)
+    # When its stage scales out, then hot-migrates an instance
+    grown = adjust_and_wait(run, "add_instance", stage="totals")
+    moved = adjust_and_wait(run, "hot_migrate", node="totals1")
+    run = wait_until_done(run, timeout_s=300)
+    # Then every hand-off kept every group's state identical, each with its owner...
+    for adjustment in (grown, moved):
+        assert adjustment.status == "complete", adjustment.outcome
+        state = adjustment.outcome["state"]["totals"]
+        assert state["identical"] is True and state["misplaced_keys"] == [], state
+    # ...the result is the batch job's...
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["coverage"] == "exact", result["error"]
+    assert result["malformed_records"] == expected["malformed_records"] > 0
+    assert result["rows"] == expected["rows"]
+    # ...and so is every group's state, merged over its holders: one per group
+    grouping = keystate.state_grouping(GROUPED_TOTALS)
+    finished = {
+        k.key: grouping.finish(t.states) for k, t in keystate.totals(run.pk, "totals").items()
+    }
+    assert len(finished) == len(expected["rows"]) > 1
+    for row in expected["rows"]:
+        state = finished[digest([row["key"]])]
+        shown = {"key": row["key"], **state, "total": float(state["total"])}
+        assert {**shown, "top": float(state["top"])} == row
+    assert all(len(who) == 1 for who in keystate.holders(run.pk, "totals").values())
 
 
 def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across_rescales(
@@ -147,7 +199,7 @@ def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across
     assert result["rows"] == expected["rows"]
     # ...every key's state merged over its holders is the batch job's result per key...
     totals = keystate.totals(run.pk, "totals")
-    assert {k.key: (t.count, t.sum, t.min, t.max) for k, t in totals.items()} == {
+    assert {k.key: _figures(t) for k, t in totals.items()} == {
         r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
         for r in expected["rows"]
     }
@@ -164,6 +216,12 @@ def _dec(value: Any) -> Any:
     from decimal import Decimal
 
     return Decimal(str(value))
+
+
+def _figures(kept: keystate.Kept) -> tuple[int, Any, Any, Any]:
+    """A key's state as its count, sum, min and max."""
+    states = kept.states
+    return kept.records, _dec(states["sum"]), _dec(states["min"]), _dec(states["max"])
 
 
 def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
@@ -196,7 +254,7 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     assert result["coverage"] == "exact", result["error"]
     expected = _expected(run, doc)
     assert result["rows"] == expected["rows"]
-    assert {k.key: t.count for k, t in keystate.totals(run.pk, "totals").items()} == {
+    assert {k.key: t.records for k, t in keystate.totals(run.pk, "totals").items()} == {
         r["key"]: r["count"] for r in expected["rows"]
     }
     assert Run.objects.get(pk=run.pk).topology == before

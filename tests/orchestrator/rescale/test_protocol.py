@@ -19,9 +19,13 @@ from orchestrator.rescale.completion import complete, rollback
 from orchestrator.rescale.plan import Change, NewInstance, RescaleError, key_groups
 from orchestrator.rescale.start import begin
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
+from sparkjobs.merge import MergedKey
 from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+# The running-totals pipeline's stage: key and value.
+KEY_FORM = keystate.state_grouping({"key": "key", "value": "value"})
 
 
 def _claim(run: Run, node: str) -> AlignedClaim:
@@ -38,22 +42,26 @@ def _keys_per_slot_range() -> dict[str, Decimal]:
     return {key: Decimal(slot) for slot, key in keys.items()}
 
 
-def _seed_state(run: Run) -> dict[keystate.StateKey, keystate.Totals]:
+def _totals(key: str, count: int, value: Decimal, window: int | None = None) -> MergedKey:
+    """A batch's partial of ``count`` records of ``key``, from ``value - 1`` to ``value + 1``."""
+    return MergedKey(key, count, value * count, value - 1, value + 1, (), window)
+
+
+def _fold(run: Run, holder: str, partials: list[MergedKey]) -> None:
+    keystate.fold(run.pk, "totals", holder, KEY_FORM, keystate.key_deltas(partials))
+
+
+def _seed_state(run: Run) -> dict[keystate.StateKey, keystate.Kept]:
     """totals1 and totals2 hold the keys of their even key groups, over all time and
     in an event-time window."""
     groups = key_groups(run.topology, "totals")
-    by_holder: dict[str, list[tuple[keystate.StateKey, keystate.Totals]]] = {}
+    by_holder: dict[str, list[MergedKey]] = {}
     for key, value in _keys_per_slot_range().items():
         holder = next(m for m, g in groups.items() if slot_of(key) in g.slots)
         for window in (None, 60_000_000):
-            by_holder.setdefault(holder, []).append(
-                (
-                    keystate.StateKey(key, window),
-                    keystate.Totals(3, value * 3, value - 1, value + 1),
-                )
-            )
-    for holder, deltas in by_holder.items():
-        keystate.fold(run.pk, "totals", holder, deltas)
+            by_holder.setdefault(holder, []).append(_totals(key, 3, value, window))
+    for holder, partials in by_holder.items():
+        _fold(run, holder, partials)
     return keystate.totals(run.pk, "totals")
 
 
@@ -288,10 +296,7 @@ def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_o
     run.save(update_fields=["topology"])
     keys = _keys_per_slot_range()
     for holder, count in (("totals1", 2), ("totals2", 3)):
-        deltas = [
-            (keystate.StateKey(k), keystate.Totals(count, v * count, v, v)) for k, v in keys.items()
-        ]
-        keystate.fold(run.pk, "totals", holder, deltas)
+        _fold(run, holder, [_totals(k, count, v) for k, v in keys.items()])
     # When a scale-out whose new instance folded a batch is rolled back
     grown = begin(
         run.pk,
@@ -300,12 +305,7 @@ def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_o
         source="source",
     )
     assert "totals" not in grown.plan["handoff"]  # no key groups, nothing handed off by slot
-    keystate.fold(
-        run.pk,
-        "totals",
-        "totals-4",
-        [(keystate.StateKey(k), keystate.Totals(1, v, v, v)) for k, v in keys.items()],
-    )
+    _fold(run, "totals-4", [_totals(k, 1, v) for k, v in keys.items()])
     expected = keystate.totals(run.pk, "totals")
     assert rollback(grown.pk, "forced by the test").status == Adjustment.Status.ROLLED_BACK
     # Then every key's state is unchanged, held by the members of the old graph only
@@ -319,7 +319,7 @@ def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_o
     assert complete(shrunk.pk).status == Adjustment.Status.COMPLETE
     assert keystate.totals(run.pk, "totals") == expected
     assert {tuple(h) for h in keystate.holders(run.pk, "totals").values()} == {("totals2",)}
-    assert expected[keystate.StateKey(next(iter(keys)))].count == 6
+    assert expected[keystate.StateKey(next(iter(keys)))].records == 6
 
 
 def test_a_key_group_move_hands_the_moved_slots_state_over_and_a_scale_out_starts_even() -> None:
