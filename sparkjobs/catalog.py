@@ -442,8 +442,9 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "input folders, or a table of a database the admin named) to each record whose "
             "on fields equal a row's. The table is read when a run starts and that version "
             "is joined throughout the run, its retries and its plain job; with refresh_s, "
-            "read again on that period while a landing-folder run goes on, each file the "
-            "run takes in joining the version read last before it arrived.",
+            "read again on that period while a landing-folder or stream run goes on, each "
+            "file the run takes in (each chunk of a stream) joining the version read last "
+            "before it.",
             {
                 "reference": ParamSpec(
                     None,
@@ -486,7 +487,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
                     None,
                     _optional(_number(REFRESH_S[0], REFRESH_S[1])),
                     "seconds between two reads of the table while a run over a landing "
-                    "folder goes on (none: the run joins the table as it started)",
+                    "folder or a stream goes on (none: the run joins the table as it started)",
                 ),
             },
             batch_job=RECORD_JOB,

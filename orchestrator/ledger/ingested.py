@@ -43,6 +43,21 @@ def ingested_extent(run: Run) -> list[tuple[int, int]]:
     return input_extent(recorded_inputs(spec, spec.get("format", "jsonl"))) if paths else []
 
 
+def streamed_copies(run_id: int, stage: str, chunks: Collection[int]) -> dict[int, str]:
+    """The copy of join ``stage``'s refreshed table that each of a stream run's chunks
+    ``chunks`` (by index) joins, for the chunks emitted after a refresh
+    (orchestrator/run/references.py records the chunk each copy takes effect from, in
+    the run's row, before any such chunk is emitted)."""
+    references = Run.objects.values_list("references", flat=True).get(pk=run_id) or {}
+    since = (references.get(stage) or {}).get("since") or []
+    found = {}
+    for chunk in chunks:
+        later = [str(s["file"]) for s in since if int(s["chunk"]) <= chunk]
+        if later:
+            found[chunk] = later[-1]
+    return found
+
+
 def joined_copies(run_id: int, stage: str, files: Collection[int]) -> dict[int, str]:
     """The copy of join ``stage``'s refreshed table that each of the landing files
     ``files`` (by index) joins, for the files bound to a copy other than the run's first

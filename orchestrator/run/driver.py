@@ -294,7 +294,7 @@ class RunDriver:
             self.run_id,
             self.epoch,
             run.topology,
-            folder=(run.input_spec or {}).get("kind") == "folder",
+            source=str((run.input_spec or {}).get("kind", "")),
         )
         self.started = True
         if run.status == Run.Status.PENDING:

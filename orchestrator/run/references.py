@@ -1,5 +1,5 @@
 """A join's reference table read again on its period (``refresh_s``) while a run over a
-landing folder goes on.
+landing folder or a stream goes on.
 
 Each read is a copy in the content-addressed reference store (orchestrator/pipeline/
 reference.py), taken on a thread of its own so that a slow database does not hold the
@@ -8,11 +8,15 @@ latest (``Run.references``, a version more), under the run's lock; the landing s
 binds every file it takes in to the latest copy under that same lock
 (orchestrator/source/landing.py). So which copy a record joins is a fact of the ledger,
 fixed before any chunk of its file is emitted: a retry, a migrated batch and the plain
-job over the run (orchestrator/source/replay.py) join the same one. A read is taken only as
+job over the run (orchestrator/source/replay.py) join the same one. A stream's entries come
+from no file: a copy is recorded with the chunk it takes effect from, and each
+partition's entries before it (``since``), read under the run's lock, which every chunk's
+emission updates: chunks emitted before join the earlier copy, chunks after join this one,
+and a replay splits each partition's entries at the same place. A read is taken only as
 the run's creation would take it: not from a table another pipeline's sink has come to
 write, and only if the new copy still has the columns the join names. A bounded input is
-all there when the run starts, and a stream's entries come from no file: their runs join
-the copy taken at the start, as a run without ``refresh_s`` does.
+all there when the run starts: its runs join the copy taken at the start, as a run
+without ``refresh_s`` does.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -31,6 +36,8 @@ from orchestrator.ledger.sink_owners import reader_problem
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.pipeline.reference import snapshot_columns, snapshot_of
+from orchestrator.source.spec import StreamSpec, unbounded_spec
+from orchestrator.source.stream import taken_marks
 from sparkjobs.catalog import operator_name
 from sparkjobs.schemas import table_problems
 
@@ -52,7 +59,9 @@ class Refresher:
     """The run's refreshed joins: :meth:`poll` from the driver's loop starts a read of
     each table that is due and records each read that finished."""
 
-    def __init__(self, run_id: int, epoch: int, graph: PipelineDocument, *, folder: bool):
+    def __init__(self, run_id: int, epoch: int, graph: PipelineDocument, *, source: str):
+        """``source``: the run's input kind (``folder``, ``stream``; any other is read
+        as it is, and joins each table as it was when the run started)."""
         self.run_id, self.epoch, self.pipeline = run_id, epoch, graph["name"]
         now = time.monotonic()
         # One read per stage: its instances (and the ones a rescale adds) join one table.
@@ -66,13 +75,15 @@ class Refresher:
                 stages.setdefault(stage, _Join(stage, first, params, float(period), now + period))
         self.joins = list(stages.values())
         self.pool: ThreadPoolExecutor | None = None
-        if self.joins and not folder:
+        self.stream = source == "stream"
+        if self.joins and source not in ("folder", "stream"):
             names = ", ".join(j.stage for j in self.joins)
             record_event(
                 run_id,
                 "reference_fixed",
-                f"{names}: refresh_s applies to a landing folder's files; this run's input "
-                "is read as it is, so it joins each table as it was when the run started",
+                f"{names}: refresh_s applies to a landing folder or a stream; this run's "
+                "input is read as it is, so it joins each table as it was when the run "
+                "started",
             )
             self.joins = []
         if self.joins:
@@ -138,15 +149,30 @@ class Refresher:
                 return
             version = int(latest.get("version", 0)) + 1
             taken = timezone.now().isoformat()
-            run.references = {
-                **run.references,
-                join.stage: {"file": copy, "version": version, "taken_at": taken},
-            }
+            recorded: dict[str, Any] = {"file": copy, "version": version, "taken_at": taken}
+            what = "files taken in"
+            if self.stream:
+                recorded["since"] = [*latest.get("since", []), stream_start(run, copy)]
+                what = "chunks emitted"
+            run.references = {**run.references, join.stage: recorded}
             run.save(update_fields=["references"])
             record_event(
                 self.run_id,
                 "reference_refreshed",
-                f"join {join.stage}: the table changed; files taken in from now on join "
+                f"join {join.stage}: the table changed; {what} from now on join "
                 f"its version {version}",
                 data={"stage": join.stage, "version": version, "file": copy},
             )
+
+
+def stream_start(run: Run, copy: str) -> dict[str, Any]:
+    """Where a stream run's new copy of a table takes effect, its row locked: the next
+    chunk the source emits, and each partition's entries before it."""
+    position = run.source_position or {}
+    spec = unbounded_spec(run.input_spec or {})
+    marks = taken_marks(spec, position) if isinstance(spec, StreamSpec) else {}
+    return {
+        "chunk": int(position.get("chunk", 0)),
+        "entries": {stream: count for stream, (_, count) in marks.items()},
+        "file": copy,
+    }

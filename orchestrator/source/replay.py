@@ -51,8 +51,7 @@ def replay_inputs(run: Run, out: Path) -> Replay:
     if isinstance(spec, LandingSpec):
         _, parts = _files(run, spec, out)
     elif isinstance(spec, StreamSpec):
-        _entries(run, spec, out)
-        parts = [(out, {})]
+        _, parts = _entries(run, spec, out)
     else:
         raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
     copies: dict[str, dict[str, str]] = {}
@@ -70,15 +69,16 @@ def write_ingested(run: Run, out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(spec, LandingSpec):
         written, parts = _files(run, spec, out)
-        if len(parts) > 1:
-            raise ReplayError(
-                f"run {run.pk} joined refreshed copies of a table: its files are replayed "
-                "one part per copy (run_pipeline --batch --of-run)"
-            )
-        return written
-    if isinstance(spec, StreamSpec):
-        return _entries(run, spec, out)
-    raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
+    elif isinstance(spec, StreamSpec):
+        written, parts = _entries(run, spec, out)
+    else:
+        raise ReplayError(f"run {run.pk} read a bounded input: run the plain job over it directly")
+    if len(parts) > 1:
+        raise ReplayError(
+            f"run {run.pk} joined refreshed copies of a table: what it took in is replayed "
+            "one part per copy (run_pipeline --batch --of-run)"
+        )
+    return written
 
 
 Part = tuple[Path, dict[str, str]]
@@ -132,29 +132,68 @@ def _files(run: Run, spec: LandingSpec, out: Path) -> tuple[int, list[Part]]:
     return written, list(parts.values())
 
 
-def _entries(run: Run, spec: StreamSpec, out: Path) -> int:
-    """Each partition's entries, one partition after another: the plain job's result
-    does not depend on the order of its records."""
+def _entries(run: Run, spec: StreamSpec, out: Path) -> tuple[int, list[Part]]:
+    """Each partition's entries, one partition after another (the plain job's result
+    does not depend on the order of its records), into ``out`` or, for the entries
+    emitted after a refresh of a join's table, into the part of the entries that join
+    the same copies: a copy is recorded with each partition's entries before it
+    (orchestrator/run/references.py)."""
     position = run.source_position or {}
     taken = taken_marks(spec, position)
+    refreshed = {
+        stage: list(copy.get("since") or [])
+        for stage, copy in (run.references or {}).items()
+        if copy.get("since")
+    }
     client = redis.Redis.from_url(spec.url or settings.REDIS_URL, socket_timeout=30)
     written = 0
+    parts: dict[str, Part] = {"{}": (out, {})}
     try:
-        with out.open("wb") as sink:
+        with ExitStack() as opened:
+            sinks = {"{}": opened.enter_context(out.open("wb"))}
             for stream in spec.streams:
                 mark, count = taken.get(stream, ("", 0))
-                body = _taken(client, run, stream, mark, count)
-                sink.write(body)
-                written += len(body)
+                lines = _taken(client, run, stream, mark, count)
+                starts = sorted(
+                    {0, *(int(s["entries"].get(stream, 0)) for v in refreshed.values() for s in v)}
+                )
+                for low, high in zip(starts, [*starts[1:], len(lines)], strict=True):
+                    if high <= low:
+                        continue  # a copy no entry of this stream joined
+                    bound = _bound_at(refreshed, stream, low)
+                    key = json.dumps(bound, sort_keys=True)
+                    if key not in sinks:
+                        part = out.with_name(f"{out.stem}.{len(parts)}{out.suffix}")
+                        parts[key] = (part, bound)
+                        sinks[key] = opened.enter_context(part.open("wb"))
+                    body = b"".join(lines[low:high])
+                    sinks[key].write(body)
+                    written += len(body)
+            for sink in sinks.values():
+                sink.flush()
+                os.fsync(sink.fileno())
     finally:
         client.close()
-    return written
+    return written, list(parts.values())
 
 
-def _taken(client: redis.Redis, run: Run, stream: str, mark: str, count: int) -> bytes:
+def _bound_at(
+    refreshed: dict[str, list[dict[str, Any]]], stream: str, entry: int
+) -> dict[str, str]:
+    """The copy each refreshed join's table the ``entry``-th entry the run took of
+    ``stream`` joins, for the joins past their first copy there."""
+    bound = {}
+    for stage, since in refreshed.items():
+        later = [str(s["file"]) for s in since if int(s["entries"].get(stream, 0)) <= entry]
+        if later:
+            bound[stage] = later[-1]
+    return bound
+
+
+def _taken(client: redis.Redis, run: Run, stream: str, mark: str, count: int) -> list[bytes]:
     """The last ``count`` entries of ``stream`` up to ``mark``: what the run took of it."""
     if not count:
-        return b""
+        return []
     lines: list[bytes] = []
     high = mark
     while len(lines) < count:
@@ -171,4 +210,4 @@ def _taken(client: redis.Redis, run: Run, stream: str, mark: str, count: int) ->
             f"the stream {stream} holds {len(lines)} of the {count} entries run {run.pk} "
             "took in (trimmed since?)"
         )
-    return b"".join(reversed(lines))
+    return lines[::-1]

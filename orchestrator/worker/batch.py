@@ -498,10 +498,14 @@ def _joined_copies(
     run: Run, node: NodeDocument, stage: str, batch: list[Segment]
 ) -> dict[str, str]:
     """For a join whose table is refreshed: the copy each segment's records join, by
-    the segment's file name, as its landing file was bound to it when taken in (a
-    retry, a migrated batch, the plain job over the run: all the same copy)."""
+    the segment's file name, as its landing file was bound to it when taken in, or its
+    stream chunk emitted after the copy was read (a retry, a migrated batch, the plain
+    job over the run: all the same copy)."""
     if "refresh_s" not in (node.get("params") or {}):
         return {}
+    if (run.input_spec or {}).get("kind") == "stream":
+        chunks = ingested.streamed_copies(run.pk, stage, {s.chunk for s in batch})
+        return {Path(s.path).name: chunks[s.chunk] for s in batch if s.chunk in chunks}
     copies = ingested.joined_copies(run.pk, stage, {s.origin_file for s in batch})
     return {Path(s.path).name: copies[s.origin_file] for s in batch if s.origin_file in copies}
 

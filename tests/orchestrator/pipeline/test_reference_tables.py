@@ -151,7 +151,7 @@ def test_a_refreshed_table_is_taken_again_only_if_changed_fit_and_nobody_s_sink(
     flights.write_text('{"carrier": "UA", "delay": 1.0, "tail": "N1"}\n')
     doc = joined_flights(reference=None, table="airlines", database="reports", refresh_s=5)
     run = create_run(topology=doc, policy=policy(), input_path=str(flights))
-    refresher = Refresher(run.pk, run.epoch, run.topology, folder=True)
+    refresher = Refresher(run.pk, run.epoch, run.topology, source="folder")
     clock = iter(range(1_000_000, 2_000_000, 1_000))
 
     def refreshed() -> dict[str, Any]:

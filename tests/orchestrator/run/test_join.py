@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from orchestrator.ledger.results import summary
-from orchestrator.models import Event, SourceFile
+from orchestrator.models import Event, Run, SourceFile
 from orchestrator.run.lifecycle import set_status, snapshot
 from orchestrator.source.replay import ReplayError, replay_inputs, write_ingested
-from orchestrator.source.spec import LandingSpec
+from orchestrator.source.spec import LandingSpec, StreamSpec
 from orchestrator.worker.plain_job import batch_summary
 from tests.conftest import TEST_VAR_DIR
 from tests.orchestrator.run.scenarios import (
@@ -145,3 +146,72 @@ def test_files_landing_after_a_refresh_join_the_new_table_through_a_kill_and_a_m
     assert result["rows"] == expected["rows"]
     with pytest.raises(ReplayError, match="refreshed copies"):
         write_ingested(run, tmp_path / "whole.jsonl")
+
+
+def test_stream_entries_after_a_refresh_join_the_new_table_through_a_kill_and_a_migration(
+    workers: Any, services: Any, workers_inputs: Path, tmp_path: Path
+) -> None:
+    # Given a Redis stream of flights, an airlines table where the Spark workers read
+    # inputs, and the flights query joining the table again every 5 s
+    root = workers_inputs
+    airlines_table(root / "airlines.csv", AIRLINES)
+    doc = joined_flights(reference=f"{root.name}/airlines.csv", sql=FLIGHTS_SQL, refresh_s=5)
+    doc["nodes"][1]["max_rate_mbps"] = 2.0  # long enough a run for what follows
+    stream = f"test-flights-{uuid.uuid4().hex[:8]}"
+    (key,) = StreamSpec(stream).streams
+    client = redis.Redis.from_url(services.redis_url)
+    _add_entries(client, key, tmp_path / "early.jsonl", 6_000, seed=3)
+    run = start(doc, policy(), source=StreamSpec(stream, linger_s=0.2))
+    wait_for("the early entries taken in", lambda: _taken(run.pk) == 6_000, timeout_s=60)
+    # When the table changes, is read again, and more entries arrive after that
+    airlines_table(root / "airlines.csv", {c: n.upper() for c, n in AIRLINES.items()})
+    refreshed = Event.objects.filter(run=run, kind="reference_refreshed")
+    wait_for("the table read again", refreshed.exists, timeout_s=60)
+    _add_entries(client, key, tmp_path / "late.jsonl", 20_000, seed=4)
+    # ...and a Spark worker is killed holding a batch, and the join is hot-migrated
+    kill_a_batch_and_hot_migrate(run, workers, node="enrich")
+    wait_for(
+        "every entry taken in and merged",
+        lambda: (
+            _taken(run.pk) == 26_000
+            and (snapshot(run.pk)["source"]["lag"] or {}).get("entries") == 0
+        ),
+        timeout_s=180,
+    )
+    set_status(run.pk, "stopping", reason="test: every entry is in")
+    run = wait_until_done(run)
+    # Then the copy took effect after the early entries, in the ledger...
+    (since,) = run.references["enrich"]["since"]
+    assert since["entries"] == {key: 6_000}
+    assert since["file"] == refreshed.get().data["file"]
+    # ...the early entries joined the table as the run started, the late ones the new
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    names = {r["name"] for r in result["rows"]}
+    assert names == {*AIRLINES.values(), *(n.upper() for n in AIRLINES.values())}
+    # ...and the run equals the plain job over what it took in, split where the copy
+    # took effect (one input per copy); as one input, it cannot be replayed
+    replay = replay_inputs(run, tmp_path / "replay.jsonl")
+    assert len(replay.paths) == 2
+    assert Path(replay.paths[1]).read_bytes() == (tmp_path / "late.jsonl").read_bytes()
+    expected = batch_summary(
+        topology=run.topology, input_path=replay.paths, generator=None, copies=replay.copies
+    )
+    assert result["rows"] == expected["rows"]
+    with pytest.raises(ReplayError, match="refreshed copies"):
+        write_ingested(run, tmp_path / "whole.jsonl")
+
+
+def _add_entries(client: redis.Redis, key: str, written: Path, records: int, *, seed: int) -> None:
+    """Flights added to the stream, one entry each, as ``written`` holds them."""
+    write_flights(written, records, seed=seed)
+    with client.pipeline(transaction=False) as batch:
+        for line in written.read_bytes().splitlines():
+            batch.xadd(key, {"record": line})
+        batch.execute()
+
+
+def _taken(run_id: int) -> int:
+    """The entries the run took in so far."""
+    return int((Run.objects.get(pk=run_id).source_position or {}).get("offset", 0))
