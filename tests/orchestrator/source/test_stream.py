@@ -7,15 +7,18 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from orchestrator.ledger.ingested import streamed_copies
 from orchestrator.models import Run
 from orchestrator.pipeline.inputs import Chunk
 from orchestrator.pipeline.streams import STREAM_PREFIX
-from orchestrator.source.replay import write_ingested
+from orchestrator.run.references import stream_start
+from orchestrator.source.replay import ReplayError, replay_inputs, write_ingested
 from orchestrator.source.spec import StreamSpec
 from orchestrator.source.stream import RedisStreamSource
 
@@ -267,6 +270,43 @@ def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it
         *range(100, 140),
     ]
     second.close()
+
+
+def test_a_copy_refreshed_mid_stream_splits_every_partition_where_its_chunks_begin(
+    services, client, partitioned, tmp_path
+) -> None:
+    # Given a partitioned stream run that emitted half its chunks when a join's table
+    # was read again (the refresh records where, under the run's lock)
+    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
+    run = _run(spec)
+    _add(client, key(f"{partitioned}:0"), 30)
+    _add(client, key(f"{partitioned}:1"), 30, start=100)
+    source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
+    chunks = _drain(source)
+    source.close()
+    before, position = _killed_halfway(chunks)
+    run.source_position = position
+    since = stream_start(run, "copy-2")
+    assert since["chunk"] == position["chunk"]
+    assert sum(since["entries"].values()) == position["offset"] == len(_values(before))
+    last = chunks[-1]
+    run.source_position = {"chunk": last.index + 1, "offset": 60, **last.stream_position()}
+    run.references = {"enrich": {"file": "copy-2", "version": 1, "since": [since]}}
+    run.save()
+    # Then the chunks emitted after it join the new copy, those before the first...
+    joined = streamed_copies(run.pk, "enrich", [c.index for c in chunks])
+    assert joined == {c.index: "copy-2" for c in chunks[len(before) :]}
+    # ...and the replay splits each partition's entries at the same place, one part per copy
+    replay = replay_inputs(run, tmp_path / "replay.jsonl")
+    parts = [
+        [json.loads(line)["value"] for line in Path(p).read_text().splitlines()]
+        for p in replay.paths
+    ]
+    assert sorted(parts[0]) == sorted(_values(before))
+    assert sorted(parts[1]) == sorted(_values(chunks[len(before) :]))
+    assert replay.copies == {"enrich": {Path(replay.paths[1]).name: "copy-2"}}
+    with pytest.raises(ReplayError, match="refreshed copies"):
+        write_ingested(run, tmp_path / "whole.jsonl")
 
 
 def test_a_partition_that_gives_nothing_for_the_idle_time_is_idle(
