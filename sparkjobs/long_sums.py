@@ -18,7 +18,8 @@ says so (``EXACT``): its batch is aggregated again in decimals.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark import SparkContext
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sparkjobs.records import VALUE_TYPE
@@ -41,12 +42,12 @@ EXACT = "_exact"  # a group's sum, min and max hold: every value was in longs
 def unscaled(value: Column) -> Column:
     """The unscaled value of a decimal as a long (Catalyst's ``UnscaledValue``, which
     no SQL function names). Only for a value whose unscaled value fits a long."""
-    spark = SparkSession.getActiveSession()
-    if spark is None:
-        raise RuntimeError("no active Spark session to build a column in")
-    jvm = spark.sparkContext._jvm
+    # The process's context, whichever thread made its session active (a session is
+    # active per thread; a batch's columns may be built on another).
+    context = SparkContext._active_spark_context
+    jvm = None if context is None else context._jvm
     if jvm is None:
-        raise RuntimeError("the Spark session has no JVM to build a column in")
+        raise RuntimeError("no Spark context with a JVM to build a column in")
     utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
     expression = jvm.org.apache.spark.sql.catalyst.expressions.UnscaledValue(
         utils.expression(value._jc)

@@ -5,6 +5,7 @@ aggregated in decimals instead."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import defaultdict
 from decimal import ROUND_HALF_UP, Context, Decimal
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
 from sparkjobs import aggregate, long_sums
 from sparkjobs.aggregate import AggregateParams, partial_aggregate
@@ -164,3 +166,24 @@ def test_any_values_within_the_bound_sum_exactly_in_longs(
     merged, _ = aggregated(spark, folder, write(folder / "in", records), together=True)
     assert merged == oracle(records)
     assert AggregateParams() not in aggregate._IN_DECIMALS
+
+
+def test_a_value_s_unscaled_column_is_built_on_any_thread(spark: Any) -> None:
+    # Given a thread on which no Spark session was made active (a session is active
+    # per thread)
+    built: dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            built["column"] = long_sums.small_unscaled(F.col("v").cast(long_sums.VALUE_TYPE))
+        except RuntimeError as error:
+            built["error"] = error
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    thread.join(timeout=30)
+    # Then the column is built there, and computes the unscaled value
+    assert "error" not in built, built
+    frame = spark.createDataFrame([("1.5",), ("-2",), (None,)], "v STRING")
+    values = [row[0] for row in frame.select(built["column"]).collect()]
+    assert values == [15_000_000_000, -20_000_000_000, None]
