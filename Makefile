@@ -45,8 +45,12 @@ browser:
 	  fi; \
 	fi
 
+# The suite runs in TEST_PROCESSES pytest-xdist processes, each with a stack of its own
+# (services, Celery and Spark workers, files under var/test/gwN); 1 runs it in this one.
+TEST_PROCESSES ?= 2
+
 test: setup lint browser
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES))
 
 clean:
 	rm -rf var/test .pytest_cache .ruff_cache

@@ -28,7 +28,11 @@ from orchestrator.services.launcher import PROJECT_ROOT, Endpoints, Launcher
 from webapp.settings.env import database_from_url
 
 TEST_LEASE_S = 8
-TEST_VAR_DIR = Path(os.environ.get("BPCONSOLE_TEST_VAR_DIR", str(PROJECT_ROOT / "var" / "test")))
+# Each of pytest-xdist's worker processes runs a stack of its own (its services, workers
+# and files), in a folder of its own.
+TEST_VAR_DIR = Path(
+    os.environ.get("BPCONSOLE_TEST_VAR_DIR", str(PROJECT_ROOT / "var" / "test"))
+) / os.environ.get("PYTEST_XDIST_WORKER", "")
 
 
 @pytest.fixture(autouse=True)
