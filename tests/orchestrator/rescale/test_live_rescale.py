@@ -8,6 +8,7 @@ import contextlib
 import copy
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -54,6 +55,27 @@ def _skewed(seed: int, volume_mb: int) -> str:
 
 def _expected(run: Run, doc: dict[str, Any]) -> dict[str, Any]:
     return batch_summary(topology=doc, input_path=run.input_spec["paths"], generator=None)
+
+
+def _exact(run: Run, doc: dict[str, Any], *, malformed: bool = False) -> dict[str, Any]:
+    """The plain batch job's summary, once the run's result is asserted equal to it
+    (exact coverage, the same rows; with ``malformed``, the same malformed records, some)."""
+    result = summary(run)
+    expected = _expected(run, doc)
+    assert result["coverage"] == "exact", result["error"]
+    if malformed:
+        assert result["malformed_records"] == expected["malformed_records"] > 0
+    assert result["rows"] == expected["rows"]
+    return expected
+
+
+def _running_totals_with(change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """The running-totals pipeline, each operator's parameters as ``change`` makes them."""
+    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = change(dict(node["params"]))
+    return dict(doc)
 
 
 def test_hot_migrate_scale_out_and_in_during_a_skewed_run_equal_the_batch_job(workers) -> None:
@@ -105,10 +127,7 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
         state = adjustment.outcome["state"]["totals"]
         assert state["identical"] is True and state["misplaced_keys"] == [], state
     # ...the final state per key is the batch job's result per key...
-    result = summary(run)
-    expected = _expected(run, doc)
-    assert result["coverage"] == "exact", result["error"]
-    assert result["rows"] == expected["rows"]
+    expected = _exact(run, doc)
     totals = keystate.totals(run.pk, "totals")
     assert {k.key: _figures(t) for k, t in totals.items()} == {
         r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
@@ -140,10 +159,7 @@ def test_a_keyed_stage_of_grouped_measures_hands_its_state_over_and_equals_the_b
     workers,
 ) -> None:
     # Given the running-totals pipeline computing grouped measures, keyed by key groups
-    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
-    for node in doc["nodes"]:
-        if node["kind"] == "operator":
-            node["params"] = dict(GROUPED_TOTALS)
+    doc = _running_totals_with(lambda _: dict(GROUPED_TOTALS))
     run = start(doc, policy(), generator="seed=6,volume_mb=6,malformed_every=499")
     wait_started(run)
     # When its stage scales out, then hot-migrates an instance
@@ -156,11 +172,7 @@ def test_a_keyed_stage_of_grouped_measures_hands_its_state_over_and_equals_the_b
         state = adjustment.outcome["state"]["totals"]
         assert state["identical"] is True and state["misplaced_keys"] == [], state
     # ...the result is the batch job's...
-    result = summary(run)
-    expected = _expected(run, doc)
-    assert result["coverage"] == "exact", result["error"]
-    assert result["malformed_records"] == expected["malformed_records"] > 0
-    assert result["rows"] == expected["rows"]
+    expected = _exact(run, doc, malformed=True)
     # ...and so is every group's state, merged over its holders: one per group
     grouping = keystate.state_grouping(GROUPED_TOTALS)
     finished = {
@@ -178,10 +190,7 @@ def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across
     workers,
 ) -> None:
     # Given the running-totals pipeline keyed local_global, over data one key dominates
-    doc = running_totals(max_rate_mbps=6.0, buffer_mb=1.0)
-    for node in doc["nodes"]:
-        if node["kind"] == "operator":
-            node["params"] = {**node["params"], "keying": "local_global"}
+    doc = _running_totals_with(lambda params: {**params, "keying": "local_global"})
     generator = "seed=5,volume_mb=12,dominance=0.85,malformed_every=499"
     run = start(doc, policy(routing="water_level"), generator=generator)
     wait_started(run)
@@ -192,11 +201,7 @@ def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across
     # Then the result equals the batch job exactly...
     for adjustment in (grown, shrunk):
         assert adjustment.status == "complete", adjustment.outcome
-    result = summary(run)
-    expected = _expected(run, doc)
-    assert result["coverage"] == "exact", result["error"]
-    assert result["malformed_records"] == expected["malformed_records"] > 0
-    assert result["rows"] == expected["rows"]
+    expected = _exact(run, doc, malformed=True)
     # ...every key's state merged over its holders is the batch job's result per key...
     totals = keystate.totals(run.pk, "totals")
     assert {k.key: _figures(t) for k, t in totals.items()} == {
@@ -250,10 +255,7 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     # ...and once the stuck lease expires the run completes exactly, every key's state
     # with its owner in the old graph
     run = wait_until_done(run, timeout_s=300)
-    result = summary(run)
-    assert result["coverage"] == "exact", result["error"]
-    expected = _expected(run, doc)
-    assert result["rows"] == expected["rows"]
+    expected = _exact(run, doc)
     assert {k.key: t.records for k, t in keystate.totals(run.pk, "totals").items()} == {
         r["key"]: r["count"] for r in expected["rows"]
     }
@@ -297,9 +299,7 @@ def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
         assert failover.plan["removed"] == [moved]
         assert Event.objects.filter(run=run, kind="worker_lost", data__worker=name).exists()
         run = wait_until_done(run, timeout_s=300)
-        result = summary(run)
-        assert result["coverage"] == "exact", result["error"]
-        assert result["rows"] == _expected(run, doc)["rows"]
+        _exact(run, doc)
     finally:
         if victim.poll() is None:
             _kill_tree(victim.pid)
@@ -341,9 +341,7 @@ def test_the_balancers_scale_out_request_adds_an_instance_to_the_flagged_stage(w
     assert grown is not None and grown.status == "complete", grown and grown.outcome
     assert "one more instance requested" in grown.reason
     assert grown.plan["changed_stages"] == ["agg"]
-    result = summary(run)
-    assert result["coverage"] == "exact", result["error"]
-    assert result["rows"] == _expected(run, doc)["rows"]
+    _exact(run, doc)
 
 
 def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(workers) -> None:
@@ -378,6 +376,4 @@ def test_instances_outside_the_subgraph_keep_processing_during_an_adjustment(wor
     assert not Event.objects.filter(run=run, kind="adjust_aligned", node="output").exists()
     assert grown.outcome["outside_max_gap_s"]["output"] < OUTSIDE_STALL_GUARD_S, grown.outcome
     run = wait_until_done(run, timeout_s=300)
-    result = summary(run)
-    assert result["coverage"] == "exact", result["error"]
-    assert result["rows"] == _expected(run, doc)["rows"]
+    _exact(run, doc)

@@ -18,7 +18,7 @@ import redis
 from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, SourceFile
 from orchestrator.run.lifecycle import set_status, snapshot
-from orchestrator.source.replay import ReplayError, replay_inputs, write_ingested
+from orchestrator.source.replay import Replay, ReplayError, replay_inputs, write_ingested
 from orchestrator.source.spec import LandingSpec, StreamSpec
 from orchestrator.worker.plain_job import batch_summary
 from tests.conftest import TEST_VAR_DIR
@@ -131,21 +131,9 @@ def test_files_landing_after_a_refresh_join_the_new_table_through_a_kill_and_a_m
     bound = dict(SourceFile.objects.filter(run=run).values_list("path", "references"))
     assert bound[str(landing / "early.jsonl")] == {}
     assert bound[str(landing / "late.jsonl")] == {"enrich": refreshed.get().data["file"]}
-    result = summary(run)
-    assert result["status"] == "completed", result["error"]
-    assert result["coverage"] == "exact"
-    names = {r["name"] for r in result["rows"]}
-    assert names == {*AIRLINES.values(), *(n.upper() for n in AIRLINES.values())}
-    # ...and the run equals the plain job over what it took in, each file joining the
-    # copy it was bound to (one input per copy); as one file, it cannot be replayed
-    replay = replay_inputs(run, tmp_path / "replay.jsonl")
-    assert len(replay.paths) == 2
-    expected = batch_summary(
-        topology=run.topology, input_path=replay.paths, generator=None, copies=replay.copies
-    )
-    assert result["rows"] == expected["rows"]
-    with pytest.raises(ReplayError, match="refreshed copies"):
-        write_ingested(run, tmp_path / "whole.jsonl")
+    # ...the run joined both tables, and equals the plain job over what it took in, each
+    # file joining the copy it was bound to (one input per copy)
+    _joined_both_and_equals_the_plain_job_per_copy(run, tmp_path)
 
 
 def test_stream_entries_after_a_refresh_join_the_new_table_through_a_kill_and_a_migration(
@@ -184,23 +172,10 @@ def test_stream_entries_after_a_refresh_join_the_new_table_through_a_kill_and_a_
     (since,) = run.references["enrich"]["since"]
     assert since["entries"] == {key: 6_000}
     assert since["file"] == refreshed.get().data["file"]
-    # ...the early entries joined the table as the run started, the late ones the new
-    result = summary(run)
-    assert result["status"] == "completed", result["error"]
-    assert result["coverage"] == "exact"
-    names = {r["name"] for r in result["rows"]}
-    assert names == {*AIRLINES.values(), *(n.upper() for n in AIRLINES.values())}
-    # ...and the run equals the plain job over what it took in, split where the copy
-    # took effect (one input per copy); as one input, it cannot be replayed
-    replay = replay_inputs(run, tmp_path / "replay.jsonl")
-    assert len(replay.paths) == 2
+    # ...the run joined both tables, and equals the plain job over what it took in, split
+    # where the copy took effect (one input per copy): the late entries alone joined it
+    replay = _joined_both_and_equals_the_plain_job_per_copy(run, tmp_path)
     assert Path(replay.paths[1]).read_bytes() == (tmp_path / "late.jsonl").read_bytes()
-    expected = batch_summary(
-        topology=run.topology, input_path=replay.paths, generator=None, copies=replay.copies
-    )
-    assert result["rows"] == expected["rows"]
-    with pytest.raises(ReplayError, match="refreshed copies"):
-        write_ingested(run, tmp_path / "whole.jsonl")
 
 
 def _add_entries(client: redis.Redis, key: str, written: Path, records: int, *, seed: int) -> None:
@@ -215,3 +190,23 @@ def _add_entries(client: redis.Redis, key: str, written: Path, records: int, *, 
 def _taken(run_id: int) -> int:
     """The entries the run took in so far."""
     return int((Run.objects.get(pk=run_id).source_position or {}).get("offset", 0))
+
+
+def _joined_both_and_equals_the_plain_job_per_copy(run: Run, tmp_path: Path) -> Replay:
+    """The run completed exactly, its records joined the table's first names and its
+    refreshed ones, and it equals the plain job over its replay, one part per copy of
+    the table; as one input, it cannot be replayed. Returns the replay."""
+    result = summary(run)
+    assert result["status"] == "completed", result["error"]
+    assert result["coverage"] == "exact"
+    names = {r["name"] for r in result["rows"]}
+    assert names == {*AIRLINES.values(), *(n.upper() for n in AIRLINES.values())}
+    replay = replay_inputs(run, tmp_path / "replay.jsonl")
+    assert len(replay.paths) == 2
+    expected = batch_summary(
+        topology=run.topology, input_path=replay.paths, generator=None, copies=replay.copies
+    )
+    assert result["rows"] == expected["rows"]
+    with pytest.raises(ReplayError, match="refreshed copies"):
+        write_ingested(run, tmp_path / "whole.jsonl")
+    return replay

@@ -65,6 +65,16 @@ def partitioned(client: redis.Redis) -> Iterator[str]:
     client.delete(key(f"{name}:0"), key(f"{name}:1"))
 
 
+def _two_partitions_of_30(client: redis.Redis, partitioned: str) -> tuple[StreamSpec, Run]:
+    """A run over the stream of two partitions ``partitioned``, which hold the values 0
+    to 29 and 100 to 129."""
+    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
+    run = _run(spec)
+    _add(client, key(f"{partitioned}:0"), 30)
+    _add(client, key(f"{partitioned}:1"), 30, start=100)
+    return spec, run
+
+
 def _add(client: redis.Redis, stream: str, count: int, start: int = 0) -> list[str]:
     return [
         client.xadd(
@@ -241,10 +251,7 @@ def test_a_partitioned_stream_cuts_each_chunk_from_one_partition_taking_turns(
 def test_a_restarted_partitioned_source_skips_what_the_ledger_has_and_replays_it(
     services, client, partitioned, tmp_path
 ) -> None:
-    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
-    run = _run(spec)
-    _add(client, key(f"{partitioned}:0"), 30)
-    _add(client, key(f"{partitioned}:1"), 30, start=100)
+    spec, run = _two_partitions_of_30(client, partitioned)
     first = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     # The driver dies after the ledger took the first chunks, before acknowledging them
     kept, position = _killed_halfway(_drain(first, commit=False))
@@ -277,10 +284,7 @@ def test_a_copy_refreshed_mid_stream_splits_every_partition_where_its_chunks_beg
 ) -> None:
     # Given a partitioned stream run that emitted half its chunks when a join's table
     # was read again (the refresh records where, under the run's lock)
-    spec = StreamSpec(partitioned, linger_s=0.0, partitions=2)
-    run = _run(spec)
-    _add(client, key(f"{partitioned}:0"), 30)
-    _add(client, key(f"{partitioned}:1"), 30, start=100)
+    spec, run = _two_partitions_of_30(client, partitioned)
     source = RedisStreamSource(run.pk, spec, SMALL, {}, url=services.redis_url)
     chunks = _drain(source)
     source.close()
