@@ -107,7 +107,35 @@ class Stack:
         while len(app.control.ping(timeout=1.0) or []) < 1 + self.spark_workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; logs in {self.var}")
+        self.wait_for_warm_ups()
         return self
+
+    def wait_for_warm_ups(self, timeout_s: float = 900.0) -> None:
+        """Until every Spark worker's JVM has ended its warm-up (sparkjobs/warm_up.py):
+        its jobs would otherwise share the machine with a timed side."""
+        from django.conf import settings
+
+        from sparkjobs.shared_jvm import warm_ups
+
+        if settings.BPCONSOLE_SPARK_WARM_UP_ROUNDS == 0:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = warm_ups(self.var / "run")
+            done = [w for w in found.values() if w.state != "warming"]
+            if len(done) >= self.spark_workers:
+                print(
+                    "warm-ups: "
+                    + ", ".join(f"{w.state} after {w.jobs} jobs, {w.seconds:.0f} s" for w in done),
+                    file=sys.stderr,
+                )
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{len(done)} of {self.spark_workers} Spark workers' warm-ups ended within "
+                    f"{timeout_s:.0f} s; logs in {self.var}"
+                )
+            time.sleep(1.0)
 
     def spark_children(self) -> list[Child]:
         """The Spark workers to start, as make run starts them: each a pool of one with

@@ -320,7 +320,11 @@ def _start_worker_jvm(worker: str) -> None:
     path = Path(settings.VAR_DIR) / "run" / f"{shared_jvm.FILE_PREFIX}{os.getpid()}.json"
     # Set before the pool is forked, so every pool process inherits it.
     os.environ[shared_jvm.INFO_ENV] = str(path)
-    jvm = shared_jvm.WorkerJvm(spark_conf(app_name=f"bpconsole {worker}"), path)
+    jvm = shared_jvm.WorkerJvm(
+        spark_conf(app_name=f"bpconsole {worker}"),
+        path,
+        warm_up_rounds=settings.BPCONSOLE_SPARK_WARM_UP_ROUNDS,
+    )
     jvm.start()
     _worker["jvm"] = jvm
 

@@ -18,7 +18,6 @@ missing or does not fit the JVM (another JDK), the JVM starts as it would withou
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -63,41 +62,16 @@ def driver_java_options() -> str | None:
 
 
 def _warm_up(folder: Path) -> None:
-    """Run, on generated records, the batches a worker runs: their classes are archived."""
-    from sparkjobs.aggregate import AggregateParams, aggregate_batch
-    from sparkjobs.keygroups import KeyGroup
+    """Run, on generated records, the batches a worker runs and the batch job: their
+    classes are archived."""
+    from sparkjobs.aggregate import AggregateParams
     from sparkjobs.plain_job import batch_aggregate
-    from sparkjobs.session import operator_session, spark_session
-    from sparkjobs.transform import record_batch
+    from sparkjobs.session import spark_session
+    from sparkjobs.warm_up import one_round
 
-    source = folder / "seg-000001.jsonl"
-    lines = [
-        json.dumps({"key": f"k{i % 97}", "value": i / 4, "user": f"u{i % 331}"})
-        for i in range(20_000)
-    ]
-    source.write_text("\n".join([*lines, "not json", '{"key": 1}']) + "\n")
-    inputs = {"seg-000001": source}
-    spark = operator_session([source.stat().st_size])
-    aggregate_batch(
-        spark, "aggregate", {}, inputs, {"seg-000001": folder / "a.out"}, key_group=None
-    )
-    aggregate_batch(
-        spark,
-        "aggregate",
-        {},
-        inputs,
-        {"seg-000001": folder / "k.out"},
-        key_group=KeyGroup.even(1, 2),
-    )
-    record_batch(spark, "filter", {"condition": "value > 10"}, inputs, {"seg-000001": folder / "f"})
-    record_batch(
-        spark,
-        "project",
-        {"columns": ["key", "value * 2 AS value"]},
-        inputs,
-        {"seg-000001": folder / "p"},
-    )
-    batch_aggregate(spark_session(), [str(source)], "jsonl", AggregateParams())
+    one_round(folder)
+    paths = sorted(str(path) for path in folder.glob("seg-*.jsonl"))
+    batch_aggregate(spark_session(), paths, "jsonl", AggregateParams())
 
 
 def build(path: Path) -> Path:

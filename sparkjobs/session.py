@@ -267,6 +267,14 @@ def tag_jobs(spark: SparkSession) -> None:
     spark.sparkContext.addJobTag(shared_jvm.job_tag(os.getpid()))
 
 
+def claim_jvm(spark: SparkSession) -> None:
+    """Before a batch: tag this thread's jobs (``tag_jobs``), and stop the worker's JVM's
+    warm-up if it still runs (``sparkjobs/warm_up.py``): the batch takes its cores."""
+    tag_jobs(spark)
+    if _use.shared_jvm is not None:
+        shared_jvm.stop_warm_up(spark.sparkContext, _use.shared_jvm)
+
+
 def collect_all(frame: DataFrame) -> list[Row]:
     """``frame.collect()``, but never a result cut short by the JVM dying under it.
 

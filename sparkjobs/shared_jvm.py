@@ -21,13 +21,15 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from pyspark import SparkConf, SparkContext
@@ -63,6 +65,17 @@ class JvmInfo:
     previous_code: int | None = None
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """What a worker's new JVM's warm-up (``sparkjobs/warm_up.py``) did: still
+    ``warming``, ``warm`` after its rounds, or ``stopped`` by a batch that came first."""
+
+    pid: int  # the warm-up's process
+    state: Literal["warming", "warm", "stopped"]
+    jobs: int = 0
+    seconds: float = 0.0
+
+
 def info_path() -> Path | None:
     """This process's worker JVM file, when it runs in a worker that shares one."""
     value = os.environ.get(INFO_ENV)
@@ -91,8 +104,67 @@ def job_tag(pid: int) -> str:
     return f"bpconsole-pid-{pid}"
 
 
-def _write(path: Path, info: JvmInfo) -> None:
-    """Atomically, readable by this user only: it holds the gateway's secret."""
+def warm_up_path(path: Path, jvm_pid: int) -> Path:
+    """Where the warm-up of the JVM ``jvm_pid`` is kept, beside the JVM's file."""
+    return path.with_name(f"{path.name}.{jvm_pid}.warm")
+
+
+def warm_up_folder(path: Path, jvm_pid: int) -> Path:
+    """The generated records of the JVM ``jvm_pid``'s warm-up, beside the JVM's file
+    (removed with a killed worker's files: ``remove_left_behind``)."""
+    return path.with_name(f"{path.name}.{jvm_pid}.warm-up")
+
+
+def read_warm_up(path: Path) -> WarmUp | None:
+    try:
+        return WarmUp(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def warm_ups(folder: Path) -> dict[int, WarmUp]:
+    """The warm-ups of the live JVMs whose files are in ``folder``, by JVM pid."""
+    found = {}
+    for entry in folder.glob(f"{FILE_PREFIX}*.json"):
+        info = read_info(entry)
+        if info is None or not alive(info.pid):
+            continue
+        warm_up = read_warm_up(warm_up_path(entry, info.pid))
+        if warm_up is not None:
+            found[info.pid] = warm_up
+    return found
+
+
+def warm_up_done(path: Path, jvm_pid: int, *, jobs: int, seconds: float) -> None:
+    """Record, from the warm-up's own process, that its rounds are done (unless a batch
+    stopped it meanwhile)."""
+    marker = warm_up_path(path, jvm_pid)
+    if (current := read_warm_up(marker)) is not None and current.state == "stopped":
+        return
+    _write(marker, WarmUp(pid=os.getpid(), state="warm", jobs=jobs, seconds=seconds))
+
+
+def stop_warm_up(context: SparkContext, jvm_pid: int) -> None:
+    """Before a pool process's batch on the JVM ``jvm_pid``: stop the JVM's warm-up, if
+    one still runs, and cancel its jobs, so that the batch has the worker's cores (one
+    file read when there is none)."""
+    path = info_path()
+    if path is None:
+        return
+    marker = warm_up_path(path, jvm_pid)
+    warm_up = read_warm_up(marker)
+    if warm_up is None or warm_up.state != "warming":
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(warm_up.pid, signal.SIGTERM)
+    context.cancelJobsWithTag(job_tag(warm_up.pid))
+    _write(marker, replace(warm_up, state="stopped"))
+    log.info("stopped the warm-up of Spark JVM %s: a batch came first", jvm_pid)
+
+
+def _write(path: Path, info: JvmInfo | WarmUp) -> None:
+    """Atomically, readable by this user only: a JVM's file holds the gateway's
+    secret."""
     partial = path.with_suffix(".partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -103,10 +175,12 @@ def _write(path: Path, info: JvmInfo) -> None:
 class WorkerJvm:
     """The JVM of one Spark worker, kept running by a thread of its main process."""
 
-    def __init__(self, conf: SparkConf, path: Path) -> None:
+    def __init__(self, conf: SparkConf, path: Path, *, warm_up_rounds: int = 0) -> None:
         self._conf = conf
         self.path = path
+        self._warm_up_rounds = warm_up_rounds
         self._process: subprocess.Popen[bytes] | None = None
+        self._warm_up: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._keep_running, name="spark-jvm", daemon=True)
 
@@ -121,6 +195,9 @@ class WorkerJvm:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._warm_up is not None and self._warm_up.poll() is None:
+            self._warm_up.kill()
+            self._warm_up.wait()
         process = self._process
         if process is not None and process.poll() is None:
             process.terminate()
@@ -168,7 +245,39 @@ class WorkerJvm:
         # This process only starts the JVM; its own connection would be copied into
         # every pool process it forks.
         gateway.close()
+        # The worker's first JVM only: one started again after a crash has its work
+        # waiting, which would stop the warm-up at once.
+        if previous is None and self._warm_up_rounds > 0:
+            self._start_warm_up(process.pid)
         return process
+
+    def _start_warm_up(self, jvm_pid: int) -> None:
+        """``sparkjobs/warm_up.py`` in a process of its own (not a fork: it holds no
+        copy of this one's state), recorded as warming once started, so that a batch
+        finds it to stop (it attaches to the JVM a second or more later)."""
+        root = Path(__file__).resolve().parent.parent
+        argv = [sys.executable, "-m", "sparkjobs.warm_up", f"--rounds={self._warm_up_rounds}"]
+        with _LAUNCHING:
+            self._warm_up = subprocess.Popen(
+                argv,
+                cwd=root,
+                env=os.environ | {INFO_ENV: str(self.path)},
+                stdin=subprocess.DEVNULL,
+            )
+        _write(warm_up_path(self.path, jvm_pid), WarmUp(pid=self._warm_up.pid, state="warming"))
+
+    def _reap_warm_up(self, jvm_pid: int) -> None:
+        """Reap a warm-up that ended; one that failed is recorded as stopped (its pid
+        is not to be signalled once it may be another process's)."""
+        if self._warm_up is None or (code := self._warm_up.poll()) is None:
+            return
+        self._warm_up = None
+        shutil.rmtree(warm_up_folder(self.path, jvm_pid), ignore_errors=True)
+        marker = warm_up_path(self.path, jvm_pid)
+        warm_up = read_warm_up(marker)
+        if warm_up is not None and warm_up.state == "warming":
+            log.warning("the warm-up of Spark JVM %s ended with code %s", jvm_pid, code)
+            _write(marker, replace(warm_up, state="stopped"))
 
     def _keep_running(self) -> None:
         backoff = 0.0
@@ -180,7 +289,7 @@ class WorkerJvm:
                 process = self._launch(previous)
                 log.info("Spark JVM %s started for this worker's pool", process.pid)
                 while process.poll() is None and not self._stopping.wait(0.2):
-                    pass
+                    self._reap_warm_up(process.pid)
             except Exception:
                 log.exception("could not start this worker's Spark JVM")
             if self._stopping.is_set():

@@ -28,6 +28,10 @@ from orchestrator.services.launcher import PROJECT_ROOT, Endpoints, Launcher
 from webapp.settings.env import database_from_url
 
 TEST_LEASE_S = 8
+# The suite's Spark workers take a batch within seconds of their start: a warm-up
+# (sparkjobs/warm_up.py) would only share the two cores with the tests. Its own tests
+# ask for one.
+os.environ.setdefault("BPCONSOLE_SPARK_WARM_UP_ROUNDS", "0")
 # Each of pytest-xdist's worker processes runs a stack of its own (its services, workers
 # and files), in a folder of its own.
 TEST_VAR_DIR = Path(

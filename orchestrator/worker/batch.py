@@ -370,7 +370,7 @@ def _operate(
     """``node``'s operator over ``batch``: its own segments and any its siblings' (each
     routed, named and accounted as its own node's), in one job, completed in one
     transaction."""
-    from sparkjobs.session import operator_session, tag_jobs
+    from sparkjobs.session import claim_jvm, operator_session
 
     name = node["name"]
     stage = graph.stage_of[name]
@@ -399,7 +399,7 @@ def _operate(
     outputs = _output_paths(run.pk, by_file, together)
     group = job_group(run.pk)
     spark.sparkContext.setJobGroup(group, f"run {run.pk} node {name}", interruptOnCancel=True)
-    tag_jobs(spark)
+    claim_jvm(spark)
     max_s = settings.BPCONSOLE_BATCH_MAX_S
     with StopWatch(run.pk, cancel_group(spark, group), max_s=max_s) as watch:
         try:

@@ -148,3 +148,17 @@ def test_the_data_folder_is_not_an_input_root_by_default(tmp_path) -> None:
     roots, data = shown.stdout.splitlines()
     assert roots == repr([str(tmp_path / "inputs")])
     assert data == str(tmp_path / "data")
+
+
+@pytest.mark.parametrize("raw", ["-1", "101", "four"])
+def test_a_warm_up_round_count_out_of_range_stops_the_console_saying_why(raw: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "BPCONSOLE_SPARK_WARM_UP_ROUNDS": raw},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "BPCONSOLE_SPARK_WARM_UP_ROUNDS" in result.stderr

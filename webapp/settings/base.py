@@ -76,6 +76,14 @@ BPCONSOLE_BATCH_MB = float(env_str("BPCONSOLE_BATCH_MB", "512"))
 # Spark Celery worker processes (runconsole starts that many): the policy lab's
 # simulator shares them among the operators as the live runtime does.
 BPCONSOLE_SPARK_WORKERS = env_int("BPCONSOLE_SPARK_WORKERS", 1)
+# Rounds of generated batches (six jobs each) a Spark worker's first JVM runs before its
+# first batch, so that its first run's batches do not run cold (sparkjobs/warm_up.py).
+# A batch that comes first stops it. 0: none.
+BPCONSOLE_SPARK_WARM_UP_ROUNDS = env_int("BPCONSOLE_SPARK_WARM_UP_ROUNDS", 4)
+if not 0 <= BPCONSOLE_SPARK_WARM_UP_ROUNDS <= 100:
+    raise ImproperlyConfigured(
+        f"BPCONSOLE_SPARK_WARM_UP_ROUNDS={BPCONSOLE_SPARK_WARM_UP_ROUNDS}: from 0 to 100"
+    )
 # The policy lab simulates in a process of its own, niced: at most this long and this
 # much memory, whatever the workload (docs/console.md, "Policy lab").
 BPCONSOLE_LAB_TIMEOUT_S = float(env_str("BPCONSOLE_LAB_TIMEOUT_S", "120"))
