@@ -155,11 +155,20 @@ def stop_warm_up(context: SparkContext, jvm_pid: int) -> None:
     warm_up = read_warm_up(marker)
     if warm_up is None or warm_up.state != "warming":
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(warm_up.pid, signal.SIGTERM)
+    if _is_warm_up(warm_up.pid):  # not a process that took a dead warm-up's pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(warm_up.pid, signal.SIGTERM)
     context.cancelJobsWithTag(job_tag(warm_up.pid))
     _write(marker, replace(warm_up, state="stopped"))
     log.info("stopped the warm-up of Spark JVM %s: a batch came first", jvm_pid)
+
+
+def _is_warm_up(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"sparkjobs.warm_up" in argv
 
 
 def _write(path: Path, info: JvmInfo | WarmUp) -> None:

@@ -9,11 +9,26 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import psutil
+import pytest
 
-from sparkjobs.shared_jvm import FILE_PREFIX, INFO_ENV, read_info, read_warm_up, warm_up_path
+from sparkjobs.shared_jvm import (
+    FILE_PREFIX,
+    INFO_ENV,
+    WarmUp,
+    _write,
+    job_tag,
+    read_info,
+    read_warm_up,
+    stop_warm_up,
+    warm_up_path,
+)
 from tests.waiting import alive, wait_for
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,3 +170,38 @@ def test_a_batch_that_comes_first_stops_the_warm_up_and_cancels_its_jobs(tmp_pat
         )
     finally:
         _stop(process)
+
+
+class _Cancels:
+    """The one call ``stop_warm_up`` makes of a SparkContext, recorded."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+
+    def cancelJobsWithTag(self, tag: str) -> None:
+        self.tags.append(tag)
+
+
+def test_a_warming_record_naming_another_process_signals_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A warm-up that died unreaped left "warming" with its pid, which another process
+    # of the same user may have taken since: that one is not signalled
+    path = tmp_path / f"{FILE_PREFIX}1.json"
+    monkeypatch.setenv(INFO_ENV, str(path))
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        marker = warm_up_path(path, 77)
+        _write(marker, WarmUp(pid=bystander.pid, state="warming"))
+        context = _Cancels()
+        stop_warm_up(cast("SparkContext", context), 77)
+        assert bystander.poll() is None
+        assert context.tags == [job_tag(bystander.pid)]
+        stopped = read_warm_up(marker)
+        assert stopped is not None and stopped.state == "stopped"
+        # Once stopped, a later batch does nothing at all
+        stop_warm_up(cast("SparkContext", context), 77)
+        assert context.tags == [job_tag(bystander.pid)]
+    finally:
+        bystander.kill()
+        bystander.wait()
