@@ -3,9 +3,9 @@
 A JVM runs Spark's planning, code generation and a batch's per-record code interpreted
 until its JIT has seen them often, and a placed worker on a small CPU share runs only a
 few batches a run: on a quarter core a new JVM's 8 MB aggregate batches took 33, 8.9,
-3.4, 3.2 and 2.5 s and then about 2.3 s, and after twenty small jobs 14, 4.2 and then
-1.5 s (docs/benchmarks.md, "A worker's JVM warmed while idle"). Its first run's batches
-were its slowest, and the balancer measured its capacity from them.
+3.4, 3.2 and 2.5 s and then about 2.3 s, and after this module's four rounds 6.8, 3.2
+and then 1.2 to 1.7 s (docs/benchmarks.md, "A worker's JVM warmed while idle"). Its
+first run's batches were its slowest, and the balancer measured its capacity from them.
 
 So a Spark worker's main process starts this module in a process of its own once its
 JVM is up (``sparkjobs/shared_jvm.py``, ``WorkerJvm``): it attaches to the JVM as a
