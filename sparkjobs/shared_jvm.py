@@ -217,6 +217,8 @@ class WorkerJvm:
         self.path.unlink(missing_ok=True)
         if process is not None:
             shutil.rmtree(pids_folder(self.path, process.pid), ignore_errors=True)
+            shutil.rmtree(warm_up_folder(self.path, process.pid), ignore_errors=True)
+            warm_up_path(self.path, process.pid).unlink(missing_ok=True)
 
     def in_pool_process(self) -> None:
         """In a forked pool process: drop its copy of the JVM's stdin, so that the JVM

@@ -24,6 +24,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -72,21 +73,26 @@ def one_round(folder: Path) -> int:
     def outputs(name: str) -> dict[str, Path]:
         return {seg: folder / f"{seg}.{name}" for seg in inputs}
 
-    aggregate_batch(spark, "aggregate", {}, inputs, outputs("a"), key_group=None)
-    aggregate_batch(
-        spark,
-        "aggregate",
-        {},
-        inputs,
-        outputs("t"),
-        key_group=None,
-        together={seg: first for seg in inputs},
-    )
-    aggregate_batch(spark, "running", {}, inputs, outputs("k"), key_group=KeyGroup.even(1, 2))
-    aggregate_batch(spark, "aggregate", _MEASURES, inputs, outputs("m"), key_group=None)
-    record_batch(spark, "filter", {"condition": "value > 10"}, inputs, outputs("f"))
-    record_batch(spark, "project", {"columns": ["key", "value * 2 AS value"]}, inputs, outputs("p"))
-    return 6
+    together = {seg: first for seg in inputs}
+    jobs: list[Callable[[], object]] = [
+        lambda: aggregate_batch(spark, "aggregate", {}, inputs, outputs("a"), key_group=None),
+        lambda: aggregate_batch(
+            spark, "aggregate", {}, inputs, outputs("t"), key_group=None, together=together
+        ),
+        lambda: aggregate_batch(
+            spark, "running", {}, inputs, outputs("k"), key_group=KeyGroup.even(1, 2)
+        ),
+        lambda: aggregate_batch(
+            spark, "aggregate", _MEASURES, inputs, outputs("m"), key_group=None
+        ),
+        lambda: record_batch(spark, "filter", {"condition": "value > 10"}, inputs, outputs("f")),
+        lambda: record_batch(
+            spark, "project", {"columns": ["key", "value * 2 AS value"]}, inputs, outputs("p")
+        ),
+    ]
+    for job in jobs:
+        job()
+    return len(jobs)
 
 
 def warm(rounds: int, folder: Path) -> tuple[int, float]:

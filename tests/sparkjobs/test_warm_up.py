@@ -49,21 +49,20 @@ jvm.stop()
 # A pool process's batch: it claims the JVM, sees no job left running but its own, and
 # runs an aggregate batch to its end.
 BATCH = """
-import sys, time
+import sys
 from pathlib import Path
 from sparkjobs.aggregate import aggregate_batch
 from sparkjobs.session import claim_jvm, operator_session
 from sparkjobs.warm_up import write_records
+from tests.waiting import wait_for
 folder = Path(sys.argv[1])
 inputs = write_records(folder, 1000)
 spark = operator_session([p.stat().st_size for p in inputs.values()])
 claim_jvm(spark)
 tracker = spark.sparkContext.statusTracker()
-deadline = time.monotonic() + 60
-while tracker.getActiveJobsIds():
-    if time.monotonic() > deadline:
-        sys.exit("the warm-up's jobs still run 60 s after the batch claimed the JVM")
-    time.sleep(0.1)
+wait_for("the warm-up's jobs to end once the batch claimed the JVM",
+         lambda: not tracker.getActiveJobsIds(), timeout_s=60,
+         detail=lambda: f"jobs {list(tracker.getActiveJobsIds())} still run")
 out = aggregate_batch(spark, "aggregate", {}, inputs,
                       {s: folder / f"{s}.out" for s in inputs}, key_group=None)
 print(sum(o.records for o in out.values()))
