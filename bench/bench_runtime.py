@@ -122,17 +122,23 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         while True:
             found = warm_ups(self.var / "run")
-            done = [w for w in found.values() if w.state != "warming"]
-            if len(done) >= self.spark_workers:
+            warming = [w for w in found.values() if w is not None and w.state == "warming"]
+            if len(found) >= self.spark_workers and not warming:
                 print(
                     "warm-ups: "
-                    + ", ".join(f"{w.state} after {w.jobs} jobs, {w.seconds:.0f} s" for w in done),
+                    + ", ".join(
+                        "none (a JVM started again)"
+                        if w is None
+                        else f"{w.state} after {w.jobs} jobs, {w.seconds:.0f} s"
+                        for w in found.values()
+                    ),
                     file=sys.stderr,
                 )
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"{len(done)} of {self.spark_workers} Spark workers' warm-ups ended within "
+                    f"{len(found) - len(warming)} of {self.spark_workers} Spark workers' "
+                    f"warm-ups ended within "
                     f"{timeout_s:.0f} s; logs in {self.var}"
                 )
             time.sleep(1.0)

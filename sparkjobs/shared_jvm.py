@@ -122,15 +122,17 @@ def read_warm_up(path: Path) -> WarmUp | None:
         return None
 
 
-def warm_ups(folder: Path) -> dict[int, WarmUp]:
-    """The warm-ups of the live JVMs whose files are in ``folder``, by JVM pid."""
-    found = {}
+def warm_ups(folder: Path) -> dict[int, WarmUp | None]:
+    """The warm-ups of the live JVMs whose files are in ``folder``, by JVM pid: None for
+    a JVM started again after its worker's first, which is never warmed. A first JVM
+    whose warm-up is not recorded yet is not listed."""
+    found: dict[int, WarmUp | None] = {}
     for entry in folder.glob(f"{FILE_PREFIX}*.json"):
         info = read_info(entry)
         if info is None or not alive(info.pid):
             continue
         warm_up = read_warm_up(warm_up_path(entry, info.pid))
-        if warm_up is not None:
+        if warm_up is not None or info.previous_pid is not None:
             found[info.pid] = warm_up
     return found
 

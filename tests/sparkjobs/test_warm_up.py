@@ -17,6 +17,7 @@ import pytest
 from sparkjobs.shared_jvm import (
     FILE_PREFIX,
     INFO_ENV,
+    JvmInfo,
     WarmUp,
     _write,
     job_tag,
@@ -24,6 +25,7 @@ from sparkjobs.shared_jvm import (
     read_warm_up,
     stop_warm_up,
     warm_up_path,
+    warm_ups,
 )
 from tests.waiting import alive, wait_for
 
@@ -204,3 +206,32 @@ def test_a_warming_record_naming_another_process_signals_nothing(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_warm_ups_listed_are_of_live_jvms_and_a_jvm_started_again_has_none(
+    tmp_path: Path,
+) -> None:
+    # What a bench waits on before it times anything: every worker's JVM listed, each
+    # with its warm-up, or None where none will come
+    jvms = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        first, again, unrecorded = (p.pid for p in jvms)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        files = {
+            pid: tmp_path / f"{FILE_PREFIX}{n}.json"
+            for n, pid in enumerate((first, again, unrecorded, gone.pid))
+        }
+        for pid, path in files.items():
+            previous = 99 if pid == again else None
+            _write(path, JvmInfo(pid=pid, port=1, secret="s", previous_pid=previous))
+        warming = WarmUp(pid=12, state="warming")
+        _write(warm_up_path(files[first], first), warming)
+        _write(warm_up_path(files[gone.pid], gone.pid), WarmUp(pid=13, state="warm"))
+        # The first JVM's warm-up as recorded; the JVM started again after a crash is never
+        # warmed; a first JVM whose warm-up is not recorded yet, and a dead JVM, are not listed
+        assert warm_ups(tmp_path) == {first: warming, again: None}
+    finally:
+        for process in jvms:
+            process.kill()
+            process.wait()
