@@ -138,8 +138,7 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"{len(found) - len(warming)} of {self.spark_workers} Spark workers' "
-                    f"warm-ups ended within "
-                    f"{timeout_s:.0f} s; logs in {self.var}"
+                    f"warm-ups ended within {timeout_s:.0f} s; logs in {self.var}"
                 )
             time.sleep(1.0)
 
