@@ -14,7 +14,7 @@ parameters and ids), as an operator and as a viewer, through the WSGI applicatio
 
 Then the same checks for bodies no schema derives, built to make the request's checks
 slow (backslash-quote pairs, strings that never close, deep brackets), on every
-operation that takes a body, each answered within a second.
+operation that takes a body, each answered within a second of CPU.
 
 No check is relaxed. The examples are bounded (``MAX_EXAMPLES`` per operation and
 phase) and derandomized, so a run is repeatable and takes about a minute.
@@ -168,7 +168,7 @@ def test_every_operation_as_a_viewer_answers_as_documented(
 
 # Bodies built to make a scan backtrack or a parser recurse, as large as a document may
 # be (tests/webapp/console/test_json_depth.py): each is answered as documented, within
-# a second, by every operation that takes a body.
+# a second of CPU, by every operation that takes a body.
 HOSTILE_BODIES = {name: text.encode() for name, text in WORST_CASES.items()}
 
 
@@ -192,10 +192,11 @@ def test_hostile_bodies_are_answered_as_documented_and_at_once(
             body=body,
             media_type="application/json",
         )
-        # When the body is sent to the operation
-        started = time.monotonic()
+        # When the body is sent to the operation (timed in this process's CPU seconds:
+        # the work the answer took, not the wait for a core the suite's Spark jobs share)
+        started = time.process_time()
         response = case.call(app=world["app"], headers=_basic(role))
-        elapsed = time.monotonic() - started
+        elapsed = time.process_time() - started
         # Then the answer is quick and conforms (no 5xx, a documented status and shape)
         assert elapsed < 1.0, (operation.label, elapsed)
         case.validate_response(response, checks=CHECKS)
