@@ -46,11 +46,16 @@ _BACKOFF_MAX_S = 30.0
 # memory); one that keeps dying sooner waits 1, 2, 4 ... s, as make run's supervisor.
 _UP_RESETS_BACKOFF_S = 15.0
 
-# Held while the JVM's launcher starts its process, and by every fork of this process.
-# ``subprocess.Popen`` waits until the exec closes the write end of a pipe it opened; a
-# pool process Celery forked in between (a JVM and a pool process killed together) keeps
-# a copy of that end open for its whole life, and the launch waited for it forever, with
-# the pool process waiting for the JVM (a run stood still for minutes).
+# Held while the JVM's launcher starts its process and makes its context, and by every
+# fork of this process, for two reasons:
+# - ``subprocess.Popen`` waits until the exec closes the write end of a pipe it opened;
+#   a pool process Celery forked in between (a JVM and a pool process killed together)
+#   keeps a copy of that end open for its whole life, and the launch waited for it
+#   forever, with the pool process waiting for the JVM (a run stood still for minutes);
+# - Py4J's converters import modules lazily (pyspark's ``can_convert`` imports
+#   ``pyspark.testing.utils`` on its first call). A process forked while the launcher
+#   imports one inherits that module's import lock held by a thread it does not have,
+#   and its first import of the module waits forever (a pool process's first batch hung).
 _LAUNCHING = threading.RLock()
 
 
@@ -234,30 +239,30 @@ class WorkerJvm:
     def _launch(self, previous: tuple[int, int] | None) -> subprocess.Popen[bytes]:
         from pyspark.java_gateway import launch_gateway
 
-        with _LAUNCHING:  # until the gateway answers: its process has long exec'd then
+        with _LAUNCHING:  # until this thread is done with the gateway (see _LAUNCHING)
             gateway = launch_gateway(self._conf)  # type: ignore[no-untyped-call]
-        process: subprocess.Popen[bytes] = gateway.proc
-        try:
-            parameters = gateway.java_parameters
-        except AttributeError:  # PYSPARK_PIN_THREAD=false: a plain JavaGateway
-            parameters = gateway.gateway_parameters
-        self._process = process
-        _write(
-            self.path,
-            JvmInfo(
-                pid=process.pid,
-                port=parameters.port,
-                secret=parameters.auth_token,
-                previous_pid=previous[0] if previous else None,
-                previous_code=previous[1] if previous else None,
-            ),
-        )
-        # Create Spark's context now, not in the first batch: a pool process attaching
-        # later gets it at once (building it on a new JVM takes seconds).
-        _jvm_context(gateway.jvm, self._conf)
-        # This process only starts the JVM; its own connection would be copied into
-        # every pool process it forks.
-        gateway.close()
+            process: subprocess.Popen[bytes] = gateway.proc
+            try:
+                parameters = gateway.java_parameters
+            except AttributeError:  # PYSPARK_PIN_THREAD=false: a plain JavaGateway
+                parameters = gateway.gateway_parameters
+            self._process = process
+            _write(
+                self.path,
+                JvmInfo(
+                    pid=process.pid,
+                    port=parameters.port,
+                    secret=parameters.auth_token,
+                    previous_pid=previous[0] if previous else None,
+                    previous_code=previous[1] if previous else None,
+                ),
+            )
+            # Create Spark's context now, not in the first batch: a pool process
+            # attaching later gets it at once (building it on a new JVM takes seconds).
+            _jvm_context(gateway.jvm, self._conf)
+            # This process only starts the JVM; its own connection would be copied into
+            # every pool process it forks.
+            gateway.close()
         # The worker's first JVM only: one started again after a crash has its work
         # waiting, which would stop the warm-up at once.
         if previous is None and self._warm_up_rounds > 0:
@@ -337,8 +342,8 @@ class WorkerJvm:
 
 @cache  # once per process: the hooks cannot be removed
 def hold_forks_during_launches() -> None:
-    """Make every later fork of this process wait for a JVM launch under way (a second
-    or two); a fork with no launch under way does not wait."""
+    """Make every later fork of this process wait for a JVM launch under way (its start
+    and its context: a few seconds); a fork with no launch under way does not wait."""
     os.register_at_fork(
         before=_LAUNCHING.acquire,
         after_in_parent=_LAUNCHING.release,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from sparkjobs.shared_jvm import (
+    FILE_PREFIX,
     JvmInfo,
     _write,
     alive,
@@ -130,3 +131,52 @@ def test_a_pool_process_forked_during_a_jvm_launch_does_not_hold_the_launch_up()
     assert _launch_seconds("free") >= 3.5
     # With it, the fork waits for the launch instead, which ends as its exec does
     assert _launch_seconds("held") < 2.0
+
+
+# A worker's main process starting its JVM; while the launcher makes the JVM's context
+# (Py4J converting the configuration, which imports modules lazily), another thread
+# tries to take what a fork takes first.
+CONTEXT_RACE = """
+import sys, threading
+from pathlib import Path
+from sparkjobs import shared_jvm
+from sparkjobs.session import spark_conf
+from tests.waiting import wait_for
+free = []
+
+def try_to_fork():
+    took = shared_jvm._LAUNCHING.acquire(blocking=False)
+    if took:
+        shared_jvm._LAUNCHING.release()
+    free.append(took)
+
+make = shared_jvm._jvm_context
+
+def making(jvm, conf):
+    forker = threading.Thread(target=try_to_fork)
+    forker.start()
+    forker.join()
+    return make(jvm, conf)
+
+shared_jvm._jvm_context = making
+shared_jvm.hold_forks_during_launches()
+jvm = shared_jvm.WorkerJvm(spark_conf(app_name="fork test"), Path(sys.argv[1]))
+jvm.start()
+wait_for("the JVM's context", lambda: free, timeout_s=120)
+jvm.stop()
+print(free[0])
+"""
+
+
+def test_a_fork_waits_while_the_launcher_makes_the_jvms_context(tmp_path: Path) -> None:
+    # A pool process forked while the launcher imported a module for Py4J inherited
+    # that module's import lock, held by no thread of its own: its first batch hung
+    out = subprocess.run(
+        [sys.executable, "-c", CONTEXT_RACE, str(tmp_path / f"{FILE_PREFIX}1.json")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    )
+    assert out.stdout.split() == ["False"]
