@@ -16,7 +16,7 @@ import signal, sys, threading, time
 from pyspark import SparkContext
 from sparkjobs.session import collect_all, collect_arrow, spark_session
 
-collect, rows = {"rows": (collect_all, 1_000_000), "arrow": (collect_arrow, 8_000_000)}[sys.argv[1]]
+collect, rows = {"rows": (collect_all, 1_000_000), "arrow": (collect_arrow, 4_000_000)}[sys.argv[1]]
 spark = spark_session(master="local[1]")
 frame = spark.range(rows).selectExpr("id", "cast(id as string) as s")
 for _ in range(2):
