@@ -19,7 +19,10 @@ NodeKind = Literal["source", "operator", "sink"]
 
 # The defaults of a document's optional fields, for everything that reads one.
 DEFAULT_KIND: NodeKind = "operator"
-DEFAULT_BUFFER_MB = 64.0  # a node's data-pool capacity
+# A node's data-pool capacity. A placed instance's batch takes half its pool (ADR 19),
+# and each batch pays a fixed cost on top of its bytes (ADR 26): 128 MB gives 64 MB
+# batches, in which that cost is a fifth of a batch on one core.
+DEFAULT_BUFFER_MB = 128.0
 DEFAULT_MAX_RATE_MBPS = 0.0  # a node's emulated processing rate; 0 = unlimited
 DEFAULT_BANDWIDTH_MBPS = 0.0  # a link's emulated bandwidth; 0 = unlimited
 DEFAULT_LATENCY_MS = 0.0  # a link's one-way delay (the simulator only)

@@ -86,7 +86,7 @@ too low. Beside it, per run, each worker cgroup's MB per busy second over the ba
 ran and ``fluid_bound_workers_s`` = input MB / their sum: the bound of the resources the
 run used, each counted once.
 
-``--buffer-mb`` sets each branch's pool (by default the product's, 64 MB): the source
+``--buffer-mb`` sets each branch's pool (by default the product's, 128 MB): the source
 sends a branch no more than its pool takes, and the rest of the input waits at the
 source, where routing decides which branch takes it. A placed instance's batch claims at
 most half its pool (balancer/runtime.py), so its pool refills while the batch runs.

@@ -51,7 +51,7 @@ def test_the_units_are_defined_once_and_shared() -> None:
     # The policy, the simulator and the topology read the same constants.
     assert policy.MB is units.MB
     assert reference.MBIT == units.SPEC_MEGABIT
-    assert NodeSpec("n").capacity_bytes == 64 * units.MB
+    assert NodeSpec("n").capacity_bytes == 128 * units.MB
 
 
 def test_a_bare_document_takes_every_default() -> None:
@@ -60,7 +60,7 @@ def test_a_bare_document_takes_every_default() -> None:
     assert topology.order == ("in", "work", "out")
     for name, kind in (("in", "source"), ("work", "operator"), ("out", "sink")):
         assert topology.node(name) == NodeSpec(
-            name, kind=kind, capacity_bytes=64 * units.MB, mergeable=True, max_rate_bps=0.0
+            name, kind=kind, capacity_bytes=128 * units.MB, mergeable=True, max_rate_bps=0.0
         )
         assert topology.node(name).stage_name == name
     assert topology.links == (LinkSpec("in", "work"), LinkSpec("work", "out"))

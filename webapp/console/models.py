@@ -8,7 +8,14 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
-from orchestrator.service import OPERATORS, PARAMETERS, Param, validate_params, validate_policy
+from orchestrator.service import (
+    DEFAULT_BUFFER_MB,
+    OPERATORS,
+    PARAMETERS,
+    Param,
+    validate_params,
+    validate_policy,
+)
 
 NAME_VALIDATOR = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
@@ -156,7 +163,7 @@ class Node(models.Model):
     )
     params = models.JSONField(default=dict, blank=True, help_text="Operator parameters.")
     buffer_mb = models.FloatField(
-        default=64.0,
+        default=DEFAULT_BUFFER_MB,
         validators=[MinValueValidator(0.001)],
         help_text="Capacity of the node's data pool; its water level is queued MB over this.",
     )
