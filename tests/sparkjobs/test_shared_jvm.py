@@ -112,16 +112,20 @@ print(took[0])
 """
 
 
-def _launch_seconds(mode: str) -> float:
-    out = subprocess.run(
-        [sys.executable, "-c", LAUNCH_RACE, mode],
+def _printed(script: str, argument: str, *, timeout_s: float) -> str:
+    """What ``script`` printed, run with ``argument`` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", script, argument],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout_s,
         cwd=Path(__file__).resolve().parents[2],
         check=True,
-    )
-    return float(out.stdout)
+    ).stdout
+
+
+def _launch_seconds(mode: str) -> float:
+    return float(_printed(LAUNCH_RACE, mode, timeout_s=60))
 
 
 def test_a_pool_process_forked_during_a_jvm_launch_does_not_hold_the_launch_up() -> None:
@@ -171,12 +175,5 @@ print(free[0])
 def test_a_fork_waits_while_the_launcher_makes_the_jvms_context(tmp_path: Path) -> None:
     # A pool process forked while the launcher imported a module for Py4J inherited
     # that module's import lock, held by no thread of its own: its first batch hung
-    out = subprocess.run(
-        [sys.executable, "-c", CONTEXT_RACE, str(tmp_path / f"{FILE_PREFIX}1.json")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=Path(__file__).resolve().parents[2],
-        check=True,
-    )
-    assert out.stdout.split() == ["False"]
+    out = _printed(CONTEXT_RACE, str(tmp_path / f"{FILE_PREFIX}1.json"), timeout_s=180)
+    assert out.split() == ["False"]
