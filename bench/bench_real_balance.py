@@ -4,7 +4,7 @@ unequal speeds made by the operating system's CPU quotas.
     .venv/bin/python bench/bench_real_balance.py [--mb 512] [--rounds 2] [--quotas 1.0,0.5,0.25]
         [--arms plain,pooled,static,balancing-off,credit,pressure,ours,measured] [--hot-share 0.35]
         [--hot-branch task2] [--keys-per-branch 16] [--users 400] [--seed 1]
-        [--warmup-mb 16] [--buffer-mb 64] [--batch-mb 32] [--run-timeout-s 900] [--predict]
+        [--warmup-mb 16] [--buffer-mb 128] [--batch-mb 64] [--run-timeout-s 900] [--predict]
         [--json]
 
 The reference topology (webapp/console/topologies/reference.yaml: a source, three
@@ -92,11 +92,13 @@ source, where routing decides which branch takes it. A placed instance's batch c
 most half its pool (balancer/runtime.py), so its pool refills while the batch runs.
 
 ``--batch-mb`` sets ``BPCONSOLE_BATCH_MB`` (the most one batch takes) for the stack's
-processes, 32 MB by default: with the setting's own 512 MB a file all there at the start
-goes as a few batches each holding every branch's data, one job on one worker, and
-where the branches' work runs is not what placement or balancing decides. 0 leaves the
-setting as configured. A run not ended after ``--run-timeout-s`` stops the bench (a
-Spark worker stuck in a batch holds its instance's data for good in placed mode).
+processes, by default half of ``--buffer-mb``: the most a placed instance's batch takes
+anyway, so the placed arms run as the product's defaults run them, and the pooled arm's
+batches are no larger than theirs (with the setting's own 512 MB a file all there at the
+start goes as a few pooled batches each holding every branch's data, one job on one
+worker). 0 leaves the setting as configured. A run not ended after ``--run-timeout-s``
+stops the bench (a Spark worker stuck in a batch holds its instance's data for good in
+placed mode).
 
 ``--predict`` checks the simulator against each live placed run (docs/simulation.md,
 "Replaying a live run"): once the run has ended, the replay ``manage.py calibrate_sim``
@@ -904,8 +906,9 @@ def main() -> int:
     parser.add_argument(
         "--batch-mb",
         type=float,
-        default=32.0,
-        help="BPCONSOLE_BATCH_MB for the stack (0: the setting as configured)",
+        default=None,
+        help="BPCONSOLE_BATCH_MB for the stack (default: half of --buffer-mb; 0: the "
+        "setting as configured)",
     )
     parser.add_argument(
         "--run-timeout-s", type=float, default=900.0, help="give up on a run after this long"
@@ -927,6 +930,8 @@ def main() -> int:
     if args.hot_branch not in branches_of(real_document()):
         parser.error(f"--hot-branch is one of {branches_of(real_document())}")
     bench_runtime.RUN_TIMEOUT_S = args.run_timeout_s
+    if args.batch_mb is None:
+        args.batch_mb = args.buffer_mb / 2
     if args.batch_mb:
         os.environ["BPCONSOLE_BATCH_MB"] = f"{args.batch_mb:g}"  # the stack's children's
     report = with_quotas("bench_real_balance", args.quota_list, lambda q, c: bench(args, q, c))
