@@ -206,19 +206,18 @@ def fit_node_cost(batches: Sequence[BatchSample], *, worker: str = "") -> NodeCo
     over them, plus the median gap between its back-to-back batches (the cost of
     starting one, as :func:`fit_runtime` reads it for one worker).
 
-    Raises ValueError saying why when the batches show no rate: fewer than two sizes,
-    or times that do not grow with the size. Each placed worker has a speed of its own,
-    and the rate is that speed (the capacity the balancer is shown), so it is fitted or
-    refused, never taken from the other operators."""
-    sizes = {b.bytes for b in batches}
-    if len(sizes) < 2:
-        raise ValueError(
-            f"{len(batches)} batch(es) of {len(sizes)} size(s): a rate needs batches of "
-            "at least two sizes"
-        )
+    Batches that cannot separate a fixed cost from a rate (all of one size, or times
+    that do not grow with the size) give their throughput instead: their bytes over
+    their seconds as the rate, no fixed cost but the gap, which is what the balancer
+    was shown of them and what they cost at the size they were. Each placed worker has
+    a speed of its own, so it is measured from its batches, never taken from the other
+    operators; raises ValueError without any batch to measure."""
+    if not batches:
+        raise ValueError("0 batches: nothing shows its rate")
     fixed, rate = fit_batch_cost([(b.bytes, b.done_s - b.began_s) for b in batches])
     if not math.isfinite(rate):
-        raise ValueError(f"the times of its {len(batches)} batches do not grow with their size")
+        seconds = sum(b.done_s - b.began_s for b in batches)
+        fixed, rate = 0.0, sum(b.bytes for b in batches) / seconds if seconds > 0 else math.inf
     return NodeCost(fixed + _start_s([batches]), rate, worker)
 
 

@@ -148,8 +148,8 @@ def placed_costs(run: Run) -> dict[str, NodeCost]:
     """Each operator's batch cost on the Spark worker it was placed on (its instance's
     worker when the run ended), fitted from its own batches
     (:func:`~balancer.sim.calibration.fit_node_cost`). Raises CalibrationError naming
-    an operator whose batches show no rate: its worker's speed is its own, so it is not
-    guessed from the others'."""
+    an operator that ran no batch: its worker's speed is its own, so it is not guessed
+    from the others'."""
     graph = RunGraph.of(cast("PipelineDocument", run.topology))
     operators = [n for n in graph.nodes if graph.node(n)["kind"] == "operator"]
     workers = dict(Instance.objects.filter(run=run).values_list("name", "worker"))

@@ -61,19 +61,26 @@ def test_a_placed_cost_is_its_own_batches_fit_plus_the_gap_between_them() -> Non
 
 
 @pytest.mark.parametrize(
-    ("own", "why"),
+    ("own", "rate", "gap"),
     [
-        ([], "0 batch"),
-        ([BatchSample(0.0, 1.0, MB)], "1 batch"),
-        ([BatchSample(0.0, 1.0, MB), BatchSample(2.0, 3.5, MB)], "two sizes"),
-        ([BatchSample(0.0, 2.0, MB), BatchSample(3.0, 4.0, 2 * MB)], "do not grow"),
+        ([BatchSample(0.0, 2.0, MB)], MB / 2, 0.0),  # one batch
+        ([BatchSample(0.0, 1.0, MB), BatchSample(1.5, 3.5, MB)], 2 * MB / 3, 0.5),  # one size
+        ([BatchSample(0.0, 2.0, MB), BatchSample(2.5, 3.5, 2 * MB)], MB, 0.5),  # not growing
     ],
 )
-def test_a_placed_node_whose_batches_show_no_rate_is_not_fitted(
-    own: list[BatchSample], why: str
+def test_batches_that_cannot_separate_a_fixed_cost_give_their_throughput(
+    own: list[BatchSample], rate: float, gap: float
 ) -> None:
-    with pytest.raises(ValueError, match=why):
-        fit_node_cost(own)
+    # Their bytes over their seconds, the gap between back-to-back ones still paid.
+    cost = fit_node_cost(own, worker="w1")
+    assert cost.bytes_per_s == pytest.approx(rate)
+    assert cost.fixed_s == pytest.approx(gap)
+    assert cost.worker == "w1"
+
+
+def test_a_placed_node_without_batches_is_not_fitted() -> None:
+    with pytest.raises(ValueError, match="0 batches"):
+        fit_node_cost([])
 
 
 @pytest.mark.parametrize(

@@ -112,11 +112,23 @@ def test_a_pooled_run_places_no_operator() -> None:
     assert replay_of(finished_run()).runtime.placed == {}
 
 
-def test_a_placed_operator_whose_batches_cannot_show_its_rate_is_named() -> None:
-    one_batch = PLACED_BATCHES | {"task3": ("spark-3@h", [([9, 10, 11], 1.0, 2.7)])}
+def test_a_placed_operator_whose_batches_show_no_fixed_cost_runs_at_its_throughput() -> None:
+    one_batch = PLACED_BATCHES | {"task3": ("spark-3@h", [([9, 10, 11], 1.0, 2.5)])}
 
-    with pytest.raises(CalibrationError, match="task3's own cost cannot be fitted: 1 batch"):
-        replay_of(placed_run(one_batch))
+    cost = replay_of(placed_run(one_batch)).runtime.placed["task3"]
+
+    assert (cost.fixed_s, cost.bytes_per_s, cost.worker) == (
+        0.0,
+        pytest.approx(2 * MB),
+        "spark-3@h",
+    )
+
+
+def test_a_placed_operator_that_ran_no_batch_is_named() -> None:
+    idle = PLACED_BATCHES | {"task3": ("spark-3@h", [])}
+
+    with pytest.raises(CalibrationError, match="task3's own cost cannot be fitted: 0 batches"):
+        replay_of(placed_run(idle))
 
 
 def test_the_command_says_what_it_fitted_per_placed_operator_and_the_replay_runs_so(
