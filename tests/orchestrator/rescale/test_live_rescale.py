@@ -32,6 +32,7 @@ from tests.orchestrator.run.scenarios import (
     wait_started,
     wait_until_done,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -281,8 +282,12 @@ def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
         placed = adjust_and_wait(run, "hot_migrate", node="task2", worker=name)
         (moved,) = placed.plan["added"]
         assert Instance.objects.get(run=run, name=moved).worker == name
-        while not Segment.objects.filter(run=run, node=moved, state="done").exists():
-            time.sleep(0.1)
+        wait_for(
+            f"{moved} to complete a batch on {name}",
+            Segment.objects.filter(run=run, node=moved, state="done").exists,
+            timeout_s=120,
+            every_s=0.1,
+        )
         # When the worker's processes are killed with SIGKILL
         _kill_tree(victim.pid)
         # Then its instance moves to a live worker (once ZooKeeper expires its session)
@@ -315,13 +320,11 @@ def _kill_tree(pid: int) -> None:
 
 
 def _wait_for_worker(prefix: str) -> list[str]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        names = [w for w in live_workers() if w.startswith(prefix)]
-        if names:
-            return names
-        time.sleep(0.2)
-    raise AssertionError(f"worker {prefix} never registered in ZooKeeper")
+    return wait_for(
+        f"worker {prefix} to register in ZooKeeper",
+        lambda: [w for w in live_workers() if w.startswith(prefix)],
+        timeout_s=30,
+    )
 
 
 def test_the_balancers_scale_out_request_adds_an_instance_to_the_flagged_stage(workers) -> None:
