@@ -8,11 +8,13 @@ as JSON lines, then the same records as CSV (a header line) and as Parquet (``va
 DECIMAL(14,4) column, the rest strings, pyarrow's default row groups). Each format is
 aggregated twice per round: by our live run (bench_runtime.py's throughput pipeline,
 source -> 3 aggregators -> sink, 8 MB segments, one Spark worker), and by the batch job
-(``run_pipeline --batch``'s ``batch_aggregate``) in this process's SparkSession. Every
-result is checked against a pure-Python computation over the JSON lines. After an
-untimed warm-up of each side on a small input, ``--rounds`` rounds, the formats in an
-order that rotates each round. Reported: median seconds per side and format, and each
-format's time per record over JSON lines' (the target: at most 1.3 for the live run).
+(``run_pipeline --batch``'s ``batch_grouped``) in this process's SparkSession, both
+computing the pipeline's stage in the key form as its grouping (``group_by: [key]`` and
+six named measures: sparkjobs/key_form.py). Every result is checked against a
+pure-Python computation over the JSON lines. After an untimed warm-up of each side on a
+small input, ``--rounds`` rounds, the formats in an order that rotates each round.
+Reported: median seconds per side and format, and each format's time per record over
+JSON lines' (the target: at most 1.3 for the live run).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench_peers import (  # noqa: E402
     SEGMENT_MB,
     Shape,
+    _measured,
     compare,
     ledger_outcome,
     median,
@@ -80,14 +83,15 @@ def live(doc: Any, policy: dict[str, Any], fmt: str, path: Path) -> tuple[Any, d
 
 
 def batch(params: Mapping[str, Any], fmt: str, path: Path) -> tuple[Any, dict[str, Any]]:
-    from sparkjobs.aggregate import AggregateParams
-    from sparkjobs.plain_job import batch_aggregate
+    from sparkjobs.measures import Grouping
+    from sparkjobs.plain_job import batch_grouped
     from sparkjobs.session import spark_session
 
-    result = batch_aggregate(
-        spark_session(), [str(path)], fmt, AggregateParams.from_params(params), []
-    )
-    rows = {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows}
+    grouping = Grouping.of(params)
+    if grouping is None:
+        raise SystemExit(f"the pipeline's stage names no valid grouping: {params}")
+    result = batch_grouped(spark_session(), [str(path)], fmt, grouping)
+    rows = {str(group[0]): _measured(values) for group, values in result.rows}
     return rows, {"malformed": result.malformed}
 
 

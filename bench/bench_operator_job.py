@@ -1,20 +1,21 @@
 """One operator batch against the batch job, on the same bytes, in one Spark session.
 
     .venv/bin/python bench/bench_operator_job.py [--mb 64] [--segments 8] [--repeat 3] [--peers]
-        [--together] [--key-slots LOW,HIGH | --measures] [--quota CORES]
+        [--together] [--key-slots LOW,HIGH] [--quota CORES]
     .venv/bin/python bench/bench_operator_job.py --plans 0.5,2,4,8,16,64 [--segments 8] [--peers]
 
-Isolates the Spark side of the streaming pipeline: the partial-aggregate job over a
-batch of segments (what a worker runs) against the plain batch job over the same input.
+Isolates the Spark side of the streaming pipeline: the operator job over a batch of
+segments (what a worker runs: sparkjobs/grouped.py ``grouped_partials``) against the
+plain batch job over the same input (``batch_grouped``, as ``run_pipeline --batch`` runs
+it). Both compute the reference pipeline's query: a stage's parameters in the key form,
+left to their defaults (sparkjobs/key_form.py), read as ``group_by: [key]`` and six named
+measures of ``value`` and ``user``.
+
 The input is the console's generator's (400 users), or with ``--peers`` bench_peers.py's
 (1,000 users over 243 keys, 35% of the records on one, padded to 150 bytes), cut into
 ``--segments`` segments. Each segment holds its own partials, or with ``--together`` the
 first holds the whole batch's, as in a live run's batch of a stage's siblings (their
 segments go to the same sink: orchestrator/worker/batch.py ``_together``).
-
-With ``--measures`` both jobs compute bench_peers.py's query as grouped measures
-(``group_by: [key]``, six named measures): the grouped operator job
-(sparkjobs/grouped.py) against ``batch_grouped``, as a user's own query runs.
 
 With ``--plans``, the operator job alone at each batch size (MB), in its two plans, one
 after the other ``--repeat`` times after a warm-up: in one task (the batch coalesced to
@@ -51,19 +52,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_peers import MEASURES, Shape
+from bench_peers import Shape
 from bench_peers import write_input as peers_input
 from bench_real_balance import quota_list, with_quotas
 from bench_runtime import tree_cpu_s  # this script's own folder, first on sys.path
 
 from orchestrator.pipeline.generator import GeneratorSpec, write_input
 from orchestrator.services.cpu_quota import CpuQuotas
-from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.grouped import grouped_partials
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup
 from sparkjobs.measures import Grouping
-from sparkjobs.merge import read_partials
-from sparkjobs.plain_job import batch_aggregate, batch_grouped
+from sparkjobs.plain_job import batch_grouped
 from sparkjobs.session import operator_session, spark_session
 
 # Set in the bench's own process inside the cgroup ``--quota`` made.
@@ -71,6 +70,14 @@ IN_QUOTA = "BPCONSOLE_BENCH_IN_QUOTA"
 
 # bench_peers.py's default input.
 PEERS_SHAPE = Shape(keys=243, hot_share=0.35, record_bytes=150, users=1000)
+
+
+def reference_grouping() -> Grouping:
+    """The reference pipeline's grouping: a stage of the key form's defaults."""
+    grouping = Grouping.of({})
+    if grouping is None:
+        raise SystemExit("the key form's defaults name no valid grouping")
+    return grouping
 
 
 def jvm_cpu_s() -> float:
@@ -111,6 +118,7 @@ PLANS = {"one task": "1024", "in parallel": "0"}
 
 def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool) -> None:
     """The operator job in each plan at each batch size (see the module's docstring)."""
+    grouping = reference_grouping()
     for mb in sizes_mb:
         folder = Path(tempfile.mkdtemp(prefix="bpconsole-plans-"))
         _, segments = generated_batch(folder, mb, count, peers=peers)
@@ -124,7 +132,7 @@ def compare_plans(sizes_mb: list[float], count: int, repeat: int, *, peers: bool
                 os.environ["BPCONSOLE_SPARK_ONE_TASK_MB"] = one_task_mb
                 outputs = {name: folder / plan / f"{name}.jsonl" for name in segments}
                 began = time.monotonic()
-                partial_aggregate(operator_session(sizes), segments, outputs, AggregateParams())
+                grouped_partials(operator_session(sizes), segments, outputs, grouping)
                 if round_ >= warm:
                     times[plan].append(time.monotonic() - began)
                 written[plan] = {name: path.read_bytes() for name, path in outputs.items()}
@@ -181,16 +189,9 @@ def main() -> int:
     parser.add_argument(
         "--quota", type=quota_list, help="run inside a cgroup allowed this many cores (root)"
     )
-    parser.add_argument(
-        "--measures",
-        action="store_true",
-        help="both jobs compute bench_peers.py's six measures as grouped measures",
-    )
     args = parser.parse_args()
-    if args.plans and (args.key_slots is not None or args.measures):
-        parser.error("--key-slots and --measures are for the operator job against the batch job")
-    if args.measures and args.key_slots is not None:
-        parser.error("--key-slots is for the key path, not --measures")
+    if args.plans and args.key_slots is not None:
+        parser.error("--key-slots is for the operator job against the batch job")
     if args.quota is not None and len(args.quota) != 1:
         parser.error("--quota is one number of cores")
     if args.quota is not None and os.environ.get(IN_QUOTA) != "1":
@@ -203,13 +204,11 @@ def main() -> int:
     return 0
 
 
-def records_kept(outputs: Iterable[Path], *, grouped: bool) -> int:
-    """The records the operator job's partials hold."""
-    if grouped:
-        return sum(
-            json.loads(line)["n"] for out in outputs for line in out.read_text().splitlines()
-        )
-    return sum(p.count for out in outputs for p in read_partials(out))
+def records_kept(outputs: Iterable[Path]) -> int:
+    """The records the operator job's partials hold: each partial line's ``n``."""
+    return sum(
+        int(json.loads(line)["n"]) for out in outputs for line in out.read_text().splitlines()
+    )
 
 
 def compare_jobs(args: argparse.Namespace) -> None:
@@ -224,35 +223,27 @@ def compare_jobs(args: argparse.Namespace) -> None:
     file_sizes = [path.stat().st_size for path in segments.values()]
     holder = min(segments)
     together = {name: holder for name in segments} if args.together else None
-    grouping = Grouping.of(MEASURES) if args.measures else None
+    grouping = reference_grouping()
 
     def operator_job() -> None:
-        if grouping is not None:
-            grouped_partials(
-                operator_session(file_sizes), segments, outputs, grouping, together=together
-            )
-        else:
-            partial_aggregate(
-                operator_session(file_sizes),
-                segments,
-                outputs,
-                AggregateParams(),
-                key_group=args.key_slots,
-                together=together,
-            )
+        grouped_partials(
+            operator_session(file_sizes),
+            segments,
+            outputs,
+            grouping,
+            together=together,
+            key_group=args.key_slots,
+        )
 
     def batch_job() -> None:
-        if grouping is not None:
-            batch_grouped(spark, [str(source)], "jsonl", grouping)
-        else:
-            batch_aggregate(spark, [str(source)], "jsonl", AggregateParams())
+        batch_grouped(spark, [str(source)], "jsonl", grouping)
 
     batch_job()  # warm the session
     for _ in range(args.repeat):
         began, cpu = time.monotonic(), jvm_cpu_s()
         operator_job()
         operator_s, operator_cpu = time.monotonic() - began, jvm_cpu_s() - cpu
-        kept = records_kept(outputs.values(), grouped=grouping is not None)
+        kept = records_kept(outputs.values())
         began, cpu = time.monotonic(), jvm_cpu_s()
         batch_job()
         batch_s, batch_cpu = time.monotonic() - began, jvm_cpu_s() - cpu

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_peers.py [--mb 1024] [--keys 243] [--hot-share 0.35]
         [--record-bytes 150] [--users 1000] [--seed 1] [--file-mb 8] [--trigger-mb 512]
         [--warmup-mb 64] [--warmup-rounds 1] [--rounds 3] [--live-input files|whole]
-        [--measures] [--json]
+        [--json]
 
 One generated JSON-lines input (``{"key", "value", "user", "pad"}``; ``--hot-share`` of
 the records on one key, the rest spread evenly over the other keys; values with four
@@ -21,11 +21,8 @@ and distinct users, computed by
     no ``maxBytesPerTrigger`` (only ``maxFilesPerTrigger``), so each trigger reads
     ``--trigger-mb / --file-mb`` files, by default our batch size
     (``BPCONSOLE_BATCH_MB``);
-(c) our --batch: ``sparkjobs.plain_job.batch_aggregate`` over the one file, as
+(c) our --batch: ``sparkjobs.plain_job.batch_grouped`` over the one file, as
     ``run_pipeline --batch`` calls it (orchestrator/worker/plain_job.py);
-With ``--measures``, (c) and (d) compute the same query as grouped measures
-(``group_by: [key]`` and six named measures: sparkjobs/grouped.py), the path a user's
-own query takes.
 
 (d) our live run: bench_runtime.py's throughput pipeline (source -> 3 aggregators ->
     sink, 8 MB segments, one Spark worker) on its embedded stack, over the cut files as
@@ -214,30 +211,10 @@ def streaming_job(data: Input, files_per_trigger: int, serial: int) -> Outcome:
     return Outcome(from_rows(rows), {"triggers": triggers})
 
 
-def live_pipeline(*, measures: bool) -> tuple[Any, dict[str, Any]]:
-    """bench_runtime.py's throughput pipeline; with ``measures``, its aggregates as
-    :data:`MEASURES`."""
-    doc, policy = throughput_pipeline(SEGMENT_MB)
-    if measures:
-        for node in doc["nodes"]:
-            if node["kind"] == "operator":
-                node["params"] = dict(MEASURES)
-    return doc, policy
-
-
-# The same query as grouped measures (``--measures``): the path a user's own query takes
-# (sparkjobs/grouped.py), six named measures per key.
-MEASURES: dict[str, Any] = {
-    "group_by": ["key"],
-    "measures": [
-        {"name": "count", "fn": "count"},
-        {"name": "sum", "fn": "sum", "field": "value"},
-        {"name": "min", "fn": "min", "field": "value"},
-        {"name": "max", "fn": "max", "field": "value"},
-        {"name": "avg", "fn": "avg", "field": "value"},
-        {"name": "distinct", "fn": "count_distinct", "field": "user"},
-    ],
-}
+def live_pipeline() -> tuple[Any, dict[str, Any]]:
+    """bench_runtime.py's throughput pipeline: its stages in the key form, read as
+    ``group_by: [key]`` and six named measures (sparkjobs/key_form.py)."""
+    return throughput_pipeline(SEGMENT_MB)
 
 
 def _measured(values: Mapping[str, Any]) -> tuple[int, Decimal, Decimal, Decimal, int]:
@@ -246,26 +223,21 @@ def _measured(values: Mapping[str, Any]) -> tuple[int, Decimal, Decimal, Decimal
         values["sum"],
         values["min"],
         values["max"],
-        int(values["distinct"]),
+        int(values["distinct_users"]),
     )
 
 
 def batch_job(data: Input, params: Mapping[str, Any]) -> Outcome:
-    from sparkjobs.aggregate import AggregateParams
     from sparkjobs.measures import Grouping
-    from sparkjobs.plain_job import batch_aggregate, batch_grouped
+    from sparkjobs.plain_job import batch_grouped
     from sparkjobs.session import spark_session
 
     grouping = Grouping.of(params)
-    if grouping is not None:
-        grouped = batch_grouped(spark_session(), [str(data.whole)], "jsonl", grouping)
-        measured = {str(group[0]): _measured(values) for group, values in grouped.rows}
-        return Outcome(measured, {"malformed": grouped.malformed})
-    result = batch_aggregate(
-        spark_session(), [str(data.whole)], "jsonl", AggregateParams.from_params(params), []
-    )
-    rows = {r.key: (r.count, r.sum, r.min, r.max, r.distinct) for r in result.rows}
-    return Outcome(rows, {"malformed": result.malformed})
+    if grouping is None:
+        raise SystemExit(f"the pipeline's stage names no valid grouping: {params}")
+    grouped = batch_grouped(spark_session(), [str(data.whole)], "jsonl", grouping)
+    measured = {str(group[0]): _measured(values) for group, values in grouped.rows}
+    return Outcome(measured, {"malformed": grouped.malformed})
 
 
 def live_run(data: Input, doc: Any, policy: dict[str, Any], *, whole: bool) -> Outcome:
@@ -276,19 +248,20 @@ def live_run(data: Input, doc: Any, policy: dict[str, Any], *, whole: bool) -> O
 def ledger_outcome(run: Any) -> Outcome:
     """A finished run's result as the ledger holds it, how the run ended, and its
     operator batches (bench_runtime.operator_batches)."""
-    from orchestrator.ledger.results import result_values, summary
-    from orchestrator.models import ResultGroup, ResultKey
-    from orchestrator.pipeline.graph import pipeline_grouping
+    from orchestrator.ledger.groups import restored
+    from orchestrator.ledger.results import summary
+    from orchestrator.models import ResultGroup
+    from orchestrator.pipeline.graph import result_grouping
 
     # The ledger's own values (Decimal), not the summary's floats.
-    grouping = pipeline_grouping(run.topology)
-    if grouping is not None:
-        rows = {
-            str(group[0]): _measured(grouping.finish(states))
-            for group, states in ResultGroup.objects.filter(run=run).values_list("group", "states")
-        }
-    else:
-        rows = {row[0]: row[1:] for row in result_values(ResultKey.objects.filter(run=run))}
+    grouping = result_grouping(run.topology)
+    found = ResultGroup.objects.filter(run=run).values_list("group", "states", "finished")
+    rows = {
+        str(group[0]): _measured(
+            grouping.finish(states) if finished is None else restored(grouping, finished)
+        )
+        for group, states, finished in found
+    }
     done = summary(run)
     return Outcome(
         rows,
@@ -444,7 +417,7 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
 
             trigger_mb = args.trigger_mb or settings.BPCONSOLE_BATCH_MB
             files_per_trigger = max(1, round(trigger_mb / args.file_mb))
-            doc, policy = live_pipeline(measures=args.measures)
+            doc, policy = live_pipeline()
             params = next(n for n in doc["nodes"] if n["kind"] == "operator")["params"]
             serial = iter(range(10**6))  # a fresh memory-sink name per streaming query
             sides: dict[str, Callable[[Input], Outcome]] = {
@@ -540,7 +513,6 @@ def peers(args: argparse.Namespace) -> dict[str, Any]:
             "cut_files": data.files,
             "file_mb": args.file_mb,
             "live_input": args.live_input,
-            "measures": args.measures,
         },
         "generation_s": round(generation_s, 1),
         "reference_s": round(reference_s, 1),
@@ -613,11 +585,6 @@ def main() -> int:
         "--warmup-rounds", type=int, default=1, help="untimed rounds on the input itself"
     )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--measures",
-        action="store_true",
-        help="(c) and (d) compute the query as grouped measures (group_by, six measures)",
-    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     result = peers(args)

@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_peers import SEGMENT_MB, median  # noqa: E402
+from bench_peers import SEGMENT_MB, _measured, median  # noqa: E402
 from bench_runtime import Stack, run_to_end, throughput_pipeline  # noqa: E402
 
 MB = 2**20
@@ -146,27 +146,37 @@ def expected(path: Path, run: Any, spec: Any) -> tuple[Expected, int]:
 
 
 def outcome(run: Any) -> tuple[Expected, int]:
-    """The run's closed windows (each keeps its distinct count) and its late count."""
+    """The run's closed windows' rows (each keeps its values once closed) and its late
+    count."""
+    from orchestrator.ledger.groups import restored
     from orchestrator.ledger.segments import late_records
-    from orchestrator.models import WindowKey
+    from orchestrator.models import ResultGroup
+    from orchestrator.pipeline.graph import result_grouping
 
-    rows = {
-        (w.start_us, w.key): (
-            w.count,
-            w.sum.normalize(),
-            w.min.normalize(),
-            w.max.normalize(),
-            w.distinct if w.distinct is not None else -1,  # a closed row always has it
+    grouping = result_grouping(run.topology)
+    found = ResultGroup.objects.filter(
+        run=run, start_us__isnull=False, closed_at__isnull=False
+    ).values_list("start_us", "group", "states", "finished")
+    rows: Expected = {}
+    for start, group, states, finished in found:
+        if start is None:  # none is: the query's start_us__isnull=False
+            continue
+        values = grouping.finish(states) if finished is None else restored(grouping, finished)
+        count, total, low, high, users = _measured(values)
+        rows[(start, str(group[0]))] = (
+            count,
+            total.normalize(),
+            low.normalize(),
+            high.normalize(),
+            users,
         )
-        for w in WindowKey.objects.filter(run=run, closed_at__isnull=False)
-    }
     return rows, late_records(run.pk)
 
 
 def close_latencies(run: Any, spec: Any) -> tuple[list[float], int]:
     """Seconds from the watermark passing each window's end to the commit closing it,
     for the windows the watermark passed; and how many closed at the input's end."""
-    from orchestrator.models import MergedChunk, WindowKey
+    from orchestrator.models import MergedChunk, ResultGroup
 
     merged = list(
         MergedChunk.objects.filter(run=run)
@@ -189,7 +199,7 @@ def close_latencies(run: Any, spec: Any) -> tuple[list[float], int]:
         if running_high is not None:
             passes.append((running_high - spec.lateness_us, prefix_done))
     closed = dict(
-        WindowKey.objects.filter(run=run)
+        ResultGroup.objects.filter(run=run, start_us__isnull=False)
         .values_list("start_us", "closed_at")
         .order_by("start_us", "closed_at")
         .distinct()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 
@@ -252,33 +251,6 @@ class MergedChunk(models.Model):
         return f"run {self.run_id} chunk {self.chunk} slots [{self.slots_from}, {self.slots_to})"
 
 
-class ResultKey(models.Model):
-    """Per-key result of an aggregating pipeline; avg is sum / count at read time."""
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="result_keys")
-    key = models.CharField(max_length=500)
-    count = models.BigIntegerField()
-    sum = models.DecimalField(max_digits=38, decimal_places=10)
-    min = models.DecimalField(max_digits=38, decimal_places=10)
-    max = models.DecimalField(max_digits=38, decimal_places=10)
-    # The exact set behind the distinct count while the run is active, one array on the
-    # key's row (ADR 0010): a sink batch rewrites a row per key it brings new values,
-    # not a row per value.
-    values = ArrayField(models.TextField(), null=True, blank=True)
-    # The distinct count, kept once the run ended and its set dropped: nothing merges
-    # into a run that has ended, and its sets were most of the database
-    # (docs/benchmarks.md, "1,000 faults").
-    distinct = models.BigIntegerField(
-        null=True, blank=True, help_text="The distinct count, kept once the run completed."
-    )
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "key"], name="one_row_per_key")]
-
-    def __str__(self) -> str:
-        return f"run {self.run_id} key {self.key}"
-
-
 class ResultGroup(models.Model):
     """Per-group result of a stage of grouped measures (sparkjobs/measures.py): the
     group's values and each measure's partial state, merged by every sink batch, its
@@ -332,39 +304,6 @@ class SeenRecord(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} stage {self.stage} kept {self.digest}"
-
-
-class WindowKey(models.Model):
-    """Per-(window, key) result of a windowed pipeline, open until the sink's
-    watermark passes the window's end; then closed, once, and final."""
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="window_keys")
-    start_us = models.BigIntegerField()
-    end_us = models.BigIntegerField()
-    key = models.CharField(max_length=500)
-    count = models.BigIntegerField()
-    sum = models.DecimalField(max_digits=38, decimal_places=10)
-    min = models.DecimalField(max_digits=38, decimal_places=10)
-    max = models.DecimalField(max_digits=38, decimal_places=10)
-    closed_at = models.DateTimeField(null=True, blank=True)
-    # The exact set behind the distinct count while the window is open, one array per
-    # row (a batch updates a row per key, not a row per value); on closing, its size is
-    # kept and the set dropped.
-    values = ArrayField(models.TextField(), null=True, blank=True)
-    distinct = models.BigIntegerField(
-        null=True, blank=True, help_text="The distinct count, kept when the window closes."
-    )
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["run", "start_us", "key"], name="one_row_per_window_key"
-            )
-        ]
-        indexes = [models.Index(fields=["run", "closed_at", "end_us"])]
-
-    def __str__(self) -> str:
-        return f"run {self.run_id} window {self.start_us} key {self.key}"
 
 
 class SourceFile(models.Model):

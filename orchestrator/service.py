@@ -69,6 +69,7 @@ from sparkjobs.catalog import (
     OperatorSpec,
     keyed,
     operator_name,
+    stored_params,
     validate_params,
 )
 
@@ -159,6 +160,7 @@ __all__ = [
     "snapshot",
     "start_lab",
     "start_run",
+    "stored_params",
     "validate_params",
     "validate_policy",
     "wait_until_ended",
@@ -481,7 +483,7 @@ def run_results(run_id: int, *, limit: int = 100) -> dict[str, Any]:
         "keys": keys,
         "columns": result_columns(run),
         "rows": rows,
-        "windows": None if spec is None else windows_view(run, spec, rows=limit),
+        "windows": None if spec is None else windows_view(run, spec, sample=limit > 0),
     }
 
 

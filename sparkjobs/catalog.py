@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sparkjobs import expression_budget, expressions, measures, schemas, sql_stage
+from sparkjobs import expression_budget, expressions, key_form, measures, schemas, sql_stage
 from sparkjobs.event_time import (
     MAX_LATENESS_S,
     MAX_WINDOW_S,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from sparkjobs.outputs import PartialOutput
 
 NodeKind = Literal["source", "operator", "sink"]
-AGGREGATES = ("count", "sum", "min", "max", "avg", "count_distinct")
+AGGREGATES = tuple(key_form.AGGREGATES)
 FORMATS = ("jsonl", "csv", "parquet")
 MAX_COLUMNS = 100
 IDENTIFIER_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -327,7 +327,7 @@ class OperatorSpec:
 
 
 RECORD_JOB = "sparkjobs.transform:record_batch"
-AGGREGATE_JOB = "sparkjobs.aggregate:aggregate_batch"
+AGGREGATE_JOB = "sparkjobs.grouped:aggregate_batch"
 
 
 # Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
@@ -345,6 +345,13 @@ _GROUPED_PARAMS: Mapping[str, ParamSpec] = {
         _checked_with_measures,
         "named measures, each {name, fn, field}; fn one of "
         f"{', '.join(FUNCTIONS)} (instead of value, distinct and aggregates)",
+    ),
+    "required": ParamSpec(
+        None,
+        _checked_with_measures,
+        "fields a record must have to be aggregated (else it is malformed, quarantined); "
+        "others missing are null, as in SQL",
+        list=True,
     ),
 }
 _WINDOW_PARAMS: Mapping[str, ParamSpec] = {
@@ -495,8 +502,10 @@ OPERATORS: Mapping[str, OperatorSpec] = {
         OperatorSpec(
             "aggregate",
             "operator",
-            "Per-key partial aggregates that merge exactly (avg as sum and count, distinct "
-            "count as the set of values).",
+            "Grouped measures (group_by and named measures) as partials that merge "
+            "exactly (avg as sum and count, a distinct count as its set of values); or, in "
+            "the key form, per key: the count, sum, min, max and avg of value and the "
+            "distinct count of distinct (read as group_by [key] and those measures).",
             {
                 "key": ParamSpec("key", _field_name, "grouping field"),
                 "value": ParamSpec("value", _field_name, "numeric field"),
@@ -615,6 +624,15 @@ def keyed(node: Mapping[str, Any]) -> bool:
 def operator_of(node: Mapping[str, Any]) -> OperatorSpec:
     """The catalog's entry for the operator a node runs; ``KeyError`` when unknown."""
     return OPERATORS[operator_name(node)]
+
+
+def stored_params(operator: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters a node of ``operator`` is kept with, once valid: an aggregating
+    stage of the key form as the grouped measures it means (sparkjobs/key_form.py), so
+    the editor shows, and a later save keeps, one form."""
+    if operator in ("aggregate", "running"):
+        return key_form.as_measures(params)
+    return dict(params)
 
 
 def validate_params(operator: str, kind: str, params: Mapping[str, Any]) -> list[str]:

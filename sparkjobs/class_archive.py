@@ -64,14 +64,17 @@ def driver_java_options() -> str | None:
 def _warm_up(folder: Path) -> None:
     """Run, on generated records, the batches a worker runs and the batch job: their
     classes are archived."""
-    from sparkjobs.aggregate import AggregateParams
-    from sparkjobs.plain_job import batch_aggregate
+    from sparkjobs.measures import Grouping
+    from sparkjobs.plain_job import batch_grouped
     from sparkjobs.session import spark_session
     from sparkjobs.warm_up import one_round
 
     one_round(folder)
     paths = sorted(str(path) for path in folder.glob("seg-*.jsonl"))
-    batch_aggregate(spark_session(), paths, "jsonl", AggregateParams())
+    grouping = Grouping.of({})  # the key form's defaults: the reference pipeline's
+    if grouping is None:
+        raise ValueError("the key form's defaults name no grouping")
+    batch_grouped(spark_session(), paths, "jsonl", grouping)
 
 
 def build(path: Path) -> Path:

@@ -5,10 +5,11 @@
 A partial is a JSON line: the group's values (``g``, as text; null for a null field),
 each measure's state by its name (``m``), the records it holds (``n``) and, over
 event-time windows, its window's start in microseconds (``w``). Records are read as
-``read_records(nullable=True)`` reads them: a missing or null field is null, as in
-SQL; a line the reader cannot read, a group field PostgreSQL could not keep, or (over
-windows) a record the stage keeps that has no event time, is malformed, counted and
-quarantined per segment. A record whose window the watermark of its segment's chunk
+``read_records`` reads them: a missing or null field is null, as in SQL, but for the
+grouping's required fields; a line the reader cannot read, a record missing a
+required field, a group field PostgreSQL could not keep, or (over windows) a record
+the stage keeps that has no event time, is malformed, counted and quarantined per
+segment. A record whose window the watermark of its segment's chunk
 had closed is late: counted and quarantined apart, not aggregated.
 """
 
@@ -19,6 +20,7 @@ import operator
 from collections.abc import Mapping
 from functools import reduce
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -42,8 +44,10 @@ from sparkjobs.records import (
     read_rows,
     segment_of,
 )
+from sparkjobs.schemas import INPUT_SCHEMA
 from sparkjobs.segments import write_atomic
 from sparkjobs.session import collect_all, in_one_task
+from sparkjobs.sql_stage import query_of
 from sparkjobs.windows import LATE_COL, WINDOW_COL, in_windows, with_event_us
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ UNREAD_COL = "_unread"  # a line the reader could not read as a record
 LINE_COL = "_line"
 DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
 # The groupings this process found values too large to sum in longs: their later
-# batches go straight to decimals (sparkjobs/long_sums.py), as the key path's do.
+# batches go straight to decimals (sparkjobs/long_sums.py).
 _IN_DECIMALS: set[Grouping] = set()
 
 
@@ -93,7 +97,7 @@ def grouped_partials(
             strings=strings,
             numbers=grouping.numbers,
             keys=list(grouping.group_by),
-            nullable=True,
+            required=grouping.required,
         ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
     else:
         parsed = _held_for(spark, list(paths.values()), grouping, where, strings, schema=schema)
@@ -244,8 +248,8 @@ def _held_for(
     schema: str | None,
 ) -> DataFrame:
     """The records with the fields the grouping reads (``strings`` as text, its numbers
-    as decimals; its computed group fields computed first), as
-    ``read_records(nullable=True)`` gives them, and whether ``where`` holds for each
+    as decimals; its computed group fields computed first), as ``read_records`` gives
+    them, and whether ``where`` holds for each
     (``KEPT_COL``; null is false, as in SQL; None: it holds for every record). A
     condition or a computed field reads any field of a record, as a filter or project
     stage's does (sparkjobs/expression_guard.py), so the records are read whole, and
@@ -278,7 +282,7 @@ def _held_for(
         strings=strings,
         numbers=grouping.numbers,
         keys=list(grouping.group_by),
-        nullable=True,
+        required=grouping.required,
     )
     return parsed.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(UNREAD_COL))
 
@@ -291,8 +295,7 @@ def _pairs_first(grouping: Grouping) -> Measure | None:
     Segments aggregated together share their groups, and a value recurs many times in
     its group: aggregating the pairs first, in Spark's code-generated hash aggregate,
     and listing the values that leaves per group, costs less than copying every
-    record's value into a set kept by the object hash aggregate (the key path's plan
-    for the same case: sparkjobs/aggregate.py, ``_per_group``)."""
+    record's value into a set kept by the object hash aggregate."""
     distinct = [m for m in grouping.measures if m.fn == "count_distinct"]
     others = [m for m in grouping.measures if m.fn != "count_distinct"]
     if len(distinct) == 1 and all(m.fn in _REAGGREGATED for m in others):
@@ -389,3 +392,34 @@ def _state(measure: Measure, grouping: Grouping) -> Column:
         pair = at_time(measure, grouping, field)
         return F.when(pair.isNotNull(), F.array(pair["t"].cast("STRING"), pair["v"]))
     raise ValueError(f"{measure.fn} aggregates in parts (sparkjobs/measure_parts.py)")
+
+
+def aggregate_batch(
+    spark: SparkSession,
+    operator: str,
+    params: Mapping[str, Any],
+    inputs: Mapping[str, Path],
+    outputs: Mapping[str, Path],
+    *,
+    key_group: KeyGroup | None,
+    highs: Mapping[str, int | None] | None = None,
+    together: Mapping[str, str] | None = None,
+) -> dict[str, PartialOutput]:
+    """The batch job of ``aggregate``, ``sql`` and ``running`` (sparkjobs/catalog.py):
+    per group, the partials of each segment, or of the segments named ``together``,
+    only of ``key_group``'s groups when it is a part."""
+    query = query_of(params)
+    if query is None:
+        raise ValueError(f"{operator}: its parameters name no valid grouping")
+    return grouped_partials(
+        spark,
+        inputs,
+        outputs,
+        query.grouping,
+        where=query.where,
+        together=together,
+        windows=WindowSpec.from_params(params),
+        highs=highs,
+        schema=params.get(INPUT_SCHEMA),
+        key_group=key_group,
+    )

@@ -19,7 +19,7 @@ says so (``EXACT``): its batch is aggregated again in decimals.
 from __future__ import annotations
 
 from pyspark import SparkContext
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from sparkjobs.records import VALUE_TYPE
@@ -30,12 +30,6 @@ SMALL = 900_000_000
 MAX_RECORDS = 900_000_000
 BASE = 1_000_000_000
 
-UNSCALED = "_unscaled"
-HIGH = "_sum_high"
-LOW = "_sum_low"
-LEAST = "_least"
-MOST = "_most"
-IN_LONGS = "_in_longs"  # records whose value was summed in longs
 EXACT = "_exact"  # a group's sum, min and max hold: every value was in longs
 
 
@@ -61,60 +55,16 @@ def small_unscaled(column: Column) -> Column:
     return F.when(small, unscaled(column))
 
 
-def with_unscaled(frame: DataFrame, value: str) -> DataFrame:
-    """``frame`` with ``UNSCALED``: :func:`small_unscaled` of its ``value``. A column of
-    its own, computed once per record: written into each aggregate instead, its
-    comparisons ran once per aggregate."""
-    return frame.withColumn(UNSCALED, small_unscaled(F.col(value)))
-
-
-def per_record() -> list[Column]:
-    """Aggregates over records of ``with_unscaled``: the two sums, min, max and how
-    many values were in longs."""
-    u = F.col(UNSCALED)
-    return [
-        F.sum(F.call_function("div", u, F.lit(BASE))).alias(HIGH),
-        F.sum(u % F.lit(BASE)).alias(LOW),
-        F.min(u).alias(LEAST),
-        F.max(u).alias(MOST),
-        F.count(u).alias(IN_LONGS),
-    ]
-
-
-def of_partials() -> list[Column]:
-    """The same aggregates over groups of ``per_record``'s."""
-    return [
-        F.sum(HIGH).alias(HIGH),
-        F.sum(LOW).alias(LOW),
-        F.min(LEAST).alias(LEAST),
-        F.max(MOST).alias(MOST),
-        F.sum(IN_LONGS).alias(IN_LONGS),
-    ]
-
-
-def as_decimals(count: Column) -> list[Column]:
-    """``sum``, ``min`` and ``max`` as DECIMAL(38,10), and ``EXACT``, from the longs of
-    a group of ``count`` records.
-
-    The sum is ``high / 10 + low / 10^10``: DECIMAL(26,0) times DECIMAL(1,1) is
-    DECIMAL(28,1), DECIMAL(19,0) times DECIMAL(11,10) is DECIMAL(31,10), and their sum
-    DECIMAL(38,10), none past 38 digits, where Spark would round the scale away."""
-    exact = (F.col(IN_LONGS) == count) & (count < F.lit(MAX_RECORDS))
-    return [
-        total_of(F.col(HIGH), F.col(LOW)).alias("sum"),
-        value_of(F.col(LEAST)).alias("min"),
-        value_of(F.col(MOST)).alias("max"),
-        exact.alias(EXACT),
-    ]
-
-
 _TENTH = "0.1"
 _ULP = "0.0000000001"
 
 
 def total_of(high: Column, low: Column) -> Column:
     """The DECIMAL(38,10) sum of the unscaled values whose ``u div 10^9`` sum to ``high``
-    and ``u % 10^9`` to ``low``: ``high / 10 + low / 10^10`` (see :func:`as_decimals`)."""
+    and ``u % 10^9`` to ``low``: ``high / 10 + low / 10^10``. DECIMAL(26,0) times
+    DECIMAL(1,1) is DECIMAL(28,1), DECIMAL(19,0) times DECIMAL(11,10) is DECIMAL(31,10),
+    and their sum DECIMAL(38,10), none past 38 digits, where Spark would round the scale
+    away."""
     tenth = F.lit(_TENTH).cast("DECIMAL(1,1)")
     ulp = F.lit(_ULP).cast("DECIMAL(11,10)")
     total = high.cast("DECIMAL(26,0)") * tenth + low.cast("DECIMAL(19,0)") * ulp

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeAlias, TypeGuard, get_args
 
 import datasketches
 
-from sparkjobs import expression_budget, expressions
+from sparkjobs import expression_budget, expressions, key_form
 from sparkjobs.reserved import reserved
 
 Function = Literal[
@@ -61,6 +61,7 @@ KLL_K = 200
 MAX_GROUP_FIELDS = 16
 MAX_FIELD_NAME = 128
 MAX_MEASURES = 32
+MAX_REQUIRED = 64
 MAX_NAME = 64
 # Wide enough that sums of DECIMAL(38,10) values over any number of partials stay exact;
 # an inexact or overflowing operation raises instead of rounding.
@@ -96,12 +97,16 @@ class Grouping:
     group_by: tuple[str, ...]
     measures: tuple[Measure, ...]
     computed: tuple[str, ...] = ()
+    # Fields a record must have (not missing, not null) to be aggregated: a record
+    # without one is malformed, counted and quarantined, not aggregated.
+    required: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> Grouping | None:
-        """The grouping a stage's parameters name; None for the ``key``/``value``/
-        ``distinct`` form, or for measures that are not valid (:func:`problems` says
+        """The grouping a stage's parameters name (the key form's too: sparkjobs/
+        key_form.py); None for measures that are not valid (:func:`problems` says
         why)."""
+        params = key_form.as_measures(params)
         if "measures" not in params or _shape_problems(params):
             return None
         return cls._of_valid(params)
@@ -112,6 +117,7 @@ class Grouping:
         return cls(
             group_by=tuple(_group_name(item) for item in items),
             computed=tuple(item for item in items if _group_name(item) != item),
+            required=tuple(str(f) for f in params.get("required") or []),
             measures=tuple(
                 Measure(
                     str(m["name"]),
@@ -147,10 +153,11 @@ class Grouping:
     @property
     def strings(self) -> list[str]:
         """The fields read as text: the group's, those counted or taken first or last,
-        and the times those are taken by."""
+        the times those are taken by, and the required ones no measure reads."""
         counted = (m.field for m in self.measures if m.fn not in OF_NUMBERS and m.field)
         times = (m.by for m in self.measures if m.by)
-        return [f for f in _unique([*self.group_by, *counted, *times]) if f not in self.numbers]
+        named = _unique([*self.group_by, *counted, *times, *self.required])
+        return [f for f in named if f not in self.numbers]
 
     def merge(self, into: Mapping[str, State], other: Mapping[str, State]) -> dict[str, State]:
         """The state of two partials' records together."""
@@ -268,12 +275,14 @@ def average(total: str | Decimal | None, count: int) -> Decimal | None:
 
 
 def problems(params: Mapping[str, Any]) -> list[str]:
-    """What is wrong with a stage's ``group_by`` and ``measures``, each saying where:
-    linear in their size."""
+    """What is wrong with a stage's ``group_by``, ``measures`` and ``required`` (the key
+    form's as the measures they are), each saying where: linear in their size."""
+    params = key_form.as_measures(params)
     said = _shape_problems(params)
     if said or "measures" not in params:
         return said
     grouping = Grouping._of_valid(params)
+    said += _required_problems(grouping)
     grouped = {f.lower() for f in grouping.group_by}
     both = sorted({f.lower() for f in grouping.numbers} & grouped)
     if both:
@@ -285,17 +294,25 @@ def problems(params: Mapping[str, Any]) -> list[str]:
 
 
 def _shape_problems(params: Mapping[str, Any]) -> list[str]:
-    if "measures" not in params and "group_by" not in params:
+    if key_form.is_key_form(params):
         return []
     said: list[str] = []
-    legacy = [p for p in ("key", "value", "distinct", "aggregates") if p in params]
+    legacy = [p for p in key_form.PARAMS if p in params]
     if legacy:
         said.append(
             f"{', '.join(legacy)} and measures are two ways to say what to compute; "
             "give one (group_by and measures, or key, value and distinct)"
         )
     if "measures" not in params:
-        return [*said, "group_by is given without measures"]
+        given = [p for p in ("group_by", "required") if p in params]
+        return [*said, f"{' and '.join(given)} given without measures"] if given else said
+    required = params.get("required", [])
+    if (
+        not isinstance(required, list)
+        or len(required) > MAX_REQUIRED
+        or not all(_is_name(f, MAX_FIELD_NAME) for f in required)
+    ):
+        said.append(f"required must be a list of at most {MAX_REQUIRED} field names")
     group_by = params.get("group_by", [])
     if not isinstance(group_by, list) or len(group_by) > MAX_GROUP_FIELDS:
         said.append(
@@ -321,6 +338,20 @@ def _shape_problems(params: Mapping[str, Any]) -> list[str]:
     if len(set(lowered)) != len(lowered):
         said.append("group_by names a field twice")
     said += _measure_problems(params["measures"], set(lowered))
+    return said
+
+
+def _required_problems(grouping: Grouping) -> list[str]:
+    """A required field is one of the records (a record missing it is malformed), not
+    one a group_by item computes."""
+    said = []
+    for index, name in enumerate(grouping.required):
+        if name in grouping.computing:
+            said.append(
+                f"required[{index}]: {name!r} is computed by group_by, not a field of the records"
+            )
+        elif reserved(name):
+            said.append(f"required[{index}]: {reserved(name)}")
     return said
 
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from sparkjobs.aggregate import AggregateParams
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.expression_guard import apply_record_step, with_computed
 from sparkjobs.grouped import at_time, with_times
@@ -33,39 +31,6 @@ from sparkjobs.records import (
 from sparkjobs.reference import REFERENCE_BY_FILE
 from sparkjobs.session import collect_all
 from sparkjobs.windows import EVENT_COL, with_event_us
-
-
-@dataclass(frozen=True)
-class BatchKey:
-    key: str
-    count: int
-    sum: Decimal
-    min: Decimal
-    max: Decimal
-    distinct: int
-
-
-@dataclass(frozen=True)
-class BatchWindowKey(BatchKey):
-    start_us: int
-    end_us: int
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    rows: list[BatchKey]
-    records: int
-    malformed: int
-    windows: list[BatchWindowKey] | None = None  # a windowed aggregate's rows
-
-
-def read_input(
-    spark: SparkSession, paths: Sequence[str], fmt: str, params: AggregateParams
-) -> DataFrame:
-    """Typed input with a ``_malformed`` flag, for JSON lines, CSV (header) or Parquet."""
-    return read_records(
-        spark, paths, params.strings, [params.value], fmt=fmt, segments=False, keys=[params.key]
-    )
 
 
 def _after_record_steps(
@@ -103,89 +68,6 @@ def _after_record_steps(
     return lines if unread is None else lines.unionByName(unread)
 
 
-def batch_aggregate(
-    spark: SparkSession,
-    paths: Sequence[str],
-    fmt: str,
-    params: AggregateParams,
-    steps: Sequence[tuple[str, Any]] = (),
-    *,
-    schema: str | None = None,
-) -> BatchResult:
-    """The aggregate over the whole input, after the record operators ``steps`` (which
-    read the records with the source's declared ``schema``, as the live stages do)."""
-    if steps:
-        lines = _after_record_steps(spark, paths, fmt, steps, schema=schema)
-        frame = parse_fields(
-            lines, strings=params.strings, numbers=[params.value], keys=[params.key]
-        )
-    else:
-        frame = read_input(spark, paths, fmt, params)
-    if params.windows is not None:
-        return _windowed(frame, params, params.windows)
-    # One pass over the input: malformed records form their own groups, only counted.
-    grouped = collect_all(frame.groupBy(MALFORMED_COL, params.key).agg(*_aggregates(params)))
-    rows = [r for r in grouped if not r[MALFORMED_COL]]
-    malformed = sum(int(r["count"]) for r in grouped if r[MALFORMED_COL])
-    return BatchResult(
-        rows=[BatchKey(**_key_fields(r, params)) for r in rows],
-        records=sum(int(r["count"]) for r in rows),
-        malformed=malformed,
-    )
-
-
-def _aggregates(params: AggregateParams) -> list[Column]:
-    """The exact aggregates, as a Spark engineer writes them."""
-    return [
-        F.count(F.lit(1)).alias("count"),
-        F.sum(params.value).alias("sum"),
-        F.min(params.value).alias("min"),
-        F.max(params.value).alias("max"),
-        F.count_distinct(params.distinct).alias("distinct"),
-    ]
-
-
-def _key_fields(row: Row, params: AggregateParams) -> dict[str, Any]:
-    return {
-        "key": row[params.key],
-        "count": int(row["count"]),
-        "sum": row["sum"],
-        "min": row["min"],
-        "max": row["max"],
-        "distinct": int(row["distinct"]),
-    }
-
-
-def _windowed(frame: DataFrame, params: AggregateParams, spec: WindowSpec) -> BatchResult:
-    """Spark's own ``window()`` over every record: a batch job sees the whole input at
-    once, so no record is late (a live run's equal when none was)."""
-    frame = with_event_us(frame, spec.field)
-    frame = frame.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull())
-    good = frame.where(~F.col(MALFORMED_COL)).withColumn("_t", F.timestamp_micros(EVENT_COL))
-    grouped = collect_all(
-        good.groupBy(
-            F.window("_t", f"{spec.size_us} microseconds", f"{spec.slide_us} microseconds"),
-            params.key,
-        )
-        .agg(*_aggregates(params))
-        .select(
-            F.unix_micros(F.col("window.start")).alias("start"),
-            F.unix_micros(F.col("window.end")).alias("end"),
-            "*",
-        )
-    )
-    counts = {
-        r[MALFORMED_COL]: int(r["count"]) for r in frame.groupBy(MALFORMED_COL).count().collect()
-    }
-    windows = [
-        BatchWindowKey(**_key_fields(r, params), start_us=int(r["start"]), end_us=int(r["end"]))
-        for r in grouped
-    ]
-    return BatchResult(
-        rows=[], records=counts.get(False, 0), malformed=counts.get(True, 0), windows=windows
-    )
-
-
 Grouped = tuple[tuple[str | None, ...], dict[str, Value]]  # (group, measures)
 
 
@@ -218,7 +100,11 @@ def batch_grouped(
     if steps or grouping.computed:
         lines = _after_record_steps(spark, paths, fmt, steps, grouping.computed, schema=schema)
         frame = parse_fields(
-            lines, strings=strings, numbers=numbers, keys=grouping.group_by, nullable=True
+            lines,
+            strings=strings,
+            numbers=numbers,
+            keys=grouping.group_by,
+            required=grouping.required,
         )
     else:
         frame = read_records(
@@ -229,7 +115,7 @@ def batch_grouped(
             fmt=fmt,
             segments=False,
             keys=grouping.group_by,
-            nullable=True,
+            required=grouping.required,
         )
     frame = with_times(frame, grouping)
     aggregates = [
@@ -266,7 +152,8 @@ def _grouped_windows(
     frame: DataFrame, grouping: Grouping, aggregates: list[Column], spec: WindowSpec
 ) -> GroupedResult:
     """Grouped measures per event-time window, by Spark's own ``window()`` over every
-    record (as :func:`_windowed`: no record is late to a batch job)."""
+    record: a batch job sees the whole input at once, so no record is late (a live
+    run's equal when none was)."""
     frame = with_event_us(frame, spec.field)
     frame = frame.withColumn(MALFORMED_COL, F.col(MALFORMED_COL) | F.col(EVENT_COL).isNull())
     good = frame.where(~F.col(MALFORMED_COL)).withColumn("_t", F.timestamp_micros(EVENT_COL))

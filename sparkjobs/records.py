@@ -8,9 +8,9 @@ objects holds those records, a blank line or an empty array none, and of a field
 twice the last counts; in CSV a record is a line, its fields by the header's columns.
 A record is *malformed* when its line is not valid JSON or not an object (the reader's
 corrupt record), a field does not convert to its type (a value that is not a number),
-or a field the operator needs is missing or null, or a text field it needs could not be
-kept (``unkeepable``). Malformed records are counted and
-quarantined with their raw line, never fatal. Numbers are read as DECIMAL(38,10):
+a field the operator requires is missing or null, or a text field it needs could not be
+kept (``unkeepable``). Malformed records are counted and quarantined (with their raw
+line, or the fields read of a readable one), never fatal. Numbers are read as DECIMAL(38,10):
 sums of decimals are exact whatever the order of addition, which is what lets data be
 regrouped across branches and still match the batch job to the last digit.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -82,15 +82,15 @@ def read_records(
     keys: Sequence[str],
     fmt: str | None = None,
     segments: bool = True,
-    nullable: bool = False,
+    required: Collection[str] = (),
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
-    also one that is malformed for a missing field: see ``lines_missing_fields``). With
+    also one that is malformed for a missing required field). With
     ``segments``, the file each record came from. Files are read in ``fmt``, or each in
     the format its suffix names (segments). ``keys``: the fields of ``strings`` that
-    become result keys (``unkeepable``). ``nullable``: a field missing or null is null,
-    as in SQL, and the record is not malformed for it."""
+    become result keys (``unkeepable``). A field missing or null is null, as in SQL,
+    but for the fields of ``required``: a record missing one of those is malformed."""
     frame = _each_format(
         paths,
         fmt,
@@ -104,7 +104,7 @@ def read_records(
         {name: F.col(f"`{name}`") for name in wanted},
         strings,
         keys=keys,
-        nullable=nullable,
+        required=required,
     )
     kept = [F.col(f"`{name}`") for name in wanted]
     if segments:
@@ -254,67 +254,6 @@ def _by_header(files: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def lines_missing_fields(
-    spark: SparkSession,
-    paths: Sequence[str],
-    strings: Sequence[str],
-    numbers: Sequence[str],
-    *,
-    keys: Sequence[str],
-) -> DataFrame:
-    """The raw lines of the records ``read_records`` found malformed but kept no line of
-    (a missing or null field; in CSV and Parquet every malformed record), with their
-    file: a line once per such record in it (``n``: a JSON array line may hold several).
-
-    A second read, only of the files that had such records, repeating the reader's
-    rules on each line. A Parquet record's line is its fields as a JSON object.
-    """
-    return _each_format(
-        paths,
-        None,
-        jsonl=lambda files: _json_lines_missing(spark, files, strings, numbers, keys),
-        csv=lambda files, header: _csv_bad_lines(spark, files, header, strings, numbers, keys=keys),
-        parquet=lambda files: _parquet_bad_rows(spark, files, strings, numbers, keys),
-    )
-
-
-def _csv_bad_lines(
-    spark: SparkSession,
-    files: list[str],
-    header: str,
-    strings: Sequence[str],
-    numbers: Sequence[str],
-    *,
-    keys: Sequence[str],
-) -> DataFrame:
-    """Each line parsed as the reader parses it (``from_csv`` keeps the fields of a line
-    with too few or too many, as the reader does); header and blank lines skipped as the
-    reader skips them. A data line equal to the header is skipped too: the count of
-    malformed records stays the reader's, only that line is not quarantined."""
-    schema = _ddl([(n, "STRING") for n in csv_columns(header)])
-    raw = F.col("value")
-    parsed = F.from_csv(raw, schema)
-    fields = [parsed[c].alias(c) for c in csv_columns(header)]
-    lines = spark.read.text(files).select(
-        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
-    )
-    lines = lines.where((F.col(RAW_COL) != "") & (F.col(RAW_COL) != header))
-    return _bad_of(lines, strings, numbers, keys)
-
-
-def _parquet_bad_rows(
-    spark: SparkSession,
-    files: list[str],
-    strings: Sequence[str],
-    numbers: Sequence[str],
-    keys: Sequence[str],
-) -> DataFrame:
-    frame = spark.read.parquet(*files)
-    payload = F.to_json(F.struct(*[column(c) for c in frame.columns]))
-    rows = frame.select(segment_column().alias(SEGMENT_COL), payload.alias(RAW_COL), "*")
-    return _bad_of(rows, strings, numbers, keys)
-
-
 def unkeepable(text: Column, *, key: bool) -> Column:
     """A text field PostgreSQL could not keep: one holding a NUL, or a ``key`` longer
     than ``MAX_KEY_CHARS`` (a distinct value is kept in an array, of any length)."""
@@ -326,78 +265,13 @@ def unkeepable(text: Column, *, key: bool) -> Column:
     return (nul | long_key) if key else nul
 
 
-def _bad_of(
-    rows: DataFrame, strings: Sequence[str], numbers: Sequence[str], keys: Sequence[str]
-) -> DataFrame:
-    """The rows whose needed fields do not all convert, or hold text that could not be
-    kept, one record each."""
-    bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
-    converted = _converted(rows.columns, strings, numbers)
-    for name, column in zip([*strings, *numbers], converted, strict=True):
-        bad = bad | column.isNull()
-        if name in strings:
-            bad = bad | unkeepable(column, key=name in keys)
-    return rows.where(bad).select(SEGMENT_COL, RAW_COL, F.lit(1).alias("n"))
-
-
-def _json_lines_missing(
-    spark: SparkSession,
-    paths: Sequence[str],
-    strings: Sequence[str],
-    numbers: Sequence[str],
-    keys: Sequence[str],
-) -> DataFrame:
-    """A JSON line holds records the reader could read but that miss a field when it is
-    an object, or an array of objects, whose every present field converts (else the
-    reader had kept the whole line as corrupt), and a needed field is missing or null,
-    or a needed text field could not be kept."""
-    numeric = list(numbers)
-    as_text = f"struct<{_ddl([(n, 'STRING') for n in [*strings, *numeric]], ':')}>"
-    typed = f"struct<{_ddl(_fields(strings, numbers), ':')}>"
-    raw = F.col("value")
-
-    def missing(text: Column) -> Column:
-        out = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
-        for name in [*strings, *numeric]:
-            out = out | text[name].isNull()
-        for name in strings:
-            out = out | unkeepable(text[name], key=name in keys)
-        return out
-
-    def converts(text: Column, value: Column) -> Column:
-        out = F.lit(True)  # noqa: FBT003 - a Spark literal, not a flag
-        for name in numeric:
-            out = out & (text[name].isNull() | value[name].isNotNull())
-        return out
-
-    one_text, one_typed = F.from_json(raw, as_text), F.from_json(raw, typed)
-    many_text = F.from_json(raw, f"array<{as_text}>")
-    many_typed = F.from_json(raw, f"array<{typed}>")
-    pairs = F.arrays_zip(many_text.alias("t"), many_typed.alias("v"))
-    in_array = F.when(
-        F.forall(pairs, lambda e: e["t"].isNotNull() & converts(e["t"], e["v"])),
-        F.size(F.filter(pairs, lambda e: missing(e["t"]))),
-    ).otherwise(0)
-    in_object = F.when(
-        F.json_object_keys(raw).isNotNull() & missing(one_text) & converts(one_text, one_typed),
-        1,
-    ).otherwise(0)
-    records = F.when(F.ltrim(raw).startswith("["), F.coalesce(in_array, F.lit(0))).otherwise(
-        in_object
-    )
-    lines = spark.read.text(list(paths)).select(
-        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), records.alias("n")
-    )
-    return lines.where(F.col("n") > 0)
-
-
 def parse_fields(
     lines: DataFrame,
     strings: Sequence[str],
     numbers: Sequence[str],
     *,
     keys: Sequence[str],
-    nullable: bool = False,
+    required: Collection[str] = (),
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers`` plus a ``_malformed`` flag, of JSON
     objects in the ``_raw`` column (records a record operator wrote, in the batch job),
@@ -416,7 +290,7 @@ def parse_fields(
         typed[name] = text.try_cast(VALUE_TYPE)
         unconverted = unconverted | (text.isNotNull() & typed[name].isNull())
     unread = F.col("_r").isNull() | F.col(f"_r.`{CORRUPT}`").isNotNull()
-    bad = _malformed(unread, typed, strings, keys=keys, nullable=nullable)
+    bad = _malformed(unread, typed, strings, keys=keys, required=required)
     return parsed.select(
         *[c for c in lines.columns],
         *[typed[name].alias(name) for name in [*strings, *numbers]],
@@ -430,17 +304,16 @@ def _malformed(
     strings: Sequence[str],
     *,
     keys: Sequence[str],
-    nullable: bool,
+    required: Collection[str],
 ) -> Column:
     """Whether a record is malformed: ``unread`` (its line could not be read), a field
-    missing or null (unless ``nullable``), or a text field that could not be kept."""
+    of ``required`` missing or null, or a text field that could not be kept."""
     bad = unread
-    if not nullable:
-        for column in fields.values():
-            bad = bad | column.isNull()
+    for name in required:
+        bad = bad | fields[name].isNull()
     for name in strings:
         kept = unkeepable(fields[name], key=name in keys)
-        bad = bad | (F.coalesce(kept, F.lit(False)) if nullable else kept)  # noqa: FBT003
+        bad = bad | F.coalesce(kept, F.lit(False))  # noqa: FBT003 - a Spark literal
     return bad
 
 

@@ -19,7 +19,7 @@ RESERVED = frozenset(
         "_malformed",
         "_corrupt_record",
         "_r",
-        # sparkjobs/aggregate.py, sparkjobs/grouped.py
+        # sparkjobs/grouped.py
         "_group",
         "_distinct",
         "_line",
@@ -33,12 +33,6 @@ RESERVED = frozenset(
         "_late",
         "_t",
         # sparkjobs/long_sums.py
-        "_unscaled",
-        "_sum_high",
-        "_sum_low",
-        "_least",
-        "_most",
-        "_in_longs",
         "_exact",
     }
 )

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
-from sparkjobs import expressions, sql_stage
+from sparkjobs import expressions, key_form, sql_stage
 from sparkjobs.measures import BY_TIME, OF_NUMBERS, Grouping
 
 FieldType = Literal["string", "long", "double", "boolean", "date", "timestamp", "unknown"]
@@ -210,18 +210,6 @@ def _project(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[Par
     return Schema(fields), problems
 
 
-#: What each aggregate writes, by its name in ``aggregates``: a type, or ``None`` for
-#: the value's own type.
-_AGGREGATED: Mapping[str, FieldType | None] = {
-    "count": "long",
-    "sum": "double",
-    "min": None,
-    "max": None,
-    "avg": "double",
-    "count_distinct": "long",
-}
-
-
 def _grouped(
     grouping: Grouping, given: Schema, params: Mapping[str, Any]
 ) -> tuple[Schema, list[ParamProblem]]:
@@ -232,6 +220,11 @@ def _grouped(
     problems = [
         ParamProblem("group_by", given.unknown(name))
         for name in grouping.group_by
+        if name not in computing and given.find(name) is None
+    ]
+    problems += [
+        ParamProblem("required", given.unknown(name))
+        for name in grouping.required
         if name not in computing and given.find(name) is None
     ]
     computed: dict[str, Field] = {}
@@ -284,27 +277,21 @@ def _grouped(
 
 def _aggregate(params: Mapping[str, Any], given: Schema) -> tuple[Schema, list[ParamProblem]]:
     grouping = Grouping.of(params)
-    if grouping is not None:
-        return _grouped(grouping, given, params)
-    names = aggregate_fields(params)
-    problems = _fields(params, given, names)
-    value = given.find(str(params.get("value", "value")))
-    if value is not None and value.type not in NUMERIC | {"unknown"}:
-        problems.append(ParamProblem("value", f"{value.name!r} is a {value.type}, not a number"))
-    time = given.find(str(params.get("event_time", "event_time")))
-    if "event_time" in names and time is not None and time.type in ("boolean", "date"):
-        problems.append(ParamProblem("event_time", _not_a_time(time)))
-    key_name = str(params.get("key", "key"))
-    key = given.find(key_name)
-    fields = [key if key is not None else Field(key_name, "unknown")]
-    if "event_time" in names:
-        fields += [Field("window_start", "timestamp"), Field("window_end", "timestamp")]
-    value_type: FieldType = value.type if value is not None else "unknown"
-    wanted = params.get("aggregates") or list(_AGGREGATED)
-    for name in wanted if isinstance(wanted, list) else []:
-        if name in _AGGREGATED:
-            fields.append(Field(name, _AGGREGATED[name] or value_type))
-    return Schema(fields), problems
+    if grouping is None:  # refused by the stage's own check, which says why
+        return given, []
+    schema, problems = _grouped(grouping, given, params)
+    if not key_form.is_key_form(params):
+        return schema, problems
+    # The key form's problems at the parameters it was given by.
+    problems = [p for p in problems if p.param == "event_time"]
+    for param, default in key_form.FIELDS.items():
+        name = str(params.get(param, default))
+        found = given.find(name)
+        if found is None:
+            problems.append(ParamProblem(param, given.unknown(name)))
+        elif param == "value" and found.type not in NUMERIC | {"unknown"}:
+            problems.append(ParamProblem(param, f"{name!r} is a {found.type}, not a number"))
+    return schema, problems
 
 
 def _not_a_time(field: Field) -> str:
@@ -312,16 +299,6 @@ def _not_a_time(field: Field) -> str:
         f"{field.name!r} is a {field.type}; an event time is a timestamp, epoch seconds or "
         "ISO-8601 text"
     )
-
-
-def aggregate_fields(params: Mapping[str, Any]) -> dict[str, str]:
-    """The field an ``aggregate`` or ``running`` node reads by each parameter naming one
-    (the catalog's defaults where unset): key, value, distinct, and the event time when
-    it windows."""
-    names = {"key": "key", "value": "value", "distinct": "user"}
-    if params.get("window_s") is not None:
-        names["event_time"] = "event_time"
-    return {param: str(params.get(param, default)) for param, default in names.items()}
 
 
 def _fields(

@@ -137,8 +137,8 @@ def compiled(statement: Any) -> Query:
 def query_of(params: Mapping[str, Any]) -> Query | None:
     """What an aggregating stage computes by grouped measures: a ``sql`` stage's
     statement, or an ``aggregate`` stage's ``group_by`` and ``measures`` (all of its
-    records); None for the key, value and distinct form, or for parameters that are not
-    valid (their checks say why)."""
+    records; the key form's as sparkjobs/key_form.py reads it); None for parameters that
+    are not valid (their checks say why)."""
     if "statement" in params:
         try:
             return compiled(params["statement"])

@@ -59,9 +59,10 @@ def write_records(folder: Path, count: int = RECORDS) -> dict[str, Path]:
 
 
 def one_round(folder: Path) -> int:
-    """Run, on generated records, the batches a worker runs: per segment and together,
-    a keyed part, grouped measures, a filter and a projection. Returns the jobs run."""
-    from sparkjobs.aggregate import aggregate_batch
+    """Run, on generated records, the batches a worker runs: the key form per segment
+    and together, a keyed part, other grouped measures, a filter and a projection.
+    Returns the jobs run."""
+    from sparkjobs.grouped import aggregate_batch
     from sparkjobs.keygroups import KeyGroup
     from sparkjobs.session import operator_session
     from sparkjobs.transform import record_batch

@@ -3,8 +3,7 @@
 A stateful instance folds each batch into the state of its groups in the same
 transaction that marks the batch done, so its state is exactly-once like the data. A
 group's state is each of the stage's measures as its partial state
-(sparkjobs/measures.py); a ``key``/``value`` stage's is the measures count, sum, min
-and max of its value (:func:`state_grouping`). Partial states merge exactly, so handing
+(sparkjobs/measures.py). Partial states merge exactly, so handing
 state over is deleting rows at the old holder and merging them into the new one, in
 one transaction, never a copy that could be applied twice. A windowed pipeline's state
 is per (group, window) and a window's state is dropped once the sink closes the window:
@@ -29,9 +28,9 @@ from django.db import connection, transaction
 from orchestrator.ledger import bound
 from orchestrator.ledger.groups import digest
 from orchestrator.models import KeyState, Run
-from sparkjobs.keygroups import group_slot, slot_of
-from sparkjobs.measures import Grouping, Measure, State
-from sparkjobs.merge import GroupPartial, MergedKey
+from sparkjobs.keygroups import group_slot
+from sparkjobs.measures import Grouping, State
+from sparkjobs.merge import GroupPartial
 
 
 class StateKey(NamedTuple):
@@ -60,35 +59,12 @@ class Delta:
 
 
 def state_grouping(params: Mapping[str, Any]) -> Grouping:
-    """The measures a stateful stage's state keeps: its grouped measures, or, for the
-    ``key``/``value`` form, the count, sum, min and max of its value."""
+    """The measures a stateful stage's state keeps: its grouped measures (the key
+    form's as sparkjobs/key_form.py reads it)."""
     grouping = Grouping.of(params)
-    if grouping is not None:
-        return grouping
-    value = str(params.get("value", "value"))
-    return Grouping(
-        group_by=(str(params.get("key", "key")),),
-        measures=(
-            Measure("count", "count"),
-            Measure("sum", "sum", value),
-            Measure("min", "min", value),
-            Measure("max", "max", value),
-        ),
-    )
-
-
-def key_deltas(partials: Iterable[MergedKey]) -> list[Delta]:
-    """A ``key``/``value`` batch's partials as state (decimals as their text)."""
-    return [
-        Delta(
-            StateKey(m.key, m.window),
-            slot_of(m.key),
-            Kept(
-                {"count": m.count, "sum": str(m.sum), "min": str(m.min), "max": str(m.max)}, m.count
-            ),
-        )
-        for m in partials
-    ]
+    if grouping is None:
+        raise ValueError("a stateful stage's parameters name no valid grouping")
+    return grouping
 
 
 def group_deltas(partials: Iterable[GroupPartial]) -> list[Delta]:

@@ -33,13 +33,14 @@ curve), events, and the rows counted above; its segment folder and other segment
 go (:func:`clean_finished`). The folder goes first, a minute after the run ended
 (:func:`drop_ended_folders`, from the watchdog): a cancelled or failed run never
 finishes its queued segments, so nothing else would delete their files. A completed
-run's distinct sets go then too, their counts kept (:func:`freeze_results`): nothing
+run's partial states go then too, its measures' values kept (:func:`freeze_results`): nothing
 merges into a run once it has ended (``segments.complete_sink_batch`` refuses it).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,9 @@ from django.db import connection, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
-from orchestrator.ledger.results import counted_distinct
-from orchestrator.models import Adjustment, ResultKey, Run, Segment
+from orchestrator.ledger.groups import stored
+from orchestrator.models import Adjustment, ResultGroup, Run, Segment
+from orchestrator.pipeline.graph import pipeline_grouping
 from orchestrator.pipeline.layout import segments_dir
 
 # Work of one sweep, so a driver tick never waits long: a backlog goes over several.
@@ -192,27 +194,45 @@ def drop_ended_folders(
 
 
 def freeze_results(*, grace_s: float = ENDED_GRACE_S, max_runs: int = 1) -> list[int]:
-    """Keep each key's distinct count on its result row and drop the exact sets behind
-    them, for up to ``max_runs`` runs that ended (completed, cancelled or failed) more
-    than ``grace_s`` ago; which runs. Nothing merges into a run that has ended: a late
-    batch is refused before it touches the result (``segments.complete_sink_batch``).
-    The sets were most of the database (1.6 million rows after 51 short runs under
-    chaos), and a cancelled or failed run's partial result keeps them no longer than a
-    completed one's."""
+    """Keep each group's finished measures on its result row and drop the partial
+    states behind them (a distinct count's exact set among them), for up to
+    ``max_runs`` runs that ended (completed, cancelled or failed) more than ``grace_s``
+    ago; which runs. Nothing merges into a run that has ended: a late batch is refused
+    before it touches the result (``segments.complete_sink_batch``). The sets were most
+    of the database (1.6 million values after 51 short runs under chaos), and a
+    cancelled or failed run's partial result keeps them no longer than a completed
+    one's."""
     now = timezone.now()
+    unfrozen = ResultGroup.objects.filter(run_id=OuterRef("pk"), finished__isnull=True)
     runs = list(
         Run.objects.exclude(status__in=Run.ACTIVE)
         .filter(finished_at__lte=now - dt.timedelta(seconds=grace_s))
-        .filter(Exists(ResultKey.objects.filter(run_id=OuterRef("pk"), distinct__isnull=True)))
+        .filter(Exists(unfrozen))
         .order_by("finished_at")
-        .values_list("pk", flat=True)[:max_runs]
+        .values_list("pk", "topology")[:max_runs]
     )
-    for run_id in runs:
+    for run_id, topology in runs:
+        grouping = pipeline_grouping(topology)
         with transaction.atomic():
-            ResultKey.objects.filter(run_id=run_id, distinct__isnull=True).update(
-                distinct=counted_distinct(), values=None
+            rows = ResultGroup.objects.select_for_update().filter(
+                run_id=run_id, finished__isnull=True
             )
-    return runs
+            found = list(rows.values_list("pk", "states"))
+            finished = [
+                json.dumps(stored(grouping.finish(states)) if grouping is not None else {})
+                for _, states in found
+            ]
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    """
+                    UPDATE orchestrator_resultgroup g
+                    SET finished = d.f::jsonb, states = '{}'::jsonb
+                    FROM unnest(%s::bigint[], %s::text[]) AS d(id, f)
+                    WHERE g.id = d.id AND g.run_id = %s
+                    """,
+                    [[pk for pk, _ in found], finished, run_id],
+                )
+    return [run_id for run_id, _ in runs]
 
 
 def _remove_folder(folder: Path) -> tuple[int, int]:

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -25,15 +25,13 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from balancer.units import MEGABIT
-from orchestrator.ledger import bound, value_sets
 from orchestrator.ledger import groups as group_ledger
 from orchestrator.ledger import windows as window_ledger
-from orchestrator.ledger.known_values import KNOWN
 from orchestrator.models import Instance, MergedChunk, Run, Segment, Throttle
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.keygroups import KEY_SLOTS
 from sparkjobs.measures import Grouping
-from sparkjobs.merge import GroupPartial, MergedKey
+from sparkjobs.merge import GroupPartial
 
 
 class StaleEpochError(RuntimeError):
@@ -347,17 +345,16 @@ def complete_sink_batch(
     sink: str,
     owner: str,
     inputs: Sequence[Segment],
-    deltas: Iterable[MergedKey],
+    groups: Sequence[GroupPartial],
     *,
+    grouping: Grouping,
     windows: WindowSpec | None = None,
     records: Mapping[str, int] | None = None,
-    grouping: Grouping | None = None,
-    groups: Sequence[GroupPartial] = (),
 ) -> None:
-    """Merge a batch into the result (a windowed pipeline's: into its open windows; a
-    stage of grouped measures': its ``groups``, by its ``grouping``) and record its
-    chunks (or chunk parts), once, in one transaction; ``records`` the partial rows each
-    input held (what the sink's measured records per second count)."""
+    """Merge a batch's ``groups`` into the result by its ``grouping`` (a windowed
+    pipeline's: into its open windows) and record its chunks (or chunk parts), once, in
+    one transaction; ``records`` the partial rows each input held (what the sink's
+    measured records per second count)."""
     with transaction.atomic():
         _refuse_ended(run_id)
         _fence_retired(run_id, sink)
@@ -378,9 +375,7 @@ def complete_sink_batch(
             for s in inputs
         ]
         wanted = {(r.chunk, r.slots_from) for r in rows}
-        prefix, chunks_total = Run.objects.values_list("merged_prefix", "chunks_total").get(
-            pk=run_id
-        )
+        prefix = Run.objects.values_list("merged_prefix", flat=True).get(pk=run_id)
         # Chunks below a continuous run's merged prefix have no rows any more
         # (orchestrator/ledger/coalesce.py): the prefix refuses them instead.
         folded = int((prefix or {}).get("chunk", 0))
@@ -397,83 +392,11 @@ def complete_sink_batch(
         if already:
             raise AlreadyMergedError(already)
         MergedChunk.objects.bulk_create(rows)  # the unique constraint is the last word
-        if grouping is not None:
-            closed = None
-            if windows is not None:
-                run = Run.objects.only("windows_closed").get(pk=run_id)
-                closed = window_ledger.SinkWatermark.of(run).closed_us
-            group_ledger.fold(run_id, grouping, groups, windows=windows, closed_us=closed)
-        elif windows is not None:
-            window_ledger.fold(run_id, windows, list(deltas))
-        else:
-            last = chunks_total is not None and _nothing_else_to_merge(run_id, inputs)
-            _upsert_results(run_id, list(deltas), remember=not last)
-
-
-def _nothing_else_to_merge(run_id: int, inputs: Sequence[Segment]) -> bool:
-    """Is this batch the run's last merge? Its source has finished (the caller knows),
-    and no other segment of the run waits or is in a batch: an operator batch's inputs
-    stay claimed until the transaction that queues its outputs commits."""
-    return (
-        not Segment.objects.filter(
-            run_id=run_id, state__in=(Segment.State.QUEUED, Segment.State.CLAIMED)
-        )
-        .exclude(pk__in=[s.pk for s in inputs])
-        .exists()
-    )
-
-
-def _upsert_results(run_id: int, deltas: list[MergedKey], *, remember: bool) -> None:
-    """Fold a batch's per-key deltas into the result in one set-based statement (arrays
-    unnested server-side): counts and sums add, and each key's distinct set, one array
-    on its row, unites with the values the batch brought it (ADR 0010).
-
-    ``remember``: what the batch brought is remembered as in the result once committed
-    (known_values.py), for the run's next merges; a run's last merge has none, and
-    remembering its sets took 11 to 15 ms of the run's last step (243,000 pairs on
-    bench_peers.py's input) and kept them in the process until other runs pushed
-    them out."""
-    if not deltas:
-        return
-    # Only the values not known to be in the result already (known_values.py): a key
-    # that brings none keeps its array as it is.
-    fresh = KNOWN.unknown(run_id, ((d.key, d.distinct) for d in deltas))
-    sets = value_sets.pack([fresh.get(d.key, ()) for d in deltas])
-    bound.execute(
-        """
-        WITH odd AS (
-          SELECT i, array_agg(v) AS vals
-          FROM unnest(%b::int[], %b::text[]) AS x(i, v) GROUP BY i)
-        INSERT INTO orchestrator_resultkey (run_id, key, count, sum, min, max, "values")
-        SELECT %b, d.key, d.count, d.sum, d.min, d.max,
-               string_to_array(d.vals, chr(31)) || odd.vals
-        FROM unnest(%b::text[], %b::bigint[], %b::numeric[], %b::numeric[], %b::numeric[],
-                    %b::text[]) WITH ORDINALITY AS d(key, count, sum, min, max, vals, n)
-        LEFT JOIN odd ON odd.i = d.n
-        ON CONFLICT (run_id, key) DO UPDATE SET
-          count = orchestrator_resultkey.count + EXCLUDED.count,
-          sum = orchestrator_resultkey.sum + EXCLUDED.sum,
-          min = LEAST(orchestrator_resultkey.min, EXCLUDED.min),
-          max = GREATEST(orchestrator_resultkey.max, EXCLUDED.max),
-          "values" = CASE WHEN EXCLUDED."values" IS NULL THEN orchestrator_resultkey."values"
-            ELSE ARRAY(SELECT DISTINCT v
-                       FROM unnest(orchestrator_resultkey."values" || EXCLUDED."values") AS v)
-            END
-        """,
-        [
-            sets.odd_sets,
-            sets.odd_values,
-            run_id,
-            [d.key for d in deltas],
-            [d.count for d in deltas],
-            [d.sum for d in deltas],
-            [d.min for d in deltas],
-            [d.max for d in deltas],
-            sets.texts,
-        ],
-    )
-    if fresh and remember:
-        transaction.on_commit(lambda: KNOWN.remember(run_id, fresh))
+        closed = None
+        if windows is not None:
+            run = Run.objects.only("windows_closed").get(pk=run_id)
+            closed = window_ledger.SinkWatermark.of(run).closed_us
+        group_ledger.fold(run_id, grouping, groups, windows=windows, closed_us=closed)
 
 
 def release(owner: str, segments: Sequence[Segment]) -> int:

@@ -1,6 +1,6 @@
 """A windowed run's progress in event time, as the console shows it: where the source
 and the sink's watermark stand, how far behind each node is, which windows are open
-and how far, the latest closed ones and the records that came too late."""
+and how far, and the records that came too late."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from typing import Any, TypedDict
 
 from django.db.models import Count, Min, Sum
 
-from orchestrator.ledger.results import ResultRow, format_row
 from orchestrator.ledger.segments import late_records
 from orchestrator.ledger.windows import SinkWatermark
-from orchestrator.models import ResultGroup, Run, Segment, WindowKey
-from orchestrator.pipeline.graph import pipeline_grouping
+from orchestrator.models import ResultGroup, Run, Segment
 from orchestrator.pipeline.layout import run_dir
 from sparkjobs.event_time import US, WindowSpec, iso
 
@@ -28,12 +26,6 @@ class OpenWindow(TypedDict):
     keys: int
     records: int
     progress: float  # how far the watermark is through it, 0 to 1
-
-
-class ClosedWindow(TypedDict):
-    start: str
-    end: str
-    rows: list[ResultRow]  # its keys with the most records
 
 
 class NodeTime(TypedDict):
@@ -56,27 +48,20 @@ class WindowsView(TypedDict):
     late_sample: list[str]  # some of the late records, as quarantined
     closed: int
     open: list[OpenWindow]
-    latest: list[ClosedWindow]
     nodes: dict[str, NodeTime]
 
 
-def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
-    """The run's windows now: ``rows`` result rows of the latest closed windows."""
+def windows_view(run: Run, spec: WindowSpec, *, sample: bool = True) -> WindowsView:
+    """The run's windows now (with ``sample``, the first of its late records)."""
     mark = SinkWatermark.of(run)
     raw_high = (run.source_position or {}).get("high_us")
     source_high = None if raw_high is None else int(raw_high)
-    # Grouped measures' rows are (window, group) rows; their latest closed windows are
-    # the run's result table (orchestrator/ledger/results.py).
-    grouped = pipeline_grouping(run.topology) is not None
-    rows_of = (
-        ResultGroup.objects.filter(run=run, start_us__isnull=False)
-        if grouped
-        else WindowKey.objects.filter(run=run)
-    )
+    # The rows are (window, group) rows; the closed ones are the run's result table
+    # (orchestrator/ledger/results.py).
     open_windows: list[Mapping[str, Any]] = list(
-        rows_of.filter(closed_at__isnull=True)
+        ResultGroup.objects.filter(run=run, start_us__isnull=False, closed_at__isnull=True)
         .values("start_us", "end_us")
-        .annotate(keys=Count("id"), records=Sum("records" if grouped else "count"))
+        .annotate(keys=Count("id"), records=Sum("records"))
         .order_by("start_us")[:OPEN_SHOWN]
     )
     watermark = None if mark.high_us is None else mark.high_us - spec.lateness_us
@@ -93,7 +78,7 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
         watermark=None if mark.closed_us is None else iso(mark.closed_us),
         event_lag_s=_lag(source_high, mark.high_us),
         late_records=late_records(run.pk),
-        late_sample=late_sample(run.pk) if rows else [],
+        late_sample=late_sample(run.pk) if sample else [],
         closed=mark.windows,
         open=[
             OpenWindow(
@@ -105,7 +90,6 @@ def windows_view(run: Run, spec: WindowSpec, *, rows: int = 20) -> WindowsView:
             )
             for w in open_windows
         ],
-        latest=[] if grouped else _latest_closed(run, rows),
         nodes=_node_times(run, source_high),
     )
 
@@ -134,31 +118,6 @@ def _progress(watermark: int | None, start: int, end: int) -> float:
     if watermark is None:
         return 0.0
     return round(min(1.0, max(0.0, (watermark - start) / (end - start))), 3)
-
-
-def _latest_closed(run: Run, rows: int) -> list[ClosedWindow]:
-    """The most recent closed windows, newest first, with up to ``rows`` rows in all."""
-    closed = WindowKey.objects.filter(run=run, closed_at__isnull=False)
-    starts = list(closed.values_list("start_us", flat=True).distinct().order_by("-start_us")[:3])
-    out: list[ClosedWindow] = []
-    left = rows
-    for start in starts:
-        top = list(closed.filter(start_us=start).order_by("-count", "key")[: max(left, 0)])
-        if not top:
-            break
-        out.append(
-            ClosedWindow(
-                start=iso(start),
-                end=iso(top[0].end_us),
-                rows=[
-                    # A closed window keeps its distinct counts on its rows.
-                    format_row(r.key, r.count, r.sum, r.min, r.max, distinct=r.distinct or 0)
-                    for r in top
-                ],
-            )
-        )
-        left -= len(top)
-    return out
 
 
 def _node_times(run: Run, source_high: int | None) -> dict[str, NodeTime]:

@@ -1,7 +1,7 @@
 """Event-time windows at the sink: open while data may still come, closed once.
 
-A windowed pipeline's partials are per (window, key), or per (window, group) for
-grouped measures (orchestrator/ledger/groups.py). The sink folds them into open
+A windowed pipeline's partials are per (window, group) (orchestrator/ledger/groups.py).
+The sink folds them into open
 windows in the transaction that records their chunks as merged (as for all-time
 results). A window is *final* when the sink's watermark passes its end: the chunks
 ``0 .. n-1`` are all merged and the largest event time among them, minus the allowed
@@ -19,29 +19,21 @@ from dataclasses import dataclass
 from typing import cast
 
 from django.db import connection, transaction
-from django.db.models import Func, IntegerField, QuerySet
+from django.db.models import QuerySet
 
-from orchestrator.ledger import bound, keystate, value_sets
+from orchestrator.ledger import keystate
 from orchestrator.ledger.coalesce import Prefix, tiles_the_slots
-from orchestrator.ledger.groups import ClosedWindowError, stored
-from orchestrator.models import MergedChunk, ResultGroup, Run, WindowKey
-from orchestrator.sink.layout import KEYED, Layout
+from orchestrator.ledger.groups import stored
+from orchestrator.models import MergedChunk, ResultGroup, Run
+from orchestrator.sink.layout import Layout
 from orchestrator.sink.targets import ClosedRow, ResultTable, Sink, SinkError
 from sparkjobs.event_time import WindowSpec
 from sparkjobs.measures import Grouping, Value
-from sparkjobs.merge import MergedKey
 
 # Most merged chunk rows one call walks, so the driver's tick never waits long.
 MAX_ROWS = 50_000
 # Closed windows whose rows the ledger keeps when the sink writes them elsewhere.
 KEEP_CLOSED = 10
-
-
-class Cardinality(Func):
-    """PostgreSQL's cardinality(): an array's size, without reading the array out."""
-
-    function = "cardinality"
-    output_field = IntegerField()
 
 
 @dataclass(frozen=True)
@@ -77,82 +69,17 @@ def _int_or_none(value: object) -> int | None:
     return None if value is None else int(str(value))
 
 
-def fold(run_id: int, spec: WindowSpec, deltas: Sequence[MergedKey]) -> None:
-    """Add a sink batch's per-(window, key) deltas to the open windows (inside the
-    batch's transaction): one set-based statement per table."""
-    if not deltas:
-        return
-    closed = SinkWatermark.of(Run.objects.only("windows_closed").get(pk=run_id)).closed_us
-    if closed is not None:
-        shut = sorted(
-            {d.window for d in deltas if d.window is not None and d.window + spec.size_us <= closed}
-        )
-        if shut:
-            raise ClosedWindowError(
-                f"run {run_id}: data for windows already closed (starts {shut[:5]} us)"
-            )
-    starts = [_start(d) for d in deltas]
-    # Each set travels as one text, split server-side (value_sets.py); then it unites
-    # with the row's own set, each value once.
-    sets = value_sets.pack([d.distinct for d in deltas])
-    bound.execute(
-        """
-        WITH odd AS (
-          SELECT i, array_agg(v) AS vals
-          FROM unnest(%b::int[], %b::text[]) AS x(i, v) GROUP BY i)
-        INSERT INTO orchestrator_windowkey
-          (run_id, start_us, end_us, key, count, sum, min, max, "values")
-        SELECT %b, d.start_us, d.start_us + %b, d.key, d.count, d.sum, d.min, d.max,
-               COALESCE(string_to_array(d.vals, chr(31)) || odd.vals, '{}')
-        FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::numeric[], %b::numeric[],
-                    %b::numeric[], %b::text[]) WITH ORDINALITY
-             AS d(start_us, key, count, sum, min, max, vals, n)
-        LEFT JOIN odd ON odd.i = d.n
-        ON CONFLICT (run_id, start_us, key) DO UPDATE SET
-          count = orchestrator_windowkey.count + EXCLUDED.count,
-          sum = orchestrator_windowkey.sum + EXCLUDED.sum,
-          min = LEAST(orchestrator_windowkey.min, EXCLUDED.min),
-          max = GREATEST(orchestrator_windowkey.max, EXCLUDED.max),
-          "values" = CASE WHEN cardinality(EXCLUDED."values") = 0
-            THEN orchestrator_windowkey."values"
-            ELSE ARRAY(SELECT DISTINCT v
-                       FROM unnest(orchestrator_windowkey."values" || EXCLUDED."values") AS v)
-            END
-        """,
-        [
-            sets.odd_sets,
-            sets.odd_values,
-            run_id,
-            spec.size_us,
-            starts,
-            [d.key for d in deltas],
-            [d.count for d in deltas],
-            [d.sum for d in deltas],
-            [d.min for d in deltas],
-            [d.max for d in deltas],
-            sets.texts,
-        ],
-    )
-
-
-def _start(delta: MergedKey) -> int:
-    if delta.window is None:
-        raise ValueError(f"partial of key {delta.key!r} has no window in a windowed run")
-    return delta.window
-
-
 def advance(
     run_id: int,
     spec: WindowSpec,
     sink: Sink,
     *,
-    grouping: Grouping | None = None,
+    grouping: Grouping,
     final: bool = False,
 ) -> int:
     """Move the sink's watermark over the chunks merged since, and close the windows it
     passed (``final``: the input ended, close them all), writing their rows in the
-    sink's columns (a stage of grouped measures': by its ``grouping``). Returns how
-    many rows were closed."""
+    sink's columns, their measures by ``grouping``. Returns how many rows were closed."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         mark = SinkWatermark.of(run)
@@ -178,7 +105,7 @@ def advance(
         closed = mark.closed_us
         if high is not None:
             closed = _higher(closed, high - spec.lateness_us)
-        closing = _Groups(run_id, grouping, sink.layout) if grouping is not None else _Keys(run_id)
+        closing = _Groups(run_id, grouping, sink.layout)
         rows = closing.rows(None if final else closed, nothing=not final and closed is None)
         # The target is written first: in this transaction when it shares the ledger's
         # database, else committed before it (an upsert, so a crash between the two
@@ -199,10 +126,16 @@ def advance(
         return len(rows)
 
 
-class _Closing:
-    """A run's window rows (``all``), as one closing step reads and closes them."""
+class _Groups:
+    """A run's windows of grouped measures (``ResultGroup`` rows with a window), as one
+    closing step reads and closes them."""
 
-    all: QuerySet[WindowKey] | QuerySet[ResultGroup]
+    all: QuerySet[ResultGroup]
+
+    def __init__(self, run_id: int, grouping: Grouping, layout: Layout) -> None:
+        self.run_id, self.grouping, self.layout = run_id, grouping, layout
+        self.all = ResultGroup.objects.filter(run_id=run_id, start_us__isnull=False)
+        self.values: dict[int, dict[str, Value]] = {}  # each closing row's measures
 
     def last_end(self) -> int | None:
         """The latest end of a window the run has."""
@@ -216,76 +149,6 @@ class _Closing:
         oldest_kept = list(starts[:KEEP_CLOSED])
         if len(oldest_kept) == KEEP_CLOSED:
             closed.filter(start_us__lt=oldest_kept[-1]).delete()
-
-
-class _Keys(_Closing):
-    """The windows of the key, value and distinct form (``WindowKey`` rows)."""
-
-    all: QuerySet[WindowKey]
-
-    def __init__(self, run_id: int) -> None:
-        self.run_id = run_id
-        self.all = WindowKey.objects.filter(run_id=run_id)
-
-    def rows(self, up_to: int | None, *, nothing: bool) -> list[tuple[ClosedRow, int]]:
-        """The final rows of the windows ending by ``up_to`` (None: all), each with its
-        distinct count."""
-        pending = self.all.filter(closed_at__isnull=True)
-        if nothing:
-            return []
-        if up_to is not None:
-            pending = pending.filter(end_us__lte=up_to)
-        found = pending.order_by("start_us", "key").values_list(
-            "start_us",
-            "end_us",
-            "key",
-            "count",
-            "sum",
-            "min",
-            "max",
-            "distinct",
-            Cardinality("values"),
-        )
-        rows = []
-        for start, end, key, count, total, low, high, kept, size in found:
-            distinct = kept if kept is not None else size or 0
-            avg = total / count if count else 0
-            cells = KEYED.cells([key, count, total, low, high, avg, distinct])
-            rows.append((ClosedRow(start, end, cells), distinct))
-        return rows
-
-    def close(self, rows: Sequence[tuple[ClosedRow, int]]) -> None:
-        """Mark the rows closed, keeping each set's size and dropping the set: a closed
-        window never changes, and a run that goes on for days must not keep every
-        value it ever counted."""
-        if not rows:
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE orchestrator_windowkey k
-                SET closed_at = now(), "distinct" = d.n, "values" = NULL
-                FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS d(start_us, key, n)
-                WHERE k.run_id = %s AND k.start_us = d.start_us AND k.key = d.key
-                """,
-                [
-                    [r.start_us for r, _ in rows],
-                    [r.cells[0] for r, _ in rows],
-                    [n for _, n in rows],
-                    self.run_id,
-                ],
-            )
-
-
-class _Groups(_Closing):
-    """The windows of grouped measures (``ResultGroup`` rows with a window)."""
-
-    all: QuerySet[ResultGroup]
-
-    def __init__(self, run_id: int, grouping: Grouping, layout: Layout) -> None:
-        self.run_id, self.grouping, self.layout = run_id, grouping, layout
-        self.all = ResultGroup.objects.filter(run_id=run_id, start_us__isnull=False)
-        self.values: dict[int, dict[str, Value]] = {}  # each closing row's measures
 
     def rows(self, up_to: int | None, *, nothing: bool) -> list[tuple[ClosedRow, int]]:
         """The final rows of the windows ending by ``up_to`` (None: all), each with its
@@ -323,13 +186,6 @@ class _Groups(_Closing):
                 """,
                 [[pk for _, pk in rows], finished, self.run_id],
             )
-
-
-def distinct_of(row: WindowKey) -> int:
-    """A window row's distinct count: kept on it once closed, else its set's size."""
-    if row.distinct is not None:
-        return row.distinct
-    return len(row.values or [])
 
 
 def _higher(a: int | None, b: int | None) -> int | None:

@@ -330,11 +330,21 @@ def pipeline_sink(doc: PipelineDocument | StoredDocument) -> Mapping[str, object
 
 
 def pipeline_grouping(doc: PipelineDocument | StoredDocument) -> Grouping | None:
-    """The grouped measures the pipeline computes (its aggregating nodes share them), or
-    None for the key, value and distinct form."""
+    """The grouped measures the pipeline computes (its aggregating nodes share them; the
+    key form's as sparkjobs/key_form.py reads it), or None for a pipeline without an
+    aggregating stage of valid parameters."""
     for node in aggregating_nodes(doc):
         return _grouping(node)
     return None
+
+
+def result_grouping(doc: PipelineDocument | StoredDocument) -> Grouping:
+    """:func:`pipeline_grouping` of a pipeline that runs: the console saves no pipeline
+    without one, so a missing one is a document it never accepted (``ValueError``)."""
+    grouping = pipeline_grouping(doc)
+    if grouping is None:
+        raise ValueError("the pipeline has no aggregating stage of valid parameters")
+    return grouping
 
 
 def _grouping(node: NodeDocument) -> Grouping | None:

@@ -25,9 +25,10 @@ from balancer.document import PipelineDocument
 from orchestrator.pipeline.beneath import FROM_TOP
 from orchestrator.pipeline.graph import RunGraph
 from orchestrator.pipeline.inputs import FORMATS, InputError, check_suffix, confined_files
+from sparkjobs import key_form
 from sparkjobs.catalog import operator_name
 from sparkjobs.measures import Grouping
-from sparkjobs.schemas import FieldType, Proposal, aggregate_fields, declared_proposal, propose
+from sparkjobs.schemas import FieldType, Proposal, declared_proposal, propose
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -123,9 +124,12 @@ def _lowered(names: Iterable[str]) -> frozenset[str]:
 
 def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
     """Why every record of a run over the sampled file would be quarantined: each field
-    an aggregating node reads (key, value, distinct; the event time when windowed) that
-    no sampled record has, whatever its case. Nothing for a sample without records, nor
-    for a node after a project or a join, whose fields may be made on the way."""
+    an aggregating node requires (its ``required``, the key form's key, value and
+    distinct among them; the event time when windowed) that no sampled record has,
+    whatever its case. Nothing for a sample without records, nor for a node after a
+    project or a join, whose fields may be made on the way. (A field a node reads but
+    does not require is null where missing, as in SQL: for the declared schema to
+    catch.)"""
     if not sample.records:
         return []
     missing = []
@@ -134,11 +138,18 @@ def unread_fields(doc: PipelineDocument, sample: Sample) -> list[str]:
         if operator_name(node) not in ("aggregate", "running") or node["name"] in made:
             continue
         params = node.get("params") or {}
-        if Grouping.of(params) is not None:
-            # Grouped measures read a missing field as null (SQL's rule), quarantining
-            # nothing: a field no record has is for the declared schema to catch.
+        grouping = Grouping.of(params)
+        if grouping is None:  # refused by the node's own check
             continue
-        for param, field in aggregate_fields(params).items():
+        # A field is named by the parameter that made it required: the key form's own.
+        given: dict[str, str] = {}
+        if key_form.is_key_form(params):
+            for param, default in key_form.FIELDS.items():
+                given.setdefault(str(params.get(param, default)), param)
+        wanted = {field: given.get(field, "required") for field in grouping.required}
+        if params.get("window_s") is not None:
+            wanted[str(params.get("event_time", "event_time"))] = "event_time"
+        for field, param in wanted.items():
             if field.lower() not in sample.names:
                 missing.append(
                     f"{node['name']} reads {field!r} ({param}), which none of the first "

@@ -54,9 +54,9 @@ from orchestrator.models import Instance, Run
 from orchestrator.pipeline.graph import (
     RunGraph,
     graph_of,
-    pipeline_grouping,
     pipeline_sink,
     pipeline_windows,
+    result_grouping,
 )
 from orchestrator.pipeline.inputs import InputError
 from orchestrator.rescale.control import RescaleControl
@@ -77,7 +77,7 @@ from orchestrator.run.runtime import LiveRuntime
 from orchestrator.run.snapshot import SNAPSHOT_FIELDS, build_snapshot
 from orchestrator.run.wakeups import Wakeups
 from orchestrator.sink.layout import layout_of
-from orchestrator.sink.targets import ResultTable, Sink, SinkError, sink_of
+from orchestrator.sink.targets import Sink, SinkError, sink_of
 from orchestrator.source.base import SourceUnavailable
 from orchestrator.zk.control_plane import ControlPlane, Subscription
 from sparkjobs.event_time import WindowSpec
@@ -134,8 +134,9 @@ class RunDriver:
         self.subscriptions: list[Subscription] = []
         self.rescale: RescaleControl | None = None
         self.windows: WindowSpec | None = None
-        self.grouping: Grouping | None = None  # the stage's grouped measures, if any
-        self.sink: Sink = ResultTable()
+        # The aggregating stage's grouped measures, and where closed windows go: _start.
+        self.grouping: Grouping
+        self.sink: Sink
         # Made once the input exists (a generated input is written first): _start.
         self.pacer: SourcePacer
         self.runtime: LiveRuntime
@@ -288,7 +289,7 @@ class RunDriver:
         self.runtime = LiveRuntime(self.topology, self._measure, self.table, self.signals)
         # Event-time windows the sink closes as its watermark passes them, if any.
         self.windows = pipeline_windows(run.topology)
-        self.grouping = pipeline_grouping(run.topology)
+        self.grouping = result_grouping(run.topology)
         self.sink = sink_of(pipeline_sink(run.topology), layout_of(run.topology))
         self.references = Refresher(
             self.run_id,

@@ -253,7 +253,7 @@ def build_snapshot(
 def _windows(run: Run) -> WindowsView | None:
     spec = pipeline_windows(run.topology)
     # The results panel polls the closed windows' rows; the live view needs none.
-    return None if spec is None else windows_view(run, spec, rows=0)
+    return None if spec is None else windows_view(run, spec, sample=False)
 
 
 def source_view(run: Run, lag: LagJson | None) -> SourceView:

@@ -1,11 +1,10 @@
 """The columns a windowed run's sink writes: the window's bounds, then what the last
 stage computes, then the run.
 
-A pipeline of grouped measures writes each group field with the type its stage's
-output schema gives it (orchestrator/pipeline/schemas.py; text where no schema says),
-then each measure by its name: counts as integers, sums, minima, maxima and averages as
-exact decimals, percentiles as doubles. The ``key``/``value``/``distinct`` form writes
-its fixed columns. A row's key is its window's start and its group (or key): a window
+Each group field is written with the type its stage's output schema gives it
+(orchestrator/pipeline/schemas.py; text where no schema says), then each measure by its
+name: counts as integers, sums, minima, maxima and averages as exact decimals,
+percentiles as doubles. A row's key is its window's start and its group: a window
 written again, after a crash, replaces its rows rather than adding to them.
 """
 
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from orchestrator.pipeline.graph import aggregating_nodes, pipeline_grouping
+from orchestrator.pipeline.graph import aggregating_nodes, result_grouping
 from orchestrator.pipeline.schemas import derive
 from sparkjobs.measures import BY_TIME, OF_NUMBERS, Grouping
 from sparkjobs.schemas import FieldType
@@ -79,21 +78,6 @@ class Layout:
         return tuple(c.cell(v) for c, v in zip(self.columns, values, strict=True))
 
 
-# The key, value and distinct form's columns.
-KEYED = Layout(
-    columns=(
-        Column("key", "text", nullable=False),
-        Column("count", "bigint", nullable=False),
-        Column("sum", "numeric", nullable=False),
-        Column("min", "numeric", nullable=False),
-        Column("max", "numeric", nullable=False),
-        Column("avg", "numeric", nullable=False),
-        Column("distinct_users", "bigint", nullable=False),
-    ),
-    key=("key",),
-)
-
-
 def grouped_layout(grouping: Grouping, types: Mapping[str, FieldType]) -> Layout:
     """The columns of grouped measures: each group field typed by ``types`` (the
     stage's output types by column name; text for a type a sink keeps as written, such
@@ -115,9 +99,7 @@ def grouped_layout(grouping: Grouping, types: Mapping[str, FieldType]) -> Layout
 
 def layout_of(topology: Mapping[str, object]) -> Layout:
     """The columns a pipeline's windowed sink writes."""
-    grouping = pipeline_grouping(topology)
-    if grouping is None:
-        return KEYED
+    grouping = result_grouping(topology)
     schemas = derive(topology.get("nodes"), topology.get("edges"))
     types: dict[str, FieldType] = {}
     for node in aggregating_nodes(topology):

@@ -37,7 +37,7 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from orchestrator.pipeline.beneath import Folder, LeavesRoot, open_root
-from orchestrator.sink.layout import KEYED, Cell, Kind, Layout
+from orchestrator.sink.layout import Cell, Kind, Layout
 from sparkjobs.event_time import iso
 
 MANIFEST = "_manifest.json"
@@ -74,7 +74,7 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class ResultTable:
-    layout: Layout = KEYED
+    layout: Layout
 
     @property
     def in_ledger_transaction(self) -> bool:
@@ -128,7 +128,7 @@ class PostgresTable:
 
     table: str
     database: str
-    layout: Layout = KEYED
+    layout: Layout
 
     @property
     def in_ledger_transaction(self) -> bool:
@@ -319,7 +319,7 @@ class ParquetFolder:
     """One Parquet file per closed window below the sink root, and a manifest."""
 
     path: str
-    layout: Layout = KEYED
+    layout: Layout
 
     @property
     def in_ledger_transaction(self) -> bool:
@@ -425,7 +425,7 @@ def _atomically(folder: Folder, name: str, write: Any) -> None:
     folder.sync()
 
 
-def sink_of(params: Mapping[str, object], layout: Layout = KEYED) -> Sink:
+def sink_of(params: Mapping[str, object], layout: Layout) -> Sink:
     """The target a sink node's parameters name, writing ``layout``'s columns."""
     kind = params.get("sink", "results")
     if kind == "postgres":

@@ -25,7 +25,7 @@ from balancer.document import DEFAULT_MAX_RATE_MBPS, NodeDocument, OperatorParam
 from balancer.units import MB
 from orchestrator.ledger import failures, ingested, keystate, seen, segments
 from orchestrator.models import Adjustment, Run, Segment
-from orchestrator.pipeline.graph import RunGraph, pipeline_grouping, pipeline_windows
+from orchestrator.pipeline.graph import RunGraph, pipeline_windows, result_grouping
 from orchestrator.pipeline.layout import run_dir, segment_path
 from orchestrator.pipeline.reference import job_params
 from orchestrator.pipeline.routes import Routes
@@ -34,8 +34,7 @@ from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.stopwatch import BatchTimeLimitError, StopWatch, cancel_group, job_group
 from sparkjobs.catalog import operator_of
 from sparkjobs.keygroups import KeyGroup
-from sparkjobs.measures import Grouping
-from sparkjobs.merge import combine_groups, combine_partials, read_partials
+from sparkjobs.merge import combine_groups
 from sparkjobs.schemas import INPUT_SCHEMA, declared_ddl
 from sparkjobs.segments import write_atomic
 
@@ -434,11 +433,7 @@ def _operate(
     if spec.stateful:
         grouping = keystate.state_grouping(params)
         paths = [out.path for out in produced.values()]
-        deltas = (
-            keystate.key_deltas(m for path in paths for m in read_partials(path))
-            if Grouping.of(params) is None
-            else keystate.group_deltas(combine_groups(grouping, paths))
-        )
+        deltas = keystate.group_deltas(combine_groups(grouping, paths))
 
         def fold() -> None:
             keystate.fold(run.pk, stage, name, grouping, deltas)
@@ -611,12 +606,11 @@ def _output_paths(
 def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
     pending = list(batch)
     windows = pipeline_windows(run.topology)
-    grouping = pipeline_grouping(run.topology)
+    grouping = result_grouping(run.topology)
     while pending:
         rows: dict[Path, int] = {}
         paths = [Path(s.path) for s in pending]
-        merged = [] if grouping is not None else combine_partials(paths, rows)
-        groups = [] if grouping is None else combine_groups(grouping, paths, rows)
+        groups = combine_groups(grouping, paths, rows)
         records = {s.pk: rows.get(Path(s.path), 0) for s in pending}
         try:
             segments.complete_sink_batch(
@@ -624,11 +618,10 @@ def _merge(run: Run, sink: str, owner: str, batch: list[Segment]) -> None:
                 sink,
                 owner,
                 pending,
-                merged,
+                groups,
+                grouping=grouping,
                 windows=windows,
                 records=records,
-                grouping=grouping,
-                groups=groups,
             )
             return
         except segments.AlreadyMergedError as err:

@@ -12,7 +12,6 @@ from django.conf import settings
 
 from balancer.document import NodeDocument, PipelineDocument
 from orchestrator.ledger.groups import GroupRow, shown_row
-from orchestrator.ledger.results import ResultRow, WindowRow, format_row, sorted_rows
 from orchestrator.pipeline import generator as generator_module
 from orchestrator.pipeline.generator import (
     GeneratorFields,
@@ -92,8 +91,7 @@ def batch_summary(
     file name -> copy's name: orchestrator/source/replay.py)."""
     import time
 
-    from sparkjobs.aggregate import AggregateParams
-    from sparkjobs.plain_job import batch_aggregate, batch_grouped
+    from sparkjobs.plain_job import batch_grouped
     from sparkjobs.session import spark_session
 
     if (input_path is None) == (generator is None):
@@ -117,54 +115,25 @@ def batch_summary(
     source = graph.node(graph.source).get("params") or {}
     schema = declared_ddl(source.get("schema")) if "schema" in source else None
     query = query_of(chain[-1].get("params") or {})
-    if query is not None:
-        if query.where is not None:
-            steps.append(("filter", {"condition": query.where}))
-        spec = WindowSpec.from_params(chain[-1].get("params") or {})
-        grouped = batch_grouped(
-            spark_session(),
-            [f.path for f in files],
-            fmt,
-            query.grouping,
-            steps,
-            windows=spec,
-            schema=schema,
-        )
-        return _summary(
-            rows=_grouped_rows(query.grouping, grouped),
-            seconds=time.monotonic() - began,
-            malformed=grouped.malformed,
-            **({} if spec is None else {"late_records": 0}),
-        )
-    result = batch_aggregate(
+    if query is None:
+        raise BatchJobError(f"stage {chain[-1]['name']!r} names no valid grouping")
+    if query.where is not None:
+        steps.append(("filter", {"condition": query.where}))
+    spec = WindowSpec.from_params(chain[-1].get("params") or {})
+    grouped = batch_grouped(
         spark_session(),
         [f.path for f in files],
         fmt,
-        AggregateParams.from_params(chain[-1].get("params") or {}),
+        query.grouping,
         steps,
+        windows=spec,
         schema=schema,
     )
-    rows = sorted_rows(
-        format_row(r.key, r.count, r.sum, r.min, r.max, distinct=r.distinct) for r in result.rows
-    )
-    windows = (
-        {}
-        if result.windows is None
-        else {
-            "windows": [
-                WindowRow(
-                    window_start=iso(w.start_us),
-                    window_end=iso(w.end_us),
-                    closed=True,
-                    **format_row(w.key, w.count, w.sum, w.min, w.max, distinct=w.distinct),
-                )
-                for w in sorted(result.windows, key=lambda w: (w.start_us, w.key))
-            ],
-            "late_records": 0,
-        }
-    )
     return _summary(
-        rows=rows, seconds=time.monotonic() - began, malformed=result.malformed, **windows
+        rows=_grouped_rows(query.grouping, grouped),
+        seconds=time.monotonic() - began,
+        malformed=grouped.malformed,
+        **({} if spec is None else {"late_records": 0}),
     )
 
 
@@ -181,7 +150,7 @@ def _grouped_rows(grouping: Grouping, grouped: GroupedResult) -> list[GroupRow]:
 
 
 def _summary(
-    *, rows: list[ResultRow] | list[GroupRow], seconds: float, malformed: int, **windows: Any
+    *, rows: list[GroupRow], seconds: float, malformed: int, **windows: Any
 ) -> dict[str, Any]:
     """The plain job's result in the shape of a run's (orchestrator/ledger/results.py)."""
     return {

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from pytest_django.fixtures import Settings
 
-from orchestrator.ledger.results import ResultRow, summary
+from orchestrator.ledger.groups import GroupRow
+from orchestrator.ledger.results import summary
 from orchestrator.models import Event, Run, Segment
 from orchestrator.services.launcher import PROJECT_ROOT
 from tests.cluster.conftest import Cluster
@@ -90,7 +91,7 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
 class BatchJob(TypedDict):
     """What ``run_pipeline --batch --json`` prints that the test compares."""
 
-    rows: list[ResultRow]
+    rows: list[GroupRow]
     malformed_records: int
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import pytest
 import yaml
 from django.utils import timezone
 
@@ -17,7 +19,8 @@ from orchestrator.ledger import segments
 from orchestrator.models import Instance, Run, Segment
 from orchestrator.pipeline.routes import tagged_target
 from orchestrator.rescale.start import ensure_instances
-from sparkjobs.merge import combine_partials
+from sparkjobs.measures import Grouping
+from sparkjobs.merge import combine_groups
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "webapp/console/topologies"
 
@@ -201,8 +204,14 @@ def records_file(path: Path, keys: range) -> Path:
 
 
 def merged_partials(outputs: Sequence[Segment]) -> dict[str, tuple[int, int, tuple[str, ...]]]:
-    """Per key, the (count, sum, distinct values) the sink would merge from ``outputs``."""
+    """Per key, the (count, sum, distinct values) the sink would merge from ``outputs``:
+    partials of the key form's measures (sparkjobs/key_form.py)."""
+    grouping = Grouping.of({}) or pytest.fail("the key form names no grouping")
     return {
-        m.key: (m.count, int(m.sum), m.distinct)
-        for m in combine_partials([Path(s.path) for s in outputs])
+        str(p.group[0]): (
+            int(str(p.states["count"])),
+            int(Decimal(str(p.states["sum"]))),
+            tuple(cast("list[str]", p.states["distinct_users"])),
+        )
+        for p in combine_groups(grouping, [Path(s.path) for s in outputs])
     }

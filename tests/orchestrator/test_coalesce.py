@@ -12,6 +12,7 @@ from orchestrator.ledger.coalesce import coalesce
 from orchestrator.models import MergedChunk, Run, Segment, SourceFile
 from orchestrator.run.snapshot import progress
 from sparkjobs.keygroups import KEY_SLOTS
+from tests.orchestrator.key_form import KEY_FORM
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -118,7 +119,7 @@ def test_a_chunk_below_the_prefix_is_never_merged_again() -> None:
         available_at=run.created_at,
     )
     with pytest.raises(segments.AlreadyMergedError):
-        segments.complete_sink_batch(run.pk, "output", "me", [late], [])
+        segments.complete_sink_batch(run.pk, "output", "me", [late], [], grouping=KEY_FORM)
     assert _coverage(run).exact
 
 

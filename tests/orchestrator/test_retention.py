@@ -1,8 +1,9 @@
 """Retention on the real PostgreSQL: a segment file goes once every row naming it is done,
 done rows go once old and fileless unless a reader still needs them, a late worker
 whose rows are gone is refused as one that lost its lease, and an ended run keeps its
-results, merged chunks, events and counts without its segment folder, and its distinct
-counts without the sets behind them: nothing merges into a run that has ended."""
+results, merged chunks, events and counts without its segment folder, and its groups'
+values without the partial states behind them (a distinct count's set among them):
+nothing merges into a run that has ended."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import datetime as dt
 import os
 import shutil
 import threading
-from decimal import Decimal
 from io import StringIO
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from orchestrator.models import (
     Adjustment,
     Event,
     MergedChunk,
-    ResultKey,
+    ResultGroup,
     Run,
     Segment,
 )
@@ -37,7 +37,7 @@ from orchestrator.run.lifecycle import set_status
 from orchestrator.run.snapshot import progress
 from orchestrator.worker.lease import LeaseKeeper
 from orchestrator.worker.plain_job import batch_summary
-from sparkjobs.merge import MergedKey
+from tests.orchestrator.key_form import KEY_FORM, key_group, key_partial, key_states
 from tests.orchestrator.run.scenarios import policy, skewed_reference, start, wait_until_done
 from tests.orchestrator.runs import pending_run
 
@@ -169,7 +169,9 @@ def test_a_late_worker_whose_rows_are_gone_is_refused_as_one_that_lost_its_lease
     Segment.objects.filter(run=run).update(lease_expires=timezone.now() - dt.timedelta(1))
     segments.reclaim_expired(run.pk)
     _finish(run, "task1", "w2")
-    segments.complete_sink_batch(run.pk, "output", "w2", _claim(run, "output", "w2"), [])
+    segments.complete_sink_batch(
+        run.pk, "output", "w2", _claim(run, "output", "w2"), [], grouping=KEY_FORM
+    )
     # When the sweep has deleted their files and rows
     _age(["s0", "s1", "o0"])
     assert retention.sweep(run.pk, keep_rows_s=KEEP).rows_deleted == 3
@@ -190,7 +192,7 @@ def test_a_late_worker_whose_rows_are_gone_is_refused_as_one_that_lost_its_lease
     with pytest.raises(segments.LeaseLostError):
         segments.complete_batch(run.pk, "w1", late, [output], {})
     with pytest.raises(segments.LeaseLostError):
-        segments.complete_sink_batch(run.pk, "output", "w1", late_sink, [])
+        segments.complete_sink_batch(run.pk, "output", "w1", late_sink, [], grouping=KEY_FORM)
     assert not Segment.objects.filter(run=run).exists()
     assert MergedChunk.objects.filter(run=run).count() == 1  # w2's merge, once
     keeper = LeaseKeeper([s.pk for s in late], "w1", lease_s=60, max_hold_s=60)
@@ -261,8 +263,10 @@ def _ended_run_with_everything(status: str = Run.Status.COMPLETED) -> Run:
     _queue(run, [("done", "output", _file(run, "done", 50))])
     _queue(run, [("migrated", "task2", _file(run, "migrated", 70))], migrated_from="task1")
     _queue(run, [("queued", "task1", _file(run, "queued", 30))])
-    segments.complete_sink_batch(run.pk, "output", "w", _claim(run, "output", "w"), [])
-    ResultKey.objects.create(run=run, key="k", count=1, sum=1, min=1, max=1)
+    segments.complete_sink_batch(
+        run.pk, "output", "w", _claim(run, "output", "w"), [], grouping=KEY_FORM
+    )
+    key_group(run, "k", key_states(1, 1, 1, 1))
     record_event(run.pk, "test", "kept")
     (run_dir(run.pk) / "input.jsonl").write_text("{}\n")
     Run.objects.filter(pk=run.pk).update(status=status, finished_at=timezone.now())
@@ -279,7 +283,7 @@ def test_an_ended_run_loses_its_segment_folder_and_rows_and_keeps_what_it_shows(
     assert not segments_dir(run.pk).exists()
     assert (run_dir(run.pk) / "input.jsonl").exists()  # a generated input: the summary's
     assert list(Segment.objects.filter(run=run).values_list("pk", "path")) == [("migrated", "")]
-    assert ResultKey.objects.filter(run=run).count() == 1
+    assert ResultGroup.objects.filter(run=run).count() == 1
     assert MergedChunk.objects.filter(run=run).count() == 1
     assert Event.objects.filter(run=run, kind="test").exists()
     assert summary(run)["migrated_segments"] == progress(run)["migrated_segments"] == 1
@@ -317,50 +321,57 @@ def test_a_minute_after_a_run_ends_its_segment_files_go_and_its_rows_stay() -> N
     assert retention.drop_ended_folders() == retention.Swept()
 
 
-def _with_distinct_sets(status: str, ended_s_ago: float) -> Run:
+def _with_partial_states(status: str, ended_s_ago: float) -> Run:
+    """A run with the partial states of two keys: "k" of one record by one user, "j" of
+    four by three."""
     run = _ended_run_with_everything(status)
-    ResultKey.objects.create(run=run, key="j", count=4, sum=4, min=1, max=1)
-    ResultKey.objects.filter(run=run, key="j").update(values=["u1", "u2", "u3"])
-    ResultKey.objects.filter(run=run, key="k").update(values=["u1"])
+    key_group(run, "j", key_states(4, 4, 1, 1, ["u1", "u2", "u3"]))
+    ResultGroup.objects.filter(run=run, group=["k"]).update(states=key_states(1, 1, 1, 1, ["u1"]))
     ended = timezone.now() - dt.timedelta(seconds=ended_s_ago)
     Run.objects.filter(pk=run.pk).update(finished_at=ended)
     return run
 
 
-def test_a_minute_after_a_run_ends_its_distinct_sets_go_and_their_counts_stay() -> None:
+def test_a_minute_after_a_run_ends_its_groups_states_go_and_their_values_stay() -> None:
     # Given runs that completed, were cancelled and failed two minutes ago, one that
-    # completed just now, and one still running, each with distinct sets (key "k" of one
-    # value, "j" of 3)
-    completed = _with_distinct_sets(Run.Status.COMPLETED, 120)
-    ResultKey.objects.create(run=completed, key="none", count=1, sum=1, min=1, max=1)
-    cancelled = _with_distinct_sets(Run.Status.CANCELLED, 110)
-    failed = _with_distinct_sets(Run.Status.FAILED, 100)
-    just_now = _with_distinct_sets(Run.Status.COMPLETED, 1)
-    running = _with_distinct_sets(Run.Status.RUNNING, 120)
+    # completed just now, and one still running, each with its groups' partial states
+    # (key "k" of one user, "j" of 3; the completed one's "none" of none)
+    completed = _with_partial_states(Run.Status.COMPLETED, 120)
+    key_group(completed, "none", key_states(1, 1, 1, 1))
+    cancelled = _with_partial_states(Run.Status.CANCELLED, 110)
+    failed = _with_partial_states(Run.Status.FAILED, 100)
+    just_now = _with_partial_states(Run.Status.COMPLETED, 1)
+    running = _with_partial_states(Run.Status.RUNNING, 120)
     ended = (completed, cancelled, failed, just_now, running)
     before = {run.pk: run_rows(run) for run in ended}
     assert [r["distinct_users"] for r in before[completed.pk]] == [3, 1, 0]
     # When the watchdog's retention runs (once a run per pass, the longest ended first)
     assert retention.freeze_results() == [completed.pk]
     assert retention.freeze_results(max_runs=5) == [cancelled.pk, failed.pk]
-    # Then the sets of the runs that ended a minute ago are gone and their rows say the
-    # same, counts kept
+    # Then each group of the runs that ended a minute ago keeps its measures' values and
+    # no partial state (its set of users among them), and their rows say the same
     for frozen in (completed, cancelled, failed):
-        assert not ResultKey.objects.filter(run=frozen, values__isnull=False).exists()
+        groups = ResultGroup.objects.filter(run=frozen)
+        assert groups.count() == len(before[frozen.pk]) > 0
+        assert not groups.filter(finished__isnull=True).exists()
+        assert not groups.exclude(states={}).exists()
         assert run_rows(frozen) == before[frozen.pk]
-    assert dict(ResultKey.objects.filter(run=completed).values_list("key", "distinct")) == {
-        "j": 3,
-        "k": 1,
-        "none": 0,
+    finished = dict(ResultGroup.objects.filter(run=completed).values_list("group__0", "finished"))
+    ones = {"sum": "1", "min": "1", "max": "1", "avg": "1"}
+    assert finished == {
+        "j": {"count": 4, "sum": "4", "min": "1", "max": "1", "avg": "1", "distinct_users": 3},
+        "k": {"count": 1, **ones, "distinct_users": 1},
+        "none": {"count": 1, **ones, "distinct_users": 0},
     }
     assert top_rows(completed, 1) == (3, before[completed.pk][:1])
-    # ...and the others keep theirs: the one just completed for now, the running one
-    # (its sets are its exactness state) as long as it runs
+    # ...and the others keep their states: the one just completed for now, the running
+    # one (its states are its exactness state) as long as it runs
     assert retention.freeze_results() == []
     for kept in (just_now, running):
-        assert sorted(ResultKey.objects.filter(run=kept).values_list("key", "values")) == [
-            ("j", ["u1", "u2", "u3"]),
-            ("k", ["u1"]),
+        groups = ResultGroup.objects.filter(run=kept).order_by("records")
+        assert list(groups.values_list("group", "states", "finished")) == [
+            (["k"], key_states(1, 1, 1, 1, ["u1"]), None),
+            (["j"], key_states(4, 4, 1, 1, ["u1", "u2", "u3"]), None),
         ]
         assert run_rows(kept) == before[kept.pk]
 
@@ -371,8 +382,8 @@ def test_a_sink_batch_after_its_run_ended_is_refused_and_changes_nothing(end: st
     run = pending_run("reference")
     _queue(run, [(f"o{n}", "output", _file(run, f"o{n}")) for n in range(2)])
     first, second = _claim(run, "output", "w1")
-    delta = MergedKey("k", 1, Decimal(2), Decimal(2), Decimal(2), ("u1",))
-    segments.complete_sink_batch(run.pk, "output", "w1", [first], [delta])
+    delta = key_partial("k", key_states(1, 2, 2, 2, ["u1"]))
+    segments.complete_sink_batch(run.pk, "output", "w1", [first], [delta], grouping=KEY_FORM)
     before = run_rows(run)
     # When the run is stopped (or fails) before the batch holding the other chunk merges
     if end == "stopped":
@@ -381,9 +392,9 @@ def test_a_sink_batch_after_its_run_ended_is_refused_and_changes_nothing(end: st
         fail_run(run.pk, "a test's failure")
     # Then that late merge is refused, as a batch whose lease was lost, and the partial
     # result stays what it was when the run ended
-    later = MergedKey("k", 5, Decimal(9), Decimal(1), Decimal(9), ("u2", "u3"))
+    later = key_partial("k", key_states(5, 9, 1, 9, ["u2", "u3"]))
     with pytest.raises(segments.LeaseLostError, match=r"is (cancelled|failed); its late batch"):
-        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later])
+        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later], grouping=KEY_FORM)
     assert run_rows(run) == before
     assert list(MergedChunk.objects.filter(run=run).values_list("segment", flat=True)) == ["o0"]
     assert Segment.objects.get(pk="o1").state == Segment.State.CLAIMED
@@ -402,8 +413,10 @@ def test_a_stop_waits_for_the_merge_in_flight_and_refuses_every_later_one(
     def merge() -> None:
         try:
             with transaction.atomic():
-                delta = MergedKey("k", 1, Decimal(2), Decimal(2), Decimal(2), ("u1",))
-                segments.complete_sink_batch(run.pk, "output", "w1", [first], [delta])
+                delta = key_partial("k", key_states(1, 2, 2, 2, ["u1"]))
+                segments.complete_sink_batch(
+                    run.pk, "output", "w1", [first], [delta], grouping=KEY_FORM
+                )
                 merging.set()
                 commit.wait(30)
         finally:
@@ -432,9 +445,9 @@ def test_a_stop_waits_for_the_merge_in_flight_and_refuses_every_later_one(
     stopper.join(30)
     assert Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED
     # ...which is in the partial result, and the batch merging after the stop is refused
-    later = MergedKey("k", 5, Decimal(9), Decimal(1), Decimal(9), ("u2",))
+    later = key_partial("k", key_states(5, 9, 1, 9, ["u2"]))
     with pytest.raises(segments.LeaseLostError):
-        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later])
+        segments.complete_sink_batch(run.pk, "output", "w1", [second], [later], grouping=KEY_FORM)
     assert [(r["key"], r["count"], r["distinct_users"]) for r in run_rows(run)] == [("k", 1, 1)]
 
 
@@ -484,8 +497,11 @@ def test_a_run_swept_all_along_equals_the_batch_job(workers: object) -> None:
     assert result["rows"] == expected["rows"]
     assert result["malformed_records"] == expected["malformed_records"] > 0
     assert sum(s.files_deleted for s in swept) > 0 and sum(s.rows_deleted for s in swept) > 0
-    # ...and once its distinct sets are dropped, their counts kept, it still is
+    # ...and once its groups' partial states are dropped, their values kept, it still is
+    # (the watchdog of the test's workers may freeze them first)
     Run.objects.filter(pk=run.pk).update(finished_at=timezone.now() - dt.timedelta(minutes=2))
     retention.freeze_results()
-    assert not ResultKey.objects.filter(run=run, values__isnull=False).exists()
+    groups = ResultGroup.objects.filter(run=run)
+    assert groups.exists() and not groups.exclude(states={}).exists()
+    assert not groups.filter(finished__isnull=True).exists()
     assert summary(run)["rows"] == expected["rows"]

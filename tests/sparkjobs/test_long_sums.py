@@ -1,6 +1,7 @@
-"""Sums in longs (sparkjobs/long_sums.py): the same bytes as the decimal plan, exact
-against an oracle in Python's decimals, and a value or a group too large for longs
-aggregated in decimals instead."""
+"""Sums in longs (sparkjobs/long_sums.py, as sparkjobs/measure_parts.py keeps a grouped
+stage's sum, min, max and average: here the key form's, of its value): the same bytes
+as the decimal plan, exact against an oracle in Python's decimals, and a value or a
+group too large for longs aggregated in decimals instead."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from sparkjobs import aggregate, long_sums
-from sparkjobs.aggregate import AggregateParams, partial_aggregate
-from sparkjobs.merge import combine_partials
+from sparkjobs import grouped, long_sums
+from sparkjobs.grouped import grouped_partials
+from sparkjobs.measures import Grouping
+from sparkjobs.merge import combine_groups
 
 pytestmark = pytest.mark.spark
+
+KEY_FORM = Grouping.of({})  # the key form: count, sum, min, max and avg of the value
 
 SMALL = Decimal(long_sums.SMALL)
 ULP = Decimal("1e-10")
@@ -48,7 +52,9 @@ def read_as_spark_does(text: str) -> Decimal:
     return Decimal(text).quantize(ULP, rounding=ROUND_HALF_UP, context=WIDE)
 
 
-def oracle(records: list[tuple[str, str, str]]) -> dict[str, tuple[int, Decimal, Decimal, Decimal]]:
+def oracle(
+    records: list[tuple[str, str, str]],
+) -> dict[str, tuple[int, Decimal, Decimal, Decimal, Decimal]]:
     groups: dict[str, list[Decimal]] = defaultdict(list)
     for key, value, _ in records:
         groups[key].append(read_as_spark_does(value))
@@ -56,7 +62,8 @@ def oracle(records: list[tuple[str, str, str]]) -> dict[str, tuple[int, Decimal,
     for key, numbers in groups.items():
         for number in numbers:
             totals[key] = WIDE.add(totals[key], number)
-    return {k: (len(v), totals[k], min(v), max(v)) for k, v in groups.items()}
+    # The average is the one division of the exact sum (in the default context)
+    return {k: (len(v), totals[k], min(v), max(v), totals[k] / len(v)) for k, v in groups.items()}
 
 
 def write(folder: Path, records: list[tuple[str, str, str]], segments: int = 3) -> dict[str, Path]:
@@ -74,19 +81,24 @@ def write(folder: Path, records: list[tuple[str, str, str]], segments: int = 3) 
 
 def aggregated(
     spark: Any, folder: Path, inputs: dict[str, Path], *, together: bool
-) -> tuple[dict[str, tuple[int, Decimal, Decimal, Decimal]], dict[str, bytes]]:
+) -> tuple[dict[str, tuple[int, Decimal, Decimal, Decimal, Decimal]], dict[str, bytes]]:
     outputs = {seg: folder / f"{seg}.p.jsonl" for seg in inputs}
     holders = {seg: "seg0" for seg in inputs} if together else None
-    partial_aggregate(spark, inputs, outputs, AggregateParams(), together=holders)
-    partials = combine_partials(list(outputs.values()))
-    merged = {m.key: (m.count, m.sum, m.min, m.max) for m in partials}
+    assert KEY_FORM is not None
+    grouped_partials(spark, inputs, outputs, KEY_FORM, together=holders)
+    merged = {}
+    for partial in combine_groups(KEY_FORM, list(outputs.values())):
+        values = KEY_FORM.finish(partial.states)
+        (key,) = partial.group
+        assert key is not None
+        merged[key] = (values["count"], values["sum"], values["min"], values["max"], values["avg"])
     return merged, {seg: path.read_bytes() for seg, path in outputs.items()}
 
 
 @pytest.fixture(autouse=True)
 def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts as a process that has not yet seen values too large for longs."""
-    monkeypatch.setattr(aggregate, "_IN_DECIMALS", set())
+    monkeypatch.setattr(grouped, "_IN_DECIMALS", set())
 
 
 def mixed_records(seed: int, count: int) -> list[tuple[str, str, str]]:
@@ -107,8 +119,8 @@ def test_sums_in_longs_are_the_oracles_and_the_decimal_plans_bytes(
     inputs = write(tmp_path / "in", records)
     in_longs, written = aggregated(spark, tmp_path / "longs", inputs, together=together)
     assert in_longs == oracle(records)
-    assert AggregateParams() not in aggregate._IN_DECIMALS  # no value was too large
-    aggregate._IN_DECIMALS.add(AggregateParams())
+    assert KEY_FORM not in grouped._IN_DECIMALS  # no value was too large
+    grouped._IN_DECIMALS.add(KEY_FORM)
     _, written_in_decimals = aggregated(spark, tmp_path / "decimals", inputs, together=together)
     assert written == written_in_decimals
 
@@ -122,12 +134,12 @@ def test_a_value_too_large_for_longs_sends_its_batch_and_the_later_ones_to_decim
     inputs = write(tmp_path / "in", records)
     merged, _ = aggregated(spark, tmp_path / "first", inputs, together=together)
     assert merged == oracle(records)
-    assert AggregateParams() in aggregate._IN_DECIMALS
+    assert KEY_FORM in grouped._IN_DECIMALS
 
-    def not_in_longs() -> Any:
+    def not_in_longs(_: Any) -> Any:
         raise AssertionError("a later batch of the same aggregate summed in longs")
 
-    monkeypatch.setattr(long_sums, "per_record", not_in_longs)
+    monkeypatch.setattr(long_sums, "small_unscaled", not_in_longs)
     later = mixed_records(seed=9, count=30)
     merged, _ = aggregated(
         spark, tmp_path / "later", write(tmp_path / "in2", later), together=together
@@ -143,7 +155,7 @@ def test_a_group_of_more_records_than_longs_can_sum_is_summed_in_decimals(
     records = [("a", "1.5", "u1"), ("a", "2.25", "u2"), ("a", "-1", "u3"), ("b", "4", "u1")]
     merged, _ = aggregated(spark, tmp_path, write(tmp_path / "in", records), together=True)
     assert merged == oracle(records)
-    assert AggregateParams() in aggregate._IN_DECIMALS
+    assert KEY_FORM in grouped._IN_DECIMALS
 
 
 @settings(max_examples=12, deadline=None)
@@ -160,12 +172,12 @@ def test_a_group_of_more_records_than_longs_can_sum_is_summed_in_decimals(
 def test_any_values_within_the_bound_sum_exactly_in_longs(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, values: list[tuple[str, Decimal]]
 ) -> None:
-    aggregate._IN_DECIMALS.clear()
+    grouped._IN_DECIMALS.clear()
     folder = tmp_path_factory.mktemp("values")
     records = [(key, str(value), "u") for key, value in values]
     merged, _ = aggregated(spark, folder, write(folder / "in", records), together=True)
     assert merged == oracle(records)
-    assert AggregateParams() not in aggregate._IN_DECIMALS
+    assert KEY_FORM not in grouped._IN_DECIMALS
 
 
 def test_a_value_s_unscaled_column_is_built_on_any_thread(spark: Any) -> None:

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkjobs.catalog import validate_params
+from sparkjobs.key_form import as_measures
 from sparkjobs.measures import FUNCTIONS, HLL_LG_K, KLL_K, Grouping, Measure, State, problems
 
 FIELDS = ("a", "b", "c", "x", "y", "t")
@@ -215,7 +216,11 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
     assert grouping is not None
     assert grouping.strings == ["carrier", "origin", "tailnum"]
     assert grouping.numbers == ["dep_delay"]
-    assert Grouping.of({"key": "k"}) is None
+    assert grouping.required == ()  # none: a missing or null field is null, as in SQL
+    # The key form is read as the measures it means (sparkjobs/key_form.py); parameters
+    # that name no measures are no grouping
+    assert Grouping.of({"key": "k"}) == Grouping.of(as_measures({"key": "k"}))
+    assert Grouping.of({"group_by": ["k"]}) is None
 
 
 @pytest.mark.parametrize(
@@ -277,6 +282,15 @@ def test_a_grouping_reads_its_fields_as_their_functions_need() -> None:
             {"measures": [{"name": "s", "fn": "sum", "field": "origin"}]},
             "group_by field(s) origin also read as numbers",
         ),
+        ({"required": "carrier"}, "required must be a list of at most 64 field names"),
+        ({"required": ["carrier", 3]}, "required must be a list of at most 64 field names"),
+        ({"required": ["no such"]}, "required must be a list of at most 64 field names"),
+        ({"required": ["carrier"] * 65}, "required must be a list of at most 64 field names"),
+        ({"required": ["_Segment"]}, "required[0]: '_Segment' is a name the console's Spark"),
+        (
+            {"group_by": ["carrier", "hour(dep_time) AS dep_hour"], "required": ["dep_hour"]},
+            "required[0]: 'dep_hour' is computed by group_by, not a field of the records",
+        ),
     ],
 )
 def test_a_bad_measure_is_refused_saying_which(change: dict[str, Any], says: str) -> None:
@@ -293,6 +307,25 @@ def test_a_running_stage_takes_the_same_measures_and_refuses_the_same_mistakes(
     assert any("value and measures are two ways to say what to compute" in p for p in found)
     named = {**GOOD, "measures": [{"name": "origin", "fn": "count"}]}
     assert any("also a group_by field" in p for p in validate_params("running", "operator", named))
+
+
+def test_a_stage_may_require_any_field_of_the_records_and_nothing_without_measures() -> None:
+    # Its group fields, the fields its measures read, the times they are taken by, and a
+    # field it reads only to require it (as text)
+    params = {
+        **GOOD,
+        "measures": [*GOOD["measures"], {"name": "f", "fn": "first", "field": "gate", "by": "t"}],
+        "required": ["carrier", "dep_delay", "tailnum", "gate", "t", "flight"],
+    }
+    assert problems(params) == []
+    grouping = Grouping.of(params)
+    assert grouping is not None
+    assert grouping.required == ("carrier", "dep_delay", "tailnum", "gate", "t", "flight")
+    assert "flight" in grouping.strings
+    assert problems({"required": ["carrier"]}) == ["required given without measures"]
+    assert problems({"group_by": ["a"], "required": ["a"]}) == [
+        "group_by and required given without measures"
+    ]
 
 
 def test_a_group_field_may_be_computed_from_the_record_by_an_admitted_expression() -> None:

@@ -73,12 +73,26 @@ def test_an_aggregate_writes_its_key_and_the_aggregates_it_computes() -> None:
         RECORDS,
     )
     assert problems == []
-    # The key under its declared name (fields resolve whatever their case), max as the value
+    # The key under its declared name (fields resolve whatever their case), then the
+    # measures the form means (sparkjobs/key_form.py), typed as grouped measures are: a
+    # maximum of a number is a double, whatever the number's own type
     assert _types(written) == [
         ("key", "string"),
         ("count", "long"),
-        ("max", "long"),
+        ("max", "double"),
         ("avg", "double"),
+    ]
+
+
+def test_a_required_field_the_input_lacks_is_refused_at_required() -> None:
+    params = {
+        "group_by": ["key"],
+        "measures": [{"name": "n", "fn": "count"}],
+        "required": ["key", "usr"],
+    }
+    _, problems = output("aggregate", params, RECORDS)
+    assert [(p.param, p.message.split(" (")[0]) for p in problems] == [
+        ("required", "unknown field 'usr'")
     ]
 
 
@@ -95,7 +109,8 @@ def test_a_window_needs_an_event_time_field_that_can_hold_one() -> None:
     assert [p.param for p in problems] == ["event_time"]  # its default, event_time, is absent
     written, problems = output("aggregate", {**params, "event_time": "ts"}, RECORDS)
     assert problems == []
-    assert [f.name for f in written.fields][:3] == ["key", "window_start", "window_end"]
+    # Each window's start and end, then the key, as grouped measures write them
+    assert [f.name for f in written.fields][:3] == ["window_start", "window_end", "key"]
     _, problems = output("aggregate", {**params, "event_time": "ok"}, RECORDS)
     assert [(p.param, p.message.split(";")[0]) for p in problems] == [
         ("event_time", "'ok' is a boolean")

@@ -53,7 +53,7 @@ jvm.stop()
 BATCH = """
 import sys
 from pathlib import Path
-from sparkjobs.aggregate import aggregate_batch
+from sparkjobs.grouped import aggregate_batch
 from sparkjobs.session import claim_jvm, operator_session
 from sparkjobs.warm_up import write_records
 from tests.waiting import wait_for

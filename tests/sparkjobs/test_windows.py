@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from orchestrator.pipeline.event_high import segment_high
-from sparkjobs.aggregate import AggregateParams, partial_aggregate
 from sparkjobs.event_time import US, WindowSpec, parse_us
-from sparkjobs.merge import combine_partials
+from sparkjobs.grouped import aggregate_batch
+from sparkjobs.measures import Grouping
+from sparkjobs.merge import combine_groups
 from sparkjobs.windows import with_event_us
 
 TIMES = [
@@ -75,16 +76,20 @@ def test_hopping_windows_equal_spark_window_and_late_records_stay_out(
     seg0, seg1 = tmp_path / "s0.jsonl", tmp_path / "s1.jsonl"
     seg0.write_text("".join(json.dumps(r) + "\n" for r in records[:30]))
     seg1.write_text("".join(json.dumps(r) + "\n" for r in [*records[30:], late_record]))
-    params = AggregateParams.from_params({"window_s": 6, "slide_s": 2, "event_time": "ts"})
-    assert params.windows is not None
+    # An aggregate stage of the key form (key, value, user) over hopping windows
+    params = {"window_s": 6, "slide_s": 2, "event_time": "ts"}
+    grouping = Grouping.of(params)
+    assert grouping is not None
     high0 = segment_high(seg0, "jsonl", "ts")
     assert high0 == parse_us(json.loads(json.dumps(records[29]))["ts"])
     outputs = {"s0": tmp_path / "o0.jsonl", "s1": tmp_path / "o1.jsonl"}
-    produced = partial_aggregate(
+    produced = aggregate_batch(
         spark,
+        "aggregate",
+        params,
         {"s0": seg0, "s1": seg1},
         outputs,
-        params,
+        key_group=None,
         highs={"s0": None, "s1": high0},
     )
     # 990.5 falls in the windows starting at 986, 988 and 990: all ended by 1020.3.
@@ -93,8 +98,8 @@ def test_hopping_windows_equal_spark_window_and_late_records_stay_out(
     assert produced["s0"].late == 0
 
     got = {
-        (m.window, m.key): (m.count, m.sum, m.min, m.max, len(m.distinct))
-        for m in combine_partials(list(outputs.values()))
+        (p.window, *p.group): grouping.finish(p.states)
+        for p in combine_groups(grouping, list(outputs.values()))
     }
     frame = spark.createDataFrame(
         [(r["key"], str(r["value"]), r["user"], str(r["ts"])) for r in records],
@@ -110,21 +115,23 @@ def test_hopping_windows_equal_spark_window_and_late_records_stay_out(
             F.sum("value").alias("sum"),
             F.min("value").alias("min"),
             F.max("value").alias("max"),
-            F.count_distinct("user").alias("distinct"),
+            F.count_distinct("user").alias("distinct_users"),
         )
         .withColumn("start", F.unix_micros(F.col("window.start")))
         .collect()
     )
     want = {
-        (r["start"], r["key"]): (
-            r["count"],
-            Decimal(r["sum"]),
-            Decimal(r["min"]),
-            Decimal(r["max"]),
-            r["distinct"],
-        )
+        (r["start"], r["key"]): {
+            "count": r["count"],
+            "sum": Decimal(r["sum"]),
+            "min": Decimal(r["min"]),
+            "max": Decimal(r["max"]),
+            "avg": Decimal(r["sum"]) / r["count"],
+            "distinct_users": r["distinct_users"],
+        }
         for r in expected
     }
+    assert len(want) > 10
     assert got == want
 
 

@@ -413,28 +413,12 @@ class EventSerializer(serializers.Serializer[JsonObject]):
     data = serializers.DictField()  # type: ignore[assignment]
 
 
-class ResultRowSerializer(serializers.Serializer[JsonObject]):
-    key = serializers.CharField()
-    count = serializers.IntegerField()
-    sum_value = serializers.FloatField()
-    min_value = serializers.FloatField()
-    max_value = serializers.FloatField()
-    avg_value = serializers.FloatField()
-    distinct_users = serializers.IntegerField()
-
-
 class OpenWindowSerializer(serializers.Serializer[JsonObject]):
     start = serializers.CharField(help_text="ISO-8601, UTC")
     end = serializers.CharField()
     keys = serializers.IntegerField()
     records = serializers.IntegerField()
     progress = serializers.FloatField(help_text="how far the watermark is through it, 0 to 1")
-
-
-class ClosedWindowSerializer(serializers.Serializer[JsonObject]):
-    start = serializers.CharField()
-    end = serializers.CharField()
-    rows = ResultRowSerializer(many=True, help_text="its keys with the most records")
 
 
 class NodeTimeSerializer(serializers.Serializer[JsonObject]):
@@ -475,7 +459,6 @@ class WindowsSerializer(serializers.Serializer[JsonObject]):
     )
     closed = serializers.IntegerField(help_text="windows closed")
     open = OpenWindowSerializer(many=True, help_text="open windows, oldest first")
-    latest = ClosedWindowSerializer(many=True, help_text="the latest closed windows")
     nodes = serializers.DictField(child=NodeTimeSerializer())
 
 

@@ -305,7 +305,9 @@ def save_document(doc: Any) -> tuple[Pipeline, bool]:
                 "kind": spec["kind"],
                 "stage": spec.get("stage", "") or "",
                 "operator": service.operator_name(spec),
-                "params": dict(spec.get("params") or {}),
+                "params": service.stored_params(
+                    service.operator_name(spec), spec.get("params") or {}
+                ),
                 "buffer_mb": float(spec.get("buffer_mb", service.DEFAULT_BUFFER_MB)),
                 "max_rate_mbps": float(spec.get("max_rate_mbps", service.DEFAULT_MAX_RATE_MBPS)),
             },

@@ -11,14 +11,28 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from orchestrator.ledger import bound, segments
-from orchestrator.models import ResultKey, Segment
-from sparkjobs.merge import MergedKey
-from tests.orchestrator.ledger.test_value_sets import HOSTILE
+from orchestrator.models import ResultGroup, Segment
+from tests.orchestrator.key_form import KEY_FORM, key_partial, key_states
 from tests.orchestrator.runs import pending_run, segment_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TABLE = "bound_probe"
+# Values a record may carry that quoting, splitting or escaping would change.
+HOSTILE = [
+    "",
+    "\x1f",
+    "a\x1fb",
+    "{",
+    "}",
+    '"',
+    "\\",
+    ",",
+    "NULL",
+    " ",
+    "é",
+    "x" * 3000,
+]
 
 
 @pytest.fixture
@@ -63,20 +77,26 @@ def test_a_sink_batch_s_sets_are_never_spliced_into_a_statement_by_django() -> N
     # Django's cursor quotes every parameter into the statement's text in Python: 32 ms
     # of a 57 ms merge of 243 keys' sets (orchestrator/ledger/bound.py).
     run = pending_run("reference")
-    row = segment_row(run, "v0", node="output", upstream="task1", size=1)
-    Segment.objects.filter(pk=row.pk).update(state=Segment.State.CLAIMED, lease_owner="w")
-    row.refresh_from_db()
-    marker = "u-bound-marker"
+    rows = []
+    for n in range(2):
+        row = segment_row(run, f"v{n}", node="output", upstream="task1", size=1, chunk=n)
+        Segment.objects.filter(pk=row.pk).update(state=Segment.State.CLAIMED, lease_owner="w")
+        row.refresh_from_db()
+        rows.append(row)
     seen: list[str] = []
 
     def spy(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         seen.append(repr(params))
         return execute(sql, params, many, context)
 
-    delta = MergedKey("k", 1, Decimal(1), Decimal(1), Decimal(1), (marker, "u2"))
+    # The first batch brings a new group (inserted), the second merges into it (updated)
+    markers = ["u-bound-marker", "u-bound-merged"]
     with connection.execute_wrapper(spy):
-        segments.complete_sink_batch(run.pk, "output", "w", [row], [delta])
+        for row, marker in zip(rows, markers, strict=True):
+            batch = [key_partial("k", key_states(1, 1, 1, 1, [marker, "u2"]))]
+            segments.complete_sink_batch(run.pk, "output", "w", [row], batch, grouping=KEY_FORM)
     assert seen, "the batch's other statements go through Django"
-    assert not [params for params in seen if marker in params]
-    kept = ResultKey.objects.get(run=run, key="k").values or []
-    assert sorted(kept) == sorted([marker, "u2"])
+    assert not [params for params in seen if any(m in params for m in markers)]
+    kept = ResultGroup.objects.get(run=run, group=["k"])
+    assert kept.states["distinct_users"] == sorted([*markers, "u2"])
+    assert kept.records == 2

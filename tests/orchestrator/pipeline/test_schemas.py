@@ -39,7 +39,7 @@ def test_the_declared_fields_reach_every_node_and_the_aggregates_reach_the_sink(
         ("min", "double"),
         ("max", "double"),
         ("avg", "double"),
-        ("count_distinct", "long"),
+        ("distinct_users", "long"),  # each measure named as the result's rows name it
     ]
     assert found.by_node["output"] == found.by_node["task1"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from orchestrator.ledger import keystate
-from orchestrator.ledger.groups import digest
+from orchestrator.ledger.groups import GroupRow, digest, shown_row
 from orchestrator.ledger.results import summary
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from orchestrator.rescale.alignment import claim_batch
@@ -23,6 +22,7 @@ from orchestrator.rescale.plan import key_groups
 from orchestrator.run.lifecycle import live_workers
 from orchestrator.worker.plain_job import batch_summary
 from sparkjobs.keygroups import slot_of
+from tests.orchestrator.key_form import KEY_FORM
 from tests.orchestrator.run.scenarios import (
     adjust_and_wait,
     policy,
@@ -129,18 +129,17 @@ def test_stateful_state_is_identical_per_key_across_rescales_and_equals_the_batc
         assert state["identical"] is True and state["misplaced_keys"] == [], state
     # ...the final state per key is the batch job's result per key...
     expected = _exact(run, doc)
-    totals = keystate.totals(run.pk, "totals")
-    assert {k.key: _figures(t) for k, t in totals.items()} == {
-        r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
-        for r in expected["rows"]
-    }
+    assert _state_rows(run, expected["rows"]) == expected["rows"]
     # ...held once, by the owner of its key group in the final graph
     run.refresh_from_db()
     final = [n["name"] for n in run.topology["nodes"] if n.get("stage") == "totals"]
     assert len(final) == 2
     groups = key_groups(run.topology, "totals")
-    for state, holders in keystate.holders(run.pk, "totals").items():
-        assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
+    slots = {digest([r["key"]]): slot_of(str(r["key"])) for r in expected["rows"]}
+    held = keystate.holders(run.pk, "totals")
+    assert held.keys() == {keystate.StateKey(d) for d in slots}
+    for state, holders in held.items():
+        assert len(holders) == 1 and slots[state.key] in groups[holders[0]].slots
 
 
 # A stage of grouped measures over the running-totals pipeline's records.
@@ -204,30 +203,30 @@ def test_a_local_global_stage_spreads_a_hot_key_and_keeps_its_state_exact_across
         assert adjustment.status == "complete", adjustment.outcome
     expected = _exact(run, doc, malformed=True)
     # ...every key's state merged over its holders is the batch job's result per key...
-    totals = keystate.totals(run.pk, "totals")
-    assert {k.key: _figures(t) for k, t in totals.items()} == {
-        r["key"]: (r["count"], _dec(r["sum_value"]), _dec(r["min_value"]), _dec(r["max_value"]))
-        for r in expected["rows"]
-    }
+    assert _state_rows(run, expected["rows"]) == expected["rows"]
     # ...the dominant key was folded by more than one instance, and only members that
     # stay hold state: the removed instance's totals were merged into one of them
-    hottest = max(expected["rows"], key=lambda r: r["count"])["key"]
+    hottest = keystate.StateKey(digest([max(expected["rows"], key=lambda r: r["count"])["key"]]))
     holders = keystate.holders(run.pk, "totals")
-    assert len(holders[keystate.StateKey(hottest)]) == 2, holders[keystate.StateKey(hottest)]
+    assert len(holders[hottest]) == 2, holders[hottest]
     staying = {"totals2", *grown.plan["added"]}
     assert {h for who in holders.values() for h in who} <= staying
 
 
-def _dec(value: Any) -> Any:
-    from decimal import Decimal
-
-    return Decimal(str(value))
-
-
-def _figures(kept: keystate.Kept) -> tuple[int, Any, Any, Any]:
-    """A key's state as its count, sum, min and max."""
-    states = kept.states
-    return kept.records, _dec(states["sum"]), _dec(states["min"]), _dec(states["max"])
+def _state_rows(run: Run, rows: list[dict[str, Any]]) -> list[GroupRow]:
+    """The running stage's state of each key of ``rows`` (a result's), merged over its
+    holders and finished, as a result row shows it: every measure of the key form
+    (sparkjobs/key_form.py), its distinct users among them."""
+    totals = keystate.totals(run.pk, "totals")
+    assert len(totals) == len(rows) > 1, (len(totals), len(rows))
+    return [
+        shown_row(
+            KEY_FORM,
+            [row["key"]],
+            KEY_FORM.finish(totals[keystate.StateKey(digest([row["key"]]))].states),
+        )
+        for row in rows
+    ]
 
 
 def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> None:
@@ -236,13 +235,14 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     doc = running_totals(max_rate_mbps=4.0, buffer_mb=0.5)
     run = start(doc, policy(adjust_timeout_s=1.0, key_moves="off"), generator="seed=8,volume_mb=4")
     wait_started(run)
-    stuck = None
-    deadline = time.monotonic() + 60
-    while not stuck:
-        assert time.monotonic() < deadline, "totals1 never had data to hold"
-        stuck = claim_batch(
+    wait_for(
+        "totals1 to have data to hold",
+        lambda: claim_batch(
             run.pk, "totals1", "stuck-worker", max_segments=4, max_bytes=1 << 30, lease_s=5
-        )
+        ),
+        timeout_s=60,
+        every_s=0.05,
+    )
     before = copy.deepcopy(Run.objects.get(pk=run.pk).topology)
     # When an instance is added: totals1 cannot align while its batch is out
     adjustment = adjust_and_wait(run, "add_instance", stage="totals")
@@ -258,14 +258,15 @@ def test_an_adjustment_that_times_out_rolls_back_with_nothing_lost(workers) -> N
     run = wait_until_done(run, timeout_s=300)
     expected = _exact(run, doc)
     assert {k.key: t.records for k, t in keystate.totals(run.pk, "totals").items()} == {
-        r["key"]: r["count"] for r in expected["rows"]
+        digest([r["key"]]): r["count"] for r in expected["rows"]
     }
     assert Run.objects.get(pk=run.pk).topology == before
     groups = key_groups(before, "totals")
+    slots = {digest([r["key"]]): slot_of(str(r["key"])) for r in expected["rows"]}
     held = keystate.holders(run.pk, "totals").items()
     assert held, "no key's state was kept"
     for state, holders in held:
-        assert len(holders) == 1 and slot_of(state.key) in groups[holders[0]].slots
+        assert len(holders) == 1 and slots[state.key] in groups[holders[0]].slots
 
 
 def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
@@ -291,14 +292,11 @@ def test_a_killed_worker_s_instances_move_to_live_workers_and_the_run_is_exact(
         # When the worker's processes are killed with SIGKILL
         _kill_tree(victim.pid)
         # Then its instance moves to a live worker (once ZooKeeper expires its session)
-        deadline = time.monotonic() + 120
-        while (
-            not Adjustment.objects.filter(run=run, kind="failover")
-            .exclude(status="running")
-            .exists()
-        ):
-            assert time.monotonic() < deadline, "no failover happened"
-            time.sleep(0.2)
+        wait_for(
+            "a failover to end",
+            Adjustment.objects.filter(run=run, kind="failover").exclude(status="running").exists,
+            timeout_s=120,
+        )
         failover = Adjustment.objects.get(run=run, kind="failover")
         assert failover.status == "complete", failover.outcome
         assert failover.plan["removed"] == [moved]

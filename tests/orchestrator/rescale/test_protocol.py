@@ -13,19 +13,18 @@ from decimal import Decimal
 import pytest
 
 from orchestrator.ledger import keystate, segments
+from orchestrator.ledger.groups import digest
 from orchestrator.models import Adjustment, Event, Instance, Run, Segment
 from orchestrator.rescale.alignment import AlignedClaim, claim_batch, tails_reported
 from orchestrator.rescale.completion import complete, rollback
 from orchestrator.rescale.plan import Change, NewInstance, RescaleError, key_groups
 from orchestrator.rescale.start import begin
 from sparkjobs.keygroups import KEY_SLOTS, KeyGroup, slot_of
-from sparkjobs.merge import MergedKey
+from sparkjobs.merge import GroupPartial
+from tests.orchestrator.key_form import KEY_FORM, key_partial, key_states
 from tests.orchestrator.runs import pending_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-# The running-totals pipeline's stage: key and value.
-KEY_FORM = keystate.state_grouping({"key": "key", "value": "value"})
 
 
 def _claim(run: Run, node: str) -> AlignedClaim:
@@ -42,20 +41,31 @@ def _keys_per_slot_range() -> dict[str, Decimal]:
     return {key: Decimal(slot) for slot, key in keys.items()}
 
 
-def _totals(key: str, count: int, value: Decimal, window: int | None = None) -> MergedKey:
-    """A batch's partial of ``count`` records of ``key``, from ``value - 1`` to ``value + 1``."""
-    return MergedKey(key, count, value * count, value - 1, value + 1, (), window)
+# Each key's slot by the digest its state is kept by.
+SLOTS = {digest([key]): slot_of(key) for key in _keys_per_slot_range()}
 
 
-def _fold(run: Run, holder: str, partials: list[MergedKey]) -> None:
-    keystate.fold(run.pk, "totals", holder, KEY_FORM, keystate.key_deltas(partials))
+def _slot(state: keystate.StateKey) -> int:
+    """The key slot of the key whose state is kept at ``state``."""
+    return SLOTS[state.key]
+
+
+def _totals(key: str, count: int, value: Decimal, window: int | None = None) -> GroupPartial:
+    """A batch's partial of ``count`` records of ``key``, from ``value - 1`` to ``value + 1``,
+    by two users."""
+    states = key_states(count, value * count, value - 1, value + 1, [f"u{value}", "u"])
+    return key_partial(key, states, window=window)
+
+
+def _fold(run: Run, holder: str, partials: list[GroupPartial]) -> None:
+    keystate.fold(run.pk, "totals", holder, KEY_FORM, keystate.group_deltas(partials))
 
 
 def _seed_state(run: Run) -> dict[keystate.StateKey, keystate.Kept]:
     """totals1 and totals2 hold the keys of their even key groups, over all time and
     in an event-time window."""
     groups = key_groups(run.topology, "totals")
-    by_holder: dict[str, list[MergedKey]] = {}
+    by_holder: dict[str, list[GroupPartial]] = {}
     for key, value in _keys_per_slot_range().items():
         holder = next(m for m, g in groups.items() if slot_of(key) in g.slots)
         for window in (None, 60_000_000):
@@ -159,7 +169,9 @@ def test_a_stateless_instance_aligns_once_it_has_every_marker_and_keeps_processi
     first = _claim(run, "output")
     # Then it keeps merging both sides, the old data first, without aligning
     assert first.aligned is None and [s.pk for s in first] == ["c1", "c2"]
-    segments.complete_sink_batch(run.pk, "output", "test-output", first.segments, [])
+    segments.complete_sink_batch(
+        run.pk, "output", "test-output", first.segments, [], grouping=KEY_FORM
+    )
     # And it aligns as soon as the last marker is in and no batch of its is out
     _claim(run, "agg-5")
     assert _claim(run, "output").aligned is not None
@@ -206,9 +218,11 @@ def test_state_is_identical_per_key_after_scale_out_and_owned_by_the_new_groups(
     # Then every key's state is what it was, held once, by the owner of its slot
     assert keystate.totals(run.pk, "totals") == before
     owners = key_groups(done.after, "totals")
-    for state, holders in keystate.holders(run.pk, "totals").items():
+    held = keystate.holders(run.pk, "totals")
+    assert held.keys() == before.keys()
+    for state, holders in held.items():
         (holder,) = holders
-        assert slot_of(state.key) in owners[holder].slots
+        assert _slot(state) in owners[holder].slots
     assert done.outcome["state"]["totals"]["identical"] is True
     assert done.outcome["state"]["totals"]["misplaced_keys"] == []
 
@@ -280,8 +294,10 @@ def test_rollback_restores_the_old_graph_state_and_requeues_data_of_new_instance
         assert inside == KeyGroup(c.slots_from, c.slots_to)
     # And every key's state is back with its old owner, unchanged
     assert keystate.totals(run.pk, "totals") == before
-    for state, holders in keystate.holders(run.pk, "totals").items():
-        assert slot_of(state.key) in old_groups[holders[0]].slots and len(holders) == 1
+    held = keystate.holders(run.pk, "totals")
+    assert held.keys() == before.keys()
+    for state, holders in held.items():
+        assert _slot(state) in old_groups[holders[0]].slots and len(holders) == 1
 
 
 def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_one_that_stays() -> (
@@ -319,7 +335,7 @@ def test_a_local_global_stage_merges_the_state_of_an_instance_that_leaves_into_o
     assert complete(shrunk.pk).status == Adjustment.Status.COMPLETE
     assert keystate.totals(run.pk, "totals") == expected
     assert {tuple(h) for h in keystate.holders(run.pk, "totals").values()} == {("totals2",)}
-    assert expected[keystate.StateKey(next(iter(keys)))].records == 6
+    assert expected[keystate.StateKey(digest([next(iter(keys))]))].records == 6
 
 
 def test_a_key_group_move_hands_the_moved_slots_state_over_and_a_scale_out_starts_even() -> None:
@@ -343,9 +359,11 @@ def test_a_key_group_move_hands_the_moved_slots_state_over_and_a_scale_out_start
     assert keystate.totals(run.pk, "totals") == before
     owners = key_groups(done.after, "totals")
     assert owners == {"totals1": KeyGroup(0, 20), "totals2": KeyGroup(20, KEY_SLOTS)}
-    for state, holders in keystate.holders(run.pk, "totals").items():
+    held = keystate.holders(run.pk, "totals")
+    assert held.keys() == before.keys()
+    for state, holders in held.items():
         (holder,) = holders
-        assert slot_of(state.key) in owners[holder].slots
+        assert _slot(state) in owners[holder].slots
     assert done.outcome["state"]["totals"]["misplaced_keys"] == []
     # When a third instance joins afterwards, the stage starts again from even groups
     grown = begin(

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.ledger import retention
 from orchestrator.ledger.results import summary
-from orchestrator.models import ResultKey
+from orchestrator.models import ResultGroup
 from orchestrator.run.lifecycle import create_run
 from orchestrator.tasks import start_run
 from orchestrator.worker.plain_job import batch_summary
@@ -128,7 +128,7 @@ def test_a_run_whose_input_file_changed_before_it_started_fails_saying_which(
     assert run.status == "failed"
     assert "part-1.jsonl changed since it was measured" in run.error
     assert run.error.startswith("the input could not be read")
-    assert not ResultKey.objects.filter(run=run, key="secret").exists()
+    assert not ResultGroup.objects.filter(run=run, group=["secret"]).exists()
 
 
 def test_a_file_deleted_while_the_run_reads_it_fails_the_run_saying_which(

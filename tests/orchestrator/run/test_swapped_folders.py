@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.models import ResultKey, SourceFile
+from orchestrator.models import ResultGroup, SourceFile
 from orchestrator.run.lifecycle import create_run
 from orchestrator.source.spec import LandingSpec
 from orchestrator.tasks import start_run
@@ -24,6 +23,7 @@ from tests.orchestrator.run.scenarios import (
     wait_started,
     wait_until_done,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -64,7 +64,7 @@ def test_a_bounded_run_whose_input_folder_became_a_link_fails_and_reads_nothing_
     assert "part-0.jsonl changed since it was measured" in run.error
     # (tmp_path is below no input root of the workers: the walk is from /)
     assert f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error
-    assert not ResultKey.objects.filter(run=run, key="secret").exists()
+    assert not ResultGroup.objects.filter(run=run, group=["secret"]).exists()
 
 
 def test_a_bounded_run_whose_input_folder_becomes_a_link_mid_run_fails_and_reads_nothing_behind_it(
@@ -98,7 +98,7 @@ def test_a_bounded_run_whose_input_folder_becomes_a_link_mid_run_fails_and_reads
     assert run.status == "failed", run.status
     assert "changed since it was measured" in run.error
     assert f"{str(tmp_path / 'in')[1:]!r} is a symbolic link" in run.error
-    assert not ResultKey.objects.filter(run=run, key__startswith="s").exists()
+    assert not ResultGroup.objects.filter(run=run, group__0__startswith="s").exists()
 
 
 def test_a_landing_folder_swapped_for_a_link_mid_run_fails_it_and_nothing_behind_it_is_touched(
@@ -111,12 +111,15 @@ def test_a_landing_folder_swapped_for_a_link_mid_run_fails_it_and_nothing_behind
     (tmp_path / "landing" / "notes.txt").write_text("not a landing file\n")
     landed = len(list((tmp_path / "landing").glob("*.jsonl")))
     run = start(skewed_reference(), policy(), source=spec)
-    deadline = time.monotonic() + 120
-    while SourceFile.objects.filter(run=run, state="cleaned").count() < landed:
+
+    def all_deleted() -> bool:
+        if SourceFile.objects.filter(run=run, state="cleaned").count() >= landed:
+            return True
         run.refresh_from_db()
         assert run.is_active, f"the run ended before deleting what it read: {run.error}"
-        assert time.monotonic() < deadline, "the run did not take and delete every file"
-        time.sleep(0.2)
+        return False
+
+    wait_for("the run to take and delete every file", all_deleted, timeout_s=120)
     # When the folder is swapped for a link to another folder, holding files of the
     # names the run deleted and new ones
     other = tmp_path / "other"
@@ -135,5 +138,5 @@ def test_a_landing_folder_swapped_for_a_link_mid_run_fails_it_and_nothing_behind
     # file it never matched
     assert digests(other) == before
     assert SourceFile.objects.filter(run=run).count() == landed
-    assert not ResultKey.objects.filter(run=run, key="secret").exists()
+    assert not ResultGroup.objects.filter(run=run, group=["secret"]).exists()
     assert [p.name for p in (tmp_path / "landing.old").iterdir()] == ["notes.txt"]

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from orchestrator.ledger import keystate
 from orchestrator.ledger.results import summary
 from orchestrator.ledger.window_view import windows_view
-from orchestrator.models import Event, KeyState, Run, Segment, SourceFile, WindowKey
+from orchestrator.models import Event, KeyState, ResultGroup, Run, Segment, SourceFile
 from orchestrator.run.lifecycle import RunError, create_run
 from orchestrator.source.replay import write_ingested
 from orchestrator.source.spec import LandingSpec, StreamSpec
@@ -41,6 +41,7 @@ from tests.orchestrator.run.scenarios import (
     wait_started,
     wait_until_done,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.django_db(transaction=True)]
 
@@ -221,17 +222,20 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
             w["window_start"],
             w["key"],
             w["count"],
-            w["sum_value"],
-            w["min_value"],
-            w["max_value"],
-            w["avg_value"],
+            w["sum"],
+            w["min"],
+            w["max"],
+            w["avg"],
             w["distinct_users"],
         )
-        for w in result["windows"]
+        for w in result["rows"]
     )
     assert got == want
-    assert all(w["closed"] for w in result["windows"])
-    assert WindowKey.objects.filter(run=run).count() == len(want)
+    # Every (window, key) is a row of the run's result, closed once the input ended
+    rows = ResultGroup.objects.filter(run=run)
+    assert rows.count() == len(want)
+    assert not rows.filter(closed_at__isnull=True).exists()
+    assert not rows.filter(finished__isnull=True).exists()
 
     # The plain batch job (``run_pipeline --batch``) over the records that were not late.
     on_time = tmp_path / "on_time.jsonl"
@@ -239,7 +243,7 @@ def test_windows_close_once_and_equal_spark_window_over_the_records_not_late(
         "".join(json.dumps({k: v for k, v in r.items() if k != "t"}) + "\n" for r in oracle.kept)
     )
     batch = batch_summary(topology=doc, input_path=str(on_time), generator=None)
-    assert batch["windows"] == result["windows"]
+    assert batch["rows"] == result["rows"]
     assert batch["malformed_records"] == 0
 
 
@@ -293,8 +297,8 @@ def test_a_stateful_stage_holds_state_per_open_window_across_a_rescale_and_drops
     assert result["status"] == "completed", result["error"]
     assert result["coverage"] == "exact"
     got = sorted(
-        (parse_us(w["window_start"]), w["key"], w["count"], w["sum_value"], w["distinct_users"])
-        for w in result["windows"]
+        (parse_us(w["window_start"]), w["key"], w["count"], w["sum"], w["distinct_users"])
+        for w in result["rows"]
     )
     want = [(s, k, c, float(t), d) for s, k, c, t, _, _, d in Oracle.of(path, run).rows(spark)]
     assert got == want
@@ -410,10 +414,11 @@ def test_a_continuous_run_writes_each_window_to_parquet_once_through_kills(
     try:
         # Stopped once every file is read (a stopped landing run finishes its file).
         writer.join()
-        deadline = time.monotonic() + 120
-        while SourceFile.objects.filter(run=run, state__in=["read", "cleaned"]).count() < 6:
-            assert time.monotonic() < deadline, "the run never read every file"
-            time.sleep(0.2)
+        wait_for(
+            "the run to read every file",
+            lambda: SourceFile.objects.filter(run=run, state__in=["read", "cleaned"]).count() >= 6,
+            timeout_s=120,
+        )
         run = stop_once_caught_up(run, writer)
     finally:
         workers.start(victim)
@@ -509,7 +514,7 @@ def test_a_partitioned_stream_s_watermark_waits_for_its_slowest_partition(
     ]
     got = sorted(
         (parse_us(w["window_start"]), w["key"], w["count"], w["distinct_users"])
-        for w in result["windows"]
+        for w in result["rows"]
     )
     want = [(r[0], r[1], r[2], r[6]) for r in Oracle(kept, 0, 0, {}).rows(spark)]
     assert got == want
@@ -573,7 +578,7 @@ def test_a_parquet_folder_swapped_for_a_link_to_another_pipelines_fails_the_run_
     )
     assert [p.name for p in (root / theirs / "minutes").iterdir()] == ["_manifest.json"]
     assert (root / theirs / "minutes" / "_manifest.json").read_text() == '{"windows": []}'
-    assert not WindowKey.objects.filter(run=run, closed_at__isnull=False).exists()
+    assert not ResultGroup.objects.filter(run=run, closed_at__isnull=False).exists()
 
 
 def test_a_parquet_folder_gone_unwritable_fails_the_run_with_why_and_commits_nothing(
@@ -594,5 +599,5 @@ def test_a_parquet_folder_gone_unwritable_fails_the_run_with_why_and_commits_not
     assert run.status == "failed"
     assert run.error.startswith(f"the sink could not be written: path '{folder}' cannot be written")
     assert root.read_text() == "not a folder"
-    assert not WindowKey.objects.filter(run=run, closed_at__isnull=False).exists()
+    assert not ResultGroup.objects.filter(run=run, closed_at__isnull=False).exists()
     assert run.windows_closed.get("windows", 0) == 0

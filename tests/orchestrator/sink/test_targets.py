@@ -17,13 +17,16 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from orchestrator.sink.layout import KEYED, CellError, grouped_layout
+from orchestrator.sink.layout import CellError, grouped_layout
 from orchestrator.sink.targets import ClosedRow, ParquetFolder, SinkError, sink_of
 from sparkjobs.catalog import validate_params
 from sparkjobs.measures import Grouping
+from tests.orchestrator.key_form import KEY_FORM
 from webapp.settings.env import sink_databases
 
 US = 1_000_000
+# The key form's columns: key, count, sum, min, max, avg, distinct_users.
+KEY_COLUMNS = grouped_layout(KEY_FORM, {})
 
 
 def rows(start_s: int, keys: int) -> list[ClosedRow]:
@@ -32,7 +35,7 @@ def rows(start_s: int, keys: int) -> list[ClosedRow]:
         ClosedRow(
             start_s * US,
             (start_s + 10) * US,
-            KEYED.cells(
+            KEY_COLUMNS.cells(
                 [
                     f"k{i}",
                     i + 1,
@@ -50,7 +53,7 @@ def rows(start_s: int, keys: int) -> list[ClosedRow]:
 
 def test_a_repeated_step_rewrites_the_same_window_and_lists_it_once(tmp_path: Path) -> None:
     with override_settings(BPCONSOLE_SINK_ROOT=tmp_path):
-        sink = ParquetFolder("out/minutes")
+        sink = ParquetFolder("out/minutes", KEY_COLUMNS)
         sink.check()
         sink.write(7, rows(0, 3) + rows(10, 2))
         first = (tmp_path / "out/minutes/window-0.parquet").read_bytes()
@@ -79,9 +82,9 @@ def test_a_parquet_path_leaving_the_sink_root_is_refused(tmp_path: Path) -> None
     (root / "link").symlink_to(outside)
     with override_settings(BPCONSOLE_SINK_ROOT=root):
         with pytest.raises(SinkError, match="leaves the sink root"):
-            ParquetFolder("link/windows").check()
+            ParquetFolder("link/windows", KEY_COLUMNS).check()
         with pytest.raises(SinkError, match="leaves the sink root"):
-            ParquetFolder("link").write(1, rows(0, 1))
+            ParquetFolder("link", KEY_COLUMNS).write(1, rows(0, 1))
     assert list(outside.iterdir()) == []
 
 
@@ -91,10 +94,10 @@ def test_a_folder_swapped_for_a_link_inside_the_root_is_refused_and_its_target_u
     # Given a sink written once, then a folder of its path (not the last) replaced by a
     # link to another pipeline's folder inside the same root
     with override_settings(BPCONSOLE_SINK_ROOT=tmp_path):
-        sink = ParquetFolder("team/minutes")
+        sink = ParquetFolder("team/minutes", KEY_COLUMNS)
         sink.check()
         sink.write(7, rows(0, 1))
-        ParquetFolder("theirs/minutes").write(8, rows(0, 2))
+        ParquetFolder("theirs/minutes", KEY_COLUMNS).write(8, rows(0, 2))
         theirs = {p.name: p.read_bytes() for p in (tmp_path / "theirs/minutes").iterdir()}
         (tmp_path / "team").rename(tmp_path / "team.old")
         (tmp_path / "team").symlink_to(tmp_path / "theirs", target_is_directory=True)
@@ -116,7 +119,7 @@ def test_a_folder_that_cannot_be_written_is_refused_with_why(tmp_path: Path) -> 
         override_settings(BPCONSOLE_SINK_ROOT=tmp_path),
         pytest.raises(SinkError, match="cannot be written"),
     ):
-        ParquetFolder("file/below").check()
+        ParquetFolder("file/below", KEY_COLUMNS).check()
 
 
 @pytest.mark.parametrize(
@@ -152,7 +155,7 @@ def test_only_the_admins_databases_and_the_console_s_own_may_be_named() -> None:
         override_settings(BPCONSOLE_SINK_DATABASES={"console": "postgresql://c/x"}),
         pytest.raises(SinkError, match="database 'reports' is not configured"),
     ):
-        sink_of({"sink": "postgres", "table": "t", "database": "reports"}).check()
+        sink_of({"sink": "postgres", "table": "t", "database": "reports"}, KEY_COLUMNS).check()
 
 
 @pytest.fixture
@@ -174,7 +177,9 @@ def test_a_table_in_another_database_is_created_typed_and_written_idempotently(
 ) -> None:
     named = {"console": "postgresql://unused/x", "reports": other_database}
     with override_settings(BPCONSOLE_SINK_DATABASES=named):
-        sink = sink_of({"sink": "postgres", "table": "per_minute", "database": "reports"})
+        sink = sink_of(
+            {"sink": "postgres", "table": "per_minute", "database": "reports"}, KEY_COLUMNS
+        )
         assert not sink.in_ledger_transaction  # committed before the ledger's
         sink.check()
         sink.write(5, rows(0, 3))

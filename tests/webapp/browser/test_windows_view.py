@@ -1,7 +1,8 @@
 """A windowed run's page in real Chromium: the windows card shows the watermark, the late
-records, the open windows with how far the watermark is through them and the latest
-closed windows' rows, and each node how far behind the source it is in event time.
-The run's rows are written as its sink would have left them; no workers needed."""
+records and the open windows with how far the watermark is through them; the results
+card each window's rows, the latest first; each node shows how far behind the source it
+is in event time. The run's rows are written as its sink would have left them; no
+workers needed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from orchestrator import service
-from orchestrator.models import Run, Segment, WindowKey
+from orchestrator.ledger.groups import digest
+from orchestrator.models import ResultGroup, Run, Segment
 from orchestrator.run.publisher import forget_snapshot, keep_snapshot
 from tests.webapp.browser.test_console import login, shoot
 from tests.webapp.console.factories import make_user, reference
@@ -52,20 +54,26 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
     now = timezone.now()
     for start, closed in ((0, True), (10, True), (20, False)):
         for key, count in (("JFK", 40 + start), ("LGA", 3)):
-            WindowKey.objects.create(
+            total = str(Decimal("12.5") * count)
+            values = {"count": count, "sum": total, "min": "1", "max": "20"}
+            ResultGroup.objects.create(
                 run=run,
+                digest=digest([key], T0 + start * US),
+                group=[key],
                 start_us=T0 + start * US,
                 end_us=T0 + (start + 10) * US,
-                key=key,
-                count=count,
-                sum=Decimal("12.5") * count,
-                min=Decimal("1"),
-                max=Decimal("20"),
+                records=count,
                 closed_at=now if closed else None,
-                # As the sink leaves them: a closed window keeps its count, an open one
-                # its set.
-                distinct=1 if closed else None,
-                values=None if closed else ["u1"],
+                # As the sink leaves them: a closed window keeps its measures' values,
+                # an open one their states.
+                finished={**values, "avg": "12.5", "distinct_users": 1} if closed else None,
+                states={}
+                if closed
+                else {
+                    **values,
+                    "avg": {"sum": total, "count": count},
+                    "distinct_users": ["u1"],
+                },
             )
     Run.objects.filter(pk=run.pk).update(
         source_position={"chunk": 9, "high_us": T0 + 25 * US},
@@ -124,19 +132,32 @@ def test_the_windows_card_and_each_nodes_event_time_lag(
             "63",
             "10%",
         ]
-        # ...the latest closed windows first, each key's row
-        closed = page.locator("#windows-closed tbody tr")
-        first = closed.first.locator("td").all_text_contents()
-        assert first[:3] == ["2026-09-21 14:13:30\u201314:13:40", "JFK", "50"]
+        # ...the results, each row with its window, the latest window first, in each the
+        # key with the most records first, the measures by their names
+        page.wait_for_selector("#results tbody tr")
+        head = page.locator("#results thead th").all_text_contents()
+        assert head == [
+            "window_start",
+            "window_end",
+            "key",
+            "count",
+            "sum",
+            "min",
+            "max",
+            "avg",
+            "distinct_users",
+        ]
+        rows = page.locator("#results tbody tr")
+        assert rows.count() == 6
+        first = rows.first.locator("td").all_text_contents()
+        assert first[:4] == ["2026-09-21T14:13:40Z", "2026-09-21T14:13:50Z", "JFK", "60"]
         assert first[-2:] == ["12.50", "1"]
-        assert closed.count() == 4
         # ...and task1 is 3 s behind the source in event time, on its bar; task2, with
         # nothing waiting, is caught up
         page.wait_for_selector('[data-node="task1"][data-event-lag="3.0"]')
         assert "3.0 s behind" in (page.text_content('[data-node="task1"] .level-text') or "")
         assert page.get_attribute('[data-node="task2"]', "data-event-lag") == "0.0"
         assert "behind" not in (page.text_content('[data-node="task2"] .level-text') or "")
-        assert not page.is_visible(".results-card")  # the windows are the results
         shoot(page, artifacts, "run-windows")
         assert page.js_errors == []
     finally:

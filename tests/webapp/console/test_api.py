@@ -273,9 +273,8 @@ def test_a_snapshot_and_the_completion_curve_of_a_run() -> None:
 
 
 def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
-    from decimal import Decimal
-
-    from orchestrator.models import MergedChunk, ResultKey
+    from orchestrator.ledger.groups import digest
+    from orchestrator.models import MergedChunk, ResultGroup
 
     run = make_run()
     run.input_spec = {**run.input_spec, "paths": ["/data/in.jsonl"]}
@@ -292,10 +291,17 @@ def test_the_result_so_far_is_stamped_with_where_it_is_exact_up_to() -> None:
             sink="output",
         )
     for key, count in (("a", 3), ("b", 7), ("c", 5)):
-        ResultKey.objects.create(
-            run=run, key=key, count=count, sum=Decimal(count), min=Decimal(1), max=Decimal(1)
+        states = {
+            "count": count,
+            "sum": str(count),
+            "min": "1",
+            "max": "1",
+            "avg": {"sum": str(count), "count": count},
+            "distinct_users": ["u1"] if key == "b" else [],
+        }
+        ResultGroup.objects.create(
+            run=run, digest=digest([key]), group=[key], states=states, records=count
         )
-    ResultKey.objects.filter(run=run, key="b").update(values=["u1"])
     client, _ = client_for("vera", "viewer")
     body = client.get(f"/api/runs/{run.pk}/results/?limit=2").json()
     assert body["exact_up_to"] == "in.jsonl byte 200"

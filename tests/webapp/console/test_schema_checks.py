@@ -17,25 +17,40 @@ from webapp.console.models import Pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
-def _viewer_checks_the_stage_reading(param: str, field: str) -> Any:
-    """A viewer's check of the reference pipeline whose aggregating stage reads
-    ``field`` as ``param``."""
-    reference()
-    client, _ = client_for("vera", "viewer")
-    doc = client.get("/api/pipelines/reference/").json()["document"]
-    for node in doc["nodes"][1:4]:
-        node["params"][param] = field
-    return client.post("/api/pipelines/validate/", doc, content_type="application/json").json()
+def _reading(params: dict[str, Any], was: str, now: str) -> None:
+    """A stored stage of grouped measures reading ``now`` wherever it read ``was``."""
+    for measure in params["measures"]:
+        if measure.get("field") == was:
+            measure["field"] = now
+    params["required"] = [now if f == was else f for f in params["required"]]
+
+
+class _Viewer:
+    """A viewer checking edits of the reference pipeline's document."""
+
+    def __init__(self) -> None:
+        reference()
+        self.client, _ = client_for("vera", "viewer")
+        self.doc = self.client.get("/api/pipelines/reference/").json()["document"]
+
+    def checks(self) -> Any:
+        return self.client.post(
+            "/api/pipelines/validate/", self.doc, content_type="application/json"
+        ).json()
 
 
 def test_a_viewer_s_check_returns_each_node_s_fields_and_a_misspelt_one_where_it_is() -> None:
-    check = _viewer_checks_the_stage_reading("distinct", "usr")
+    viewer = _Viewer()
+    for node in viewer.doc["nodes"][1:4]:
+        _reading(node["params"], "user", "usr")
+    check = viewer.checks()
     assert check["valid"] is False
     problems = [(p["location"], p["message"]) for p in check["problems"]]
     assert problems == [
         (
-            f"nodes[{i}] (task{i}).params.distinct",
-            "unknown field 'usr' (did you mean 'user'?); the input has key, value, user",
+            f"nodes[{i}] (task{i}).params.measures",
+            "measures[5]: unknown field 'usr' (did you mean 'user'?); the input has key, "
+            "value, user",
         )
         for i in (1, 2, 3)
     ]
@@ -47,23 +62,51 @@ def test_a_viewer_s_check_returns_each_node_s_fields_and_a_misspelt_one_where_it
     assert [f["name"] for f in check["schemas"]["output"]][:2] == ["key", "count"]
 
 
+def test_a_stage_of_the_key_form_is_checked_at_the_parameters_it_was_given_by() -> None:
+    viewer = _Viewer()
+    for node in viewer.doc["nodes"][1:4]:
+        node["params"] = {"key": "key", "value": "value", "distinct": "usr"}
+    check = viewer.checks()
+    problems = [(p["location"], p["message"]) for p in check["problems"]]
+    assert problems == [
+        (
+            f"nodes[{i}] (task{i}).params.distinct",
+            "unknown field 'usr' (did you mean 'user'?); the input has key, value, user",
+        )
+        for i in (1, 2, 3)
+    ]
+    # ...and what it writes is the key and its measures by their names
+    assert [f["name"] for f in check["schemas"]["output"]] == [
+        "key",
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "distinct_users",
+    ]
+
+
 def test_a_save_with_a_field_the_source_does_not_declare_is_refused_and_changes_nothing() -> None:
     pipeline = reference()
     client, _ = client_for("otto", "operator")
     doc = client.get("/api/pipelines/reference/").json()["document"]
     for node in doc["nodes"][1:4]:
-        node["params"]["value"] = "amount"
+        _reading(node["params"], "value", "amount")
     refused = client.put("/api/pipelines/reference/", doc, content_type="application/json")
     assert refused.status_code == 400
-    locations = {p["location"] for p in refused.json()["problems"]}
-    assert locations == {f"nodes[{i}] (task{i}).params.value" for i in (1, 2, 3)}
-    assert pipeline.nodes.get(name="task1").params["value"] == "value"
+    problems = refused.json()["problems"]
+    assert {p["location"] for p in problems} == {
+        f"nodes[{i}] (task{i}).params.measures" for i in (1, 2, 3)
+    }
+    assert all("unknown field 'amount'" in p["message"] for p in problems)
+    assert pipeline.nodes.get(name="task1").params["measures"][1]["field"] == "value"
     # Declared, the same field is accepted
     doc["nodes"][0]["params"]["schema"] += ", amount long"
     saved = client.put("/api/pipelines/reference/", doc, content_type="application/json")
     assert saved.status_code == 200, saved.content
     task1 = Pipeline.objects.get(name="reference").nodes.get(name="task1")
-    assert task1.params["value"] == "amount"
+    assert task1.params["measures"][1] == {"name": "sum", "fn": "sum", "field": "amount"}
 
 
 @pytest.mark.parametrize(
@@ -89,7 +132,10 @@ def test_a_bad_schema_is_a_400_naming_the_parameter(schema: object, says: str) -
 
 
 def test_a_parameter_refused_for_its_form_is_not_also_an_unknown_field() -> None:
-    check = _viewer_checks_the_stage_reading("key", "a.b")
+    viewer = _Viewer()
+    for node in viewer.doc["nodes"][1:4]:
+        node["params"] = {"key": "a.b"}
+    check = viewer.checks()
     assert [(p["location"], p["message"].split(" (")[0]) for p in check["problems"]] == [
         (f"nodes[{i}] (task{i}).params", "parameter 'key' must be a field name") for i in (1, 2, 3)
     ]

@@ -45,6 +45,49 @@ def test_load_reference_creates_the_five_node_pipeline() -> None:
     assert {n.stage_name for n in pipeline.nodes.filter(kind="operator")} == {"agg"}
 
 
+def test_a_stage_in_the_key_form_is_saved_as_the_grouped_measures_it_means(
+    tmp_path: Path,
+) -> None:
+    # Given the reference pipeline, whose stages are in the key form
+    assert yaml.safe_load(REFERENCE.read_text())["nodes"][1]["params"] == {
+        "key": "key",
+        "value": "value",
+        "distinct": "user",
+        "aggregates": ["count", "sum", "min", "max", "avg", "count_distinct"],
+    }
+    # When it is loaded
+    load(REFERENCE)
+    # Then each stage is kept as its grouping: the key grouped by, the measures named as
+    # the form's results are, the three fields required
+    task1 = Node.objects.get(pipeline__name="reference", name="task1")
+    assert task1.params == {
+        "group_by": ["key"],
+        "measures": [
+            {"name": "count", "fn": "count"},
+            {"name": "sum", "fn": "sum", "field": "value"},
+            {"name": "min", "fn": "min", "field": "value"},
+            {"name": "max", "fn": "max", "field": "value"},
+            {"name": "avg", "fn": "avg", "field": "value"},
+            {"name": "distinct_users", "fn": "count_distinct", "field": "user"},
+        ],
+        "required": ["key", "value", "user"],
+    }
+    # ...what is exported loads again as it is
+    first = export("reference")
+    (tmp_path / "again.yaml").write_text(first)
+    load(tmp_path / "again.yaml")
+    assert export("reference") == first
+    # ...and a subset of the form's aggregates is that subset of its measures
+    doc = yaml.safe_load(REFERENCE.read_text())
+    for node in doc["nodes"]:
+        if node["kind"] == "operator":
+            node["params"] = {"aggregates": ["count", "sum", "count_distinct"]}
+    (tmp_path / "subset.yaml").write_text(yaml.safe_dump(doc))
+    load(tmp_path / "subset.yaml")
+    task2 = Node.objects.get(pipeline__name="reference", name="task2")
+    assert [m["name"] for m in task2.params["measures"]] == ["count", "sum", "distinct_users"]
+
+
 def test_export_then_load_gives_the_same_pipeline(tmp_path: Path) -> None:
     load(REFERENCE)
     first = export("reference")

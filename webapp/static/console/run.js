@@ -746,29 +746,14 @@
       open.appendChild(cells(document.createElement("tr"),
         [span(o.start, o.end), o.keys, o.records, BP.pct(o.progress)]));
     }
-    const closed = $("windows-closed").querySelector("tbody");
-    while (closed.firstChild) closed.removeChild(closed.firstChild);
-    const fixed = (v) => Number(v).toFixed(2);
-    for (const c of w.latest) {
-      for (const row of c.rows) {
-        closed.appendChild(cells(document.createElement("tr"), [span(c.start, c.end), row.key,
-          row.count, fixed(row.sum_value), fixed(row.min_value), fixed(row.max_value),
-          fixed(row.avg_value), row.distinct_users]));
-      }
-    }
   }
 
   function renderResults(data) {
     renderWindows(data.windows);
-    // A windowed run of a key's figures shows its rows in the windows card; one of
-    // grouped measures, here, each row with its window.
-    const rowsHaveWindows = data.columns.includes("window_start");
-    document.querySelector(".results-card").hidden = !!data.windows && !rowsHaveWindows;
-    if ($("windows-closed-part")) $("windows-closed-part").hidden = rowsHaveWindows;
     const stamp = data.final ? `final: ${data.keys} keys` : `exact up to ${data.exact_up_to} · ${data.keys} keys`;
     $("results-stamp").textContent = data.keys > data.rows.length
       ? `${stamp}, the ${data.rows.length} with the most records` : stamp;
-    // The columns are the pipeline's: key and its figures, or its group fields and
+    // The columns are the pipeline's: (each row's window,) its group fields and its
     // measures by their names.
     const head = $("results").querySelector("thead");
     while (head.firstChild) head.removeChild(head.firstChild);
