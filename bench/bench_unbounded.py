@@ -769,7 +769,7 @@ def disk_bytes(path: Path | None) -> int:
 
 SOAK_TABLES = tuple(
     f"orchestrator_{name}"
-    for name in ("segment", "mergedchunk", "resultkey", "sourcefile", "event")
+    for name in ("segment", "mergedchunk", "resultgroup", "sourcefile", "event")
 )
 
 

@@ -7,7 +7,7 @@ see chaos_faults) and the runs' merged progress advanced after that: progress th
 stack made with the process back, not merges that were already under way when it was hit.
 
 Progress is the sum of every result row's record count in the ledger
-(``orchestrator_resultkey``): the sink folds each merged batch into it, in the same
+(``orchestrator_resultgroup``): the sink folds each merged batch into it, in the same
 transaction as the merged-chunk ledger, and results are never deleted, so it only grows,
 and grows with every merge of any run.
 """
@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 
 from chaos_faults import SERVICE_KINDS, Kind
 
-PROGRESS_SQL = "SELECT coalesce(sum(count), 0) FROM orchestrator_resultkey"
+PROGRESS_SQL = "SELECT coalesce(sum(records), 0) FROM orchestrator_resultgroup"
 SAMPLE_S = 0.2
 
 

@@ -273,6 +273,10 @@ class ParamSpec:
     number: bool = False  # a number even when its default is none (an editor types it)
     list: bool = False  # a list even when its default is none (an editor splits it)
     lines: bool = False  # text of several lines (an editor gives it a text area)
+    # Another way to say what a parameter of the operator says (the key form: sparkjobs/
+    # key_form.py): read wherever it is given, shown by an editor only on a node that
+    # gives it.
+    alternative: bool = False
 
 
 class BatchJob(Protocol):
@@ -330,6 +334,18 @@ RECORD_JOB = "sparkjobs.transform:record_batch"
 AGGREGATE_JOB = "sparkjobs.grouped:aggregate_batch"
 
 
+# The key form of an aggregating stage (sparkjobs/key_form.py): read as group_by and
+# measures.
+_KEY_FORM_PARAMS: Mapping[str, ParamSpec] = {
+    "key": ParamSpec("key", _field_name, "grouping field (key form)", alternative=True),
+    "value": ParamSpec("value", _field_name, "numeric field (key form)", alternative=True),
+    "distinct": ParamSpec(
+        "user", _field_name, "field counted distinctly (key form)", alternative=True
+    ),
+    "aggregates": ParamSpec(
+        list(AGGREGATES), _aggregates, "aggregates computed (key form)", alternative=True
+    ),
+}
 # Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
 # An aggregating stage's grouped measures (sparkjobs/measures.py), in place of the
 # key, value and distinct form.
@@ -507,10 +523,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "the key form, per key: the count, sum, min, max and avg of value and the "
             "distinct count of distinct (read as group_by [key] and those measures).",
             {
-                "key": ParamSpec("key", _field_name, "grouping field"),
-                "value": ParamSpec("value", _field_name, "numeric field"),
-                "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
-                "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                **_KEY_FORM_PARAMS,
                 **_GROUPED_PARAMS,
                 **_WINDOW_PARAMS,
             },
@@ -548,10 +561,7 @@ OPERATORS: Mapping[str, OperatorSpec] = {
             "instance; key_groups: each instance owns a key group and keeps only its groups "
             "(the balancer moves key groups live).",
             {
-                "key": ParamSpec("key", _field_name, "grouping field"),
-                "value": ParamSpec("value", _field_name, "numeric field"),
-                "distinct": ParamSpec("user", _field_name, "field counted distinctly"),
-                "aggregates": ParamSpec(list(AGGREGATES), _aggregates, "aggregates computed"),
+                **_KEY_FORM_PARAMS,
                 **_GROUPED_PARAMS,
                 "keying": ParamSpec(
                     KEYINGS[0],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections import Counter
 from collections.abc import Mapping
 from functools import reduce
 from pathlib import Path
@@ -39,6 +40,7 @@ from sparkjobs.records import (
     RAW_COL,
     SEGMENT_COL,
     column,
+    lines_missing_fields,
     parse_fields,
     read_records,
     read_rows,
@@ -56,6 +58,7 @@ GROUP_COL = "_group"  # a good record's group values as JSON; a malformed one's 
 KEPT_COL = "_kept"  # whether the stage's condition holds for the record
 DROPPED_COL = "_dropped"  # a good record the condition does not hold for
 UNREAD_COL = "_unread"  # a line the reader could not read as a record
+UNLINED_COL = "_unlined"  # a malformed record the reader kept no line of
 LINE_COL = "_line"
 DISTINCT_COL = "_distinct"  # a record's distinct value, when pairs are aggregated first
 # The groupings this process found values too large to sum in longs: their later
@@ -98,9 +101,17 @@ def grouped_partials(
             numbers=grouping.numbers,
             keys=list(grouping.group_by),
             required=grouping.required,
-        ).withColumn(KEPT_COL, F.lit(True))  # noqa: FBT003 - a Spark literal
+        ).withColumns(
+            {
+                KEPT_COL: F.lit(True),  # noqa: FBT003 - a Spark literal
+                # What the reader found malformed but kept no line of: read again after.
+                UNLINED_COL: F.col(MALFORMED_COL) & F.col(RAW_COL).isNull(),
+            }
+        )
     else:
-        parsed = _held_for(spark, list(paths.values()), grouping, where, strings, schema=schema)
+        parsed = _held_for(
+            spark, list(paths.values()), grouping, where, strings, schema=schema
+        ).withColumn(UNLINED_COL, F.lit(False))  # noqa: FBT003 - a Spark literal
     parsed = with_times(in_one_task(parsed, inputs.values()), grouping)
     window = F.lit(None).cast("BIGINT")
     is_late = F.lit(False)  # noqa: FBT003 - a Spark literal
@@ -116,11 +127,13 @@ def grouped_partials(
             (~malformed & in_key_group(grouping, key_group))
             | (malformed & F.lit(key_group.counts_malformed))
         )
-    # A malformed record groups under its line (the reader's, or its fields as read when
-    # a readable line held text that cannot be kept), so its group carries what to
-    # quarantine.
+    # A malformed record groups under its line (the reader's; over windows, its fields as
+    # read when only its event time is wrong), so its group carries what to quarantine;
+    # one the reader kept no line of groups under null, its line read again after.
     as_read = F.to_json(F.struct(*[column(name) for name in fields]))
-    bad_line = F.when(malformed, F.coalesce(F.col(RAW_COL), as_read)).when(is_late, as_read)
+    bad_line = F.when(
+        malformed, F.when(~F.col(UNLINED_COL), F.coalesce(F.col(RAW_COL), as_read))
+    ).when(is_late, as_read)
     # A record the condition does not hold for is counted (the stage took it) in a
     # group of its own, which makes no partial; it, a malformed and a late one stay
     # under their own segment, a good one goes to the segment whose output holds its
@@ -182,7 +195,50 @@ def grouped_partials(
             log.info("values of %s too large to sum in longs: aggregated in decimals", grouping)
             _IN_DECIMALS.add(grouping)
             rows = collected(in_longs=False)
-    return _written(rows, outputs, holders)
+    lines = _lines_again(spark, paths, rows, grouping, strings)
+    return _written(rows, outputs, holders, lines)
+
+
+def _lines_again(
+    spark: SparkSession,
+    paths: Mapping[str, str],
+    rows: list[Row],
+    grouping: Grouping,
+    strings: list[str],
+) -> list[tuple[str, str]]:
+    """(segment, raw line) of each record the reader found malformed but kept no line
+    of (a required field missing; in CSV and Parquet, any), from a second read of the
+    segments that had them (none: no read): an operator sees in the quarantine what
+    was written."""
+    unlined = Counter[str]()
+    for row in rows:
+        if row[MALFORMED_COL] and row[GROUP_COL] is None:
+            unlined[segment_of(row[SEGMENT_COL])] += row[RECORDS_COL]
+    if not unlined:
+        return []
+    found = [
+        (segment_of(row[SEGMENT_COL]), row[RAW_COL])
+        for row in collect_all(
+            lines_missing_fields(
+                spark,
+                [paths[seg] for seg in unlined],
+                strings,
+                grouping.numbers,
+                keys=list(grouping.group_by),
+                required=grouping.required,
+            )
+        )
+        for _ in range(row["n"])
+    ]
+    if Counter(seg for seg, _ in found) != unlined:
+        # A line the rules above do not model: the counts stay the reader's, exact;
+        # what could be found is quarantined.
+        log.warning(
+            "malformed records without a line: the reader counted %s, their lines show %s",
+            dict(unlined),
+            dict(Counter(seg for seg, _ in found)),
+        )
+    return found
 
 
 def in_key_group(grouping: Grouping, key_group: KeyGroup) -> Column:
@@ -208,17 +264,24 @@ def _fixed(where: str | None, windows: WindowSpec | None) -> dict[str, Column]:
 
 
 def _written(
-    rows: list[Row], outputs: Mapping[str, Path], holders: Holders | None
+    rows: list[Row],
+    outputs: Mapping[str, Path],
+    holders: Holders | None,
+    read_again: list[tuple[str, str]],
 ) -> dict[str, PartialOutput]:
     """Each segment's output (id -> file) written from the job's groups: its good
-    groups' partial lines; what it held, counted."""
+    groups' partial lines; what it held, counted; its malformed lines, those
+    ``read_again`` (segment, line) among them."""
     results = {seg: PartialOutput(seg, path) for seg, path in outputs.items()}
     lines: dict[str, list[str]] = {seg: [] for seg in outputs}
+    for seg, line in read_again:
+        results[seg].quarantined.append(line)
     for row in rows:
         if row[MALFORMED_COL]:
             result = results[segment_of(row[SEGMENT_COL])]
             result.malformed += row[RECORDS_COL]
-            result.quarantined += [row[GROUP_COL]] * row[RECORDS_COL]
+            if row[GROUP_COL] is not None:
+                result.quarantined += [row[GROUP_COL]] * row[RECORDS_COL]
             continue
         if row[DROPPED_COL]:
             results[segment_of(row[SEGMENT_COL])].records += row[RECORDS_COL]

@@ -86,7 +86,8 @@ def read_records(
 ) -> DataFrame:
     """Typed columns for ``strings`` and ``numbers``, a ``_malformed`` flag and ``_raw``:
     the raw line of a record the reader could not read (null for a readable record,
-    also one that is malformed for a missing required field). With
+    also one that is malformed for a missing required field: see
+    ``lines_missing_fields``). With
     ``segments``, the file each record came from. Files are read in ``fmt``, or each in
     the format its suffix names (segments). ``keys``: the fields of ``strings`` that
     become result keys (``unkeepable``). A field missing or null is null, as in SQL,
@@ -254,6 +255,78 @@ def _by_header(files: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def lines_missing_fields(
+    spark: SparkSession,
+    paths: Sequence[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
+    required: Collection[str],
+) -> DataFrame:
+    """The raw lines of the records ``read_records`` found malformed but kept no line of
+    (a required field missing or null; in CSV and Parquet every malformed record), with
+    their file: a line once per such record in it (``n``: a JSON array line may hold
+    several).
+
+    A second read, only of the files that had such records, repeating the reader's
+    rules on each line. A Parquet record's line is its fields as a JSON object.
+    """
+    return _each_format(
+        paths,
+        None,
+        jsonl=lambda files: _json_lines_missing(
+            spark, files, strings, numbers, keys=keys, required=required
+        ),
+        csv=lambda files, header: _csv_bad_lines(
+            spark, files, header, strings, numbers, keys=keys, required=required
+        ),
+        parquet=lambda files: _parquet_bad_rows(
+            spark, files, strings, numbers, keys=keys, required=required
+        ),
+    )
+
+
+def _csv_bad_lines(
+    spark: SparkSession,
+    files: list[str],
+    header: str,
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
+    required: Collection[str],
+) -> DataFrame:
+    """Each line parsed as the reader parses it (``from_csv`` keeps the fields of a line
+    with too few or too many, as the reader does); header and blank lines skipped as the
+    reader skips them. A data line equal to the header is skipped too: the count of
+    malformed records stays the reader's, only that line is not quarantined."""
+    schema = _ddl([(n, "STRING") for n in csv_columns(header)])
+    raw = F.col("value")
+    parsed = F.from_csv(raw, schema)
+    fields = [parsed[c].alias(c) for c in csv_columns(header)]
+    lines = spark.read.text(files).select(
+        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), *fields
+    )
+    lines = lines.where((F.col(RAW_COL) != "") & (F.col(RAW_COL) != header))
+    return _bad_of(lines, strings, numbers, keys, required)
+
+
+def _parquet_bad_rows(
+    spark: SparkSession,
+    files: list[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
+    required: Collection[str],
+) -> DataFrame:
+    frame = spark.read.parquet(*files)
+    payload = F.to_json(F.struct(*[column(c) for c in frame.columns]))
+    rows = frame.select(segment_column().alias(SEGMENT_COL), payload.alias(RAW_COL), "*")
+    return _bad_of(rows, strings, numbers, keys, required)
+
+
 def unkeepable(text: Column, *, key: bool) -> Column:
     """A text field PostgreSQL could not keep: one holding a NUL, or a ``key`` longer
     than ``MAX_KEY_CHARS`` (a distinct value is kept in an array, of any length)."""
@@ -263,6 +336,79 @@ def unkeepable(text: Column, *, key: bool) -> Column:
     # MAX_KEY_CHARS bytes has at most as many characters.
     long_key = (F.octet_length(text) > MAX_KEY_CHARS) & (F.length(text) > MAX_KEY_CHARS)
     return (nul | long_key) if key else nul
+
+
+def _bad_of(
+    rows: DataFrame,
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    keys: Sequence[str],
+    required: Collection[str],
+) -> DataFrame:
+    """The rows whose required fields do not all convert, or that hold text that could
+    not be kept, one record each (``read_records``' rules)."""
+    bad = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
+    converted = _converted(rows.columns, strings, numbers)
+    for name, column in zip([*strings, *numbers], converted, strict=True):
+        if name in required:
+            bad = bad | column.isNull()
+        if name in strings:
+            bad = bad | F.coalesce(unkeepable(column, key=name in keys), F.lit(False))  # noqa: FBT003
+    return rows.where(bad).select(SEGMENT_COL, RAW_COL, F.lit(1).alias("n"))
+
+
+def _json_lines_missing(
+    spark: SparkSession,
+    paths: Sequence[str],
+    strings: Sequence[str],
+    numbers: Sequence[str],
+    *,
+    keys: Sequence[str],
+    required: Collection[str],
+) -> DataFrame:
+    """A JSON line holds records the reader could read but that are malformed when it is
+    an object, or an array of objects, whose every present field converts (else the
+    reader had kept the whole line as corrupt), and a required field is missing or null,
+    or a text field it reads could not be kept."""
+    numeric = list(numbers)
+    as_text = f"struct<{_ddl([(n, 'STRING') for n in [*strings, *numeric]], ':')}>"
+    typed = f"struct<{_ddl(_fields(strings, numbers), ':')}>"
+    raw = F.col("value")
+
+    def missing(text: Column) -> Column:
+        out = F.lit(False)  # noqa: FBT003 - a Spark literal, not a flag
+        for name in [*strings, *numeric]:
+            if name in required:
+                out = out | text[name].isNull()
+        for name in strings:
+            out = out | F.coalesce(unkeepable(text[name], key=name in keys), F.lit(False))  # noqa: FBT003
+        return out
+
+    def converts(text: Column, value: Column) -> Column:
+        out = F.lit(True)  # noqa: FBT003 - a Spark literal, not a flag
+        for name in numeric:
+            out = out & (text[name].isNull() | value[name].isNotNull())
+        return out
+
+    one_text, one_typed = F.from_json(raw, as_text), F.from_json(raw, typed)
+    many_text = F.from_json(raw, f"array<{as_text}>")
+    many_typed = F.from_json(raw, f"array<{typed}>")
+    pairs = F.arrays_zip(many_text.alias("t"), many_typed.alias("v"))
+    in_array = F.when(
+        F.forall(pairs, lambda e: e["t"].isNotNull() & converts(e["t"], e["v"])),
+        F.size(F.filter(pairs, lambda e: missing(e["t"]))),
+    ).otherwise(0)
+    in_object = F.when(
+        F.json_object_keys(raw).isNotNull() & missing(one_text) & converts(one_text, one_typed),
+        1,
+    ).otherwise(0)
+    records = F.when(F.ltrim(raw).startswith("["), F.coalesce(in_array, F.lit(0))).otherwise(
+        in_object
+    )
+    lines = spark.read.text(list(paths)).select(
+        segment_column().alias(SEGMENT_COL), raw.alias(RAW_COL), records.alias("n")
+    )
+    return lines.where(F.col("n") > 0)
 
 
 def parse_fields(

@@ -26,6 +26,7 @@ RESERVED = frozenset(
         "_kept",
         "_dropped",
         "_unread",
+        "_unlined",
         "_records",
         # sparkjobs/windows.py, sparkjobs/plain_job.py
         "_event_us",

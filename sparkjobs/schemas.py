@@ -222,10 +222,12 @@ def _grouped(
         for name in grouping.group_by
         if name not in computing and given.find(name) is None
     ]
+    # A required field a group or a measure reads is refused there, once.
+    read = {*grouping.group_by, *(m.field for m in grouping.measures), *grouping.times}
     problems += [
         ParamProblem("required", given.unknown(name))
         for name in grouping.required
-        if name not in computing and given.find(name) is None
+        if name not in read and given.find(name) is None
     ]
     computed: dict[str, Field] = {}
     for name, item in computing.items():

@@ -3,8 +3,8 @@ Spark, as the grouped measures it is read as (sparkjobs/grouped.py), against an 
 written in plain Python (not the code under test): its partials, merged as the sink
 merges them, and the plain job both equal the oracle. A line that is no record, and a
 record missing its key, value or user, is malformed: counted and quarantined in the
-segment it came from, once per record (the line itself when the reader could not read
-it; a record it read, as its fields read, in JSON)."""
+segment it came from, once per record, as its line was written (a Parquet row as its
+fields, in JSON)."""
 
 from __future__ import annotations
 
@@ -56,15 +56,8 @@ BAD = [
     '{"value": 1, "user": "u"}',
     "[1, 2, 3]",
 ]
-# What is quarantined of each BAD line: the line the reader could not read, or the
-# fields it read of a record missing its value or key
-QUARANTINED = [
-    "not json",
-    '{"key":"a","user":"u1"}',
-    '{"key": "a", "value": "x", "user": "u"}',
-    '{"user":"u","value":1.0000000000}',
-    "[1, 2, 3]",
-]
+# What is quarantined of each BAD line: the line as it was written
+QUARANTINED = list(BAD)
 
 
 def oracle(records: Sequence[dict[str, Any]]) -> Totals:
@@ -237,16 +230,9 @@ def test_a_record_missing_its_key_value_or_user_is_malformed_where_unrequired_it
     # When the key form aggregates them
     outputs = {"s0": tmp_path / "form.jsonl"}
     produced = grouped_partials(spark, inputs, outputs, KEY_FORM)
-    # Then each of those records is malformed, quarantined as the fields read
+    # Then each of those records is malformed, quarantined as its line was written
     assert produced["s0"].malformed == 4
-    assert sorted(produced["s0"].quarantined) == sorted(
-        [
-            '{"key":"a","user":"u2"}',
-            '{"key":"a","value":3.0000000000}',
-            '{"user":"u1","value":4.0000000000}',
-            '{"key":"b","value":6.0000000000}',
-        ]
-    )
+    assert sorted(produced["s0"].quarantined) == sorted(lines[1:])
     two_good = [lines[0], json.dumps(json.loads(lines[4])[0])]
     assert merged(list(outputs.values())) == oracle([json.loads(line) for line in two_good])
     assert produced["s0"].records == 2
@@ -398,11 +384,10 @@ def test_a_value_its_declared_type_cannot_take_is_a_malformed_record_not_a_faile
 Case = tuple[str, list[dict[str, Any]], list[str]]
 
 
-def case(text: str, *good: dict[str, Any], raw: bool = False, read: Sequence[str] = ()) -> Case:
-    """A line, the good records it holds and what is quarantined of it: the line itself
-    when the reader could not read it (``raw``), else each malformed record it held, as
-    the fields read (``read``: JSON of the key, user and value, those it has)."""
-    return text, list(good), [text] * raw + list(read)
+def case(text: str, *good: dict[str, Any], bad: int = 0) -> Case:
+    """A line, the good records it holds and what is quarantined of it: the line itself,
+    once for each of the ``bad`` malformed records it holds."""
+    return text, list(good), [text] * bad
 
 
 LINES: list[Case] = [
@@ -412,35 +397,35 @@ LINES: list[Case] = [
     case(
         '[{"key": "d", "value": 3, "user": "u1"}, {"key": "e"}]',
         {"key": "d", "value": 3, "user": "u1"},
-        read=['{"key":"e"}'],
+        bad=1,
     ),
-    case('[{"key": "c"}, {"value": 1}]', read=['{"key":"c"}', '{"value":1.0000000000}']),
-    case('{"key": "f", "value": null, "user": "u"}', read=['{"key":"f","user":"u"}']),
-    case("{}", read=["{}"]),
-    case('{"key": "g", "value": "x"}', raw=True),  # not a number, and a field missing: once
-    case('{"key": "h", "value": 1e400, "user": "u"}', raw=True),  # beyond DECIMAL(38,10)
+    case('[{"key": "c"}, {"value": 1}]', bad=2),
+    case('{"key": "f", "value": null, "user": "u"}', bad=1),
+    case("{}", bad=1),
+    case('{"key": "g", "value": "x"}', bad=1),  # not a number, and a field missing: once
+    case('{"key": "h", "value": 1e400, "user": "u"}', bad=1),  # beyond DECIMAL(38,10)
     case(
         '{"key": "i", "value": "7.25", "user": "u2"}', {"key": "i", "value": "7.25", "user": "u2"}
     ),
-    case('"a string"', raw=True),
-    case("null", raw=True),
+    case('"a string"', bad=1),
+    case("null", bad=1),
     # Hostile: nesting past the parser's limit, a number of 2,000 digits
-    case('{"key": "j", "value": 1, "user": "u", "pad": ' + "[" * 3000 + "]" * 3000 + "}", raw=True),
-    case('{"key": "k", "value": ' + "9" * 2000 + ', "user": "u"}', raw=True),
+    case('{"key": "j", "value": 1, "user": "u", "pad": ' + "[" * 3000 + "]" * 3000 + "}", bad=1),
+    case('{"key": "k", "value": ' + "9" * 2000 + ', "user": "u"}', bad=1),
     # Text the result could not keep (PostgreSQL's text holds no NUL; a key is indexed,
     # at most 500 characters): malformed, not a sink batch that never commits. The
     # separator and "" are values.
     case(
         '{"key": "l", "value": 1, "user": "a\\u0000b"}',
-        read=['{"key":"l","user":"a\\u0000b","value":1.0000000000}'],
+        bad=1,
     ),
     case(
         '{"key": "m\\u0000", "value": 1, "user": "u"}',
-        read=['{"key":"m\\u0000","user":"u","value":1.0000000000}'],
+        bad=1,
     ),
     case(
         json.dumps({"key": "n" * 501, "value": 1, "user": "u"}),
-        read=['{"key":"' + "n" * 501 + '","user":"u","value":1.0000000000}'],
+        bad=1,
     ),
     # Characters, not bytes: 500 two-byte characters are a key, 501 are not.
     case(
@@ -449,7 +434,7 @@ LINES: list[Case] = [
     ),
     case(
         json.dumps({"key": "é" * 501, "value": 1, "user": "u"}, ensure_ascii=False),
-        read=['{"key":"' + "é" * 501 + '","user":"u","value":1.0000000000}'],
+        bad=1,
     ),
     # A distinct value of any length is kept: only a key is indexed
     case(
@@ -459,7 +444,7 @@ LINES: list[Case] = [
     case(
         json.dumps([{"key": "p" * 500, "value": 1, "user": "\x1f"}, {"key": "p", "user": ""}]),
         {"key": "p" * 500, "value": 1, "user": "\x1f"},
-        read=['{"key":"p","user":""}'],
+        bad=1,
     ),
     case(json.dumps({"key": "q", "value": 2, "user": ""}), {"key": "q", "value": 2, "user": ""}),
 ]
@@ -511,28 +496,28 @@ CSV_LINES: list[Case] = [
     case("u3,b,2", {"key": "b", "value": "2", "user": "u3"}),  # a field not needed: absent
     case("u4,b,1e3,x,extra", {"key": "b", "value": "1e3", "user": "u4"}),  # past the header
     case(""),
-    # Not a number (the CSV reader's own parsing took 1000): no value, as read
-    case('u5,a,"1,000",x', read=['{"key":"a","user":"u5"}']),
-    case("u6,c", read=['{"key":"c","user":"u6"}']),  # too few fields
-    case(",c,4,x", read=['{"key":"c","value":4.0000000000}']),  # an empty field is missing
-    case("u7,d,x,x", read=['{"key":"d","user":"u7"}']),
-    case("u8,d," + "9" * 2000 + ",x", read=['{"key":"d","user":"u8"}']),  # past DECIMAL(38,10)
+    # Not a number (the CSV reader's own parsing took 1000)
+    case('u5,a,"1,000",x', bad=1),
+    case("u6,c", bad=1),  # too few fields
+    case(",c,4,x", bad=1),  # an empty field is missing
+    case("u7,d,x,x", bad=1),
+    case("u8,d," + "9" * 2000 + ",x", bad=1),  # past DECIMAL(38,10)
     # An unclosed quote runs to the end of the line: one field
-    case('"u9,d,1,x', read=['{"user":"u9,d,1,x"}']),
+    case('"u9,d,1,x', bad=1),
     # A key the result could not keep
     case(
         "u10," + "e" * 501 + ",1,x",
-        read=['{"key":"' + "e" * 501 + '","user":"u10","value":1.0000000000}'],
+        bad=1,
     ),
     case("v" * 600 + ",e,1,x", {"key": "e", "value": "1", "user": "v" * 600}),
-    case("u\x0011,e,1,x", read=['{"key":"e","user":"u\\u000011","value":1.0000000000}']),
+    case("u\x0011,e,1,x", bad=1),
 ]
 
 
 def test_csv_segments_are_read_by_their_header_and_bad_lines_quarantined(
     spark: Any, tmp_path: Path
 ) -> None:
-    # CSV's reader keeps no line: a malformed record is quarantined as its fields read
+    # CSV's reader keeps no line: a malformed record's line is read again to quarantine
     operator_and_batch_agree_with_the_table(
         spark, tmp_path, CSV_LINES, fmt="csv", head=CSV_HEADER + "\n"
     )
@@ -554,9 +539,9 @@ def test_parquet_segments_keep_their_types_and_a_bad_row_is_quarantined_as_json(
         inputs[f"seg{index}"] = path
     outputs = {seg: tmp_path / "out" / f"{seg}.jsonl" for seg in inputs}
     produced = partials(spark, inputs, outputs)
-    # A row whose value is no number, or null, is quarantined as the fields read
-    assert produced["seg0"].quarantined == ['{"key":"a","user":"u2"}']
-    assert produced["seg1"].quarantined == ['{"key":"b","user":"u3"}']
+    # A row whose value is no number, or null, is quarantined as the row's fields
+    assert produced["seg0"].quarantined == ['{"key":"a","value":"x","user":"u2","n":2}']
+    assert produced["seg1"].quarantined == ['{"key":"b","user":"u3","n":3}']
     expected = oracle([rows[0], rows[3]])
     assert merged(list(outputs.values())) == expected
     result = plain(spark, list(inputs.values()), "parquet")

@@ -91,6 +91,7 @@ def _operator_catalog() -> dict[str, Any]:
                     "number": p.number,
                     "list": p.list,
                     "lines": p.lines,
+                    "alternative": p.alternative,
                 }
                 for pname, p in spec.params.items()
             },

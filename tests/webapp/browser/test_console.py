@@ -338,10 +338,23 @@ def test_the_editor_shows_problems_beside_their_fields_and_saves_only_a_valid_pi
     page.wait_for_function(f"() => /^writes /.test({schema}.textContent)")
     writes = page.text_content('[data-schema-for="nodes[1]"]')
     assert writes.startswith("writes key string, count long, sum double")
+    # (the reference's stages, saved in the key form, show the measures it means, one a
+    # line, and not the form's own parameters)
+    measures = '[data-loc="nodes[1].params.measures"]'
+    shown = page.input_value(measures)
+    assert shown.splitlines() == [
+        "count = count()",
+        "sum = sum(value)",
+        "min = min(value)",
+        "max = max(value)",
+        "avg = avg(value)",
+        "distinct_users = count_distinct(user)",
+    ]
+    assert page.query_selector('[data-loc="nodes[1].params.value"]') is None
     # and a field the source does not declare is named
-    page.fill('[data-loc="nodes[1].params.value"]', "valeu")
-    unknown = page.wait_for_selector('[data-error-for="nodes[1].params.value"] div')
-    assert "unknown field 'valeu' (did you mean 'value'?)" in unknown.text_content()
+    page.fill(measures, shown.replace("sum(value)", "sum(valeu)"))
+    unknown = page.wait_for_selector('[data-error-for="nodes[1].params.measures"] div')
+    assert "measures[1]: unknown field 'valeu' (did you mean 'value'?)" in unknown.text_content()
     page.click("#add-node")
     page.wait_for_selector('#editor-preview g.node[data-node="node6"]')
     unreachable = page.wait_for_selector('[data-error-for="nodes[5]"] div')
@@ -356,10 +369,10 @@ def test_the_editor_shows_problems_beside_their_fields_and_saves_only_a_valid_pi
     pipeline = Pipeline.objects.get(name="reference")
     assert pipeline.nodes.count() == 5
     assert pipeline.nodes.get(name="task1").buffer_mb == 64
-    assert pipeline.nodes.get(name="task1").params["value"] == "value"
+    assert pipeline.nodes.get(name="task1").params["measures"][1]["field"] == "value"
     # When the node is linked into the graph, the buffer and the field fixed, it saves
     page.fill('[data-loc="nodes[1].buffer_mb"]', "32")
-    page.fill('[data-loc="nodes[1].params.value"]', "value")
+    page.fill(measures, shown)
     page.click("#add-edge")
     page.select_option('[data-loc="edges[6].from"]', "source")
     page.select_option('[data-loc="edges[6].to"]', "node6")

@@ -184,6 +184,8 @@
     node.params = node.params && typeof node.params === "object" ? node.params : {};
     if (spec) {
       for (const [pname, pspec] of Object.entries(spec.params)) {
+        // Another way to say the same (the key form) only where the node says it so.
+        if (pspec.alternative && !(pname in node.params)) continue;
         const loc = `nodes[${i}].params.${pname}`;
         const id = `p-${i}-${pname}`;
         box.appendChild(BP.el("label", { for: id, title: pspec.help }, pname + (pspec.required ? " *" : "")));
