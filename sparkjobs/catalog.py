@@ -346,9 +346,7 @@ _KEY_FORM_PARAMS: Mapping[str, ParamSpec] = {
         list(AGGREGATES), _aggregates, "aggregates computed (key form)", alternative=True
     ),
 }
-# Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
-# An aggregating stage's grouped measures (sparkjobs/measures.py), in place of the
-# key, value and distinct form.
+# An aggregating stage's grouped measures (sparkjobs/measures.py).
 _GROUPED_PARAMS: Mapping[str, ParamSpec] = {
     "group_by": ParamSpec(
         None,
@@ -370,6 +368,7 @@ _GROUPED_PARAMS: Mapping[str, ParamSpec] = {
         list=True,
     ),
 }
+# Event-time windows, the same on every aggregating operator (sparkjobs/event_time.py).
 _WINDOW_PARAMS: Mapping[str, ParamSpec] = {
     "window_s": ParamSpec(
         None,
