@@ -230,13 +230,14 @@ def _lines_again(
         )
         for _ in range(row["n"])
     ]
-    if Counter(seg for seg, _ in found) != unlined:
+    shown = Counter(seg for seg, _ in found)
+    if shown != unlined:
         # A line the rules above do not model: the counts stay the reader's, exact;
         # what could be found is quarantined.
         log.warning(
             "malformed records without a line: the reader counted %s, their lines show %s",
             dict(unlined),
-            dict(Counter(seg for seg, _ in found)),
+            dict(shown),
         )
     return found
 

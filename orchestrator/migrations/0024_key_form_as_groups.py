@@ -178,9 +178,9 @@ def backwards(apps: Any, schema_editor: Any) -> None:
                 "form's tables keep: delete the run to go back past this migration"
             )
         for row in groups.order_by("pk").iterator(chunk_size=_BATCH):
-            kept = row.finished if row.finished is not None else None
+            kept = row.finished
             values = row.states.get("distinct_users") if kept is None else None
-            source = kept if kept is not None else row.states
+            source = row.states if kept is None else kept
             fields = {
                 "run_id": run_id,
                 "key": row.group[0],
